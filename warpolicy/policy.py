@@ -1,0 +1,94 @@
+"""The two vocabularies every other module speaks: read-done policies and forward modes.
+
+`WarReadDonePolicy` is ordered by *lateness*: a later point is always safe where an earlier
+one is, so every rule in the engine is a ``max`` over these values.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from typing import Iterable
+
+from warpolicy.errors import UnknownNameError
+
+
+class WarReadDonePolicy(enum.IntEnum):
+    """Where the forward publishes its read-done event, earliest first."""
+
+    PRE_REPLAY = 0  # fresh event recorded on the forward stream just before replay()
+    IN_GRAPH = 1  # event-record node planted inside the captured graph
+    POST_REPLAY = 2  # fresh event recorded right after replay() is enqueued
+    NONE = 3  # nothing published: the scheduler falls back to the coarse barrier
+
+    @property
+    def label(self) -> str:
+        """The lowercase name used in YAML, the CLI and JSON output."""
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, name: str) -> "WarReadDonePolicy":
+        """Parse a lowercase (or uppercase) policy name; aliases ``coarse``/``unknown`` mean NONE."""
+        key = str(name).strip().lower()
+        if key in _POLICY_ALIASES:
+            return _POLICY_ALIASES[key]
+        raise UnknownNameError("policy", str(name), policy_names())
+
+
+_POLICY_ALIASES: dict[str, WarReadDonePolicy] = {p.label: p for p in WarReadDonePolicy}
+_POLICY_ALIASES.update({"coarse": WarReadDonePolicy.NONE, "unknown": WarReadDonePolicy.NONE,
+                        "in_replay": WarReadDonePolicy.IN_GRAPH})
+
+
+def policy_names() -> list[str]:
+    return [p.label for p in WarReadDonePolicy]
+
+
+class ForwardMode(enum.Enum):
+    """Forward modes of the anchor (SGLang), by their lowercase names."""
+
+    DECODE = "decode"
+    EXTEND = "extend"
+    MIXED = "mixed"
+    IDLE = "idle"
+    TARGET_VERIFY = "target_verify"
+    DRAFT_EXTEND = "draft_extend"
+    SPLIT_PREFILL = "split_prefill"
+    DLLM_EXTEND = "dllm_extend"
+    PREBUILT = "prebuilt"
+
+    @property
+    def label(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, name: "str | ForwardMode") -> "ForwardMode":
+        """Parse a mode name or alias (``prefill`` -> extend, ``verify`` -> target_verify)."""
+        if isinstance(name, ForwardMode):
+            return name
+        key = str(name).strip().lower()
+        mode = _MODE_ALIASES.get(key)
+        if mode is None:
+            raise UnknownNameError("mode", str(name), list(_MODE_ALIASES))
+        return mode
+
+
+_MODE_ALIASES: dict[str, ForwardMode] = {m.value: m for m in ForwardMode}
+_MODE_ALIASES.update({
+    "prefill": ForwardMode.EXTEND,
+    "verify": ForwardMode.TARGET_VERIFY,
+    "draft_extend_v2": ForwardMode.DRAFT_EXTEND,
+})
+
+#: The modes a table covers by default: the ones where any backend can publish early.
+TABLE_MODES: tuple[ForwardMode, ...] = (ForwardMode.DECODE, ForwardMode.EXTEND,
+                                        ForwardMode.TARGET_VERIFY)
+
+
+def mode_names() -> list[str]:
+    return list(_MODE_ALIASES)
+
+
+def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """Names a user probably meant, for 'did you mean' hints."""
+    return difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
