@@ -1,0 +1,11 @@
+"""warpolicy: where an LLM serving engine's forward may release the scheduler.
+
+The registry, engine and CLI import without torch; the runtime (fence, CUDA plugin, runners,
+audit) imports torch lazily.
+"""
+
+from warpolicy.policy import ForwardMode, WarReadDonePolicy
+
+__version__ = "0.1.0"
+
+__all__ = ["ForwardMode", "WarReadDonePolicy", "__version__"]

@@ -1,0 +1,218 @@
+"""Engine semantics on hand-built registries (no YAML involved)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from warpolicy.engine import (SOUND_DEMOTION_ID, CompiledPolicy, Context, PolicyEngine,
+                              parse_bool)
+from warpolicy.errors import InputError, UnknownNameError
+from warpolicy.policy import ForwardMode as M
+from warpolicy.policy import WarReadDonePolicy as P
+from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry, SpecAlgorithm
+
+
+def make_registry(extra_backends=(), gates=()) -> Registry:
+    backends = {
+        "base": Backend("base", {M.DECODE: P.IN_GRAPH, M.TARGET_VERIFY: P.IN_GRAPH},
+                        abstract=True, origin=Origin("caps.yaml", 10, 3)),
+        "fa3": Backend("fa3", inherits="base"),
+        "trtllm_mha": Backend("trtllm_mha", {M.EXTEND: P.PRE_REPLAY}, inherits="base"),
+        "dsv4": Backend("dsv4", {M.TARGET_VERIFY: P.POST_REPLAY}, inherits="base"),
+    }
+    for b in extra_backends:
+        backends[b.name] = b
+    return Registry(
+        flags={"force_coarse": Flag("force_coarse", False, ("WARPOLICY_FORCE_COARSE",
+                                                            "SGLANG_FORCE_COARSE_WAR_BARRIER")),
+               "prefill_read_done": Flag("prefill_read_done", False,
+                                         ("WARPOLICY_PREFILL_READ_DONE",))},
+        spec_algorithms={
+            "none": SpecAlgorithm("none", capabilities={"prefill_read_done": True,
+                                                        "target_verify_read_done": False}),
+            "eagle": SpecAlgorithm("eagle", family="eagle",
+                                   capabilities={"prefill_read_done": False,
+                                                 "target_verify_read_done": False}),
+            "dflash": SpecAlgorithm("dflash", family="dflash",
+                                    capabilities={"prefill_read_done": True,
+                                                  "target_verify_read_done": True}),
+        },
+        backends=backends,
+        gates=gates or (
+            Gate("force-coarse", Conditions(flags={"force_coarse": True}), P.NONE, "forced",
+                 Origin("caps.yaml", 40, 5)),
+            Gate("verify-needs-read-done", Conditions(mode=frozenset({M.TARGET_VERIFY}),
+                                                      spec_lacks=frozenset({"target_verify_read_done"})),
+                 P.NONE, "no verify read-done"),
+            Gate("prefill-opt-in", Conditions(mode=frozenset({M.EXTEND}),
+                                              flags={"prefill_read_done": False}),
+                 P.NONE, "prefill is opt-in"),
+        ),
+    )
+
+
+@pytest.fixture
+def engine() -> PolicyEngine:
+    return PolicyEngine(make_registry(), environ={})
+
+
+def test_decode_inherits_in_graph(engine):
+    d = engine.decision(Context("fa3", M.DECODE))
+    assert d.policy is P.IN_GRAPH
+    assert d.reasons[0].id == "declared"
+    assert "inherited from base" in d.reasons[0].message
+    assert d.reasons[0].origin == "caps.yaml:10:3"
+
+
+def test_undeclared_mode_is_none(engine):
+    d = engine.decision(Context("fa3", M.MIXED))
+    assert d.policy is P.NONE
+    assert "not audited" in d.reasons[0].message
+
+
+def test_verify_needs_capability(engine):
+    assert engine.decide(Context("fa3", "verify", "eagle")) is P.NONE
+    assert engine.decide(Context("fa3", "target_verify", "dflash")) is P.IN_GRAPH
+    assert engine.decide(Context("dsv4", "target_verify", "dflash")) is P.POST_REPLAY
+
+
+def test_prefill_flag_by_override_and_env():
+    reg = make_registry()
+    assert PolicyEngine(reg, environ={}).decide(Context("trtllm_mha", "prefill")) is P.NONE
+    on = Context("trtllm_mha", "extend", flags={"prefill_read_done": True})
+    assert PolicyEngine(reg, environ={}).decide(on) is P.PRE_REPLAY
+    env_engine = PolicyEngine(reg, environ={"WARPOLICY_PREFILL_READ_DONE": "1"})
+    assert env_engine.decide(Context("trtllm_mha", "extend")) is P.PRE_REPLAY
+
+
+def test_force_coarse_alias_env_and_reason_origin():
+    engine = PolicyEngine(make_registry(), environ={"SGLANG_FORCE_COARSE_WAR_BARRIER": "true"})
+    d = engine.decision(Context("fa3", M.DECODE))
+    assert d.policy is P.NONE
+    assert [r.id for r in d.reasons] == ["declared", "force-coarse"]
+    assert d.reasons[1].origin == "caps.yaml:40:5"
+
+
+def test_primary_env_name_wins_over_alias():
+    engine = PolicyEngine(make_registry(), environ={"WARPOLICY_FORCE_COARSE": "0",
+                                                    "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"})
+    assert engine.decide(Context("fa3", M.DECODE)) is P.IN_GRAPH
+
+
+def test_bad_env_value_is_input_error():
+    with pytest.raises(InputError, match="WARPOLICY_FORCE_COARSE='maybe'"):
+        PolicyEngine(make_registry(), environ={"WARPOLICY_FORCE_COARSE": "maybe"})
+
+
+@pytest.mark.parametrize("facts, why", [
+    (dict(planted=False), "not planted"),
+    (dict(external_events=False), "no external events"),
+    (dict(eager=True), "eagerly"),
+])
+def test_sound_demotion_is_post_replay(engine, facts, why):
+    d = engine.decision(Context("fa3", M.DECODE, **facts))
+    assert d.policy is P.POST_REPLAY
+    assert d.reasons[-1].id == SOUND_DEMOTION_ID
+    assert why in d.reasons[-1].message
+
+
+def test_demotion_does_not_touch_pre_replay(engine):
+    ctx = Context("trtllm_mha", M.EXTEND, flags={"prefill_read_done": True}, planted=False)
+    assert engine.decide(ctx) is P.PRE_REPLAY
+
+
+def test_composite_takes_latest_child():
+    reg = make_registry([Backend("tbo", latest_of=("fa3", "dsv4"))])
+    engine = PolicyEngine(reg, environ={})
+    assert engine.decide(Context("tbo", M.DECODE)) is P.IN_GRAPH
+    d = engine.decision(Context("tbo", M.TARGET_VERIFY, "dflash"))
+    assert d.policy is P.POST_REPLAY
+    assert "latest of its children" in d.reasons[0].message
+
+
+def test_per_mode_delegates():
+    reg = make_registry([Backend("hybrid", per_mode={M.EXTEND: "trtllm_mha", M.DECODE: "fa3"})])
+    engine = PolicyEngine(reg, environ={})
+    flags = {"prefill_read_done": True}
+    assert engine.decide(Context("hybrid", M.EXTEND, flags=flags)) is P.PRE_REPLAY
+    assert engine.decide(Context("hybrid", M.DECODE)) is P.IN_GRAPH
+    assert engine.decide(Context("hybrid", M.TARGET_VERIFY, "dflash")) is P.NONE
+
+
+def test_scoped_gate_applies_to_heirs_only():
+    gate = Gate("fa3-no-verify", Conditions(mode=frozenset({M.TARGET_VERIFY})), P.POST_REPLAY,
+                "scoped", scope="fa3")
+    reg = make_registry([Backend("fa3", inherits="base", gates=(gate,)),
+                         Backend("fa3_child", inherits="fa3")])
+    engine = PolicyEngine(reg, environ={})
+    assert engine.decide(Context("fa3", M.TARGET_VERIFY, "dflash")) is P.POST_REPLAY
+    assert engine.decide(Context("fa3_child", M.TARGET_VERIFY, "dflash")) is P.POST_REPLAY
+    assert engine.decide(Context("trtllm_mha", M.TARGET_VERIFY, "dflash")) is P.IN_GRAPH
+
+
+def test_unknown_names_raise_with_suggestions(engine):
+    with pytest.raises(UnknownNameError, match="did you mean 'fa3'"):
+        engine.decision(Context("fa33", M.DECODE))
+    with pytest.raises(UnknownNameError, match="spec algorithm"):
+        engine.decision(Context("fa3", M.DECODE, "eagel"))
+    with pytest.raises(UnknownNameError, match="flag"):
+        engine.decision(Context("fa3", M.DECODE, flags={"force_coarsee": True}))
+    with pytest.raises(UnknownNameError, match="mode"):
+        Context("fa3", "decod")
+
+
+def test_decide_fails_closed_with_one_warning(engine):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert engine.decide(Context("nope", M.DECODE)) is P.NONE
+        assert engine.decide(Context("nope", M.DECODE)) is P.NONE
+    assert len(caught) == 1
+    assert "coarse" in str(caught[0].message)
+
+
+def test_compile_matches_decision_everywhere(engine):
+    compiled = engine.compile("fa3", "dflash")
+    for mode in M:
+        for eager in (False, True):
+            for planted in (False, True):
+                ctx = Context("fa3", mode, "dflash", eager=eager, planted=planted)
+                assert compiled.lookup(mode, eager, planted) is engine.decide(ctx)
+    assert compiled.captured[M.DECODE] is P.IN_GRAPH
+
+
+def test_compile_unknown_fails_closed_or_raises(engine):
+    with pytest.warns(RuntimeWarning):
+        compiled = engine.compile("nope")
+    assert all(compiled.lookup(m) is P.NONE for m in M)
+    with pytest.raises(UnknownNameError):
+        engine.compile("nope", strict=True)
+
+
+def test_compiled_lookup_of_unknown_mode_is_none():
+    compiled = CompiledPolicy("x", "none", {})
+    assert compiled.lookup(M.DECODE) is P.NONE
+
+
+def test_explain_lists_every_gate(engine):
+    exp = engine.explain(Context("trtllm_mha", M.EXTEND))
+    ids = {c.gate.id: c for c in exp.gates}
+    assert set(ids) == {"force-coarse", "verify-needs-read-done", "prefill-opt-in"}
+    assert ids["prefill-opt-in"].matched and ids["prefill-opt-in"].raised
+    assert not ids["force-coarse"].matched
+    assert "flag force_coarse is false" in ids["force-coarse"].why
+    assert "mode is extend" in ids["verify-needs-read-done"].why
+    js = exp.to_json()
+    assert js["policy"] == "none" and js["flags"]["force_coarse"]["source"] == "default"
+
+
+def test_table_covers_every_combination(engine):
+    rows = engine.table()
+    assert {r.context.backend for r in rows} == {"fa3", "trtllm_mha", "dsv4"}  # base is abstract
+    assert len(rows) == 3 * 3 * 3
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("On", True), ("", False), ("no", False)])
+def test_parse_bool(text, value):
+    assert parse_bool(text, "X") is value

@@ -1,0 +1,151 @@
+"""Hypothesis property tests for the engine's invariants (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warpolicy.engine import Context, PolicyEngine
+from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.registry import Backend, Conditions, Flag, Gate, Registry, SpecAlgorithm
+
+MODES = list(ForwardMode)
+POLICIES = list(WarReadDonePolicy)
+SPECS = ["none", "eagle", "dflash"]
+CAPS = ["prefill_read_done", "target_verify_read_done"]
+FLAGS = ["force_coarse", "prefill_read_done"]
+
+policies = st.sampled_from(POLICIES)
+modes = st.sampled_from(MODES)
+
+
+def optional_set(elements):
+    return st.one_of(st.none(), st.frozensets(elements, min_size=1, max_size=3))
+
+
+conditions = st.builds(
+    Conditions,
+    mode=optional_set(modes),
+    backend=optional_set(st.sampled_from([f"b{i}" for i in range(6)])),
+    spec=optional_set(st.sampled_from(SPECS)),
+    spec_has=optional_set(st.sampled_from(CAPS)),
+    spec_lacks=optional_set(st.sampled_from(CAPS)),
+    flags=st.dictionaries(st.sampled_from(FLAGS), st.booleans(), max_size=2),
+    declared=optional_set(policies),
+    eager=st.one_of(st.none(), st.booleans()),
+    planted=st.one_of(st.none(), st.booleans()),
+    external_events=st.one_of(st.none(), st.booleans()),
+)
+
+
+@st.composite
+def gates(draw, prefix="g"):
+    n = draw(st.integers(0, 5))
+    return [Gate(f"{prefix}{i}", draw(conditions), draw(policies), "because")
+            for i in range(n)]
+
+
+@st.composite
+def registries(draw):
+    """Backends b0..b5 where later ones may inherit from / compose earlier ones (a DAG)."""
+    backends = {}
+    for i in range(6):
+        name = f"b{i}"
+        reads_end = draw(st.dictionaries(modes, policies, max_size=4))
+        earlier = [f"b{j}" for j in range(i)]
+        shape = draw(st.sampled_from(["plain", "inherits", "latest_of", "per_mode"]
+                                     if earlier else ["plain"]))
+        kw = {}
+        if shape == "inherits":
+            kw["inherits"] = draw(st.sampled_from(earlier))
+        elif shape == "latest_of":
+            kw["latest_of"] = tuple(draw(st.lists(st.sampled_from(earlier), min_size=1,
+                                                  max_size=3, unique=True)))
+        elif shape == "per_mode":
+            kw["per_mode"] = draw(st.dictionaries(modes, st.sampled_from(earlier), min_size=1,
+                                                  max_size=3))
+        scoped = tuple(attrs.evolve(g, scope=name) for g in draw(gates(prefix=f"{name}g")))
+        backends[name] = Backend(name, reads_end, gates=scoped, **kw)
+    specs = {s: SpecAlgorithm(s, capabilities={c: draw(st.booleans()) for c in CAPS})
+             for s in SPECS}
+    flags = {f: Flag(f, draw(st.booleans())) for f in FLAGS}
+    return Registry(flags=flags, spec_algorithms=specs, backends=backends,
+                    gates=tuple(draw(gates())))
+
+
+contexts = st.builds(
+    Context,
+    backend=st.sampled_from([f"b{i}" for i in range(6)]),
+    mode=modes,
+    spec=st.sampled_from(SPECS),
+    flags=st.dictionaries(st.sampled_from(FLAGS), st.booleans(), max_size=2),
+    external_events=st.booleans(),
+    eager=st.booleans(),
+    planted=st.booleans(),
+)
+
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+@SETTINGS
+@given(registries(), gates(prefix="extra"), contexts)
+def test_adding_gates_never_makes_a_decision_earlier(registry, extra, ctx):
+    before = PolicyEngine(registry, environ={}).decide(ctx)
+    more = attrs.evolve(registry, gates=registry.gates + tuple(extra))
+    after = PolicyEngine(more, environ={}).decide(ctx)
+    assert after >= before
+
+
+@SETTINGS
+@given(registries(), contexts, st.randoms(use_true_random=False))
+def test_result_does_not_depend_on_gate_order(registry, ctx, rnd):
+    shuffled = list(registry.gates)
+    rnd.shuffle(shuffled)
+    backends = {n: attrs.evolve(b, gates=tuple(rnd.sample(b.gates, len(b.gates))))
+                for n, b in registry.backends.items()}
+    other = attrs.evolve(registry, gates=tuple(shuffled), backends=backends)
+    a = PolicyEngine(registry, environ={}).decision(ctx)
+    b = PolicyEngine(other, environ={}).decision(ctx)
+    assert a.policy == b.policy
+    assert {r.id for r in a.reasons} == {r.id for r in b.reasons}
+
+
+@SETTINGS
+@given(registries(), contexts)
+def test_composite_is_never_earlier_than_any_child(registry, ctx):
+    engine = PolicyEngine(registry, environ={})
+    backend = registry.backends[ctx.backend]
+    children = list(backend.latest_of)
+    if ctx.mode in backend.per_mode:
+        children.append(backend.per_mode[ctx.mode])
+    parent = engine.decide(ctx)
+    for child in children:
+        assert parent >= engine.decide(attrs.evolve(ctx, backend=child))
+
+
+@SETTINGS
+@given(registries(), contexts)
+def test_in_graph_only_with_planted_node_and_external_events(registry, ctx):
+    policy = PolicyEngine(registry, environ={}).decide(ctx)
+    if policy is WarReadDonePolicy.IN_GRAPH:
+        assert ctx.planted and ctx.external_events and not ctx.eager
+
+
+@SETTINGS
+@given(registries(), contexts)
+def test_never_earlier_than_declared_or_a_matching_gate(registry, ctx):
+    exp = PolicyEngine(registry, environ={}).explain(ctx)
+    assert exp.decision.policy >= exp.declared
+    for check in exp.gates:
+        if check.matched:
+            assert exp.decision.policy >= check.gate.at_least
+
+
+@SETTINGS
+@given(registries(), contexts)
+def test_compiled_lookup_equals_decide(registry, ctx):
+    engine = PolicyEngine(registry, environ={})
+    compiled = engine.compile(ctx.backend, ctx.spec, ctx.flags, platform=ctx.platform,
+                              external_events=ctx.external_events, strict=True)
+    assert compiled.lookup(ctx.mode, ctx.eager, ctx.planted) is engine.decide(ctx)
