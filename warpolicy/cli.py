@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import os
 import sys
 from typing import Iterable, Optional, Sequence
 
@@ -90,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the JSON Schema of the registry format")
 
     p = sub.add_parser("diff", help="cells whose policy differs between two registries")
-    p.add_argument("old", metavar="OLD", help="old registry file ('default' for the packaged one)")
-    p.add_argument("new", metavar="NEW", help="new registry file")
+    p.add_argument("old", metavar="OLD", help="old registry: a file, 'default', or files "
+                   "joined with the path separator (layered, like WARPOLICY_CAPABILITIES)")
+    p.add_argument("new", metavar="NEW", help="new registry, same form as OLD")
     p.add_argument("--mode", action="append", help="only these modes (repeatable)")
     _add_flag_args(p)
     p.add_argument("--format", choices=FORMATS + ("markdown",), default="text")
@@ -224,8 +226,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from warpolicy.engine import PolicyEngine
     from warpolicy.report import diff_engines, format_diff
 
-    old = PolicyEngine.load([args.old])
-    new = PolicyEngine.load([args.new])
+    old = PolicyEngine.load(args.old.split(os.pathsep))
+    new = PolicyEngine.load(args.new.split(os.pathsep))
     cells = diff_engines(old, new, args.mode, _parse_flags(args.flag), **_facts(args))
     _out(format_diff(cells, args.format))
     return ExitCode.CHECK_FAILED if cells and args.exit_code else ExitCode.OK

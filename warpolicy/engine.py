@@ -375,6 +375,23 @@ class CompiledPolicy:
 
     __call__ = lookup
 
+    def per_step(self, eager: bool = False, planted: bool = True):
+        """The hot-path callable for a runner whose facts are known: ``fn(mode) -> policy``.
+
+        It is a bound ``dict.__getitem__`` (no Python frame per call); unknown keys give ``NONE``.
+        """
+        return _ModeTable({m: row[eager * 2 + planted] for m, row in self._table.items()}
+                          ).__getitem__
+
+
+class _ModeTable(dict):
+    """mode -> policy; a missing mode is NONE, so the lookup fails closed."""
+
+    __slots__ = ()
+
+    def __missing__(self, key) -> WarReadDonePolicy:
+        return NONE
+
 
 def _inheritance_chain(registry: Registry, name: str) -> list[str]:
     chain = []

@@ -44,8 +44,12 @@ def policy_names() -> list[str]:
     return [p.label for p in WarReadDonePolicy]
 
 
-class ForwardMode(enum.Enum):
-    """Forward modes of the anchor (SGLang), by their lowercase names."""
+class ForwardMode(str, enum.Enum):
+    """Forward modes of the anchor (SGLang), by their lowercase names.
+
+    A ``str`` mixin: members hash and compare as their names, which keeps the per-step
+    dict lookup on the C fast path (plain ``Enum.__hash__`` is a Python-level call).
+    """
 
     DECODE = "decode"
     EXTEND = "extend"

@@ -1,0 +1,230 @@
+"""The CLI through `main(argv)`: outputs, the default registry's table, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from warpolicy.cli import ExitCode, main
+
+FLAG_ENVS = ("WARPOLICY_PREFILL_READ_DONE", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
+             "WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER",
+             "WARPOLICY_HIERARCHICAL_CACHE", "WARPOLICY_CAPABILITIES")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in FLAG_ENVS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def query(capsys, *argv) -> str:
+    code, out, err = run_cli(capsys, "query", *argv)
+    assert code == ExitCode.OK, err
+    return out.split()[0]
+
+
+def table_json(capsys, *argv) -> list[dict]:
+    code, out, err = run_cli(capsys, "table", "--format", "json", *argv)
+    assert code == ExitCode.OK, err
+    return json.loads(out)
+
+
+def test_query_text_starts_with_policy(capsys):
+    code, out, _ = run_cli(capsys, "query", "--backend", "fa3", "--mode", "decode")
+    assert code == 0
+    assert out.splitlines()[0] == "in_graph"
+    assert "declared" in out
+
+
+def test_query_json_shape(capsys):
+    code, out, _ = run_cli(capsys, "query", "--backend", "dsv4", "--mode", "verify",
+                           "--spec", "dflash", "--format", "json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["policy"] == "post_replay"
+    assert (data["backend"], data["mode"], data["spec"]) == ("dsv4", "target_verify", "dflash")
+    assert all({"id", "message"} <= set(r) for r in data["reasons"])
+
+
+def test_default_table_decode_in_graph_everywhere(capsys):
+    rows = table_json(capsys, "--mode", "decode")
+    assert rows and all(r["policy"] == "in_graph" for r in rows)
+    assert {"flashinfer", "triton", "torch_native", "fa3", "fa4", "flashmla", "cutlass_mla",
+            "trtllm_mla", "trtllm_mha", "aiter", "dsv4"} <= {r["backend"] for r in rows}
+
+
+def test_unknown_modes_are_none(capsys):
+    rows = table_json(capsys, "--mode", "mixed", "--mode", "idle", "--mode", "draft_extend")
+    assert rows and all(r["policy"] == "none" for r in rows)
+
+
+def test_target_verify_in_graph_only_with_dflash_family(capsys):
+    rows = table_json(capsys, "--mode", "target_verify")
+    for r in rows:
+        if r["policy"] == "in_graph":
+            assert r["spec"] in ("dflash", "dspark")
+        if r["backend"] == "dsv4" and r["spec"] in ("dflash", "dspark"):
+            assert r["policy"] == "post_replay"
+    assert any(r["policy"] == "in_graph" for r in rows)
+
+
+def test_trtllm_mha_prefill_needs_the_flag(capsys, monkeypatch):
+    args = ("--backend", "trtllm_mha", "--mode", "extend")
+    assert query(capsys, *args) == "none"
+    assert query(capsys, *args, "--flag", "prefill_read_done=1") == "pre_replay"
+    assert query(capsys, *args, "--spec", "eagle", "--flag", "prefill_read_done=1") == "none"
+    monkeypatch.setenv("SGLANG_ENABLE_PREFILL_WAR_READ_DONE", "1")
+    assert query(capsys, *args) == "pre_replay"
+    monkeypatch.setenv("WARPOLICY_HIERARCHICAL_CACHE", "1")
+    assert query(capsys, *args) == "none"
+    monkeypatch.delenv("SGLANG_ENABLE_PREFILL_WAR_READ_DONE")
+    monkeypatch.delenv("WARPOLICY_HIERARCHICAL_CACHE")
+    monkeypatch.setenv("WARPOLICY_PREFILL_READ_DONE", "true")
+    assert query(capsys, *args) == "pre_replay"
+    rows = table_json(capsys, "--mode", "extend", "--spec", "none")
+    early = {r["backend"] for r in rows if r["policy"] == "pre_replay"}
+    assert "trtllm_mha" in early
+    assert not early & {"fa3", "flashinfer", "triton", "dsv4"}
+
+
+def test_force_coarse_makes_everything_none(capsys, monkeypatch):
+    rows = table_json(capsys, "--flag", "force_coarse=true", "--flag", "prefill_read_done=1")
+    assert rows and all(r["policy"] == "none" for r in rows)
+    monkeypatch.setenv("SGLANG_FORCE_COARSE_WAR_BARRIER", "1")
+    assert all(r["policy"] == "none" for r in table_json(capsys))
+
+
+@pytest.mark.parametrize("facts", [["--no-plant"], ["--eager"], ["--no-external-events"]])
+def test_sound_demotion_from_the_cli(capsys, facts):
+    assert query(capsys, "--backend", "fa3", "--mode", "decode", *facts) == "post_replay"
+
+
+def test_explain_shows_chain_and_gates(capsys):
+    code, out, _ = run_cli(capsys, "explain", "--backend", "trtllm_mha", "--mode", "prefill")
+    assert code == 0
+    assert out.splitlines()[0] == "none"
+    assert "inherited from base" in out or "trtllm_mha declares extend: pre_replay" in out
+    assert "prefill-opt-in" in out and "[raised]" in out
+
+
+def test_explain_json(capsys):
+    code, out, _ = run_cli(capsys, "explain", "--backend", "fa3", "--mode", "decode",
+                           "--no-plant", "--format", "json")
+    data = json.loads(out)
+    assert data["policy"] == "post_replay" and data["declared"] == "in_graph"
+    assert any(r["id"] == "sound-demotion" for r in data["reasons"])
+    assert data["gates"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["query", "--backend", "fa33", "--mode", "decode"], "did you mean 'fa3'"),
+    (["query", "--backend", "fa3", "--mode", "decod"], "unknown mode 'decod'"),
+    (["query", "--backend", "fa3", "--mode", "decode", "--spec", "dflsh"], "'dflash'"),
+    (["query", "--backend", "fa3", "--mode", "decode", "--flag", "force_corse=1"], "force_coarse"),
+    (["query", "--backend", "fa3", "--mode", "decode", "--flag", "force_coarse"], "NAME=VALUE"),
+    (["query", "--backend", "fa3", "--mode", "decode", "--flag", "force_coarse=maybe"],
+     "not a boolean"),
+    (["query", "--mode", "decode"], "--backend"),
+    (["frobnicate"], "invalid choice"),
+    (["table", "--capabilities", "/nonexistent/caps.yaml"], "/nonexistent/caps.yaml"),
+])
+def test_input_errors_are_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == ExitCode.USAGE
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_validate_default_ok(capsys):
+    code, out, err = run_cli(capsys, "validate")
+    assert code == 0, err
+
+
+def test_validate_reports_every_problem_located(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nbackends:\n  x:\n    reads_end: {decode: sometimes}\n"
+                   "    inherits: nope\n    colour: red\n")
+    code, out, err = run_cli(capsys, "validate", str(bad))
+    assert code == ExitCode.CHECK_FAILED
+    lines = err.strip().splitlines()
+    assert len(lines) >= 3
+    for line in lines:
+        path, lineno, col, _msg = line.split(":", 3)
+        assert path == str(bad) and int(lineno) >= 1 and int(col) >= 1
+
+
+def test_query_with_invalid_registry_exits_2_with_located_lines(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 2\n")
+    code, _, err = run_cli(capsys, "query", "--backend", "fa3", "--mode", "decode",
+                           "--capabilities", str(bad))
+    assert code == ExitCode.USAGE
+    assert f"{bad}:1:" in err and "Traceback" not in err
+
+
+def test_layered_capabilities_and_default_token(capsys, tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("version: 1\nbackends:\n  mybackend:\n    inherits: base\n"
+                     "    reads_end: {extend: pre_replay}\n    doc: mine\n")
+    argv = ["--backend", "mybackend", "--mode", "extend", "--flag", "prefill_read_done=1",
+            "--capabilities", "default", "--capabilities", str(extra)]
+    assert query(capsys, *argv) == "pre_replay"
+
+
+def test_capabilities_from_env(capsys, tmp_path, monkeypatch):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("version: 1\nbackends:\n  fa3:\n    override: true\n"
+                     "    reads_end: {decode: post_replay}\n    doc: overridden\n")
+    monkeypatch.setenv("WARPOLICY_CAPABILITIES", os.pathsep.join(["default", str(extra)]))
+    assert query(capsys, "--backend", "fa3", "--mode", "decode") == "post_replay"
+
+
+def test_diff_lists_changed_cells(capsys, tmp_path):
+    new = tmp_path / "new.yaml"
+    new.write_text("version: 1\nbackends:\n  fa3:\n    override: true\n    inherits: base\n"
+                   "    reads_end: {target_verify: post_replay}\n    doc: rereads\n"
+                   "  newbe:\n    inherits: base\n    doc: new\n")
+    layered = os.pathsep.join(["default", str(new)])
+    code, out, err = run_cli(capsys, "diff", "default", layered, "--format", "json")
+    assert code == 0, err
+    cells = {(c["backend"], c["mode"], c["spec"]): c for c in json.loads(out)}
+    assert cells[("fa3", "target_verify", "dflash")]["old"] == "in_graph"
+    assert cells[("fa3", "target_verify", "dflash")]["new"] == "post_replay"
+    assert cells[("fa3", "target_verify", "dflash")]["change"] == "later"
+    assert cells[("newbe", "decode", "none")]["change"] == "added"
+    assert not any(b == "fa3" and m == "decode" for b, m, _ in cells)
+    code, _, _ = run_cli(capsys, "diff", "default", layered, "--exit-code")
+    assert code == ExitCode.CHECK_FAILED
+    code, out, _ = run_cli(capsys, "diff", "default", "default", "--exit-code")
+    assert code == ExitCode.OK and "no policy changes" in out
+
+
+def test_table_markdown_and_text(capsys):
+    code, out, _ = run_cli(capsys, "table", "--backend", "fa3", "--format", "markdown")
+    assert code == 0 and out.startswith("| backend |")
+    code, out, _ = run_cli(capsys, "table", "--backend", "fa3")
+    assert code == 0 and out.splitlines()[0].split()[:4] == ["backend", "mode", "spec", "policy"]
+
+
+def test_schema_is_json(capsys):
+    code, out, _ = run_cli(capsys, "schema")
+    schema = json.loads(out)
+    assert code == 0 and "backends" in schema["properties"]
+
+
+def test_bench_decide_json(capsys):
+    code, out, _ = run_cli(capsys, "bench", "decide", "--iterations", "2000", "--format", "json")
+    data = json.loads(out)
+    assert code == 0
+    assert {"engine_ns", "baseline_ns", "ratio"} <= set(data)
+    assert data["engine_ns"] > 0 and data["baseline_ns"] > 0
