@@ -4,8 +4,9 @@ The registry, engine and CLI import without torch; the runtime (fence, CUDA plug
 audit) imports torch lazily.
 """
 
+from warpolicy.hookspecs import hookimpl, hookspec
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 
 __version__ = "0.1.0"
 
-__all__ = ["ForwardMode", "WarReadDonePolicy", "__version__"]
+__all__ = ["ForwardMode", "WarReadDonePolicy", "__version__", "hookimpl", "hookspec"]

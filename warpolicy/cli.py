@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a built-in synthetic backend ('all' for every one)")
     p.add_argument("--modes", nargs="+", metavar="MODE", help="modes to audit")
     p.add_argument("--trials", type=int, default=50, help="trials per mode (default: 50)")
+    p.add_argument("--stall-us", type=float, default=None, metavar="US",
+                   help="GPU stall inserted around each segment to widen the race window")
+    p.add_argument("--device", default=None,
+                   help="cuda (default) or fake (a CPU simulation, for demos and tests)")
     p.add_argument("--format", choices=FORMATS, default="text")
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
@@ -125,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the streams")
     b.add_argument("--format", choices=FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
-    b.add_argument("--iterations", type=int, default=200)
+    b.add_argument("--iterations", type=int, default=3000)
     b.add_argument("--format", choices=FORMATS, default="text")
     return parser
 
@@ -244,8 +248,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from warpolicy.audit import format_audit, run_audit
 
+    extra = {} if args.stall_us is None else {"stall_us": args.stall_us}
     report = run_audit(factory=args.factory, synthetic=args.synthetic, modes=args.modes,
-                       trials=args.trials)
+                       trials=args.trials, device=args.device, **extra)
     _out(format_audit(report, args.format))
     return report.exit_code
 

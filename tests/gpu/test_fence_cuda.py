@@ -1,0 +1,129 @@
+"""The fence on a real GPU: a graph reads a shared index buffer, the fence plants the read-done
+node, long work follows; the scheduler waits through `SchedulerBarrier` on a schedule stream and
+immediately overwrites the buffer. Correct planting never corrupts; a plant before the read is
+caught as corruption (so this test can fail).
+
+Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test_fence_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from warpolicy.fence import ReadDoneFence, SchedulerBarrier  # noqa: E402
+from warpolicy.platform import Platform  # noqa: E402
+from warpolicy.plugins import new_plugin_manager  # noqa: E402
+from warpolicy.policy import WarReadDonePolicy as P  # noqa: E402
+
+ROWS = 4096
+SPIN_CYCLES = 2_000_000  # ~1 ms on an H200: a wide window for a too-early release to be caught
+TAIL_MATMULS = 8
+REPLAYS = 20
+PERMS = 4
+
+
+@pytest.fixture
+def platform():
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    p = Platform.for_device("cuda", pm)
+    if not p.external_events_supported():
+        pytest.skip("this torch has no external events")
+    return p
+
+
+class SharedReadGraph:
+    """A captured graph: [plant if early] spin, index_select(shared), [plant if correct], matmuls."""
+
+    def __init__(self, platform: Platform, plant_early: bool) -> None:
+        dev = torch.device("cuda")
+        self.platform = platform
+        self.shared = torch.arange(ROWS, device=dev)
+        self.table = torch.randn(ROWS, 64, device=dev)
+        self.a = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16) / 64
+        self.fence = ReadDoneFence(platform, ring_size=4, name="early" if plant_early else "correct")
+        self.plant_early = plant_early
+        self.out = None
+        self._body()  # eager warm-up: cuBLAS and the allocator before capture (plant is a no-op)
+        platform.synchronize()
+        self.fence.prepare()
+        self.graph = platform.new_graph()
+        with platform.capture(self.graph):
+            self._body()
+        platform.synchronize()
+        assert self.fence.planted
+
+    def _body(self) -> None:
+        if self.plant_early:
+            self.fence.plant()  # WRONG: before the shared read
+        torch.cuda._sleep(SPIN_CYCLES)
+        self.out = self.shared_read()
+        if not self.plant_early:
+            self.fence.plant()  # right after the last shared read
+        c = self.a
+        for _ in range(TAIL_MATMULS):
+            c = c @ self.a
+        self.tail = c
+
+    def shared_read(self) -> "torch.Tensor":
+        return self.table.index_select(0, self.shared)
+
+
+def run_war_trial(g: SharedReadGraph, policy: P, replays: int = REPLAYS) -> int:
+    """Replay with the scheduler overwriting the shared buffer right after the barrier; return how
+    many replays produced a corrupted output."""
+    p = g.platform
+    dev = torch.device("cuda")
+    perms = [torch.randperm(ROWS, device=dev) for _ in range(PERMS)]
+    garbage = torch.zeros(ROWS, dtype=g.shared.dtype, device=dev)
+    results = [torch.empty_like(g.out) for _ in range(replays)]
+    fwd, sched = p.new_stream(), p.new_stream()
+    barrier = SchedulerBarrier(p)
+    writes_done = [p.create_event() for _ in range(4)]  # a ring: several steps may be in flight
+    p.synchronize()
+    for i in range(replays):
+        with p.stream(fwd):
+            if i:
+                p.wait_event(fwd, writes_done[(i - 1) % 4])  # RAW: the last scheduler write first
+            g.shared.copy_(perms[i % PERMS])  # this step's input, written in order on the forward stream
+            g.fence.before_replay(policy)
+            p.replay(g.graph)
+            g.fence.after_replay(policy)
+            results[i].copy_(g.out)
+        kind = barrier.apply(sched, fwd, g.fence.take())
+        assert kind == ("coarse" if policy is P.NONE else "event")
+        with p.stream(sched):
+            g.shared.copy_(garbage)  # the next batch's write, as early as the barrier allows
+            p.record(writes_done[i % 4], sched)
+    p.synchronize()
+    expected = [g.table.index_select(0, perms[i % PERMS]) for i in range(replays)]
+    return sum(not torch.equal(r, e) for r, e in zip(results, expected))
+
+
+@pytest.mark.parametrize("policy", [P.IN_GRAPH, P.POST_REPLAY, P.NONE])
+def test_correct_plant_never_corrupts(platform, policy):
+    g = SharedReadGraph(platform, plant_early=False)
+    corrupted = run_war_trial(g, policy)
+    print(f"\n[fence cuda] plant after read, {policy.label}: corrupted {corrupted}/{REPLAYS}")
+    assert corrupted == 0
+
+
+def test_too_early_plant_is_caught_as_corruption(platform):
+    g = SharedReadGraph(platform, plant_early=True)
+    corrupted = run_war_trial(g, P.IN_GRAPH)
+    print(f"\n[fence cuda] plant BEFORE read, in_graph: corrupted {corrupted}/{REPLAYS}")
+    assert corrupted > 0  # proves the trial can fail
+
+
+def test_fence_bench_reports_release_and_overhead():
+    from warpolicy.bench.fence import format_fence_bench, run_fence_bench
+
+    result = run_fence_bench(iters=600, replays=20)
+    print("\n" + format_fence_bench(result, "text"))
+    assert result["platform"] == "cuda"
+    assert result["release"]["ratio"] is not None
+    assert result["overhead"]["raw_us_median"] > 0

@@ -1,0 +1,188 @@
+"""The plugin manager: built-ins, disable/trace switches, fragment collection, description."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from warpolicy.errors import PluginError
+from warpolicy.hookspecs import hookimpl
+from warpolicy.loader import Fragment
+from warpolicy.plugins import (collect_fragments, describe_plugins, get_plugin_manager,
+                               new_plugin_manager, reset_plugin_manager)
+
+BACKEND_YAML = """\
+version: 1
+backends:
+  {name}:
+    inherits: base
+    doc: A backend contributed by a plugin.
+"""
+
+
+@pytest.fixture
+def pm():
+    return new_plugin_manager(load_entry_points=False, environ={})
+
+
+@pytest.fixture
+def register(pm):
+    """Register inline plugins by name; always unregistered afterwards."""
+    added = []
+
+    def add(plugin, name):
+        pm.register(plugin, name=name)
+        added.append(plugin)
+        return plugin
+
+    yield add
+    for plugin in added:
+        pm.unregister(plugin)
+
+
+def contributes(value):
+    class Plugin:
+        @hookimpl
+        def warpolicy_capabilities(self):
+            return value() if callable(value) else value
+
+    return Plugin()
+
+
+def test_builtins_are_ordinary_named_plugins(pm):
+    import warpolicy.cuda
+    from warpolicy.testing.fake import FakePlatformPlugin
+
+    assert pm.get_plugin("cuda") is warpolicy.cuda
+    assert isinstance(pm.get_plugin("fake"), FakePlatformPlugin)
+    assert pm.get_plugin("fake") is not new_plugin_manager(load_entry_points=False, environ={}).get_plugin("fake")
+
+
+def test_disable_blocks_builtins_by_name():
+    pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_DISABLE_PLUGINS": " fake , nope"})
+    assert pm.get_plugin("fake") is None and pm.is_blocked("fake")
+    assert pm.get_plugin("cuda") is not None
+    rows = {r["name"]: r for r in describe_plugins(pm)}
+    assert rows["fake"]["status"] == "disabled" and rows["fake"]["hooks"] == []
+    assert rows["fake"]["source"] == "builtin"
+    assert rows["cuda"]["status"] == "active"
+
+
+def test_trace_hooks_writes_hook_calls_to_stderr(capsys):
+    pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_TRACE_HOOKS": "1"})
+    pm.hook.warpolicy_platform_name(device="fake")
+    assert "warpolicy_platform_name" in capsys.readouterr().err
+
+
+def test_no_trace_by_default(capsys, pm):
+    pm.hook.warpolicy_platform_name(device="fake")
+    assert capsys.readouterr().err == ""
+
+
+def test_default_manager_is_cached_until_reset():
+    reset_plugin_manager()
+    try:
+        first = get_plugin_manager()
+        assert get_plugin_manager() is first
+        reset_plugin_manager()
+        assert get_plugin_manager() is not first
+    finally:
+        reset_plugin_manager()
+
+
+def test_describe_plugins_lists_builtins_with_hooks(pm):
+    rows = describe_plugins(pm)
+    assert [r["name"] for r in rows] == sorted(r["name"] for r in rows)
+    fake = next(r for r in rows if r["name"] == "fake")
+    assert fake["source"] == "builtin" and fake["version"]
+    assert "warpolicy_record_event" in fake["hooks"] and fake["hooks"] == sorted(fake["hooks"])
+    assert set(fake) >= {"name", "version", "source", "hooks"}
+
+
+def test_describe_hand_registered_plugin(pm, register):
+    register(contributes(None), "inline")
+    row = next(r for r in describe_plugins(pm) if r["name"] == "inline")
+    assert row["source"] == "registered" and row["hooks"] == ["warpolicy_capabilities"]
+
+
+def test_typo_hook_is_a_plugin_error():
+    class Typo:
+        @hookimpl
+        def warpolicy_capabilitys(self):
+            return None
+
+    from warpolicy.plugins import _check_pending
+
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(Typo(), name="typo")
+    try:
+        with pytest.raises(PluginError, match="typo"):
+            _check_pending(pm)
+    finally:
+        pm.unregister(name="typo")
+
+
+# -- fragments -------------------------------------------------------------------------------------
+
+def test_fragments_are_sorted_by_plugin_name_not_registration_order(pm, register):
+    register(contributes("version: 1\nflags: {}\n"), "zeta")
+    register(contributes({"version": 1, "flags": {}}), "alpha")
+    names = [f.name for f in collect_fragments(pm)]
+    assert names == ["plugin:alpha", "plugin:zeta"]
+
+
+def test_fragment_kinds_path_text_mapping_and_lists(pm, register, tmp_path):
+    path = tmp_path / "frag.yaml"
+    path.write_text(BACKEND_YAML.format(name="from_file"))
+    register(contributes([path, BACKEND_YAML.format(name="from_text"), {"version": 1, "flags": {}}]), "multi")
+    frags = collect_fragments(pm)
+    assert all(isinstance(f, Fragment) for f in frags)
+    assert [f.name for f in frags] == [f"plugin:multi[0]:{path}", "plugin:multi[1]", "plugin:multi[2]"]
+    assert "from_file" in frags[0].data and "from_text" in frags[1].data
+    assert frags[2].data == {"version": 1, "flags": {}}
+
+
+def test_a_str_is_yaml_text_never_a_file_name(pm, register, tmp_path):
+    path = tmp_path / "frag.yaml"
+    path.write_text(BACKEND_YAML.format(name="x"))
+    register(contributes(str(path)), "s")
+    (frag,) = collect_fragments(pm)
+    assert frag.data == str(path)
+
+
+def test_no_result_contributes_nothing(pm, register):
+    register(contributes(None), "quiet")
+    assert collect_fragments(pm) == []
+
+
+def test_invalid_yaml_is_one_plugin_error_line(pm, register):
+    register(contributes("backends: [unclosed\n"), "broken")
+    with pytest.raises(PluginError) as info:
+        collect_fragments(pm)
+    text = str(info.value)
+    assert "\n" not in text
+    assert "'broken'" in text and "invalid YAML" in text and "WARPOLICY_DISABLE_PLUGINS=broken" in text
+
+
+@pytest.mark.parametrize("value, match", [
+    (lambda: 42, "must return"),
+    (lambda: pathlib.Path("/nonexistent/warpolicy/frag.yaml"), "cannot read"),
+    (lambda: (_ for _ in ()).throw(ValueError("boom")), "raised ValueError: boom"),
+])
+def test_bad_fragment_results_name_the_plugin(pm, register, value, match):
+    register(contributes(value), "bad")
+    with pytest.raises(PluginError, match=match) as info:
+        collect_fragments(pm)
+    assert info.value.plugin == "bad"
+
+
+def test_plugin_backend_becomes_queryable(pm, register):
+    from warpolicy.engine import Context, PolicyEngine
+    from warpolicy.policy import ForwardMode, WarReadDonePolicy
+
+    register(contributes(BACKEND_YAML.format(name="plugin_attn")), "onboard")
+    engine = PolicyEngine.load(pm=pm, environ={})
+    ctx = Context(backend="plugin_attn", mode=ForwardMode.DECODE, spec="none", flags={},
+                  platform="cuda", external_events=True, eager=False, planted=True)
+    assert engine.decide(ctx) is WarReadDonePolicy.IN_GRAPH

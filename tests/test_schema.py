@@ -1,0 +1,154 @@
+"""warpolicy.schema: the JSON Schema and the key tables the loader shares with it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from warpolicy import schema
+from warpolicy.loader import Fragment, default_registry_path, validate_sources
+from warpolicy.policy import ForwardMode, WarReadDonePolicy, mode_names
+from warpolicy.registry import Conditions
+from warpolicy.schema import SECTIONS, registry_json_schema
+
+
+def check(instance, node: dict, root: dict, path: str = "$") -> list[str]:
+    """A tiny JSON Schema checker for the keywords our schema uses (no jsonschema package)."""
+    if "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    errors: list[str] = []
+    types = node.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        py = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
+              "integer": int}
+        if not any(isinstance(instance, py[t]) for t in types):
+            return [f"{path}: {instance!r} is not {types}"]
+    if "const" in node and instance != node["const"]:
+        errors.append(f"{path}: {instance!r} != {node['const']!r}")
+    if "enum" in node and instance not in node["enum"]:
+        errors.append(f"{path}: {instance!r} not in enum")
+    if "pattern" in node and isinstance(instance, str) and not re.search(node["pattern"], instance):
+        errors.append(f"{path}: {instance!r} does not match {node['pattern']}")
+    if "minLength" in node and isinstance(instance, str) and len(instance) < node["minLength"]:
+        errors.append(f"{path}: too short")
+    if "oneOf" in node:
+        matches = [b for b in node["oneOf"] if not check(instance, b, root, path)]
+        if len(matches) != 1:
+            errors.append(f"{path}: {instance!r} matches {len(matches)} of oneOf")
+    if isinstance(instance, list):
+        if len(instance) < node.get("minItems", 0):
+            errors.append(f"{path}: too few items")
+        if node.get("uniqueItems") and len(set(map(repr, instance))) != len(instance):
+            errors.append(f"{path}: items not unique")
+        for i, item in enumerate(instance):
+            if "items" in node:
+                errors += check(item, node["items"], root, f"{path}[{i}]")
+    if isinstance(instance, dict):
+        props = node.get("properties", {})
+        for key in node.get("required", ()):
+            if key not in instance:
+                errors.append(f"{path}: missing {key}")
+        for key, value in instance.items():
+            if "propertyNames" in node:
+                errors += check(key, node["propertyNames"], root, f"{path}.<{key}>")
+            if key in props:
+                errors += check(value, props[key], root, f"{path}.{key}")
+            elif node.get("additionalProperties") is False:
+                errors.append(f"{path}: unexpected key {key!r}")
+            elif isinstance(node.get("additionalProperties"), dict):
+                errors += check(value, node["additionalProperties"], root, f"{path}.{key}")
+    return errors
+
+
+@pytest.fixture(scope="module")
+def the_schema() -> dict:
+    return registry_json_schema()
+
+
+def test_schema_is_draft_2020_12_json(the_schema):
+    assert the_schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert json.loads(json.dumps(the_schema)) == the_schema
+    assert the_schema["required"] == ["version"]
+
+
+def test_every_section_is_closed_and_described(the_schema):
+    for name in ["flag", "spec_algorithm", "backend", "gate", "when"]:
+        section = the_schema["$defs"][name]
+        assert section["additionalProperties"] is False, name
+        assert section["description"]
+        assert all(p["description"] for p in section["properties"].values()), name
+    assert the_schema["additionalProperties"] is False
+
+
+def test_schema_keys_are_the_loaders_keys(the_schema):
+    """Both come from schema.SECTIONS, so they cannot drift; check the mapping holds."""
+    defs = the_schema["$defs"]
+    assert set(the_schema["properties"]) == {k.name for k in SECTIONS["registry"]}
+    for section in ["flag", "spec_algorithm", "backend", "gate", "when"]:
+        keys = {k.name for k in SECTIONS[section]}
+        assert set(defs[section]["properties"]) == keys, section
+        required = {k.name for k in SECTIONS[section] if k.required}
+        assert set(defs[section].get("required", ())) == required
+
+
+def test_when_keys_are_the_condition_fields():
+    assert {k.name for k in SECTIONS["when"]} == set(attrs_fields(Conditions))
+
+
+def attrs_fields(cls) -> list[str]:
+    import attrs
+    return [f.name for f in attrs.fields(cls)]
+
+
+def test_the_loader_rejects_a_key_the_schema_does_not_know():
+    (problem,) = validate_sources([Fragment("f", "version: 1\nflags: {f: {doc: x, color: red}}\n")])
+    assert "unknown key 'color'" in problem.message
+
+
+def test_enums_include_aliases(the_schema):
+    policies = the_schema["$defs"]["policy"]["enum"]
+    assert {p.label for p in WarReadDonePolicy} <= set(policies)
+    assert {"coarse", "unknown", "in_replay"} <= set(policies)
+    for name in policies:
+        WarReadDonePolicy.parse(name)  # every spelling the schema offers loads
+    modes = the_schema["$defs"]["mode"]["enum"]
+    assert set(modes) == set(mode_names())
+    assert {"prefill", "verify"} <= set(modes)
+    assert {m.value for m in ForwardMode} <= set(modes)
+
+
+def test_default_registry_conforms(the_schema):
+    data = yaml.safe_load(default_registry_path().read_text())
+    assert check(data, the_schema, the_schema) == []
+
+
+@pytest.mark.parametrize("bad", [
+    {"version": 2},
+    {"version": 1, "backends": {"a": {"reads_end": {"decode": "soon"}}}},
+    {"version": 1, "backends": {"a": {"reads_end": {"decodes": "none"}}}},
+    {"version": 1, "backends": {"a b": {}}},
+    {"version": 1, "flags": {"f": {"default": False}}},
+    {"version": 1, "flags": {"f": {"doc": "x", "env": ["A-B"]}}},
+    {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "x", "when": {"x": 1}}]},
+    {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "x",
+                              "when": {"mode": []}}]},
+    {"version": 1, "backends": {"a": {"latest_of": ["b", "b"]}}},
+    {"flags": {}},
+])
+def test_the_checker_and_schema_reject_bad_documents(the_schema, bad):
+    assert check(bad, the_schema, the_schema)
+    text = yaml.safe_dump(bad)
+    assert validate_sources([Fragment("f", text)]), "the loader must reject it too"
+
+
+def test_scalar_or_list_sets(the_schema):
+    good = {"version": 1, "gates": [{"id": "g", "at_least": "coarse", "because": "x",
+                                     "when": {"mode": "prefill", "backend": ["a"],
+                                              "declared": "in_graph"}}],
+            "backends": {"a": {}}}
+    assert check(good, the_schema, the_schema) == []
+    assert validate_sources([Fragment("f", yaml.safe_dump(good))]) == []

@@ -1,0 +1,139 @@
+"""The synthetic backends: declarations, the model's invariants, and each variant's verdict
+when audited through the fake platform (program-order race simulation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from warpolicy.audit import Verdict, run_audit
+from warpolicy.engine import Context, PolicyEngine
+from warpolicy.errors import UnknownNameError
+from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.testing.fake import fake_platform
+from warpolicy.testing.synthetic import (Layout, SyntheticConfig, SyntheticModel,
+                                         make_synthetic, synthetic_backend, synthetic_names)
+
+DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
+PRE, IN = WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH
+
+UNSAFE_NAMES = ["late_swa_read", "pre_replay_reads_graph", "plant_before_prep",
+                "composite_late_child", "reread_after_replay"]
+
+
+def test_names_safe_first_and_complete():
+    names = synthetic_names()
+    assert names[:2] == ["in_graph", "pre_replay_snapshot"]
+    assert sorted(names[2:]) == sorted(UNSAFE_NAMES)
+    assert [synthetic_backend(n).expected for n in names] == (
+        [Verdict.SAFE] * 2 + [Verdict.UNSAFE] * len(UNSAFE_NAMES))
+
+
+def test_unknown_name():
+    with pytest.raises(UnknownNameError, match="did you mean 'late_swa_read'"):
+        synthetic_backend("late_swa_reed")
+    with pytest.raises(UnknownNameError):
+        make_synthetic("nope", platform=fake_platform())
+
+
+def test_composite_declares_the_latest_of_its_children():
+    backend = synthetic_backend("composite_late_child")
+    engine = PolicyEngine(backend.registry(), environ={})
+    decision = engine.decision(Context(backend.name, DECODE))
+    assert decision.policy is IN
+    assert "latest of its children" in decision.reasons[0].message
+    assert set(backend.children) == {"composite_dense_child", "composite_tbo_child"}
+
+
+@pytest.mark.parametrize("name, modes", [
+    ("in_graph", {DECODE: IN, VERIFY: IN}),
+    ("pre_replay_snapshot", {DECODE: PRE, EXTEND: PRE}),
+    ("pre_replay_reads_graph", {DECODE: PRE, EXTEND: PRE}),
+    ("reread_after_replay", {DECODE: IN, VERIFY: IN}),
+])
+def test_subject_declares_per_mode_and_builds_runners(name, modes):
+    subject = make_synthetic(name, platform=fake_platform())
+    assert dict(subject.declared) == modes
+    assert set(subject.runners) == set(modes)
+    assert set(subject.model.shared_buffers) == {"req_to_token", "full_to_swa"}
+    runner = subject.runners[next(iter(modes))](subject.model)
+    assert runner.mode == next(iter(modes))
+    assert runner.keep_graphs
+
+
+def test_verify_runner_buckets_are_draft_multiples():
+    subject = make_synthetic("in_graph", platform=fake_platform())
+    runner = subject.runners[VERIFY](subject.model)
+    assert all(b % subject.model.cfg.draft_tokens == 0 for b in runner.buckets)
+
+
+@pytest.mark.parametrize("mode", [DECODE, EXTEND, VERIFY])
+def test_make_batch_deterministic_and_fits(mode):
+    model = SyntheticModel(Layout(), SyntheticConfig(), torch.device("cpu"))
+    a, b = model.make_batch(mode, 5), model.make_batch(mode, 5)
+    assert torch.equal(a, b)
+    sizes = [model.make_batch(mode, t).shape[0] for t in range(30)]
+    assert max(sizes) <= max(model.bucket_sizes(mode)) and min(sizes) >= 1
+    assert len(set(sizes)) > 1  # trials exercise several buckets
+    if mode == VERIFY:
+        assert all(s % model.cfg.draft_tokens == 0 for s in sizes)
+    batch = model.make_batch(mode, 3)
+    assert int(batch[:, 0].max()) < model.cfg.reqs and int(batch[:, 1].max()) < model.cfg.ctx
+
+
+def _eager_output(layout: Layout, batch: torch.Tensor, bucket: int) -> torch.Tensor:
+    model = SyntheticModel(layout, SyntheticConfig(), torch.device("cpu"))
+    model.prepare_bucket(bucket)
+    model.host_prep(batch, bucket)
+    model.graph_prep(bucket)
+    return model.forward(bucket).clone()
+
+
+def test_every_layout_computes_the_same_function_undisturbed():
+    """The variants differ only in *when* they read shared state, never in what they compute."""
+    batch = SyntheticModel(Layout(), SyntheticConfig(), torch.device("cpu")).make_batch(DECODE, 1)
+    bucket = 8
+    reference = _eager_output(Layout(), batch, bucket)
+    for layout in (Layout(snapshot=True), Layout(late_swa=True), Layout(prep_in_forward=True),
+                   Layout(split_prep=True), Layout(reread_after_replay=True)):
+        assert torch.equal(_eager_output(layout, batch, bucket), reference), layout
+
+
+def test_reread_post_step_reads_the_live_table():
+    model = SyntheticModel(Layout(reread_after_replay=True), SyntheticConfig(),
+                           torch.device("cpu"))
+    batch = model.make_batch(DECODE, 2)
+    model.prepare_bucket(8)
+    model.host_prep(batch, 8)
+    model.graph_prep(8)
+    out = model.forward(8)
+    first = model.reread(DECODE, batch, out).clone()
+    model.req_to_token.add_(1)
+    assert not torch.equal(model.reread(DECODE, batch, out), first)
+
+
+@pytest.mark.parametrize("name", synthetic_names())
+def test_each_variant_gets_its_expected_verdict_on_the_fake(name):
+    report = run_audit(synthetic=name, trials=4, platform=fake_platform())
+    expected = synthetic_backend(name).expected
+    assert report.entries, name
+    for entry in report.entries:
+        assert entry.verdict is expected, (entry.mode, entry.dynamic)
+        assert entry.policy is entry.declared
+        if expected is Verdict.UNSAFE:
+            assert entry.dynamic.corrupted == 4  # the simulated window is always wide open
+        else:
+            assert entry.dynamic.trials == 4 and entry.dynamic.corrupted == 0
+    assert report.exit_code == (1 if expected is Verdict.UNSAFE else 0)
+
+
+def test_shared_state_restored_after_an_unsafe_audit():
+    platform = fake_platform()
+    subject = make_synthetic("late_swa_read", platform=platform)
+    before = {n: t.clone() for n, t in subject.model.shared_buffers.items()}
+    from warpolicy.audit import audit_mode
+
+    entry = audit_mode(subject, DECODE, trials=3)
+    assert entry.verdict is Verdict.UNSAFE
+    for name, tensor in subject.model.shared_buffers.items():
+        assert torch.equal(tensor, before[name]), name

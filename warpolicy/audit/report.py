@@ -1,0 +1,264 @@
+"""Audit results (frozen attrs models) and their text / JSON rendering.
+
+One `AuditEntry` per audited (backend, mode, spec): a dynamic race result, a static graph
+result and the combined verdict. `AuditReport.exit_code` is what ``warpolicy audit`` exits
+with: 1 when any entry is UNSAFE, 0 otherwise (INCONCLUSIVE entries are printed with their
+reason but do not fail the run: nothing wrong was observed, and nothing was proven either).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, Optional, Sequence
+
+import attrs
+
+from warpolicy.errors import InputError
+from warpolicy.policy import ForwardMode, WarReadDonePolicy
+
+#: What the static graph audit cannot see; printed once under every text report.
+STATIC_BLIND_SPOTS = (
+    "the static audit matches 8-byte kernel, memcpy and memset arguments against the shared "
+    "buffers' address ranges; it cannot see pointers stored inside device-side structs or "
+    "reached through indirection (an index read from another buffer), host-side work after "
+    "replay, or work on other streams; the dynamic race audit covers those")
+
+
+class Verdict(enum.Enum):
+    """The outcome of auditing one declaration."""
+
+    SAFE = "safe"  # no difference over every trial (and no late reader in the graph)
+    UNSAFE = "unsafe"  # a difference was observed, or a reader follows the release point
+    INCONCLUSIVE = "inconclusive"  # nothing could be proven either way; ``reason`` says why
+
+    @property
+    def label(self) -> str:
+        return self.value
+
+
+SAFE = Verdict.SAFE
+UNSAFE = Verdict.UNSAFE
+INCONCLUSIVE = Verdict.INCONCLUSIVE
+
+
+@attrs.frozen
+class Mismatch:
+    """The first output element that differed from the undisturbed reference."""
+
+    trial: int  # 0-based trial number
+    output: str  # which output: "out", "out[1]", "out['logits']"
+    index: tuple[int, ...]  # index of the first differing element in that output
+    expected: Any  # the reference value (a Python scalar)
+    got: Any  # the value the step produced while the scheduler poisoned shared state
+    count: int  # how many elements of that output differed in that trial
+
+    def describe(self) -> str:
+        idx = ", ".join(str(i) for i in self.index)
+        return (f"trial {self.trial}: {self.output}[{idx}] = {_scalar(self.got)}, "
+                f"expected {_scalar(self.expected)} ({self.count} element"
+                f"{'s' if self.count != 1 else ''} differ)")
+
+    def to_json(self) -> dict:
+        return {"trial": self.trial, "output": self.output, "index": list(self.index),
+                "expected": self.expected, "got": self.got, "count": self.count}
+
+
+@attrs.frozen
+class DynamicResult:
+    """The differential race test of one declaration."""
+
+    verdict: Verdict
+    trials: int = 0  # trials run
+    corrupted: int = 0  # trials whose output differed from the reference
+    first: Optional[Mismatch] = None
+    reason: str = ""  # why INCONCLUSIVE, or a note
+
+    def summary(self) -> str:
+        if self.verdict is UNSAFE:
+            return f"unsafe {self.corrupted}/{self.trials}"
+        if self.verdict is SAFE:
+            return f"safe 0/{self.trials}"
+        return "inconclusive"
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict.label, "trials": self.trials,
+                "corrupted": self.corrupted,
+                "first": self.first.to_json() if self.first else None, "reason": self.reason}
+
+
+@attrs.frozen
+class Offender:
+    """A graph node that touches a shared buffer but is not ordered before the release."""
+
+    node: int  # position of the node in the graph's node list
+    kind: str  # "kernel", "memcpy" or "memset"
+    name: str  # short kernel name (demangled when possible), or the node kind
+    buffers: tuple[str, ...]  # the shared buffers its arguments point into
+    symbol: str = ""  # the full (mangled) symbol, when known
+
+    def describe(self) -> str:
+        return f"{self.name} (node {self.node}, {self.kind}) touches {', '.join(self.buffers)}"
+
+    def to_json(self) -> dict:
+        return {"node": self.node, "kind": self.kind, "name": self.name,
+                "buffers": list(self.buffers), "symbol": self.symbol}
+
+
+@attrs.frozen
+class StaticResult:
+    """The walk of the captured graph for one declaration."""
+
+    verdict: Verdict
+    offenders: tuple[Offender, ...] = attrs.field(default=(), converter=tuple)
+    nodes: int = 0  # nodes in the graph
+    readers: int = 0  # nodes whose arguments point into a shared buffer
+    unreadable: int = 0  # kernel nodes whose arguments could not be read
+    reason: str = ""
+
+    def summary(self) -> str:
+        if self.verdict is UNSAFE:
+            names = sorted({o.name for o in self.offenders})
+            return "unsafe: " + ", ".join(names)
+        return self.verdict.label
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict.label, "offenders": [o.to_json() for o in self.offenders],
+                "nodes": self.nodes, "readers": self.readers, "unreadable": self.unreadable,
+                "reason": self.reason}
+
+
+def combine(dynamic: Verdict, static: Verdict) -> Verdict:
+    """The entry's verdict: UNSAFE if either audit saw a race; otherwise the dynamic one.
+
+    A clean static walk alone proves nothing (it is blind to indirection), so it never turns
+    an inconclusive dynamic audit into SAFE; an unavailable static audit never blocks SAFE.
+    """
+    if UNSAFE in (dynamic, static):
+        return UNSAFE
+    return dynamic
+
+
+@attrs.frozen
+class AuditEntry:
+    """The audit of one (backend, mode, spec) declaration."""
+
+    backend: str
+    mode: ForwardMode
+    spec: str
+    declared: Optional[WarReadDonePolicy]  # the declaration under audit (None: not given)
+    policy: Optional[WarReadDonePolicy]  # what the runner actually published (None: not run)
+    dynamic: DynamicResult
+    static: StaticResult
+
+    @property
+    def verdict(self) -> Verdict:
+        return combine(self.dynamic.verdict, self.static.verdict)
+
+    def reasons(self, skip_static: str = "") -> list[str]:
+        """Every line worth printing under the table for this entry (``skip_static``: a static
+        reason already printed once for the whole report)."""
+        out = []
+        if self.dynamic.first is not None:
+            out.append(f"dynamic: {self.dynamic.first.describe()}")
+        if self.dynamic.reason:
+            out.append(f"dynamic: {self.dynamic.reason}")
+        for o in self.static.offenders:
+            out.append(f"static: {o.describe()} after the release point")
+        if self.static.reason and self.static.reason != skip_static:
+            out.append(f"static: {self.static.reason}")
+        return out
+
+    def to_json(self) -> dict:
+        return {"backend": self.backend, "mode": self.mode.label, "spec": self.spec,
+                "declared": self.declared.label if self.declared is not None else None,
+                "published": self.policy.label if self.policy is not None else None,
+                "verdict": self.verdict.label, "dynamic": self.dynamic.to_json(),
+                "static": self.static.to_json()}
+
+
+@attrs.frozen
+class AuditReport:
+    """Every audited declaration of one ``warpolicy audit`` run."""
+
+    entries: tuple[AuditEntry, ...] = attrs.field(converter=tuple)
+    device: str = ""
+    trials: int = 0
+    stall_us: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any declaration is UNSAFE, else 0."""
+        return 1 if any(e.verdict is UNSAFE for e in self.entries) else 0
+
+    def count(self, verdict: Verdict) -> int:
+        return sum(1 for e in self.entries if e.verdict is verdict)
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "trials": self.trials, "stall_us": self.stall_us,
+                "exit_code": self.exit_code,
+                "summary": {v.label: self.count(v) for v in Verdict},
+                "entries": [e.to_json() for e in self.entries],
+                "static_blind_spots": STATIC_BLIND_SPOTS}
+
+
+FORMATS = ("text", "json")
+
+
+def format_audit(report: AuditReport, fmt: str = "text") -> str:
+    """Render a report as an aligned text table with reasons, or as JSON."""
+    if fmt == "json":
+        return json.dumps(report.to_json(), indent=2, default=str)
+    if fmt != "text":
+        raise InputError(f"unknown audit format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    return _format_text(report)
+
+
+_COLUMNS = ("backend", "mode", "spec", "declared", "published", "dynamic", "static", "verdict")
+
+
+def _format_text(report: AuditReport) -> str:
+    rows = [[e.backend, e.mode.label, e.spec, _label(e.declared), _label(e.policy),
+             e.dynamic.summary(), e.static.summary(), e.verdict.name] for e in report.entries]
+    lines = [f"warpolicy audit on {report.device or '?'}: {report.trials} trials per "
+             f"declaration, stall {report.stall_us:g} us"]
+    lines += _table(_COLUMNS, rows)
+    shared = _common_static_reason(report.entries)
+    details = [(e, e.reasons(skip_static=shared)) for e in report.entries]
+    details = [(e, r) for e, r in details if r]
+    if details:
+        lines.append("")
+        for entry, reasons in details:
+            lines.append(f"{entry.backend} {entry.mode.label} ({entry.verdict.name}):")
+            lines += [f"  {r}" for r in reasons]
+    lines.append("")
+    lines.append(f"{report.count(SAFE)} safe, {report.count(UNSAFE)} unsafe, "
+                 f"{report.count(INCONCLUSIVE)} inconclusive")
+    if shared:
+        lines.append(f"static (every entry): {shared}")
+    lines.append(f"note: {STATIC_BLIND_SPOTS}")
+    return "\n".join(lines)
+
+
+def _common_static_reason(entries: Sequence[AuditEntry]) -> str:
+    """The static reason every entry shares (e.g. no cuda-bindings), printed once."""
+    reasons = {e.static.reason for e in entries}
+    if len(entries) > 1 and len(reasons) == 1:
+        return reasons.pop()
+    return ""
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+
+
+def _label(policy: Optional[WarReadDonePolicy]) -> str:
+    return policy.label if policy is not None else "-"
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

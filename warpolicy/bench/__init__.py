@@ -1,0 +1,1 @@
+"""Benchmarks: decision latency, overlap, fence (each prints ratios measured in one run)."""

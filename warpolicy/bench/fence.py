@@ -1,0 +1,248 @@
+"""Fence benchmark: how early the in-graph event releases, and what the fence costs per step.
+
+Measured side by side in one process:
+
+* **release** (CUDA only): a graph of a ~1 ms spin, an ``index_select`` reading a shared index
+  buffer, the planted read-done node, then ``matmuls`` 4096x4096 bf16 matmuls. Per replay the
+  host waits first for the taken in-graph event, then for the whole replay; we report the
+  medians and ``ratio = release / whole`` (REFERENCE.md §4 measured 1.05 ms vs 4.50 ms).
+* **overhead**: host time per step of ``fence.before_replay + after_replay + take +
+  barrier.apply`` through the plugin hooks, against the raw calls that do the same GPU work
+  (``event.record()`` + ``stream.wait_event()`` on torch; the fake plugin's own methods on the
+  fake platform), for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait),
+  with no observer plugin and with one no-op observer registered.
+
+It uses a fresh plugin manager without entry points so installed observer plugins do not
+skew it. ``device="fake"`` runs only the overhead part, on host objects.
+
+Run: ``PYTHONPATH=. python -m warpolicy.bench.fence [--json] [--fake] [--iters N]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+from warpolicy.errors import InputError
+from warpolicy.fence import ReadDoneFence, SchedulerBarrier
+from warpolicy.hookspecs import hookimpl
+from warpolicy.platform import Platform
+from warpolicy.plugins import new_plugin_manager
+from warpolicy.policy import WarReadDonePolicy as P
+
+BLOCK = 100  # steps per timed block (fewer when iters is small); medians are over blocks
+
+
+class _NoOpObserver:
+    """The cheapest possible observer: measures the cost of observer dispatch itself."""
+
+    @hookimpl
+    def warpolicy_on_publish(self, runner, step, policy, event):
+        pass
+
+    @hookimpl
+    def warpolicy_on_barrier(self, runner, step, kind, reason):
+        pass
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def _per_step_us(fn: Callable[[], Any], iters: int, sync: Callable[[], Any]) -> list[float]:
+    """Host microseconds per call of ``fn``, one sample per block of `BLOCK` calls."""
+    block = max(10, min(BLOCK, iters // 10))
+    samples = []
+    for _ in range(max(1, iters // block)):
+        sync()  # drain the GPU queue so a full queue never blocks the host inside a block
+        t0 = time.perf_counter_ns()
+        for _ in range(block):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0 / block)
+    return samples
+
+
+# -- overhead ------------------------------------------------------------------------------------
+
+def _raw_ops(platform: Platform) -> tuple[Callable, Callable]:
+    """(record(event, stream), wait(stream, event)) without hooks or fence."""
+    if platform.name == "cuda":
+        return (lambda ev, s: ev.record(s)), (lambda s, ev: s.wait_event(ev))
+    plugin = platform.pm.get_plugin("fake")
+    dev = platform.device
+    return ((lambda ev, s: plugin.warpolicy_record_event(device=dev, event=ev, stream=s)),
+            (lambda s, ev: plugin.warpolicy_wait_event(device=dev, stream=s, event=ev)))
+
+
+def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict:
+    fwd = platform.current_stream()
+    sched = platform.new_stream()
+    barrier = SchedulerBarrier(platform)
+    record, wait = _raw_ops(platform)
+    ring = [platform.create_event() for _ in range(fence.ring_size)]
+    planted = fence.event
+    sync = platform.synchronize if platform.name == "cuda" else (lambda: None)
+    state = {"i": 0}
+
+    def hooks_step(policy: P) -> Callable[[], None]:
+        def run() -> None:
+            fence.before_replay(policy)
+            fence.after_replay(policy)
+            barrier.apply(sched, fwd, fence.take())
+        return run
+
+    def raw_post() -> None:
+        i = state["i"] = (state["i"] + 1) % len(ring)
+        record(ring[i], fwd)
+        wait(sched, ring[i])
+
+    def raw_in_graph() -> None:
+        wait(sched, planted)
+
+    result: dict = {}
+    rows = [("post_replay", hooks_step(P.POST_REPLAY), raw_post)]
+    if fence.planted:
+        rows.append(("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph))
+    for name, hooked, raw in rows:
+        for fn in (hooked, raw):  # warm both paths (allocations, caches)
+            for _ in range(BLOCK):
+                fn()
+        hooks_s, raw_s, obs_s = [], [], []
+        observer = _NoOpObserver()
+        for _ in range(3):  # interleave so drift hits all variants alike
+            hooks_s += _per_step_us(hooked, iters // 3, sync)
+            raw_s += _per_step_us(raw, iters // 3, sync)
+            platform.pm.register(observer)
+            try:
+                obs_s += _per_step_us(hooked, iters // 3, sync)
+            finally:
+                platform.pm.unregister(observer)
+        h, r, o = _median(hooks_s), _median(raw_s), _median(obs_s)
+        result[name] = {"hooks_us_median": h, "raw_us_median": r, "ratio": h / r if r else None,
+                        "with_observer_us_median": o, "extra_us": h - r}
+    sync()
+    out = dict(result["in_graph" if "in_graph" in result else "post_replay"])
+    out["policy"] = "in_graph" if "in_graph" in result else "post_replay"
+    out["per_policy"] = result
+    return out
+
+
+# -- release (CUDA) --------------------------------------------------------------------------------
+
+def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles: int,
+             matmuls: int, size: int) -> tuple[dict, Any]:
+    import torch
+
+    dev = platform.device
+    shared = torch.randperm(4096, device=dev)
+    table = torch.randn(4096, 256, device=dev)
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    static: dict = {}
+
+    def body() -> None:
+        torch.cuda._sleep(spin_cycles)  # long work before the read: the node fires after it
+        static["gathered"] = table.index_select(0, shared)
+        fence.plant()
+        c = a
+        for _ in range(matmuls):
+            c = a @ a
+        static["out"] = c
+
+    body()  # eager warm-up: cuBLAS handles and the allocator, before capture
+    platform.synchronize()
+    fence.prepare()
+    graph = platform.new_graph()
+    with platform.capture(graph):
+        body()
+    platform.synchronize()
+    if not fence.planted:
+        return {"skipped": "the node was not planted (no external events)"}, graph
+    release_us, whole_us = [], []
+    for i in range(replays + 3):
+        platform.synchronize()
+        t0 = time.perf_counter_ns()
+        fence.before_replay(P.IN_GRAPH)
+        platform.replay(graph)
+        fence.after_replay(P.IN_GRAPH)
+        read_done = fence.take()
+        read_done.event.synchronize()
+        t1 = time.perf_counter_ns()
+        platform.synchronize()
+        t2 = time.perf_counter_ns()
+        if i >= 3:  # the first replays pay instantiation and clock ramp-up
+            release_us.append((t1 - t0) / 1000.0)
+            whole_us.append((t2 - t0) / 1000.0)
+    rel, whole = _median(release_us), _median(whole_us)
+    return {"release_us_median": rel, "whole_replay_us_median": whole,
+            "ratio": rel / whole if whole else None, "replays": replays,
+            "graph": f"spin {spin_cycles} cycles, index_select, node, {matmuls} matmuls {size}x{size} bf16"}, graph
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+def run_fence_bench(iters: int = 3000, device: Any = None, *, replays: int = 50,
+                    spin_cycles: int = 2_000_000, matmuls: int = 20, size: int = 4096) -> dict:
+    """Run both measurements on ``device`` (None: CUDA if available, else the fake)."""
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    platform = Platform.for_device(device, pm)
+    fence = ReadDoneFence(platform, ring_size=4, name="bench")
+    result: dict = {"device": str(platform.device), "platform": platform.name, "iters": iters,
+                    "external_events": platform.external_events_supported()}
+    if platform.name == "cuda":
+        import torch
+
+        result["torch"] = torch.__version__
+        result["gpu"] = torch.cuda.get_device_name(platform.device)
+        result["release"], _graph = _release(platform, fence, replays, spin_cycles, matmuls, size)
+    else:
+        fence.prepare()
+        with platform.capture(platform.new_graph()):
+            fence.plant()
+        result["release"] = {"skipped": "needs CUDA"}
+    result["overhead"] = _overhead(platform, fence, iters)
+    return result
+
+
+def format_fence_bench(result: dict, fmt: str = "text") -> str:
+    """The result as text or JSON."""
+    if fmt == "json":
+        return json.dumps(result, indent=2)
+    if fmt != "text":
+        raise InputError(f"unknown format {fmt!r}; use text or json")
+    lines = [f"fence benchmark on {result['device']} (platform {result['platform']}, "
+             f"external events: {result['external_events']})"]
+    rel = result["release"]
+    if "skipped" in rel:
+        lines.append(f"release: skipped ({rel['skipped']})")
+    else:
+        lines.append(f"release: in-graph event {rel['release_us_median']:.1f} us vs whole replay "
+                     f"{rel['whole_replay_us_median']:.1f} us after launch: ratio {rel['ratio']:.3f} "
+                     f"({rel['replays']} replays; {rel['graph']})")
+    for name, row in result["overhead"]["per_policy"].items():
+        lines.append(f"overhead per step ({name}): fence+hooks {row['hooks_us_median']:.2f} us, "
+                     f"raw {row['raw_us_median']:.2f} us, ratio {row['ratio']:.2f}, "
+                     f"extra {row['extra_us']:.2f} us; with a no-op observer "
+                     f"{row['with_observer_us_median']:.2f} us")
+    if result["platform"] != "cuda":
+        lines.append("(fake platform: raw = the fake plugin's methods called directly)")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m warpolicy.bench.fence", description=__doc__.split("\n")[0])
+    parser.add_argument("--iters", type=int, default=3000)
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--fake", action="store_true", help="run on the fake platform")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = run_fence_bench(args.iters, "fake" if args.fake else None, replays=args.replays)
+    print(format_fence_bench(result, "json" if args.json else "text"))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

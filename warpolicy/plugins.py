@@ -1,0 +1,282 @@
+"""The plugin manager: built-ins, entry points ``warpolicy``, disable/trace switches, fragments.
+
+Built-ins are ordinary plugins registered by name: ``"cuda"`` (`warpolicy.cuda`) and
+``"fake"`` (a `warpolicy.testing.fake.FakePlatformPlugin`, one per manager so each manager
+has its own call log). Third-party plugins come from the entry-point group ``warpolicy``;
+the entry point's name is the plugin name.
+
+Environment:
+
+* ``WARPOLICY_DISABLE_PLUGINS=a,b``: block these plugin names (built-ins too); a blocked
+  entry point is not even imported, so this is how to get past a broken plugin.
+* ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import pathlib
+import sys
+import threading
+from typing import Any, Iterable, Mapping, Optional
+
+import attrs
+import pluggy
+import yaml
+
+from warpolicy import hookspecs
+from warpolicy.errors import PluginError
+
+GROUP = "warpolicy"
+DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
+TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
+
+
+@attrs.frozen
+class PluginSource:
+    """Where a plugin came from, for `describe_plugins` and error messages."""
+
+    source: str  # "builtin" or "distribution:<dist>"
+    version: str
+    entry_point: Optional[str] = None  # "warpolicy:name = value"
+
+
+class WarpolicyPluginManager(pluggy.PluginManager):
+    """A pluggy manager that also remembers where each plugin came from."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.sources: dict[str, PluginSource] = {}
+
+
+def _builtin_version() -> str:
+    try:
+        return importlib.metadata.version("warpolicy")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "0.1.0+source"
+
+
+def _disabled(environ: Mapping[str, str]) -> list[str]:
+    raw = environ.get(DISABLE_ENV, "")
+    return [name.strip() for name in raw.split(",") if name.strip()]
+
+
+def _truthy(value: Optional[str]) -> bool:
+    return str(value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def new_plugin_manager(*, load_entry_points: bool = True,
+                       environ: Mapping[str, str] = os.environ) -> WarpolicyPluginManager:
+    """A fresh manager: hookspecs, built-ins, then (optionally) the ``warpolicy`` entry points.
+
+    Raises `PluginError` naming the plugin and its entry point when one fails to import or
+    register; the message says how to disable it.
+    """
+    pm = WarpolicyPluginManager()
+    pm.add_hookspecs(hookspecs)
+    for name in _disabled(environ):
+        pm.set_blocked(name)
+    if _truthy(environ.get(TRACE_ENV)):
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    _register_builtins(pm)
+    if load_entry_points:
+        load_entry_point_plugins(pm)
+    _check_pending(pm)
+    return pm
+
+
+def _register_builtins(pm: WarpolicyPluginManager) -> None:
+    from warpolicy import cuda
+    from warpolicy.testing.fake import FakePlatformPlugin
+
+    version = _builtin_version()
+    for name, plugin in (("cuda", cuda), ("fake", FakePlatformPlugin())):
+        pm.sources[name] = PluginSource("builtin", version)  # also when blocked: describe shows it
+        pm.register(plugin, name=name)
+
+
+def _entry_points() -> list[tuple[importlib.metadata.EntryPoint, str, str]]:
+    """(entry point, distribution name, version) of group ``warpolicy``, one per name
+    (the first distribution on sys.path wins, as imports do)."""
+    found: dict[str, tuple[importlib.metadata.EntryPoint, str, str]] = {}
+    for dist in importlib.metadata.distributions():
+        dist_name = dist.metadata["Name"] or "?"
+        for ep in dist.entry_points:
+            if ep.group == GROUP and ep.name not in found:
+                found[ep.name] = (ep, dist_name, dist.version or "?")
+    return [found[name] for name in sorted(found)]
+
+
+def _ep_text(ep: importlib.metadata.EntryPoint) -> str:
+    return f"{ep.group}:{ep.name} = {ep.value}"
+
+
+def load_entry_point_plugins(pm: WarpolicyPluginManager) -> list[str]:
+    """Import and register every ``warpolicy`` entry point that is not blocked.
+
+    Returns the names registered. Blocked ones are recorded (for `describe_plugins`) but never
+    imported.
+    """
+    loaded: list[str] = []
+    for ep, dist_name, version in _entry_points():
+        source = PluginSource(f"distribution:{dist_name}", version, _ep_text(ep))
+        if pm.is_blocked(ep.name):
+            pm.sources.setdefault(ep.name, source)
+            continue
+        if ep.name in pm.sources:
+            raise PluginError(ep.name, f"its name clashes with the {pm.sources[ep.name].source} plugin "
+                                       f"{ep.name!r}; rename the entry point", entry_point=_ep_text(ep))
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
+            raise PluginError(ep.name, f"failed to import: {type(exc).__name__}: {exc}",
+                              entry_point=_ep_text(ep)) from exc
+        try:
+            pm.register(plugin, name=ep.name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(ep.name, f"invalid hook implementation: {exc}",
+                              entry_point=_ep_text(ep)) from exc
+        pm.sources[ep.name] = source
+        loaded.append(ep.name)
+    return loaded
+
+
+def _check_pending(pm: WarpolicyPluginManager) -> None:
+    """A ``warpolicy_*`` implementation with no matching spec is a typo: report it."""
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        name = pm.get_name(exc.plugin) or repr(exc.plugin)
+        source = _source_of(pm, name)
+        raise PluginError(name, f"unknown hook: {exc}", entry_point=source.entry_point) from exc
+
+
+_DEFAULT: Optional[WarpolicyPluginManager] = None
+_LOCK = threading.Lock()
+
+
+def get_plugin_manager() -> WarpolicyPluginManager:
+    """The process-wide default manager (built on first use from ``os.environ``)."""
+    global _DEFAULT
+    with _LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = new_plugin_manager()
+        return _DEFAULT
+
+
+def reset_plugin_manager() -> None:
+    """Forget the process-wide manager (tests, or after installing a plugin)."""
+    global _DEFAULT
+    with _LOCK:
+        _DEFAULT = None
+
+
+# -- fragments ---------------------------------------------------------------------------------
+
+def collect_fragments(pm: pluggy.PluginManager) -> list:
+    """Every plugin's `warpolicy_capabilities` result as `warpolicy.loader.Fragment` objects,
+    ordered by plugin name (never pluggy call order).
+
+    A ``pathlib.Path`` result is read as a YAML file; a ``str`` is YAML text; a mapping is
+    taken as parsed. YAML syntax errors, unreadable files, wrong result types and exceptions
+    raise `PluginError` naming the plugin and its entry point. Schema problems are the
+    loader's (a `RegistryError` whose locations name ``plugin:<name>``).
+    """
+    from warpolicy.loader import Fragment
+
+    impls = pm.hook.warpolicy_capabilities.get_hookimpls()
+    fragments: list = []
+    for impl in sorted(impls, key=lambda i: i.plugin_name):
+        name = impl.plugin_name
+        try:
+            result = impl.function()
+        except Exception as exc:  # noqa: BLE001
+            raise _plugin_error(pm, name, f"warpolicy_capabilities raised {type(exc).__name__}: {exc}") from exc
+        items = _as_items(result)
+        for index, item in enumerate(items):
+            label = f"plugin:{name}" if len(items) == 1 else f"plugin:{name}[{index}]"
+            fragments.append(_fragment(pm, name, label, item, Fragment))
+    return fragments
+
+
+def _as_items(result: Any) -> list:
+    if result is None:
+        return []
+    if isinstance(result, (list, tuple)):
+        return list(result)
+    return [result]
+
+
+def _fragment(pm: pluggy.PluginManager, plugin: str, label: str, item: Any, fragment_cls: Any) -> Any:
+    if isinstance(item, os.PathLike):
+        path = pathlib.Path(item)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _plugin_error(pm, plugin, f"cannot read capabilities file {path}: {exc.strerror or exc}") from exc
+        _check_yaml(pm, plugin, text, str(path))
+        return fragment_cls(name=f"{label}:{path}", data=text)
+    if isinstance(item, str):
+        _check_yaml(pm, plugin, item, label)
+        return fragment_cls(name=label, data=item)
+    if isinstance(item, Mapping):
+        return fragment_cls(name=label, data=item)
+    raise _plugin_error(pm, plugin, "warpolicy_capabilities must return a pathlib.Path, YAML text, "
+                                    f"a mapping or a list of these, not {type(item).__name__}")
+
+
+def _check_yaml(pm: pluggy.PluginManager, plugin: str, text: str, where: str) -> None:
+    """YAML syntax errors become one `PluginError` line (the loader would blame no plugin)."""
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise _plugin_error(pm, plugin, f"invalid YAML in its capabilities fragment {where}{at}: {problem}") from exc
+
+
+def _plugin_error(pm: pluggy.PluginManager, plugin: str, message: str) -> PluginError:
+    return PluginError(plugin, message, entry_point=_source_of(pm, plugin).entry_point)
+
+
+# -- description -------------------------------------------------------------------------------
+
+def _source_of(pm: pluggy.PluginManager, name: str) -> PluginSource:
+    sources = getattr(pm, "sources", {})
+    if name in sources:
+        return sources[name]
+    return PluginSource("registered", "?")  # registered by hand (pm.register) at runtime
+
+
+def describe_plugins(pm: pluggy.PluginManager) -> list[dict]:
+    """One dict per plugin, sorted by name: ``name``, ``version``, ``source`` (``"builtin"``,
+    ``"distribution:<dist>"`` or ``"registered"``), ``hooks`` (sorted hook names),
+    ``entry_point`` (or None) and ``status`` (``"active"`` or ``"disabled"``)."""
+    rows: list[dict] = []
+    names = {name for name, _ in pm.list_name_plugin()} | set(getattr(pm, "sources", {}))
+    for name in sorted(names):
+        plugin = pm.get_plugin(name)
+        source = _source_of(pm, name)
+        blocked = plugin is None or pm.is_blocked(name)
+        hooks = [] if blocked else sorted(c.name for c in (pm.get_hookcallers(plugin) or []))
+        rows.append({
+            "name": name,
+            "version": source.version,
+            "source": source.source,
+            "hooks": hooks,
+            "entry_point": source.entry_point,
+            "status": "disabled" if blocked else "active",
+        })
+    return rows
+
+
+def hook_names(pm: pluggy.PluginManager) -> list[str]:
+    """All ``warpolicy_*`` hook names with a spec (for docs and the CLI)."""
+    return sorted(name for name in dir(pm.hook) if name.startswith("warpolicy_"))
+
+
+def plugin_names(pm: pluggy.PluginManager) -> Iterable[str]:
+    return sorted(name for name, plugin in pm.list_name_plugin() if plugin is not None)

@@ -1,0 +1,245 @@
+"""The registry format: one table of keys, and the JSON Schema derived from it.
+
+`warpolicy.loader` validates YAML against the same tables (`SECTIONS`), so the schema an
+editor sees and the keys the loader accepts cannot drift apart. Each key has a *kind* that
+says what its value may be; the loader maps kinds to parsers, `registry_json_schema` maps
+them to JSON Schema fragments.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+
+from warpolicy.policy import ForwardMode, mode_names, policy_names
+from warpolicy.policy import _POLICY_ALIASES  # noqa: PLC2701 - the accepted spellings
+
+#: The only registry format version this warpolicy reads.
+FORMAT_VERSION = 1
+
+#: Registry names (flags, spec algorithms, backends, gate ids, capabilities, families).
+#: No ``=`` so ``--flag NAME=VALUE`` stays unambiguous, no spaces so tables line up.
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"
+#: Environment variable names a flag may be set by.
+ENV_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+# Value kinds. Scalars:
+VERSION = "version"  # the integer FORMAT_VERSION
+BOOL = "bool"
+TEXT = "text"  # a non-empty human sentence
+NAME = "name"  # one registry name
+POLICY = "policy"  # a policy name or alias
+# Collections:
+NAME_LIST = "name_list"  # a list of names (order kept)
+NAME_SET = "name_set"  # a name or a list of names (any of)
+ENV_LIST = "env_list"  # an env var name or a list of them (first wins)
+POLICY_SET = "policy_set"  # a policy or a list of policies (any of)
+MODE_SET = "mode_set"  # a mode or a list of modes (any of)
+MODE_POLICY_MAP = "mode_policy_map"  # mode -> policy
+MODE_NAME_MAP = "mode_name_map"  # mode -> backend name
+BOOL_MAP = "bool_map"  # name -> bool
+# Nested sections:
+FLAG_MAP = "flag_map"
+SPEC_MAP = "spec_map"
+BACKEND_MAP = "backend_map"
+GATE_LIST = "gate_list"
+WHEN = "when"
+
+
+@attrs.frozen
+class Key:
+    """One key of a registry section."""
+
+    name: str
+    kind: str
+    doc: str
+    required: bool = False
+
+
+_OVERRIDE_DOC = ("Replace an entry of the same name from an earlier file or fragment; without it "
+                 "a redefinition is an error.")
+_DOC_DOC = "One line saying why the entry is what it is (shown by explain and table)."
+
+TOP_KEYS: tuple[Key, ...] = (
+    Key("version", VERSION, f"Registry format version; the integer {FORMAT_VERSION}, "
+        "required in every file.", required=True),
+    Key("flags", FLAG_MAP, "Operator switches, by name."),
+    Key("spec_algorithms", SPEC_MAP, "Speculative decoding algorithms, by name."),
+    Key("backends", BACKEND_MAP, "Attention backends and where their shared reads end, by name."),
+    Key("gates", GATE_LIST, "Global gates: conditions that make a decision later, never earlier."),
+)
+
+FLAG_KEYS: tuple[Key, ...] = (
+    Key("default", BOOL, "Value when no environment variable sets it (default false)."),
+    Key("env", ENV_LIST, "Environment variables that set the flag, the WARPOLICY_* name first, "
+        "then aliases such as the anchor's SGLANG_* name; the first one set wins."),
+    Key("doc", TEXT, _DOC_DOC, required=True),
+    Key("override", BOOL, _OVERRIDE_DOC),
+)
+
+SPEC_KEYS: tuple[Key, ...] = (
+    Key("family", NAME, "Family the algorithm belongs to (gates can match on it)."),
+    Key("capabilities", BOOL_MAP, "Capability name -> bool, e.g. target_verify_read_done, "
+        "prefill_read_done; an undeclared capability is false."),
+    Key("doc", TEXT, _DOC_DOC),
+    Key("override", BOOL, _OVERRIDE_DOC),
+)
+
+BACKEND_KEYS: tuple[Key, ...] = (
+    Key("reads_end", MODE_POLICY_MAP, "Forward mode -> where the backend's last read of "
+        "scheduler-shared state ends; an undeclared mode is none (not audited)."),
+    Key("inherits", NAME, "Backend whose reads_end (and scoped gates) this one starts from."),
+    Key("latest_of", NAME_LIST, "Composite: the read end is the latest of these children "
+        "(two-batch overlap, hybrid linear+full, sparse+dense)."),
+    Key("per_mode", MODE_NAME_MAP, "Per-mode wrapper: forward mode -> the child backend that "
+        "runs that mode."),
+    Key("gates", GATE_LIST, "Gates that apply only to this backend (and backends inheriting it)."),
+    Key("abstract", BOOL, "A base to inherit from; left out of tables."),
+    Key("doc", TEXT, _DOC_DOC),
+    Key("override", BOOL, _OVERRIDE_DOC),
+)
+
+GATE_KEYS: tuple[Key, ...] = (
+    Key("id", NAME, "Stable identifier, unique across the registry (shown in reasons).",
+        required=True),
+    Key("when", WHEN, "Conditions, all of which must hold; a list value means any of. "
+        "Leave it out to apply always."),
+    Key("at_least", POLICY, "The decision is at least this late when the gate matches.",
+        required=True),
+    Key("because", TEXT, "Human reason shown when the gate moves a decision.", required=True),
+    Key("doc", TEXT, "Longer note for reviewers."),
+    Key("override", BOOL, "Replace a gate with the same id from an earlier file or fragment."),
+)
+
+WHEN_KEYS: tuple[Key, ...] = (
+    Key("mode", MODE_SET, "Forward mode(s)."),
+    Key("backend", NAME_SET, "Backend name(s) being decided (or one they inherit from)."),
+    Key("spec", NAME_SET, "Speculative algorithm name(s)."),
+    Key("spec_family", NAME_SET, "Speculative algorithm family (families)."),
+    Key("spec_has", NAME_SET, "The algorithm has (any of) these capabilities."),
+    Key("spec_lacks", NAME_SET, "The algorithm lacks (any of) these capabilities."),
+    Key("flags", BOOL_MAP, "Flag name -> required value; all must hold."),
+    Key("declared", POLICY_SET, "The backend's declared read end for the mode is (any of) these."),
+    Key("platform", NAME_SET, "Platform name(s), e.g. cuda, hip, xpu, fake."),
+    Key("eager", BOOL, "The forward runs eagerly (no captured graph)."),
+    Key("planted", BOOL, "The read-done node was planted in the captured graph."),
+    Key("external_events", BOOL, "The platform supports external (in-graph) events."),
+)
+
+#: Every section the loader validates, by the name used in messages and schema ``$defs``.
+SECTIONS: Mapping[str, tuple[Key, ...]] = {
+    "registry": TOP_KEYS,
+    "flag": FLAG_KEYS,
+    "spec_algorithm": SPEC_KEYS,
+    "backend": BACKEND_KEYS,
+    "gate": GATE_KEYS,
+    "when": WHEN_KEYS,
+}
+
+
+def keys_by_name(section: str) -> dict[str, Key]:
+    """The keys of ``section`` as a dict (the loader's lookup table)."""
+    return {k.name: k for k in SECTIONS[section]}
+
+
+# -- JSON Schema -----------------------------------------------------------------------------
+
+_SCHEMA_ID = "https://warpolicy.dev/schema/capabilities-v1.json"
+
+
+def _policy_enum() -> list[str]:
+    return list(policy_names()) + sorted(set(_POLICY_ALIASES) - set(policy_names()))
+
+
+def _mode_enum() -> list[str]:
+    return [m.value for m in ForwardMode] + [n for n in mode_names()
+                                            if n not in {m.value for m in ForwardMode}]
+
+
+def _one_or_many(ref: dict) -> dict:
+    return {"oneOf": [ref, {"type": "array", "items": ref, "minItems": 1}]}
+
+
+def _kind_schema(kind: str) -> dict:
+    """JSON Schema fragment for a value kind (nested sections are ``$ref``s)."""
+    name = {"$ref": "#/$defs/name"}
+    mode_map_keys = {"propertyNames": {"$ref": "#/$defs/mode"}}
+    table = {
+        VERSION: {"type": "integer", "const": FORMAT_VERSION},
+        BOOL: {"type": "boolean"},
+        TEXT: {"type": "string", "minLength": 1},
+        NAME: name,
+        POLICY: {"$ref": "#/$defs/policy"},
+        NAME_LIST: {"type": "array", "items": name, "minItems": 1, "uniqueItems": True},
+        NAME_SET: _one_or_many(name),
+        ENV_LIST: _one_or_many({"type": "string", "pattern": ENV_PATTERN}),
+        POLICY_SET: _one_or_many({"$ref": "#/$defs/policy"}),
+        MODE_SET: _one_or_many({"$ref": "#/$defs/mode"}),
+        MODE_POLICY_MAP: {"type": "object", **mode_map_keys,
+                          "additionalProperties": {"$ref": "#/$defs/policy"}},
+        MODE_NAME_MAP: {"type": "object", **mode_map_keys, "additionalProperties": name},
+        BOOL_MAP: {"type": "object", "propertyNames": name,
+                   "additionalProperties": {"type": "boolean"}},
+        FLAG_MAP: _named_map("flag"),
+        SPEC_MAP: _named_map("spec_algorithm"),
+        BACKEND_MAP: _named_map("backend"),
+        GATE_LIST: {"type": ["array", "null"], "items": {"$ref": "#/$defs/gate"}},
+        WHEN: {"$ref": "#/$defs/when"},
+    }
+    return table[kind]
+
+
+def _named_map(section: str) -> dict:
+    return {"type": ["object", "null"], "propertyNames": {"$ref": "#/$defs/name"},
+            "additionalProperties": {"$ref": f"#/$defs/{section}"}}
+
+
+def _section_schema(section: str, description: str) -> dict:
+    keys = SECTIONS[section]
+    props = {}
+    for key in keys:
+        prop = dict(_kind_schema(key.kind))
+        prop["description"] = key.doc
+        props[key.name] = prop
+    out = {"type": "object", "description": description, "properties": props,
+           "additionalProperties": False}
+    required = [k.name for k in keys if k.required]
+    if required:
+        out["required"] = required
+    return out
+
+
+_SECTION_DOCS = {
+    "flag": "An operator switch: a default plus the environment variables that set it.",
+    "spec_algorithm": "A speculative algorithm and the capabilities gates test.",
+    "backend": "An attention backend: plain (reads_end, inherits), composite (latest_of) or "
+               "per-mode (per_mode); latest_of and per_mode exclude each other.",
+    "gate": "A condition that can only make a decision later (at_least), with a human reason.",
+    "when": "Gate conditions; every key given must hold.",
+}
+
+
+def registry_json_schema() -> dict:
+    """A JSON Schema (draft 2020-12) of the registry format, for editors and CI linters."""
+    defs: dict = {
+        "name": {"type": "string", "pattern": NAME_PATTERN,
+                 "description": "A registry name (letters, digits, _ . + -)."},
+        "policy": {"enum": _policy_enum(),
+                   "description": "Where the read-done event is published, earliest first: "
+                                  "pre_replay < in_graph < post_replay < none "
+                                  "(aliases: coarse, unknown = none; in_replay = in_graph)."},
+        "mode": {"enum": _mode_enum(),
+                 "description": "Forward mode (aliases: prefill = extend, verify = "
+                                "target_verify, draft_extend_v2 = draft_extend)."},
+    }
+    for section, doc in _SECTION_DOCS.items():
+        defs[section] = _section_schema(section, doc)
+    top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": _SCHEMA_ID,
+        "title": "warpolicy capability registry",
+        **top,
+        "$defs": defs,
+    }

@@ -1,0 +1,1 @@
+"""Test support that ships with warpolicy: the fake platform plugin and small models."""
