@@ -174,6 +174,8 @@ def test_doc_is_folded_to_one_line():
     ("version: '1'\n", "f0.yaml:1:10: version: expected the integer 1, got the string '1'"),
     ("version: 2\n", "f0.yaml:1:10: version: unsupported registry version 2"),
     ("version: true\n", "f0.yaml:1:10: version: expected the integer 1, got the boolean true"),
+    ("version: 0x2\n", "f0.yaml:1:10: version: unsupported registry version 0x2"),
+    ("version: !!int one\n", "f0.yaml:1:10: version: expected the integer 1"),
     ("version: 1\n---\nversion: 1\n", "f0.yaml:2:1: invalid YAML"),
     ("version: 1\nx: \x07\n", "f0.yaml:2:4: invalid YAML: unacceptable character"),
 ])
@@ -198,8 +200,15 @@ def test_utf8_bom_is_accepted(tmp_path):
 
 
 def test_deep_nesting_is_a_problem_not_a_crash(composer):
-    # yaml.compose recurses per level: RecursionError in Python, a segfault with libyaml
+    # yaml.compose recurses per level (RecursionError; a segfault with libyaml) and parsing
+    # is quadratic in flow depth: refused up front
     text = "version: 1\nflags: " + "[" * 100_000 + "]" * 100_000 + "\n"
+    (problem,) = messages(text)
+    assert problem == "f0.yaml:2:1008: YAML nested more than 1000 levels deep; not a registry"
+
+
+def test_nesting_below_the_limit_composes_without_recursion(composer):
+    text = "version: 1\nflags: " + "[" * 999 + "]" * 999 + "\n"
     (problem,) = messages(text)
     assert problem.startswith("f0.yaml:2:8: flags: expected a mapping")
 
@@ -401,7 +410,8 @@ def test_long_chains_are_not_cycles():
 
 
 def test_latest_of_and_per_mode_exclude_each_other():
-    (msg,) = messages("version: 1\nbackends:\n  x: {}\n  a: {latest_of: [x], per_mode: {decode: x}}\n")
+    (msg,) = messages("version: 1\nbackends:\n  x: {}\n"
+                      "  a: {latest_of: [x], per_mode: {decode: x}}\n")
     assert msg == ("f0.yaml:4:3: backends.a: use either latest_of (a composite) or per_mode "
                    "(a per-mode wrapper), not both")
 
@@ -426,7 +436,8 @@ def test_one_env_var_sets_one_flag():
 
 
 def test_gate_ids_are_unique_across_the_registry():
-    msgs = messages("version: 1\nbackends:\n  b:\n    gates: [{id: g, at_least: none, because: x}]\n"
+    msgs = messages("version: 1\nbackends:\n  b:\n"
+                    "    gates: [{id: g, at_least: none, because: x}]\n"
                     "gates: [{id: g, at_least: none, because: y}]\n")
     assert msgs == ["f0.yaml:5:9: gates[0]: gate id 'g' already defined at f0.yaml:4:13; "
                     "names must be unique within a file"]
@@ -539,6 +550,13 @@ def test_mapping_fragment_with_unrepresentable_values():
     found = validate_sources([Fragment("p", {"version": 1, "flags": {"f": {"doc": object()}}})])
     (problem,) = found
     assert problem.message.startswith("flags.f.doc: expected a non-empty string")
+
+
+def test_self_referencing_mapping_fragment():
+    data: dict = {"version": 1}
+    data["flags"] = data
+    (problem,) = validate_sources([Fragment("p", data)])
+    assert str(problem) == "p:0:0: mapping nested too deeply (or containing itself)"
 
 
 def test_bytes_fragment():

@@ -95,6 +95,10 @@ def test_schema_keys_are_the_loaders_keys(the_schema):
         assert set(defs[section].get("required", ())) == required
 
 
+def test_backend_shapes_exclude_each_other(the_schema):
+    assert the_schema["$defs"]["backend"]["not"] == {"required": ["latest_of", "per_mode"]}
+
+
 def test_when_keys_are_the_condition_fields():
     assert {k.name for k in SECTIONS["when"]} == set(attrs_fields(Conditions))
 

@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, default=32)
     b.add_argument("--steps", type=int, default=150)
     b.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the streams")
+    b.add_argument("--sched-kind", choices=("copy", "latency", "matmul"), default="copy",
+                   help="scheduler GPU bookkeeping: a pinned host-to-device upload (default), "
+                        "a one-SM spin kernel, or a matmul competing for every SM")
+    b.add_argument("--window-us", type=float, default=0.0, metavar="US",
+                   help="GPU work before the in-graph read (widens the race window)")
     b.add_argument("--format", choices=FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
     b.add_argument("--iterations", type=int, default=3000)
@@ -264,7 +269,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from warpolicy.bench.overlap import format_overlap, run_overlap_bench
 
         result = run_overlap_bench(layers=args.layers, batch=args.batch, steps=args.steps,
-                                   trace=args.trace)
+                                   trace=args.trace, sched_kind=args.sched_kind,
+                                   window_us=args.window_us)
         _out(format_overlap(result, args.format))
     else:
         from warpolicy.bench.fence import format_fence_bench, run_fence_bench

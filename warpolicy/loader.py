@@ -48,6 +48,9 @@ _KIND = {"flag": "flag", "spec_algorithm": "spec algorithm", "backend": "backend
 # recurses per nesting level (RecursionError in Python, a segfault in libyaml's binding on a
 # deeply nested file).
 _C_LOADER = getattr(yaml, "CSafeLoader", None)
+# YAML parsers spend time quadratic in flow nesting depth; a registry nests about 6 deep.
+_MAX_FLOW_DEPTH = 1000
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 @attrs.frozen
@@ -137,7 +140,12 @@ def _compose_source(source: Source, problems: list[Problem]) -> tuple[str, Optio
     """Read one source into a node tree; record why when it cannot be parsed."""
     if isinstance(source, Fragment):
         if isinstance(source.data, Mapping):
-            return source.name, _to_node(source.data)
+            try:
+                return source.name, _to_node(source.data)
+            except RecursionError:  # a self-referencing or absurdly deep mapping
+                problems.append(Problem(source.name, 0, 0, "mapping nested too deeply (or "
+                                                           "containing itself)"))
+                return source.name, None
         data = source.data
         name = source.name
     elif isinstance(source, (str, os.PathLike)):
@@ -174,6 +182,10 @@ def _line_col(text, index: int, newline) -> tuple[int, int]:
 
 def _compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
     """``yaml.compose(text, Loader=SafeLoader)``, without recursion; problems instead of raising."""
+    too_deep = _too_deep(name, text)
+    if too_deep is not None:
+        problems.append(too_deep)
+        return None
     try:
         root = _compose_events(yaml.parse(text, Loader=_C_LOADER or yaml.SafeLoader))
     except yaml.YAMLError as exc:
@@ -183,6 +195,19 @@ def _compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
         problems.append(Problem(name, 1, 1, f"empty registry; expected a mapping starting "
                                             f"with 'version: {S.FORMAT_VERSION}'"))
     return root
+
+
+def _too_deep(name: str, text: str) -> Optional[Problem]:
+    """Refuse absurd flow nesting before parsing it (brackets inside strings only make the
+    count err towards refusing a file that nests brackets 1000 deep in its strings)."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        depth = max(0, depth + (1 if match.group() in "[{" else -1))
+        if depth > _MAX_FLOW_DEPTH:
+            line, col = _line_col(text, match.start(), newline="\n")
+            return Problem(name, line, col, f"YAML nested more than {_MAX_FLOW_DEPTH} levels "
+                                            "deep; not a registry")
+    return None
 
 
 def _compose_events(events: Iterable[yaml.Event]) -> Optional[Node]:
@@ -336,6 +361,13 @@ class _Parsed:
     orphan_refs: tuple[_Ref, ...] = ()
 
 
+def _join(path: str, key: str) -> str:
+    """``path.key`` in the file's own key names; odd keys quoted so a message stays one line."""
+    if not _NAME_RE.match(key):
+        return f"{path}[{key!r}]"
+    return f"{path}.{key}" if path else key
+
+
 def _describe(node: Node) -> str:
     """What a node is, for 'expected X, got Y' messages."""
     if isinstance(node, MappingNode):
@@ -431,7 +463,7 @@ class _SourceParser:
                 self.unknown_key(key, path, known)
                 continue
             parser = self.parsers.get(spec.kind)
-            sub = f"{path}.{key.value}" if path else key.value
+            sub = _join(path, key.value)
             out[key.value] = (key, value) if parser is None else parser(value, sub)
         for spec in known.values():
             if spec.required and spec.name not in out:
@@ -556,7 +588,7 @@ class _SourceParser:
         spelled: dict[ForwardMode, str] = {}
         ok = True
         for key, value in pairs:
-            sub = f"{path}.{key.value}"
+            sub = _join(path, key.value)
             mode = self.mode(key, path)
             parsed = parse_value(value, sub)
             if mode is _BAD or parsed is _BAD:
@@ -585,7 +617,7 @@ class _SourceParser:
         ok = True
         for key, value in pairs:
             name = self.key_name(key, path, "capability or flag")
-            parsed = self.bool(value, f"{path}.{key.value}")
+            parsed = self.bool(value, _join(path, key.value))
             if name is None or parsed is _BAD:
                 ok = False
                 continue
@@ -598,7 +630,7 @@ class _SourceParser:
         top = self.section(root, "", "registry")
         if top is None:
             return None
-        self.check_version(root, top.get("version"))
+        self.check_version(top.get("version"))
         flags = self.named_entries(top.get("flags"), "flags", "flag", self.flag)
         specs = self.named_entries(top.get("spec_algorithms"), "spec_algorithms",
                                    "spec_algorithm", self.spec)
@@ -607,17 +639,21 @@ class _SourceParser:
         return _Parsed(self.name, flags, specs, backends, gates, frozenset(self.broken),
                        tuple(self.orphan_refs))
 
-    def check_version(self, root: Node, raw) -> None:
+    def check_version(self, raw) -> None:
         if raw is None:
             return  # reported as a missing required key
         _key, node = raw
-        if isinstance(node, ScalarNode) and node.tag == _INT and node.value == str(S.FORMAT_VERSION):
-            return
+        value = None
         if isinstance(node, ScalarNode) and node.tag == _INT:
+            try:  # YAML ints include 0x1, 0o1, 1_0
+                value = yaml.constructor.SafeConstructor().construct_yaml_int(node)
+            except ValueError:  # an explicit !!int tag on text
+                value = None
+        if value is None:
+            self.expected(node, "version", f"the integer {S.FORMAT_VERSION}")
+        elif value != S.FORMAT_VERSION:
             self.problem(node, "version", f"unsupported registry version {node.value}; this "
                                           f"warpolicy reads version {S.FORMAT_VERSION}")
-        else:
-            self.expected(node, "version", f"the integer {S.FORMAT_VERSION}")
 
     def named_entries(self, raw, path: str, section: str, build) -> tuple[_Entry, ...]:
         if raw is None:
@@ -627,7 +663,7 @@ class _SourceParser:
         out = []
         for key, value in pairs or ():
             name = self.key_name(key, path, section.replace("_", " "))
-            sub = f"{path}.{key.value}"
+            sub = _join(path, key.value)
             fields = self.section(value, sub, section)
             if name is None or fields is None:
                 if name is not None:

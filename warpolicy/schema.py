@@ -235,6 +235,7 @@ def registry_json_schema() -> dict:
     }
     for section, doc in _SECTION_DOCS.items():
         defs[section] = _section_schema(section, doc)
+    defs["backend"]["not"] = {"required": ["latest_of", "per_mode"]}  # one shape per backend
     top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

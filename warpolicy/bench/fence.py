@@ -87,9 +87,9 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict:
     state = {"i": 0}
 
     def hooks_step(policy: P) -> Callable[[], None]:
-        def run() -> None:
-            fence.before_replay(policy)
-            fence.after_replay(policy)
+        def run() -> None:  # the forward stream is passed, as the raw path does
+            fence.before_replay(policy, fwd)
+            fence.after_replay(policy, fwd)
             barrier.apply(sched, fwd, fence.take())
         return run
 

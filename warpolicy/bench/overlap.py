@@ -117,6 +117,49 @@ def calibrate_rows(target_us: float, hidden: int, device: Any, *, tanh: bool = F
     return rows
 
 
+SCHED_KINDS = ("copy", "latency", "matmul")
+
+
+def spin_work(target_us: float, device: Any) -> Callable[[], None]:
+    """Latency-bound scheduler bookkeeping: one single-thread spin kernel of ``target_us``.
+
+    A real scheduler's GPU bookkeeping is a chain of tiny kernels (index writes, copies) that
+    occupy a few SMs for their latency; a spin models that without competing with the forward
+    for the whole GPU (a big matmul would, and then no barrier can recover its time).
+    """
+    import torch
+
+    if target_us <= 0:
+        return lambda: None
+    cycles = 200_000
+    for _ in range(3):  # spin time is linear in cycles
+        took = _time_us(lambda c=cycles: torch.cuda._sleep(c))
+        cycles = max(int(cycles * target_us / max(took, 1e-3)), 1000)
+    return lambda: torch.cuda._sleep(cycles)
+
+
+def copy_work(target_us: float, device: Any) -> Callable[[], None]:
+    """Copy-engine scheduler bookkeeping: a pinned host-to-device upload of about ``target_us``.
+
+    A scheduler uploads the next batch's metadata from pinned host memory; the DMA engines do
+    it, so it overlaps the forward without taking SMs (a kernel on the schedule stream would
+    hold SMs that persistent forward kernels wait for, which no barrier can give back).
+    """
+    import torch
+
+    if target_us <= 0:
+        return lambda: None
+    nbytes = 4 << 20
+    for _ in range(3):  # copy time is linear in bytes at these sizes
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        took = _time_us(lambda: dst.copy_(src, non_blocking=True))
+        nbytes = max(int(nbytes * target_us / max(took, 1e-3)) // 4096 * 4096, 4096)
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return lambda: dst.copy_(src, non_blocking=True)
+
+
 # -- the runs ------------------------------------------------------------------------------------
 
 def _median(xs: Sequence[float]) -> float:
@@ -226,18 +269,25 @@ class _Bench:
 def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
                       trace: Optional[str] = None, device: Any = None, *, repeats: int = 3,
                       layer_us: float = 100.0, sched_us: float = 300.0, window_us: float = 0.0,
-                      hidden: int = 2048, warmup: int = 10, pm: Any = None) -> dict:
+                      hidden: int = 2048, warmup: int = 10, pm: Any = None,
+                      sched_kind: str = "copy") -> dict:
     """Run every variant ``repeats`` times; return the result dict (see `format_overlap`).
 
     ``window_us`` puts that much work before the prep's read inside the graph (widens the race
     window, as REFERENCE.md §4's second experiment). ``trace`` writes a Chrome/Perfetto JSON
-    of the first run of each variant.
+    of the first run of each variant. ``sched_kind`` is ``copy`` (the scheduler's GPU
+    bookkeeping is a pinned host-to-device upload on the copy engines; the default),
+    ``latency`` (a single-thread spin kernel: it holds one SM, which delays persistent forward
+    kernels) or ``matmul`` (throughput-bound work that competes with the forward for every SM).
     """
     import torch
 
     from warpolicy.platform import Platform
     from warpolicy.testing.models import SyntheticDecodeModel, matmul_work
 
+    if sched_kind not in SCHED_KINDS:
+        raise InputError(f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, "
+                         f"not {sched_kind!r}")
     if min(layers, batch, steps, repeats) <= 0:
         raise InputError("overlap bench: layers, batch, steps and repeats must be positive")
     fake = str(device) == "fake"
@@ -253,13 +303,19 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     else:
         tdev = torch.device(device or "cuda")
         layer_rows = calibrate_rows(layer_us, hidden, tdev, tanh=True)
-        sched_rows = calibrate_rows(sched_us, hidden, tdev)
+        sched_rows = calibrate_rows(sched_us, hidden, tdev) if sched_kind == "matmul" else 0
         window_rows = calibrate_rows(window_us, hidden, tdev, tanh=True)
         probe_factory = CudaProbe
     warmup = min(warmup, max(steps - 2, 0))
     model = SyntheticDecodeModel(layers=layers, batch=batch, steps=steps, hidden=hidden,
                                  layer_rows=layer_rows, window_rows=window_rows, device=tdev)
-    bench = _Bench(platform, model, matmul_work(sched_rows, hidden, tdev), steps, warmup,
+    if fake or sched_kind == "matmul":
+        bookkeeping = matmul_work(sched_rows, hidden, tdev)
+    elif sched_kind == "latency":
+        bookkeeping = spin_work(sched_us, tdev)
+    else:
+        bookkeeping = copy_work(sched_us, tdev)
+    bench = _Bench(platform, model, bookkeeping, steps, warmup,
                    probe_factory)
     ideal = bench.ideal_us()
 
@@ -286,7 +342,8 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     result = {
         "config": {"layers": layers, "batch": batch, "steps": steps, "repeats": repeats,
                    "warmup": warmup, "hidden": hidden, "layer_rows": layer_rows,
-                   "sched_rows": sched_rows, "window_rows": window_rows,
+                   "sched_rows": sched_rows, "sched_kind": sched_kind,
+                   "window_rows": window_rows,
                    "layer_us_target": layer_us, "sched_us_target": sched_us,
                    "window_us_target": window_us, "platform": platform.name,
                    "device": _device_name(platform, tdev), "torch": torch.__version__},
@@ -369,7 +426,7 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
     c = result["config"]
     lines = [
         f"overlap benchmark on {c['device']} (torch {c['torch']}): {c['layers']} layers x "
-        f"~{c['layer_us_target']:g} us, batch {c['batch']}, scheduler ~{c['sched_us_target']:g} us, "
+        f"~{c['layer_us_target']:g} us, batch {c['batch']}, scheduler ~{c['sched_us_target']:g} us ({c.get('sched_kind', 'matmul')}), "
         f"{c['steps']} steps x {c['repeats']} runs",
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
