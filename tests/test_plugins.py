@@ -186,3 +186,28 @@ def test_plugin_backend_becomes_queryable(pm, register):
     ctx = Context(backend="plugin_attn", mode=ForwardMode.DECODE, spec="none", flags={},
                   platform="cuda", external_events=True, eager=False, planted=True)
     assert engine.decide(ctx) is WarReadDonePolicy.IN_GRAPH
+
+
+def test_invalid_fragment_problems_name_the_plugin_and_how_to_disable_it():
+    from warpolicy.engine import PolicyEngine
+    from warpolicy.errors import RegistryError
+    from warpolicy.hookspecs import hookimpl
+    from warpolicy.plugins import new_plugin_manager
+
+    class BadFragment:
+        @hookimpl
+        def warpolicy_capabilities(self):
+            return "version: 1\nbackends:\n  mine:\n    inherits: nosuchbase\n"
+
+    pm = new_plugin_manager(load_entry_points=False)
+    plugin = BadFragment()
+    pm.register(plugin, name="badfrag")
+    try:
+        with pytest.raises(RegistryError) as info:
+            PolicyEngine.load(pm=pm, environ={})
+    finally:
+        pm.unregister(plugin)
+    (problem,) = info.value.problems
+    text = str(problem)
+    assert text.startswith("plugin:badfrag:4:")
+    assert "nosuchbase" in text and "WARPOLICY_DISABLE_PLUGINS=badfrag" in text

@@ -396,3 +396,30 @@ def test_engine_compiled_policy_is_accepted(platform):
     prefill, _, _ = make(platform, compiled, cls=PrefillRunner)
     prefill.capture()
     assert prefill.policy_for(1) == P.NONE  # mode not in the table: NONE
+
+
+def test_observers_see_each_resolved_decision_with_its_reasons(platform):
+    from warpolicy.engine import PolicyEngine
+    from warpolicy.hookspecs import hookimpl
+
+    seen = []
+
+    class Observer:
+        @hookimpl
+        def warpolicy_on_decision(self, decision, where):
+            seen.append((where, decision))
+
+    observer = Observer()
+    platform.pm.register(observer)
+    try:
+        compiled = PolicyEngine.load(plugins=False, environ={}).compile("fa3")
+        runner, _, _ = make(platform, compiled, buckets=(1, 2))
+        runner.capture()
+        runner.policy_for(None)  # the eager policy is resolved lazily, and reported too
+    finally:
+        platform.pm.unregister(observer)
+    assert [w for w, _ in seen] == ["runner:decode"] * 3
+    policies = sorted(d.policy.label for _, d in seen)
+    assert policies == ["in_graph", "in_graph", "post_replay"]
+    eager = next(d for _, d in seen if d.context.eager)
+    assert eager.reasons[0].id == "declared" and eager.reasons[-1].id == "sound-demotion"

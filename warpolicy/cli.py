@@ -211,12 +211,12 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from warpolicy.loader import registry_sources, validate_sources
-    from warpolicy.plugins import collect_fragments, get_plugin_manager
+    from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
 
     sources: list = list(registry_sources(args.files or None))
     if not args.files:
         sources.extend(collect_fragments(get_plugin_manager()))
-    problems = validate_sources(sources)
+    problems = blame_plugins(get_plugin_manager(), validate_sources(sources))
     if problems:
         sys.stderr.write("".join(f"{p}\n" for p in problems))
         return ExitCode.CHECK_FAILED

@@ -167,13 +167,21 @@ class PolicyEngine:
         """Build an engine from registry files (or the default) plus plugin fragments."""
         from warpolicy.loader import load_registry, registry_sources
 
+        from warpolicy.errors import RegistryError
+
         env = os.environ if environ is None else environ
         sources: list = list(registry_sources(files, env))
-        if plugins:
-            from warpolicy.plugins import collect_fragments, get_plugin_manager
+        if not plugins:
+            return cls(load_registry(sources), environ=env)
+        from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
 
-            sources.extend(collect_fragments(pm if pm is not None else get_plugin_manager()))
-        return cls(load_registry(sources), environ=env)
+        pm = pm if pm is not None else get_plugin_manager()
+        sources.extend(collect_fragments(pm))
+        try:
+            registry = load_registry(sources)
+        except RegistryError as exc:
+            raise RegistryError(blame_plugins(pm, exc.problems)) from None
+        return cls(registry, environ=env)
 
     @staticmethod
     def _resolve_env_flags(registry: Registry,
@@ -243,7 +251,11 @@ class PolicyEngine:
                                       external_events, eager, planted)
                         row.append(self.decision(ctx).policy)
                 table[mode] = tuple(row)
-            return CompiledPolicy(backend, spec, table)
+            def explain_step(mode: ForwardMode, eager: bool, planted: bool) -> Decision:
+                return self.decision(Context(backend, mode, spec, flags or {}, platform,
+                                             external_events, eager, planted))
+
+            return CompiledPolicy(backend, spec, table, explain_step)
         except Exception as exc:  # noqa: BLE001
             if strict:
                 raise
@@ -354,13 +366,15 @@ class CompiledPolicy:
     ``row`` layout per mode: index ``eager * 2 + planted``.
     """
 
-    __slots__ = ("backend", "spec", "_table", "captured")
+    __slots__ = ("backend", "spec", "_table", "captured", "_explain")
 
     def __init__(self, backend: str, spec: str,
-                 table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]]) -> None:
+                 table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
+                 explain=None) -> None:
         self.backend = backend
         self.spec = spec
         self._table = dict(table)
+        self._explain = explain
         #: the common case (captured graph, node planted), one dict lookup
         self.captured: dict[ForwardMode, WarReadDonePolicy] = {
             m: row[1] for m, row in self._table.items()}
@@ -374,6 +388,16 @@ class CompiledPolicy:
         return row[eager * 2 + planted]
 
     __call__ = lookup
+
+    def decision(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Decision:
+        """The full `Decision` behind a lookup (for observers; not for the per-step path)."""
+        mode = ForwardMode.parse(mode)
+        if self._explain is not None:
+            return self._explain(mode, eager, planted)
+        ctx = Context(self.backend, mode, self.spec, eager=eager, planted=planted)
+        reason = Reason("compile-failed", "the policy could not be compiled; coarse barrier",
+                        NONE)
+        return Decision(self.lookup(mode, eager, planted), ctx, (reason,))
 
     def per_step(self, eager: bool = False, planted: bool = True):
         """The hot-path callable for a runner whose facts are known: ``fn(mode) -> policy``.

@@ -49,6 +49,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        if not self.line:  # e.g. a mapping contributed by a plugin: no text, no marks
+            return f"{self.file}: {self.message}"
         return f"{self.file}:{self.line}:{self.col}: {self.message}"
 
 

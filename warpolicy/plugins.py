@@ -19,7 +19,7 @@ import os
 import pathlib
 import sys
 import threading
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import attrs
 import pluggy
@@ -231,11 +231,37 @@ def _check_yaml(pm: pluggy.PluginManager, plugin: str, text: str, where: str) ->
     """YAML syntax errors become one `PluginError` line (the loader would blame no plugin)."""
     try:
         yaml.safe_load(text)
+    except RecursionError as exc:  # absurdly deep nesting: not a YAMLError, still the plugin's
+        raise _plugin_error(pm, plugin, f"its capabilities fragment {where} nests too deeply") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise _plugin_error(pm, plugin, f"invalid YAML in its capabilities fragment {where}{at}: {problem}") from exc
+
+
+def blame_plugins(pm: pluggy.PluginManager, problems: Sequence[Any]) -> list:
+    """Registry problems located in a plugin fragment also name its entry point and how to
+    disable it, so a broken plugin's fragment reads like any other broken plugin."""
+    import attrs
+
+    out = []
+    for problem in problems:
+        name = _fragment_plugin(problem.file)
+        if name is None:
+            out.append(problem)
+            continue
+        err = _plugin_error(pm, name, problem.message)
+        out.append(attrs.evolve(problem, message=str(err)))
+    return out
+
+
+def _fragment_plugin(label: str) -> Optional[str]:
+    """``plugin:NAME``, ``plugin:NAME[i]`` or ``plugin:NAME:PATH`` -> NAME."""
+    if not label.startswith("plugin:"):
+        return None
+    rest = label[len("plugin:"):]
+    return rest.split("[", 1)[0].split(":", 1)[0] or None
 
 
 def _plugin_error(pm: pluggy.PluginManager, plugin: str, message: str) -> PluginError:

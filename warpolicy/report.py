@@ -144,7 +144,8 @@ def _change(old: str, new: str) -> str:
 def format_plugins(plugins: Sequence[Mapping], fmt: str = "text") -> str:
     if fmt == "json":
         return json.dumps(list(plugins), indent=2)
-    header = ("name", "version", "source", "hooks")
-    rows = [(p["name"], p.get("version") or "-", p["source"], ", ".join(p.get("hooks", ())))
-            for p in plugins]
+    header = ("name", "version", "source", "status", "hooks")
+    rows = [(p["name"], p.get("version") or "-", p["source"], p.get("status", "active"),
+             ", ".join(h.removeprefix("warpolicy_") for h in p.get("hooks", ())) or "-")
+            for p in plugins]  # text drops the common warpolicy_ prefix; json keeps full names
     return _grid(header, rows)

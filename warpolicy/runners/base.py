@@ -128,6 +128,7 @@ class GraphRunner:
         self.platform = platform if platform is not None else Platform.for_device(None)
         self.fence = ReadDoneFence(self.platform, ring_size=ring_size, name=self.name)
         self._policy_fn = resolve_policy_fn(policy)
+        self._explain = getattr(policy, "decision", None)  # a CompiledPolicy explains itself
         self.keep_graphs = keep_graphs  # keep the raw graphs for the static audit
         self.buckets: tuple[int, ...] = self._check_buckets(model.bucket_sizes(self.mode))
         self._captured: dict[int, CapturedBucket] = {}
@@ -179,7 +180,29 @@ class GraphRunner:
         except Exception as exc:  # noqa: BLE001 - any failure means coarse, never earlier
             self._warn(f"policy lookup failed ({exc!r}); using the coarse barrier")
             return NONE
-        return sound(policy, eager, planted)
+        resolved = sound(policy, eager, planted)
+        self._notify_decision(resolved, eager, planted)
+        return resolved
+
+    def _notify_decision(self, policy: WarReadDonePolicy, eager: bool, planted: bool) -> None:
+        """Tell observers (tracing, metrics) what this runner resolved; capture time only."""
+        hook = self.platform.pm.hook.warpolicy_on_decision
+        if not hook.get_hookimpls():
+            return
+        try:
+            if self._explain is not None:
+                decision = self._explain(self.mode, eager, planted)
+            else:
+                from warpolicy.engine import Context, Decision, Reason
+
+                ctx = Context(self.name, self.mode, eager=eager, planted=planted)
+                decision = Decision(policy, ctx, (Reason("policy-callable", "given by the engine's "
+                                                         "policy callable", policy),))
+            if decision.policy != policy:  # the runner's own safety net moved it later
+                decision = attrs.evolve(decision, policy=policy)
+            hook(decision=decision, where=f"runner:{self.name}")
+        except Exception as exc:  # noqa: BLE001 - an observer never changes the policy
+            self._warn(f"warpolicy_on_decision failed ({exc!r})")
 
     def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
         """The resolved policy of a captured bucket, or the eager policy for None/uncaptured."""
