@@ -61,14 +61,7 @@ def messages(*texts: str) -> list[str]:
     return [str(p) for p in problems(*texts)]
 
 
-@pytest.fixture(params=["libyaml", "python"])
-def composer(request, monkeypatch):
-    """Run a test with both YAML composers: they must report the same problems."""
-    if request.param == "python":
-        monkeypatch.setattr(loader, "_C_LOADER", None)
-    elif loader._C_LOADER is None:
-        pytest.skip("PyYAML built without libyaml")
-    return request.param
+
 
 
 # -- a valid registry -------------------------------------------------------------------------

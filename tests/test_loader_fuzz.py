@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,14 +41,7 @@ def outcome(sources, marked: bool = True):
         return exc
 
 
-@pytest.fixture(params=["libyaml", "python"])
-def composer(request, monkeypatch):
-    """Both YAML composers (the patch is the same for every example, so sharing it is safe)."""
-    if request.param == "python":
-        monkeypatch.setattr(loader, "_C_LOADER", None)
-    elif loader._C_LOADER is None:
-        pytest.skip("PyYAML built without libyaml")
-    return request.param
+
 
 
 @FUZZ

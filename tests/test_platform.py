@@ -17,25 +17,6 @@ torch = pytest.importorskip("torch")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 
 
-@pytest.fixture
-def pm():
-    return new_plugin_manager(load_entry_points=False, environ={})
-
-
-@pytest.fixture
-def register(pm):
-    added = []
-
-    def add(plugin, name=None):
-        pm.register(plugin, name=name)
-        added.append(plugin)
-        return plugin
-
-    yield add
-    for plugin in added:
-        pm.unregister(plugin)
-
-
 @pytest.mark.parametrize("device, kind", [
     ("cuda:1", "cuda"), ("fake", "fake"), ("CPU", "cpu"), (torch.device("cuda", 0), "cuda"),
 ])

@@ -21,26 +21,6 @@ backends:
 """
 
 
-@pytest.fixture
-def pm():
-    return new_plugin_manager(load_entry_points=False, environ={})
-
-
-@pytest.fixture
-def register(pm):
-    """Register inline plugins by name; always unregistered afterwards."""
-    added = []
-
-    def add(plugin, name):
-        pm.register(plugin, name=name)
-        added.append(plugin)
-        return plugin
-
-    yield add
-    for plugin in added:
-        pm.unregister(plugin)
-
-
 def contributes(value):
     class Plugin:
         @hookimpl

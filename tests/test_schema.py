@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from warpolicy import schema
+
 from warpolicy.loader import Fragment, default_registry_path, validate_sources
 from warpolicy.policy import ForwardMode, WarReadDonePolicy, mode_names
 from warpolicy.registry import Conditions

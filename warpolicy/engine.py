@@ -22,7 +22,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from warpolicy.errors import InputError, UnknownNameError
+from warpolicy.errors import InputError
 from warpolicy.policy import TABLE_MODES, ForwardMode, WarReadDonePolicy
 from warpolicy.registry import Backend, Conditions, Flag, Gate, Registry, SpecAlgorithm
 

@@ -1,0 +1,40 @@
+"""Fixtures shared across test modules: a fresh plugin manager per test, inline plugins that
+are always unregistered, and both YAML composers of the loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from warpolicy import loader
+from warpolicy.plugins import new_plugin_manager
+
+
+@pytest.fixture
+def pm():
+    """A fresh plugin manager (built-ins only, no entry points, empty environment)."""
+    return new_plugin_manager(load_entry_points=False, environ={})
+
+
+@pytest.fixture
+def register(pm):
+    """Register inline plugins on ``pm``; every one is unregistered after the test."""
+    added = []
+
+    def add(plugin, name=None):
+        pm.register(plugin, name=name)
+        added.append(plugin)
+        return plugin
+
+    yield add
+    for plugin in added:
+        pm.unregister(plugin)
+
+
+@pytest.fixture(params=["libyaml", "python"])
+def composer(request, monkeypatch):
+    """Run a test with both YAML composers: they must report the same problems."""
+    if request.param == "python":
+        monkeypatch.setattr(loader, "_C_LOADER", None)
+    elif loader._C_LOADER is None:
+        pytest.skip("PyYAML built without libyaml")
+    return request.param
