@@ -122,6 +122,8 @@ def test_dynamic_verdict_inconclusive_with_notes_safe_without():
     assert dynamic_verdict(5, 0, None, ["why"]).verdict is INCONCLUSIVE
     assert dynamic_verdict(5, 0, None, ["why"]).reason == "why"
     assert dynamic_verdict(5, 0, None).verdict is SAFE
+    assert dynamic_verdict(0, 0, None).verdict is INCONCLUSIVE  # nothing checked: never SAFE
+    assert audit_mode(table_subject(IN), DECODE, trials=0).verdict is INCONCLUSIVE
 
 
 @pytest.mark.parametrize("dyn, stat, want", [
@@ -622,6 +624,7 @@ class _NodeType(enum.IntEnum):
     CU_GRAPH_NODE_TYPE_MEMSET = 2
     CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7
     CU_GRAPH_NODE_TYPE_EMPTY = 5
+    CU_GRAPH_NODE_TYPE_GRAPH = 4
 
 
 class StandInDriver(types.ModuleType):
@@ -801,3 +804,117 @@ def test_failure_mid_trial_restores_shared_state():
     entry = audit_mode(attrs.evolve(subject, post_step=post_step), DECODE, trials=3)
     assert entry.verdict is INCONCLUSIVE and "late failure" in entry.dynamic.reason
     assert torch.equal(subject.model.table, before)
+
+
+def test_opaque_nodes_after_the_release_are_inconclusive_not_safe():
+    """A child graph (or conditional, host node, ...) may read shared state the walk does not
+    follow: after the release point it blocks SAFE; before it, it does not matter."""
+    nodes, edges = _chain([("kernel", ["t"]), ("event_record", []), ("other", [])], 1)
+    nodes[2] = attrs.evolve(nodes[2], name="CU_GRAPH_NODE_TYPE_GRAPH", readable=False)
+    result = analyze_graph(nodes, edges, IN)
+    assert result.verdict is INCONCLUSIVE and "CU_GRAPH_NODE_TYPE_GRAPH" in result.reason
+    assert analyze_graph(nodes, edges, POST).verdict is SAFE
+
+
+def test_walk_marks_child_graph_nodes_opaque_and_empty_nodes_inert(stand_in):
+    shared, driver = stand_in
+    from warpolicy.audit.static import buffer_ranges, walk_cuda_graph
+
+    driver.nodes[108] = (_NodeType.CU_GRAPH_NODE_TYPE_EMPTY, None)
+    driver.nodes[109] = (_NodeType.CU_GRAPH_NODE_TYPE_GRAPH, None)
+    driver.edge_list += [(107, 108), (108, 109)]
+    nodes, _ = walk_cuda_graph(4242, 777, buffer_ranges(shared))
+    assert [(n.kind, n.readable) for n in nodes[7:]] == [("other", True), ("other", False)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Never SAFE for what the trials could not check
+# ---------------------------------------------------------------------------------------------
+
+def test_poison_is_taken_from_the_state_make_batch_wrote():
+    """make_batch may write shared state; the poison must differ from *that* state, or a late
+    reader sees the value it expected and the audit calls an unsafe declaration safe."""
+    subject = table_subject(IN, late_from=0)
+    table = subject.model.table
+    before = table.clone()
+    trial_state = default_poison(before)  # what a poison of the pre-audit state would be
+
+    def make_batch(mode, trial):
+        table.copy_(trial_state)
+        return TrialBatch(trial, torch.tensor([trial % 10, (trial + 3) % 10]))
+
+    entry = audit_mode(attrs.evolve(subject, make_batch=make_batch), DECODE, trials=3)
+    assert entry.verdict is UNSAFE and entry.dynamic.corrupted == 3
+    assert torch.equal(table, before)  # left as found
+
+
+class CountingModel(TableModel):
+    """Its forward reads, then bumps, a shared step counter (state the forward writes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = torch.zeros(1)
+        self.shared_buffers = {"table": self.table, "count": self.count}
+
+    def forward(self, bucket: int) -> torch.Tensor:
+        out = super().forward(bucket)
+        out.add_(self.count)
+        self.count.add_(1)
+        return out
+
+
+def test_poisoned_step_starts_from_the_reference_steps_state():
+    platform = fake_platform()
+    model = CountingModel()
+    subject = AuditSubject(
+        name="count", model=model, platform=platform,
+        make_batch=lambda mode, trial: TrialBatch(trial, torch.tensor([1, 2])),
+        runners={"decode": lambda m: DecodeRunner(m, lambda *a: POST, platform)},
+        declared={"decode": POST})
+    entry = audit_mode(subject, DECODE, trials=3)
+    assert entry.verdict is SAFE, entry.dynamic  # no false alarm from the counter
+    assert model.count.item() == 4  # as capture left it (2 warm-ups, 2 captures)
+
+
+def test_no_shared_buffers_is_inconclusive():
+    subject = table_subject(IN)
+    subject.model.shared_buffers = {}
+    entry = audit_mode(subject, DECODE, trials=2)
+    assert entry.verdict is INCONCLUSIVE and "nothing to poison" in entry.dynamic.reason
+
+
+def test_a_poison_that_changes_nothing_is_inconclusive():
+    subject = attrs.evolve(table_subject(IN), poison={"table": lambda t: t.clone()})
+    entry = audit_mode(subject, DECODE, trials=2)
+    assert entry.verdict is INCONCLUSIVE
+    assert "poison of 'table' equals its contents" in entry.dynamic.reason
+
+
+class _Renamed:
+    """The fake platform under another name: a real (non-simulated) platform without stalls."""
+
+    def __init__(self, inner, name: str) -> None:
+        self._inner, self.name = inner, name
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
+
+
+def test_a_platform_without_stalls_is_inconclusive():
+    entry = audit_mode(table_subject(IN, platform=_Renamed(fake_platform(), "rocm")), DECODE,
+                       trials=2)
+    assert entry.verdict is INCONCLUSIVE and "no GPU stall on platform 'rocm'" in \
+        entry.dynamic.reason
+
+
+def test_every_trial_must_exercise_the_declaration_not_just_the_last():
+    subject = table_subject(IN)
+
+    def make_batch(mode, trial):  # trials 0 and 1 fit no bucket (eager), trial 2 does
+        return TrialBatch(trial, torch.arange(6 if trial < 2 else 2) % 10)
+
+    entry = audit_mode(attrs.evolve(subject, make_batch=make_batch), DECODE, trials=3)
+    assert entry.verdict is INCONCLUSIVE
+    assert "2 of 3 trials ran eagerly" in entry.dynamic.reason
+    assert "published post_replay" in entry.dynamic.reason and "in 2 of 3 trials" in \
+        entry.dynamic.reason

@@ -228,3 +228,45 @@ def test_bench_decide_json(capsys):
     assert code == 0
     assert {"engine_ns", "baseline_ns", "ratio"} <= set(data)
     assert data["engine_ns"] > 0 and data["baseline_ns"] > 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "decide", "--iterations", "0"],
+    ["bench", "decide", "--iterations", "-3"],
+    ["bench", "fence", "--iterations", "x"],
+    ["bench", "overlap", "--steps", "0"],
+])
+def test_bench_counts_must_be_positive(capsys, argv):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == ExitCode.USAGE
+    assert "expected a positive integer" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["table", "-h"]])
+def test_help_and_version_return_ok(capsys, argv):
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == ExitCode.OK and out
+
+
+def test_bench_decide_text_without_a_ratio():
+    from warpolicy.bench.decide import format_decide
+
+    result = {"engine_ns": 1.0, "lookup_ns": 1.0, "baseline_ns": 0.0, "ratio": None,
+              "load": {"backends": 1, "gates": 1, "load_s": 0.0, "table_s": 0.0, "table_rows": 1}}
+    assert "n/a" in format_decide(result)
+
+
+def test_validate_given_files_does_not_load_plugins(capsys, tmp_path, monkeypatch):
+    from warpolicy import plugins
+    from warpolicy.errors import PluginError
+
+    def broken():
+        raise PluginError("broken", "fails to import")
+
+    monkeypatch.setattr(plugins, "get_plugin_manager", broken)
+    good = tmp_path / "good.yaml"
+    good.write_text("version: 1\n")
+    code, out, err = run_cli(capsys, "validate", str(good))
+    assert code == ExitCode.OK, err
+    code, _, err = run_cli(capsys, "validate")  # the registry in use includes plugin fragments
+    assert code == ExitCode.USAGE and "broken" in err

@@ -216,3 +216,45 @@ def test_table_covers_every_combination(engine):
 @pytest.mark.parametrize("text, value", [("1", True), ("On", True), ("", False), ("no", False)])
 def test_parse_bool(text, value):
     assert parse_bool(text, "X") is value
+
+
+@pytest.mark.parametrize("wrapper", [
+    Backend("w", latest_of=("early", "fa3")),
+    Backend("w", per_mode={M.DECODE: "fa3"}),
+])
+def test_gate_on_a_child_never_makes_a_wrapper_earlier(wrapper):
+    """``declared:`` tests the declaration, which no gate changes: a gate that delays a child
+    must not stop the wrapper's ``declared: in_graph`` gate from matching (NONE -> POST_REPLAY)."""
+    early = Backend("early", {M.DECODE: P.PRE_REPLAY})
+    wrapper_gate = Gate("w-in-graph-coarse", Conditions(backend=frozenset({"w"}),
+                                                        declared=frozenset({P.IN_GRAPH})),
+                        P.NONE, "wrapper")
+    child_gate = Gate("delay-children", Conditions(backend=frozenset({"early", "fa3"})),
+                      P.POST_REPLAY, "children")
+    ctx = Context("w", M.DECODE)
+    before = PolicyEngine(make_registry([early, wrapper], gates=(wrapper_gate,)), environ={})
+    after = PolicyEngine(make_registry([early, wrapper], gates=(wrapper_gate, child_gate)),
+                         environ={})
+    assert before.decide(ctx) is P.NONE
+    assert after.decide(ctx) is P.NONE
+    assert after.explain(ctx).declared is P.IN_GRAPH
+
+
+def test_wrapper_reasons_name_what_moved_a_child():
+    reg = make_registry([Backend("tbo", latest_of=("fa3",)),
+                         Backend("hybrid", per_mode={M.DECODE: "fa3"})])
+    engine = PolicyEngine(reg, environ={})
+    d = engine.decision(Context("tbo", M.TARGET_VERIFY, "eagle"))
+    assert d.policy is P.NONE
+    assert [r.id for r in d.reasons] == ["declared", "verify-needs-read-done"]
+    d = engine.decision(Context("hybrid", M.DECODE, planted=False))
+    assert d.policy is P.POST_REPLAY
+    assert [r.id for r in d.reasons] == ["declared", SOUND_DEMOTION_ID]
+
+
+@pytest.mark.parametrize("text, policy", [("0", P.NONE), ("false", P.NONE), ("1", P.PRE_REPLAY)])
+def test_string_flag_overrides_are_parsed_not_truthy(engine, text, policy):
+    ctx = Context("trtllm_mha", M.EXTEND, flags={"prefill_read_done": text})
+    assert engine.decide(ctx) is policy
+    with pytest.raises(InputError):
+        engine.decision(Context("trtllm_mha", M.EXTEND, flags={"prefill_read_done": "maybe"}))

@@ -89,10 +89,14 @@ SETTINGS = settings(max_examples=150, deadline=None)
 
 
 @SETTINGS
-@given(registries(), gates(prefix="extra"), contexts)
-def test_adding_gates_never_makes_a_decision_earlier(registry, extra, ctx):
+@given(registries(), gates(prefix="extra"), gates(prefix="scoped"),
+       st.sampled_from([f"b{i}" for i in range(6)]), contexts)
+def test_adding_gates_never_makes_a_decision_earlier(registry, extra, scoped, owner, ctx):
     before = PolicyEngine(registry, environ={}).decide(ctx)
-    more = attrs.evolve(registry, gates=registry.gates + tuple(extra))
+    backends = dict(registry.backends)
+    backends[owner] = attrs.evolve(backends[owner], gates=backends[owner].gates + tuple(
+        attrs.evolve(g, scope=owner) for g in scoped))
+    more = attrs.evolve(registry, gates=registry.gates + tuple(extra), backends=backends)
     after = PolicyEngine(more, environ={}).decide(ctx)
     assert after >= before
 

@@ -454,3 +454,69 @@ def test_fence_bench_runs_on_the_fake_platform():
     import json
 
     assert json.loads(format_fence_bench(result, "json"))["iters"] == 20
+
+
+# -- fail closed when the capture-time queries themselves raise ----------------------------------------
+
+def test_plant_fails_closed_when_is_capturing_raises(platform, register):
+    class CapturingRaises:
+        @hookimpl
+        def warpolicy_is_capturing(self, device):
+            raise RuntimeError("injected is_capturing failure")
+
+    fence = ReadDoneFence(platform)
+    fence.prepare()
+    register(CapturingRaises())
+    with pytest.warns(RuntimeWarning, match="plant failed"):
+        with platform.capture(platform.new_graph()):
+            assert fence.plant() is False  # was: the exception escaped the capture body
+    assert not fence.planted
+
+
+def test_prepare_fails_closed_when_the_external_events_query_raises():
+    class QueryRaises:
+        @hookimpl
+        def warpolicy_external_events_supported(self, device):
+            raise RuntimeError("injected query failure")
+
+    platform = fake_platform()
+    platform.pm.register(QueryRaises())
+    platform._external = None  # forget the answer cached when the platform was built
+    fence = ReadDoneFence(platform)
+    with pytest.warns(RuntimeWarning, match="prepare failed"):
+        assert fence.prepare() is False
+    assert fence.event is None
+
+
+@pytest.mark.parametrize("inject", ["wait_event", "wait_stream", "observer"])
+def test_barrier_applies_the_safe_wait_before_a_warning_can_raise(platform, register, inject):
+    """With warnings turned into errors, the warning may raise out of apply(); the coarse wait
+    (or the host synchronize) must already be enqueued by then."""
+
+    class Inject:
+        if inject == "wait_event":
+            @hookimpl
+            def warpolicy_wait_event(self, device, stream, event):
+                raise RuntimeError("injected")
+        elif inject == "wait_stream":
+            @hookimpl
+            def warpolicy_wait_stream(self, device, stream, other):
+                raise RuntimeError("injected")
+        else:
+            @hookimpl
+            def warpolicy_on_barrier(self, runner, step, kind, reason):
+                raise RuntimeError("injected")
+
+    fence, graph = captured_fence(platform)
+    register(Inject())
+    sched = platform.new_stream()
+    read_done, _ = step(platform, fence, graph, P.IN_GRAPH)
+    n = len(platform.log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning):
+            SchedulerBarrier(platform).apply(sched, platform.current_stream(),
+                                             None if inject == "wait_stream" else read_done)
+    expected = {"wait_event": ("wait_stream", sched.id, 0), "wait_stream": ("synchronize",),
+                "observer": ("wait_stream", sched.id, 0)}[inject]
+    assert platform.log[-1] == expected and len(platform.log) > n

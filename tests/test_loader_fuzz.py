@@ -6,7 +6,6 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warpolicy import loader
 from warpolicy.errors import RegistryError
 from warpolicy.loader import Fragment, default_registry_path, load_registry
 from warpolicy.registry import Registry
@@ -150,41 +149,3 @@ def test_alias_fanout_stays_polynomial(width, depth):
                                  f"when: {{mode: *a}}}}\n" for i in range(depth))
     result = outcome([Fragment("alias.yaml", text)])
     assert isinstance(result, RegistryError)
-
-
-def node_shape(node, seen=frozenset()):
-    """A comparable picture of a node tree: kinds, tags, values and marks (as test_loader)."""
-    if id(node) in seen:
-        return ("alias", node.tag, node.start_mark.line)
-    mark = (node.start_mark.line, node.start_mark.column)
-    if isinstance(node, yaml.ScalarNode):
-        return ("scalar", node.tag, node.value, mark)
-    seen = seen | {id(node)}
-    if isinstance(node, yaml.SequenceNode):
-        return ("seq", node.tag, mark, [node_shape(n, seen) for n in node.value])
-    return ("map", node.tag, mark,
-            [(node_shape(k, seen), node_shape(v, seen)) for k, v in node.value])
-
-
-def composed(text: str, loader_cls):
-    try:
-        return yaml.compose(text, Loader=loader_cls), None
-    except yaml.YAMLError as exc:
-        return None, type(exc)
-
-
-@FUZZ
-@given(st.one_of(mutated_default(), st.text(alphabet=":-[]{},#&*!|>'\"?%@ \n\tabc01", max_size=80),
-                 registry_like().map(yaml.safe_dump)))
-def test_iterative_composer_matches_yaml_compose(composer, text):
-    loader_cls = loader._C_LOADER or yaml.SafeLoader
-    expected, error = composed(text, loader_cls)
-    try:
-        mine = loader._compose_events(yaml.parse(text, Loader=loader_cls))
-    except yaml.YAMLError as exc:
-        assert error is not None, exc
-        return
-    assert error is None
-    assert (mine is None) == (expected is None)
-    if mine is not None:
-        assert node_shape(mine) == node_shape(expected)

@@ -199,3 +199,20 @@ def test_gap_closed_is_relative_to_coarse_and_bound():
     rows = [{"name": "coarse", "step_us": 100.0}, {"name": "no_barrier", "step_us": 99.9}]
     _gap_closed(rows)
     assert rows[0]["gap_closed"] is None  # no gap to close: not a ratio of noise
+
+
+def test_failing_write_next_still_orders_the_next_forward_after_its_writes(platform):
+    runner, loop, log = setup(platform)
+
+    def broken():
+        log.append(("write",))
+        raise ValueError("scheduler bug")
+
+    with pytest.raises(ValueError):
+        loop.step([1.0], broken)
+    after = [e for e in log if e[0] in ("write", "record")]
+    assert after[-2] == ("write",) and after[-1][2] == loop.schedule_stream.id
+    written = after[-1][1]
+    start = len(log)
+    loop.step([1.0], None)
+    assert step_entries(log, start)[0] == ("wait_event", platform.current_stream().id, written)

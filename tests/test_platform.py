@@ -192,3 +192,95 @@ def test_cuda_plugin_detects_external_events_from_the_signature():
 
     assert cuda.external_events_in_signature() is True  # torch >= 2.8 on CI
     assert cuda.warpolicy_platform_name(device="fake") is None
+
+
+# -- the first-result fast path: used when equivalent, plain pluggy otherwise ----------------------
+
+def test_fast_path_is_taken_by_default(pm):
+    p = Platform.for_device("fake", pm)
+    for caller in (p._h_record, p._h_wait_event, p._h_wait_stream, p._h_is_capturing, p._h_replay,
+                   p._h_current_stream):
+        assert caller.fast
+
+
+def test_fast_path_off_with_wrappers_tracing_or_without_pluggys_dispatcher(pm, monkeypatch):
+    p = Platform.for_device("fake", pm)
+
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def warpolicy_record_event(self, device, event, stream):
+            return (yield)
+
+    wrapper = Wrapper()
+    pm.register(wrapper)
+    try:
+        assert not p._h_record.fast and p._h_wait_event.fast
+    finally:
+        pm.unregister(wrapper)
+    assert p._h_record.fast
+    traced = Platform.for_device("fake", new_plugin_manager(load_entry_points=False,
+                                                            environ={"WARPOLICY_TRACE_HOOKS": "1"}))
+    assert not traced._h_record.fast
+    monkeypatch.setattr(platform_mod, "_PLUGGY_MULTICALL", None)  # another pluggy layout
+    assert not p._h_record.fast
+    ev, s = p.create_event(), p.new_stream()
+    p.record(ev, s)
+    assert p.log[-1] == ("record", ev.id, s.id, False)
+
+
+def test_unknown_pluggy_hookimpl_layout_degrades_to_plain_pluggy(pm, monkeypatch):
+    import pluggy
+
+    class Odd:  # a HookImpl of some other pluggy: no argnames / wrapper attributes
+        def __init__(self, impl):
+            self.function = impl.function
+
+    real = pluggy.HookCaller.get_hookimpls
+    monkeypatch.setattr(pluggy.HookCaller, "get_hookimpls", lambda self: [Odd(i) for i in real(self)])
+    p = Platform.for_device("fake", pm)
+    assert not p._h_record.fast  # no AttributeError on every call: pluggy itself answers
+    ev = p.create_event()
+    p.record(ev)
+    assert p.log[-1] == ("record", ev.id, 0, False)
+
+
+def test_fast_path_is_never_used_for_a_collecting_hook(pm):
+    caller = platform_mod.FirstResultCaller(pm, "warpolicy_on_publish", ("runner", "step", "policy", "event"))
+    assert not caller.fast
+
+
+def _make_impl(tag, calls, args, answer, tryfirst, trylast):
+    """A plugin implementing warpolicy_wait_event with the given argument subset."""
+    params = ", ".join(args)
+    src = (f"def warpolicy_wait_event(self, {params}):\n"
+           f"    calls.append(({tag!r}, [{', '.join(args)}]))\n"
+           f"    return answer\n")
+    scope = {"calls": calls, "answer": answer}
+    exec(src, scope)
+    fn = hookimpl(tryfirst=tryfirst, trylast=trylast)(scope["warpolicy_wait_event"])
+    return type(f"P{tag}", (), {"warpolicy_wait_event": fn})()
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(st.lists(st.tuples(
+    st.sets(st.sampled_from(["device", "stream", "event"])).map(sorted),
+    st.sampled_from([None, "x", "y"]),
+    st.sampled_from([(False, False), (True, False), (False, True)])), max_size=5))
+def test_fast_path_is_equivalent_to_pluggy(specs):
+    results = []
+    for fast in (True, False):
+        pm = new_plugin_manager(load_entry_points=False, environ={})
+        pm.unregister(name="fake")  # only the inline plugins (and the CUDA one, which declines)
+        calls: list = []
+        for i, (args, answer, (first, last)) in enumerate(specs):
+            pm.register(_make_impl(str(i), calls, args, answer, first, last))
+        caller = platform_mod.FirstResultCaller(pm, "warpolicy_wait_event", ("device", "stream", "event"))
+        assert caller.fast
+        got = caller("fake", "S", "E") if fast else pm.hook.warpolicy_wait_event(
+            device="fake", stream="S", event="E")
+        results.append((got, calls))
+    assert results[0] == results[1]

@@ -191,3 +191,24 @@ def test_invalid_fragment_problems_name_the_plugin_and_how_to_disable_it():
     text = str(problem)
     assert text.startswith("plugin:badfrag:4:")
     assert "nosuchbase" in text and "WARPOLICY_DISABLE_PLUGINS=badfrag" in text
+
+
+def test_non_utf8_fragment_file_is_one_plugin_error_line(pm, register, tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"version: 1\n# caf\xe9\n")
+    register(contributes(lambda: path), "latin")
+    with pytest.raises(PluginError) as info:  # was a UnicodeDecodeError traceback
+        collect_fragments(pm)
+    text = str(info.value)
+    assert "\n" not in text and "'latin'" in text and "not UTF-8" in text
+
+
+def test_a_capabilities_wrapper_is_not_taken_for_a_fragment(pm, register):
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def warpolicy_capabilities(self):
+            return (yield)
+
+    register(Wrapper(), "wrapper")
+    register(contributes({"version": 1, "flags": {}}), "plain")
+    assert [f.name for f in collect_fragments(pm)] == ["plugin:plain"]

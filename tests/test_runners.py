@@ -423,3 +423,26 @@ def test_observers_see_each_resolved_decision_with_its_reasons(platform):
     assert policies == ["in_graph", "in_graph", "post_replay"]
     eager = next(d for _, d in seen if d.context.eager)
     assert eager.reasons[0].id == "declared" and eager.reasons[-1].id == "sound-demotion"
+
+
+def test_last_step_says_nothing_was_published_after_a_publish_failure(platform, monkeypatch):
+    runner, _, _ = make(platform, "post_replay")
+    runner.capture()
+    monkeypatch.setattr(runner.fence, "after_replay", lambda *a, **k: 1 / 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runner.run([1.0])
+    assert runner.last_step.policy == P.NONE and runner.fence.take() is None
+
+
+def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
+    runner, _, _ = make(platform, "in_graph")
+    runner.capture()
+    seen = []
+    real_after = runner.fence.after_replay
+    monkeypatch.setattr(runner.fence, "after_replay",
+                        lambda pol, **k: (seen.append((pol, k.get("planted"))),
+                                          real_after(pol, **k)))
+    runner.run([1.0] * 9)  # no bucket fits
+    runner.run([1.0])
+    assert seen == [(P.POST_REPLAY, False), (P.IN_GRAPH, True)]

@@ -172,3 +172,55 @@ def test_entry_point_named_like_a_builtin_is_refused(site):
     add_distribution(site, "wp-clash", "1.0", {"fake": "wp_sim_clash"}, {"wp_sim_clash": ""})
     with pytest.raises(PluginError, match="clashes with the builtin plugin 'fake'"):
         new_plugin_manager(environ={})
+
+
+INVALID_HOOK = """\
+import pluggy
+hookimpl = pluggy.HookimplMarker("warpolicy")
+
+@hookimpl
+def warpolicy_record_event(device, bogus):
+    return None
+"""
+
+
+def test_invalid_hook_implementation_is_one_line(site):
+    # pluggy's validation message spans several lines; the error must still be one
+    add_distribution(site, "wp-badhook", "1.0", {"badhook": "wp_sim_badhook"}, {"wp_sim_badhook": INVALID_HOOK})
+    with pytest.raises(PluginError) as info:
+        new_plugin_manager(environ={})
+    text = str(info.value)
+    assert "\n" not in text and "invalid hook implementation" in text and "bogus" in text
+    assert text.endswith("WARPOLICY_DISABLE_PLUGINS=badhook")
+
+
+def test_two_entry_points_naming_one_module_is_a_plugin_error(site):
+    add_distribution(site, "wp-twice", "1.0", {"one": "wp_sim_twice", "two": "wp_sim_twice"},
+                     {"wp_sim_twice": ""})
+    with pytest.raises(PluginError) as info:  # was a ValueError traceback from pluggy
+        new_plugin_manager(environ={})
+    text = str(info.value)
+    assert "\n" not in text and "plugin 'two'" in text and "already registered plugin 'one'" in text
+    assert new_plugin_manager(environ={"WARPOLICY_DISABLE_PLUGINS": "two"}).get_plugin("one") is not None
+
+
+def test_plugin_calling_sys_exit_on_import_is_a_plugin_error(site):
+    add_distribution(site, "wp-exit", "1.0", {"exits": "wp_sim_exit"}, {"wp_sim_exit": "raise SystemExit(3)\n"})
+    with pytest.raises(PluginError, match="failed to import: SystemExit: 3"):
+        new_plugin_manager(environ={})
+
+
+@pytest.mark.parametrize("entry_points_txt, metadata", [
+    ("[warpolicy]\nnot an entry point\n", b"Metadata-Version: 2.1\nName: wp-junk\nVersion: 1\n"),
+    ("[warpolicy]\njunk = wp_sim_junk\n", b"\xff\xfe not utf-8"),
+])
+def test_distribution_with_unreadable_metadata_is_skipped_with_one_line(site, caplog, entry_points_txt, metadata):
+    info = site / "wp_junk-1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_bytes(metadata)
+    (info / "entry_points.txt").write_text(entry_points_txt)
+    with caplog.at_level("WARNING", logger="warpolicy"):
+        pm = new_plugin_manager(environ={})  # was a traceback from importlib.metadata
+    assert pm.get_plugin("fake") is not None
+    (line,) = [r.getMessage() for r in caplog.records if "wp_junk" in r.getMessage()]
+    assert "unreadable metadata" in line and "\n" not in line

@@ -34,6 +34,17 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(f"{self.prog}: {message}")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type for counts (iterations, trials, steps): a traceback-free usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 # -- argument groups shared by several commands ---------------------------------------------
 
 def _add_registry_args(p: argparse.ArgumentParser) -> None:
@@ -120,12 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
     bench.required = True
     b = bench.add_parser("decide", help="per-step lookup vs the anchor's if-chain (CPU)")
-    b.add_argument("--iterations", type=int, default=200_000)
+    b.add_argument("--iterations", type=_positive_int, default=200_000)
     b.add_argument("--format", choices=FORMATS, default="text")
     b = bench.add_parser("overlap", help="scheduler overlap per policy on a synthetic decode model (GPU)")
-    b.add_argument("--layers", type=int, default=32)
-    b.add_argument("--batch", type=int, default=32)
-    b.add_argument("--steps", type=int, default=150)
+    b.add_argument("--layers", type=_positive_int, default=32)
+    b.add_argument("--batch", type=_positive_int, default=32)
+    b.add_argument("--steps", type=_positive_int, default=150)
     b.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the streams")
     b.add_argument("--sched-kind", choices=("copy", "latency", "matmul"), default="copy",
                    help="scheduler GPU bookkeeping: a pinned host-to-device upload (default), "
@@ -134,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU work before the in-graph read (widens the race window)")
     b.add_argument("--format", choices=FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
-    b.add_argument("--iterations", type=int, default=3000)
+    b.add_argument("--iterations", type=_positive_int, default=3000)
     b.add_argument("--format", choices=FORMATS, default="text")
     return parser
 
@@ -214,9 +225,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
 
     sources: list = list(registry_sources(args.files or None))
-    if not args.files:
-        sources.extend(collect_fragments(get_plugin_manager()))
-    problems = blame_plugins(get_plugin_manager(), validate_sources(sources))
+    if args.files:  # exactly the given files: installed plugins play no part
+        problems = validate_sources(sources)
+    else:
+        pm = get_plugin_manager()
+        sources.extend(collect_fragments(pm))
+        problems = blame_plugins(pm, validate_sources(sources))
     if problems:
         sys.stderr.write("".join(f"{p}\n" for p in problems))
         return ExitCode.CHECK_FAILED
@@ -300,6 +314,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stderr.write(f"warpolicy: {exc}\n")
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    except SystemExit as exc:  # argparse after --help / --version: keep main(argv) -> int
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or ExitCode.OK
+        return ExitCode.USAGE
     except BrokenPipeError:
         return ExitCode.OK
     return ExitCode.USAGE

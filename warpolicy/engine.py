@@ -102,7 +102,7 @@ class GateCheck:
     gate: Gate
     matched: bool
     why: str  # the first condition that failed, or what held
-    raised: bool = False  # matched and later than the declared read end
+    raised: bool = False  # matched and later than the declared read end (and any child)
 
 
 @attrs.frozen
@@ -209,6 +209,8 @@ class PolicyEngine:
         values = dict(self._flag_values)
         for name, value in (overrides or {}).items():
             self.registry.flag(name)  # raises UnknownNameError with close matches
+            if isinstance(value, str):  # bool("0") is True: would switch an opt-in flag on
+                value = parse_bool(value, name)
             values[name] = FlagValue(name, bool(value), "override")
         return tuple(values[n] for n in sorted(values))
 
@@ -285,15 +287,21 @@ class PolicyEngine:
         if ctx.backend in stack:  # the loader rejects cycles; never recurse forever at runtime
             raise InputError(f"cycle through backend {ctx.backend!r}")
         stack = stack + (ctx.backend,)
-        declared, declared_reason, chain, children = self._declared(
+        declared, floor, origin, chain, children = self._declared(
             backend, ctx, spec, flag_map, flags, stack)
+        policy = floor
+        reasons = [Reason(DECLARED_ID, chain[-1], floor, origin)]
+        seen = {DECLARED_ID}
+        for child in children:  # what moved a child past the declaration moved this one too
+            for reason in child.decision.reasons:
+                if reason.id not in seen and reason.policy > declared:
+                    seen.add(reason.id)
+                    reasons.append(reason)
         checks = []
-        policy = declared
-        reasons = [declared_reason]
+        lineage = self._lineage(backend.name)
         for gate in self._global_gates + self._scoped_gates[backend.name]:
-            matched, why = _gate_matches(gate.when, ctx, spec, flag_map, declared,
-                                         self._lineage(backend.name))
-            raised = matched and gate.at_least > declared
+            matched, why = _gate_matches(gate.when, ctx, spec, flag_map, declared, lineage)
+            raised = matched and gate.at_least > floor
             checks.append(GateCheck(gate, matched, why, raised))
             if raised:
                 policy = max(policy, gate.at_least)
@@ -309,28 +317,37 @@ class PolicyEngine:
     def _declared(self, backend: Backend, ctx: Context, spec: SpecAlgorithm,
                   flag_map: Mapping[str, bool], flags: tuple[FlagValue, ...],
                   stack: tuple[str, ...]):
-        """The backend's declared read end for ``ctx.mode``, and how it was found."""
+        """``(declared, floor, origin, chain, children)`` for ``ctx.mode``.
+
+        ``declared`` is the declaration alone, followed through inheritance, composites and
+        per-mode wrappers; it is what a gate's ``declared:`` condition tests, and no gate can
+        change it (otherwise adding a gate to a child could stop a composite's gate from matching
+        and make the composite earlier). ``floor`` is where the decision starts: the declaration
+        for a plain backend, and for a wrapper also the latest of its children's full decisions,
+        so a wrapper is never earlier than a child.
+        """
         mode = ctx.mode
         delegate = backend.per_mode.get(mode)
         if delegate is not None:
             child = self._evaluate(attrs.evolve(ctx, backend=delegate), spec, flag_map, flags,
                                    stack)
-            policy = child.decision.policy
-            chain = [f"{backend.name} delegates {mode.label} to {delegate}: {policy.label}"]
-            return policy, Reason(DECLARED_ID, chain[0], policy, str(backend.origin)), chain, [child]
+            floor = child.decision.policy
+            chain = [f"{backend.name} delegates {mode.label} to {delegate}: {floor.label}"]
+            return child.declared, floor, str(backend.origin), chain, [child]
         own, chain, origin = self._own_declaration(backend, mode)
         if not backend.latest_of:
-            return own, Reason(DECLARED_ID, chain[-1], own, origin), chain, []
+            return own, own, origin, chain, []
         children = [self._evaluate(attrs.evolve(ctx, backend=c), spec, flag_map, flags, stack)
                     for c in backend.latest_of]
-        child_policies = [c.decision.policy for c in children]
-        policy = max(child_policies)
-        parts = ", ".join(f"{c}={p.label}" for c, p in zip(backend.latest_of, child_policies))
+        declared = max(c.declared for c in children)
+        floor = max(c.decision.policy for c in children)
+        parts = ", ".join(f"{name}={c.decision.policy.label}"
+                          for name, c in zip(backend.latest_of, children))
         if origin is not None:  # a composite may also declare a read end of its own
-            policy = max(policy, own)
+            declared, floor = max(declared, own), max(floor, own)
             parts += f", own={own.label}"
-        chain.append(f"{backend.name} is the latest of its children ({parts}): {policy.label}")
-        return policy, Reason(DECLARED_ID, chain[-1], policy, str(backend.origin)), chain, children
+        chain.append(f"{backend.name} is the latest of its children ({parts}): {floor.label}")
+        return declared, floor, str(backend.origin), chain, children
 
     def _own_declaration(self, backend: Backend, mode: ForwardMode):
         """Walk ``inherits`` for the first backend declaring ``mode``; undeclared means NONE."""

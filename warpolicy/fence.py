@@ -135,9 +135,9 @@ class ReadDoneFence:
         Returns whether an external event is available for planting. Idempotent.
         """
         self._fill_ring()
-        if not self.platform.external_events_supported():
-            return False
         try:
+            if not self.platform.external_events_supported():
+                return False
             if self._event is None:
                 self._event = self.platform.create_event(external=True)
             self.platform.record(self._event)
@@ -160,9 +160,11 @@ class ReadDoneFence:
 
         Returns True when it really planted (the runner keeps that per bucket).
         """
-        if self._event is None or not self.platform.is_capturing():
+        if self._event is None:
             return False
         try:
+            if not self.platform.is_capturing():
+                return False
             self.platform.record(self._event)  # stream=None: the capture stream is current
         except Exception as exc:  # noqa: BLE001 - no node: the runner demotes this bucket
             self._notifier.fail("plant", exc)
@@ -280,7 +282,10 @@ class SchedulerBarrier:
         return self._apply(schedule_stream, forward_stream, read_done)
 
     def _apply(self, schedule_stream: Any, forward_stream: Any, read_done: Optional[ReadDone]) -> str:
+        # Every failure applies the safe (coarse) barrier *before* it is reported, so a warning
+        # turned into an exception (``-W error``) can never leave the schedule stream unordered.
         kind = "coarse"
+        error: Optional[BaseException] = None
         if self.force_coarse:
             reason = "forced"
         elif read_done is None:
@@ -291,32 +296,35 @@ class SchedulerBarrier:
                 self.platform.wait_event(schedule_stream, read_done.event)
                 kind = "event"
             except Exception as exc:  # noqa: BLE001
-                reason = "hook failed"
-                self._notifier.fail("wait_event", exc)
+                reason, error = "hook failed", exc
         if kind == "coarse":
             self._coarse(schedule_stream, forward_stream)
+        if error is not None:
+            self._notifier.fail("wait_event", error)
         if self._on_barrier.get_hookimpls():
             if kind == "event":
                 reason = getattr(read_done.policy, "label", str(read_done.policy))
-            if not self._notify(read_done, kind, reason) and kind == "event":
-                kind = "coarse"
-                self._coarse(schedule_stream, forward_stream)
+            error = self._notify(read_done, kind, reason)
+            if error is not None:
+                if kind == "event":
+                    kind = "coarse"
+                    self._coarse(schedule_stream, forward_stream)
+                self._notifier.fail("warpolicy_on_barrier", error)
         return kind
 
     def _coarse(self, schedule_stream: Any, forward_stream: Any) -> None:
         try:
             self.platform.wait_stream(schedule_stream, forward_stream)
         except Exception as exc:  # noqa: BLE001 - last resort: the host waits for everything
-            self._notifier.fail("wait_stream", exc)
             self.platform.synchronize()
+            self._notifier.fail("wait_stream", exc)
 
-    def _notify(self, read_done: Optional[ReadDone], kind: str, reason: str) -> bool:
+    def _notify(self, read_done: Optional[ReadDone], kind: str, reason: str) -> Optional[BaseException]:
+        """Tell the observers; returns the exception one raised (then the step goes coarse)."""
         runner = read_done.source if read_done is not None else self.name
         step = read_done.step if read_done is not None else None
         try:
             self._on_barrier(runner=runner, step=step, kind=kind, reason=reason)
         except Exception as exc:  # noqa: BLE001 - any hook raising means coarse
-            self._notifier.fail("warpolicy_on_barrier", exc)
-            return False
-        return True
-
+            return exc
+        return None

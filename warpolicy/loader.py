@@ -6,8 +6,9 @@ default), then plugin fragments. A later source may add entries; redefining a na
 as one `RegistryError`, so a user fixes a file in one pass.
 
 The walk is driven by the key tables in `warpolicy.schema` (the JSON Schema comes from the same
-tables) and works on the composed node tree, which keeps marks and shows duplicate keys that
-`yaml.safe_load` would silently merge. All work after composing is linear in the input.
+tables) and works on the composed node tree (`yaml.compose`), which keeps marks and shows
+duplicate keys that `yaml.safe_load` would silently merge. All work after composing is linear in
+the input.
 """
 
 from __future__ import annotations
@@ -43,14 +44,50 @@ _STR, _BOOL, _INT, _NULL = _TAG + "str", _TAG + "bool", _TAG + "int", _TAG + "nu
 _BAD = object()  # a value that failed to parse (its problem is already recorded)
 _KIND = {"flag": "flag", "spec_algorithm": "spec algorithm", "backend": "backend"}
 
-# The event source: libyaml when PyYAML has it (about 10x faster), else the pure-Python parser.
-# Both parse iteratively; `_compose` builds the nodes iteratively too, because yaml.compose
-# recurses per nesting level (RecursionError in Python, a segfault in libyaml's binding on a
-# deeply nested file).
-_C_LOADER = getattr(yaml, "CSafeLoader", None)
-# YAML parsers spend time quadratic in flow nesting depth; a registry nests about 6 deep.
-_MAX_FLOW_DEPTH = 1000
-_BRACKETS = re.compile(r"[\[\]{}]")
+# yaml.compose recurses once per nesting level (RecursionError in Python, a segfault in libyaml's
+# C composer on a deeply nested file) and the scanners spend time quadratic in flow depth, so
+# composing stops at the first collection nested deeper than this. A registry nests about 6 deep.
+_MAX_DEPTH = 100
+
+
+class _TooDeep(Exception):
+    def __init__(self, mark) -> None:
+        super().__init__(mark)
+        self.mark = mark
+
+
+class _DepthLimit:
+    """Counts collection depth on the events PyYAML's composer consumes; refuses past the limit
+    before the composer recurses into it."""
+
+    _depth = 0
+
+    def get_event(self):
+        event = super().get_event()
+        if isinstance(event, yaml.CollectionStartEvent):
+            self._depth += 1
+            if self._depth > _MAX_DEPTH:
+                raise _TooDeep(event.start_mark)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            self._depth -= 1
+        return event
+
+
+class _PyComposer(_DepthLimit, yaml.SafeLoader):
+    """PyYAML's pure-Python safe loader, depth-limited."""
+
+
+_C_LOADER = None
+if hasattr(yaml, "CSafeLoader"):
+    class _CComposer(_DepthLimit, yaml.composer.Composer, yaml.CSafeLoader):
+        """libyaml's parser (about 10x faster) feeding PyYAML's Python composer, which can be
+        depth-limited and names the anchor in its errors (libyaml's C composer does neither)."""
+
+        def __init__(self, stream) -> None:
+            yaml.CSafeLoader.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+
+    _C_LOADER = _CComposer
 
 
 @attrs.frozen
@@ -181,13 +218,13 @@ def _line_col(text, index: int, newline) -> tuple[int, int]:
 
 
 def _compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
-    """``yaml.compose(text, Loader=SafeLoader)``, without recursion; problems instead of raising."""
-    too_deep = _too_deep(name, text)
-    if too_deep is not None:
-        problems.append(too_deep)
-        return None
+    """``yaml.compose(text)``, depth-limited; problems instead of raising."""
     try:
-        root = _compose_events(yaml.parse(text, Loader=_C_LOADER or yaml.SafeLoader))
+        root = yaml.compose(text, Loader=_C_LOADER or _PyComposer)
+    except _TooDeep as exc:
+        problems.append(Problem(name, exc.mark.line + 1, exc.mark.column + 1,
+                                f"YAML nested more than {_MAX_DEPTH} levels deep; not a registry"))
+        return None
     except yaml.YAMLError as exc:
         problems.append(_yaml_problem(name, text, exc))
         return None
@@ -195,85 +232,6 @@ def _compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
         problems.append(Problem(name, 1, 1, f"empty registry; expected a mapping starting "
                                             f"with 'version: {S.FORMAT_VERSION}'"))
     return root
-
-
-def _too_deep(name: str, text: str) -> Optional[Problem]:
-    """Refuse absurd flow nesting before parsing it (brackets inside strings only make the
-    count err towards refusing a file that nests brackets 1000 deep in its strings)."""
-    depth = 0
-    for match in _BRACKETS.finditer(text):
-        depth = max(0, depth + (1 if match.group() in "[{" else -1))
-        if depth > _MAX_FLOW_DEPTH:
-            line, col = _line_col(text, match.start(), newline="\n")
-            return Problem(name, line, col, f"YAML nested more than {_MAX_FLOW_DEPTH} levels "
-                                            "deep; not a registry")
-    return None
-
-
-def _compose_events(events: Iterable[yaml.Event]) -> Optional[Node]:
-    """The node tree of a single-document event stream, as PyYAML's Composer builds it
-    (same tags, marks, anchors and errors), with an explicit stack instead of recursion."""
-    resolver = yaml.resolver.Resolver()
-    anchors: dict[str, Node] = {}
-    stack: list[list] = []  # [collection node, pending mapping key or None]
-    root: Optional[Node] = None
-    document = None
-    for event in events:
-        kind = type(event)
-        if kind is yaml.ScalarEvent:
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = resolver.resolve(ScalarNode, event.value, event.implicit)
-            node = ScalarNode(tag, event.value, event.start_mark, event.end_mark,
-                              style=event.style)
-        elif kind is yaml.AliasEvent:
-            if event.anchor not in anchors:
-                raise yaml.composer.ComposerError(None, None, f"found undefined alias "
-                                                  f"{event.anchor!r}", event.start_mark)
-            node = anchors[event.anchor]
-        elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
-            cls = SequenceNode if kind is yaml.SequenceStartEvent else MappingNode
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = resolver.resolve(cls, None, event.implicit)
-            node = cls(tag, [], event.start_mark, None, flow_style=event.flow_style)
-            _anchor(anchors, event, node)
-            stack.append([node, None])
-            continue
-        elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
-            node = stack.pop()[0]
-            node.end_mark = event.end_mark
-        elif kind is yaml.DocumentStartEvent:
-            if document is not None:
-                raise yaml.composer.ComposerError(
-                    "expected a single document in the stream", document.start_mark,
-                    "but found another document", event.start_mark)
-            document = event
-            continue
-        else:
-            continue  # stream and document ends
-        if kind is yaml.ScalarEvent:
-            _anchor(anchors, event, node)
-        if not stack:
-            root = node
-        elif type(stack[-1][0]) is SequenceNode:
-            stack[-1][0].value.append(node)
-        elif stack[-1][1] is None:
-            stack[-1][1] = node
-        else:
-            stack[-1][0].value.append((stack[-1][1], node))
-            stack[-1][1] = None
-    return root
-
-
-def _anchor(anchors: dict[str, Node], event, node: Node) -> None:
-    if event.anchor is None:
-        return
-    if event.anchor in anchors:
-        raise yaml.composer.ComposerError(
-            f"found duplicate anchor {event.anchor!r}; first occurrence",
-            anchors[event.anchor].start_mark, "second occurrence", event.start_mark)
-    anchors[event.anchor] = node
 
 
 def _yaml_problem(name: str, text: str, exc: yaml.YAMLError) -> Problem:

@@ -64,39 +64,60 @@ class FirstResultCaller:
     (implementations in pluggy's order, the first non-None result wins, exceptions propagate),
     without pluggy's generic per-call work (keyword dict, argument checks, wrapper machinery).
 
-    Used only while that is equivalent: no hook wrappers on the hook and pluggy's default
-    dispatcher in place (no ``WARPOLICY_TRACE_HOOKS`` tracing, no call monitoring); otherwise
-    it calls the pluggy hook. Registrations are re-read on every call (a cheap list compare),
-    so plugins registered or unregistered later are honoured.
+    It reads two pluggy internals (``PluginManager._inner_hookexec`` and
+    ``pluggy._callers._multicall``) and the public `HookImpl` attributes, so it is used only
+    while that is provably equivalent: pluggy's default dispatcher in place (no
+    ``WARPOLICY_TRACE_HOOKS`` tracing, no call monitoring), a ``firstresult`` spec and no hook
+    wrappers. Anything else, including a pluggy whose layout it does not recognise, calls the
+    pluggy hook itself. Registrations are re-read on every call (a cheap list compare), so
+    plugins registered or unregistered later are honoured.
     """
 
-    __slots__ = ("_pm", "_caller", "_argnames", "_impls", "_plan")
+    __slots__ = ("_pm", "_caller", "_argnames", "_state")
 
     def __init__(self, pm: pluggy.PluginManager, name: str, argnames: tuple[str, ...]) -> None:
         self._pm = pm
         self._caller = getattr(pm.hook, name)
         self._argnames = argnames
-        self._impls: Optional[list] = None
-        self._plan: Optional[list] = None
+        # (hook impls the plan was built from, plan or None = call pluggy); one attribute so a
+        # concurrent rebuild never pairs one registration list with another's plan.
+        self._state: tuple[Optional[list], Optional[list]] = (None, None)
 
-    def _rebuild(self, impls: list) -> None:
-        self._impls = impls
-        if any(i.hookwrapper or i.wrapper for i in impls):
-            self._plan = None
-            return
-        plan = []
-        for impl in reversed(impls):  # pluggy calls the last registered (non-trylast) first
-            if tuple(impl.argnames) == self._argnames:
-                plan.append((impl.function, None))
-            else:
-                plan.append((impl.function, tuple(self._argnames.index(a) for a in impl.argnames)))
-        self._plan = plan
+    def _plan_for(self, impls: list) -> Optional[list]:
+        """[(function, argument indices or None)] in pluggy's call order, or None when the fast
+        path would not be equivalent (or this pluggy's layout is not the one we know)."""
+        try:
+            spec = self._caller.spec
+            if spec is None or not spec.opts.get("firstresult"):
+                return None
+            plan = []
+            for impl in reversed(impls):  # pluggy calls the last registered (non-trylast) first
+                if impl.hookwrapper or impl.wrapper:
+                    return None
+                names = tuple(impl.argnames)
+                if names == self._argnames:
+                    plan.append((impl.function, None))
+                else:
+                    plan.append((impl.function, tuple(self._argnames.index(a) for a in names)))
+            return plan
+        except Exception:  # noqa: BLE001 - unknown pluggy internals: plain pluggy is always right
+            return None
+
+    @property
+    def fast(self) -> bool:
+        """Whether the next call takes the fast path (for tests and diagnostics)."""
+        impls = self._caller.get_hookimpls()
+        if impls != self._state[0]:
+            self._state = (impls, self._plan_for(impls))
+        return self._state[1] is not None and _PLUGGY_MULTICALL is not None and \
+            getattr(self._pm, "_inner_hookexec", None) is _PLUGGY_MULTICALL
 
     def __call__(self, *args: Any) -> Any:
         impls = self._caller.get_hookimpls()
-        if impls != self._impls:
-            self._rebuild(impls)
-        plan = self._plan
+        state = self._state
+        if impls != state[0]:
+            state = self._state = (impls, self._plan_for(impls))
+        plan = state[1]
         if plan is None or _PLUGGY_MULTICALL is None or \
                 getattr(self._pm, "_inner_hookexec", None) is not _PLUGGY_MULTICALL:
             return self._caller(**dict(zip(self._argnames, args)))

@@ -15,6 +15,7 @@ Environment:
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import pathlib
 import sys
@@ -27,6 +28,8 @@ import yaml
 
 from warpolicy import hookspecs
 from warpolicy.errors import PluginError
+
+log = logging.getLogger("warpolicy")
 
 GROUP = "warpolicy"
 DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
@@ -102,11 +105,27 @@ def _entry_points() -> list[tuple[importlib.metadata.EntryPoint, str, str]]:
     (the first distribution on sys.path wins, as imports do)."""
     found: dict[str, tuple[importlib.metadata.EntryPoint, str, str]] = {}
     for dist in importlib.metadata.distributions():
-        dist_name = dist.metadata["Name"] or "?"
-        for ep in dist.entry_points:
-            if ep.group == GROUP and ep.name not in found:
-                found[ep.name] = (ep, dist_name, dist.version or "?")
+        try:
+            eps = [ep for ep in dist.entry_points if ep.group == GROUP]
+            if not eps:
+                continue
+            dist_name, version = dist.metadata["Name"] or "?", dist.version or "?"
+        except Exception as exc:  # noqa: BLE001 - any installed distribution, not only ours
+            # Broken metadata (unparseable entry_points.txt, non-UTF-8 METADATA) breaks that
+            # distribution for every consumer; it must not stop warpolicy: one line, skip it.
+            where = getattr(dist, "_path", None) or "a distribution"
+            log.warning("warpolicy: skipping %s: unreadable metadata (%s: %s)",
+                        where, type(exc).__name__, _one_line(str(exc)))
+            continue
+        for ep in eps:
+            if ep.name not in found:
+                found[ep.name] = (ep, dist_name, version)
     return [found[name] for name in sorted(found)]
+
+
+def _one_line(text: str) -> str:
+    """Error text on one line (pluggy's validation messages span several)."""
+    return " ".join(str(text).split())
 
 
 def _ep_text(ep: importlib.metadata.EntryPoint) -> str:
@@ -130,13 +149,19 @@ def load_entry_point_plugins(pm: WarpolicyPluginManager) -> list[str]:
                                        f"{ep.name!r}; rename the entry point", entry_point=_ep_text(ep))
         try:
             plugin = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
-            raise PluginError(ep.name, f"failed to import: {type(exc).__name__}: {exc}",
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the plugin's
+            raise PluginError(ep.name, _one_line(f"failed to import: {type(exc).__name__}: {exc}"),
                               entry_point=_ep_text(ep)) from exc
         try:
             pm.register(plugin, name=ep.name)
         except pluggy.PluginValidationError as exc:
-            raise PluginError(ep.name, f"invalid hook implementation: {exc}",
+            raise PluginError(ep.name, _one_line(f"invalid hook implementation: {exc}"),
+                              entry_point=_ep_text(ep)) from exc
+        except ValueError as exc:  # e.g. two entry points naming the same module
+            other = pm.get_name(plugin)
+            why = (f"it is the same object as the already registered plugin {other!r}"
+                   if other is not None else str(exc))
+            raise PluginError(ep.name, _one_line(f"cannot be registered: {why}"),
                               entry_point=_ep_text(ep)) from exc
         pm.sources[ep.name] = source
         loaded.append(ep.name)
@@ -150,7 +175,7 @@ def _check_pending(pm: WarpolicyPluginManager) -> None:
     except pluggy.PluginValidationError as exc:
         name = pm.get_name(exc.plugin) or repr(exc.plugin)
         source = _source_of(pm, name)
-        raise PluginError(name, f"unknown hook: {exc}", entry_point=source.entry_point) from exc
+        raise PluginError(name, _one_line(f"unknown hook: {exc}"), entry_point=source.entry_point) from exc
 
 
 _DEFAULT: Optional[WarpolicyPluginManager] = None
@@ -189,6 +214,8 @@ def collect_fragments(pm: pluggy.PluginManager) -> list:
     impls = pm.hook.warpolicy_capabilities.get_hookimpls()
     fragments: list = []
     for impl in sorted(impls, key=lambda i: i.plugin_name):
+        if impl.hookwrapper or impl.wrapper:  # wraps the others' calls; contributes nothing itself
+            continue
         name = impl.plugin_name
         try:
             result = impl.function()
@@ -216,6 +243,9 @@ def _fragment(pm: pluggy.PluginManager, plugin: str, label: str, item: Any, frag
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise _plugin_error(pm, plugin, f"cannot read capabilities file {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise _plugin_error(pm, plugin, f"capabilities file {path} is not UTF-8: {exc.reason} "
+                                            f"at byte {exc.start}") from exc
         _check_yaml(pm, plugin, text, str(path))
         return fragment_cls(name=f"{label}:{path}", data=text)
     if isinstance(item, str):
@@ -243,8 +273,6 @@ def _check_yaml(pm: pluggy.PluginManager, plugin: str, text: str, where: str) ->
 def blame_plugins(pm: pluggy.PluginManager, problems: Sequence[Any]) -> list:
     """Registry problems located in a plugin fragment also name its entry point and how to
     disable it, so a broken plugin's fragment reads like any other broken plugin."""
-    import attrs
-
     out = []
     for problem in problems:
         name = _fragment_plugin(problem.file)
@@ -265,7 +293,7 @@ def _fragment_plugin(label: str) -> Optional[str]:
 
 
 def _plugin_error(pm: pluggy.PluginManager, plugin: str, message: str) -> PluginError:
-    return PluginError(plugin, message, entry_point=_source_of(pm, plugin).entry_point)
+    return PluginError(plugin, _one_line(message), entry_point=_source_of(pm, plugin).entry_point)
 
 
 # -- description -------------------------------------------------------------------------------

@@ -6,9 +6,7 @@ one is, so every rule in the engine is a ``max`` over these values.
 
 from __future__ import annotations
 
-import difflib
 import enum
-from typing import Iterable
 
 from warpolicy.errors import UnknownNameError
 
@@ -92,7 +90,3 @@ TABLE_MODES: tuple[ForwardMode, ...] = (ForwardMode.DECODE, ForwardMode.EXTEND,
 def mode_names() -> list[str]:
     return list(_MODE_ALIASES)
 
-
-def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-    """Names a user probably meant, for 'did you mean' hints."""
-    return difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)

@@ -20,14 +20,6 @@ def _frozen_map(value: Mapping | None) -> Mapping:
     return MappingProxyType(dict(value or {}))
 
 
-def _frozenset(value) -> frozenset:
-    if value is None:
-        return frozenset()
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        return frozenset([value])
-    return frozenset(value)
-
-
 @attrs.frozen
 class Origin:
     """Where an entry or key was declared; ``file`` is a path or a plugin fragment name."""

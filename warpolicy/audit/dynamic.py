@@ -6,12 +6,15 @@ Per audited mode (REFERENCE.md §3-4):
 1. build the runner around the model, wrapped so a GPU stall runs before each captured segment
    (before the in-graph prep and after the plant): the stall sits after the release point, so
    a late reader is still pending when the poison lands;
-2. capture; snapshot the shared buffers;
-3. per trial: make a batch; run the step undisturbed and keep its outputs (the reference);
-   run the same step again with the forward stream held by a head stall so the host enqueues
-   the whole step and the scheduler's reaction before the GPU starts it: take the read-done
-   event, apply the `SchedulerBarrier` on the schedule stream, and overwrite every shared
-   buffer with poison there; synchronize, compare, restore the buffers.
+2. capture; snapshot the shared buffers (to put back at the end);
+3. per trial: make a batch (it may write shared state), then snapshot the shared buffers
+   and compute the poison from that snapshot; run the step undisturbed and keep its outputs
+   (the reference); restore the snapshot and run the same step again with the forward stream
+   held by a head stall so the host enqueues the whole step and the scheduler's reaction
+   before the GPU starts it: take the read-done event, apply the `SchedulerBarrier` on the
+   schedule stream, and overwrite every shared buffer with poison there; synchronize,
+   compare, restore the snapshot. When the mode is done, the buffers get back what they held
+   before the audit.
 
 On the fake platform nothing runs concurrently, so the audit simulates the race in program
 order instead: a log listener poisons the buffers at the instant the published event fires
@@ -19,7 +22,9 @@ order instead: a log listener poisons the buffers at the instant the published e
 the release point then sees poison, exactly as a late GPU reader would in the widest window.
 
 Verdict per (backend, mode, spec): UNSAFE when any trial differs (with the first differing
-output element and trial), SAFE when none does, INCONCLUSIVE with the reason otherwise.
+output element and trial); SAFE only when none does and every trial really exercised the
+declaration (a captured graph, the declared point published, something poisoned, a race
+window widened by stalls or simulated); INCONCLUSIVE with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -186,7 +191,9 @@ def first_mismatch(reference: Sequence[tuple[str, Any]], observed: Sequence[tupl
 def dynamic_verdict(trials: int, corrupted: int, first: Optional[Mismatch],
                     notes: Sequence[str] = ()) -> DynamicResult:
     """UNSAFE on any difference; else INCONCLUSIVE when a note says the declaration was not
-    really exercised; else SAFE."""
+    really exercised (or no trial ran); else SAFE."""
+    if not trials and not notes:
+        notes = ["no trial ran"]
     reason = "; ".join(notes)
     if first is not None:
         return DynamicResult(UNSAFE, trials, corrupted, first, reason)
@@ -217,11 +224,26 @@ class _Harness:
         self.barrier = SchedulerBarrier(self.platform, name="audit")
         self.head_stall = make_stall(self.platform, max(HEAD_STALL_MIN_US, 4 * stall_us))
         self.platform.synchronize()
-        self.original = {n: t.detach().clone() for n, t in self.shared.items()}
-        self.poisoned = {n: subject.poison.get(n, default_poison)(t)
-                         for n, t in self.original.items()}
-        self.platform.synchronize()
+        self.original = self._clone_shared()  # put back when the audit ends
+        self.state = self.original  # the trial's state before its steps (restored between them)
+        self.poisoned: dict[str, Any] = {}
         self.log = _fake_log(self.platform) if self.simulated else None
+
+    def _clone_shared(self) -> dict[str, Any]:
+        return {n: t.detach().clone() for n, t in self.shared.items()}
+
+    def begin_trial(self) -> list[str]:
+        """After ``make_batch`` (which may write shared state): snapshot the trial's state and
+        poison *that*, so the poison differs from what this trial's step really reads.
+
+        Returns the names of non-empty buffers the poison leaves unchanged (not checked)."""
+        self.platform.synchronize()
+        self.state = self._clone_shared()
+        self.poisoned = {n: self.subject.poison.get(n, default_poison)(t)
+                         for n, t in self.state.items()}
+        self.platform.synchronize()
+        return [n for n, t in self.state.items()
+                if t.numel() and _same(self.poisoned[n], t)]
 
     def step(self, batch: Any) -> Any:
         """One step as the engine runs it, on the forward stream."""
@@ -276,13 +298,23 @@ class _Harness:
         for name, tensor in self.shared.items():
             tensor.copy_(self.poisoned[name])
 
-    def restore(self) -> None:
-        """Put the shared buffers back (after the device is idle) for the next trial."""
+    def restore(self, original: bool = False) -> None:
+        """Put the shared buffers back (after the device is idle): to the trial's state before
+        its steps, or (``original``) to what they held before the audit."""
+        source = self.original if original else self.state
         self.platform.synchronize()
         with self.platform.stream(self.forward):
             for name, tensor in self.shared.items():
-                tensor.copy_(self.original[name])
+                tensor.copy_(source[name])
         self.platform.synchronize()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether a poison equals the state everywhere (it would hide every late read)."""
+    try:
+        return a.shape == b.shape and bool((a == b).all())
+    except Exception:  # noqa: BLE001 - incomparable: copy_ will complain if it matters
+        return False
 
 
 def _fake_log(platform: Any) -> Any:
@@ -352,41 +384,73 @@ def _audit_mode(subject: AuditSubject, mode: ForwardMode, builder: RunnerBuilder
     runner.capture()
     harness = _Harness(subject, mode, runner, stall_us)
     try:
-        ran, corrupted, first, policy, notes = _trials(harness, subject, mode, trials)
-    except BaseException:
+        out = _trials(harness, subject, mode, trials, declared)
+    finally:
         with contextlib.suppress(Exception):  # never leave the subject's state poisoned
-            harness.restore()
-        raise
-    notes += _exercise_notes(runner, declared, policy)
-    dynamic = dynamic_verdict(ran, corrupted, first, notes)
-    bucket = runner.last_step.bucket if runner.last_step is not None else None
-    static_result = (audit_static(runner, bucket, harness.shared, policy,
+            harness.restore(original=True)
+    dynamic = dynamic_verdict(out.ran, out.corrupted, out.first, out.notes)
+    static_result = (audit_static(runner, out.bucket, harness.shared, out.policy,
                                   post_step=subject.post_step is not None)
                      if static else StaticResult(INCONCLUSIVE, reason="static audit skipped"))
-    return AuditEntry(subject.name, mode, subject.spec, declared, policy, dynamic, static_result)
+    return AuditEntry(subject.name, mode, subject.spec, declared, out.policy, dynamic,
+                      static_result)
 
 
-def _trials(harness: _Harness, subject: AuditSubject, mode: ForwardMode, trials: int):
-    """Run the trials: ``(ran, corrupted, first mismatch, published policy, notes)``."""
+@attrs.define
+class _Outcome:
+    """What the trials of one mode found."""
+
+    ran: int = 0  # trials run to the comparison
+    corrupted: int = 0
+    first: Optional[Mismatch] = None
+    policy: Optional[WarReadDonePolicy] = None  # published by the last step
+    bucket: Optional[int] = None  # the last captured bucket a trial replayed (static audit)
+    eager: int = 0  # trials that ran eagerly
+    demoted: int = 0  # trials that published later than declared
+    demoted_to: Optional[WarReadDonePolicy] = None  # the latest policy those published
+    notes: list[str] = attrs.field(factory=list)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+def _trials(harness: _Harness, subject: AuditSubject, mode: ForwardMode, trials: int,
+            declared: Optional[WarReadDonePolicy] = None) -> _Outcome:
+    """Run the trials; every reason a clean run would not prove the declaration is a note."""
     runner = harness.runner
-    corrupted, first, ran = 0, None, 0
-    policy: Optional[WarReadDonePolicy] = None
-    notes: list[str] = []
+    out = _Outcome()
+    if not harness.shared:
+        out.note("the model declares no shared buffers: nothing to poison")
+    if not harness.simulated and harness.head_stall is None:
+        out.note(f"no GPU stall on platform {harness.platform.name!r}: the race window was not "
+                 "widened, so a late reader may finish before the poison lands")
     for trial in range(trials):
         batch = subject.make_batch(mode, trial)
-        harness.platform.synchronize()
+        for name in harness.begin_trial():
+            out.note(f"the poison of {name!r} equals its contents: its reads are not checked")
         reference, read_done, position = harness.reference(batch)
-        policy = runner.last_step.policy if runner.last_step is not None else None
-        if read_done is None or policy is None or policy == NONE:
-            notes.append(_nothing_published(policy))
+        step = runner.last_step
+        out.policy = step.policy if step is not None else None
+        if read_done is None or out.policy is None or out.policy == NONE:
+            out.note(_nothing_published(out.policy))
             break
+        if step.bucket is None:
+            out.eager += 1
+        else:
+            out.bucket = step.bucket
+        if declared is not None and out.policy > declared:
+            out.demoted += 1
+            out.demoted_to = max(out.policy, out.demoted_to or out.policy)
+        harness.restore()  # the poisoned step starts from the reference step's state
         mismatch = first_mismatch(reference, harness.poisoned_step(batch, position), trial)
         harness.restore()
-        ran += 1
+        out.ran += 1
         if mismatch is not None:
-            corrupted += 1
-            first = first or mismatch
-    return ran, corrupted, first, policy, notes
+            out.corrupted += 1
+            out.first = out.first or mismatch
+    out.notes += _exercise_notes(out, declared)
+    return out
 
 
 def _nothing_published(policy: Optional[WarReadDonePolicy]) -> str:
@@ -395,17 +459,16 @@ def _nothing_published(policy: Optional[WarReadDonePolicy]) -> str:
             "the whole forward (coarse); nothing to audit")
 
 
-def _exercise_notes(runner: Any, declared: Optional[WarReadDonePolicy],
-                    policy: Optional[WarReadDonePolicy]) -> list[str]:
-    """Why a clean run would not prove the declaration."""
+def _exercise_notes(out: _Outcome, declared: Optional[WarReadDonePolicy]) -> list[str]:
+    """Why a clean run would not prove the declaration: every trial must have exercised it."""
     notes = []
-    step = runner.last_step
-    if step is not None and step.bucket is None:
-        notes.append("the step ran eagerly (no captured graph fits the batch)")
-    if declared is not None and policy is not None and policy != NONE and policy > declared:
-        notes.append(f"declared {declared.label} but the runner published {policy.label} "
-                     "(demoted: node not planted or no graph), so the declaration itself was "
-                     "not exercised")
+    if out.eager:
+        notes.append(f"{out.eager} of {out.ran} trials ran eagerly (no captured graph fits "
+                     "the batch)")
+    if out.demoted and declared is not None and out.demoted_to is not None:
+        notes.append(f"declared {declared.label} but the runner published {out.demoted_to.label} "
+                     f"(demoted: node not planted or no graph) in {out.demoted} of {out.ran} "
+                     "trials, so the declaration itself was not exercised")
     return notes
 
 

@@ -113,7 +113,7 @@ class StaticResult:
     offenders: tuple[Offender, ...] = attrs.field(default=(), converter=tuple)
     nodes: int = 0  # nodes in the graph
     readers: int = 0  # nodes whose arguments point into a shared buffer
-    unreadable: int = 0  # kernel nodes whose arguments could not be read
+    unreadable: int = 0  # nodes after the release whose memory accesses could not be read
     reason: str = ""
 
     def summary(self) -> str:

@@ -38,6 +38,12 @@ NONE = WarReadDonePolicy.NONE
 
 #: Node kinds whose arguments are matched against the shared buffers.
 ACCESS_KINDS = ("kernel", "memcpy", "memset")
+#: Node types that touch no memory (any other non-access type after the release is opaque).
+INERT_NODE_TYPES = frozenset({
+    "CU_GRAPH_NODE_TYPE_EMPTY", "CU_GRAPH_NODE_TYPE_WAIT_EVENT",
+    "CU_GRAPH_NODE_TYPE_EVENT_RECORD", "CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL",
+    "CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT", "CU_GRAPH_NODE_TYPE_MEM_ALLOC",
+    "CU_GRAPH_NODE_TYPE_MEM_FREE"})
 #: Upper bound on kernel parameters read per node (a malformed answer never loops forever).
 MAX_PARAMS = 1024
 #: Upper bound on the bytes read from one kernel parameter.
@@ -173,14 +179,14 @@ def analyze_graph(nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]],
                             reason="the planted read-done event-record node is not in the graph")
     offenders = tuple(Offender(n.index, n.kind, n.name or n.kind, n.buffers, n.symbol)
                       for n in readers if n.index in late_pool)
-    blind = [n for n in nodes if n.kind == "kernel" and not n.readable and n.index in late_pool]
+    blind = [n for n in nodes if not n.readable and n.index in late_pool]
     common = dict(nodes=len(nodes), readers=len(readers), unreadable=len(blind))
     if offenders:
         return StaticResult(UNSAFE, offenders, **common)
     if blind:
         names = ", ".join(sorted({n.name or "?" for n in blind})[:5])
         return StaticResult(INCONCLUSIVE, reason=f"could not read the arguments of {len(blind)} "
-                            f"kernel node(s) after the release point ({names})", **common)
+                            f"node(s) after the release point ({names})", **common)
     if post_step:
         return StaticResult(INCONCLUSIVE, reason="no graph node after the release point touches "
                             "shared state, but the step runs eager work after replay that a "
@@ -376,7 +382,10 @@ def _node(driver: Any, i: int, handle: Any, ranges: Sequence[BufferRange]) -> Gr
         return GraphNode(i, "memset", "memset", buffers=buffers_overlapping(start, end, ranges))
     if kind == types.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
         return GraphNode(i, "event_record", "event_record")
-    return GraphNode(i, "other", getattr(kind, "name", str(kind)))
+    name = getattr(kind, "name", str(kind))
+    # a child graph, conditional body, host callback or memory op may touch shared state in
+    # ways this walk does not follow: opaque, like a kernel whose arguments cannot be read
+    return GraphNode(i, "other", name, readable=name in INERT_NODE_TYPES)
 
 
 def _kernel_node(driver: Any, i: int, handle: Any, ranges: Sequence[BufferRange]) -> GraphNode:

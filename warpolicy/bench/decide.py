@@ -184,7 +184,8 @@ def format_decide(result: dict, fmt: str = "text") -> str:
         f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
         f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
         f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
-        f"  ratio   engine / baseline         {result['ratio']:8.3f}",
+        "  ratio   engine / baseline         "
+        + (f"{result['ratio']:8.3f}" if result["ratio"] is not None else "     n/a"),
         f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
         f"{load['load_s']:.3f} s",
         f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",

@@ -426,8 +426,9 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
     c = result["config"]
     lines = [
         f"overlap benchmark on {c['device']} (torch {c['torch']}): {c['layers']} layers x "
-        f"~{c['layer_us_target']:g} us, batch {c['batch']}, scheduler ~{c['sched_us_target']:g} us ({c.get('sched_kind', 'matmul')}), "
-        f"{c['steps']} steps x {c['repeats']} runs",
+        f"~{c['layer_us_target']:g} us, batch {c['batch']}, scheduler "
+        f"~{c['sched_us_target']:g} us ({c['sched_kind']}), {c['steps']} steps x "
+        f"{c['repeats']} runs",
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
         f"{'variant':12s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "

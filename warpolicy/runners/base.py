@@ -284,10 +284,10 @@ class GraphRunner:
             return self._run_eager(batch, size)
         cb = self._captured[bucket]
         self.model.host_prep(batch, bucket)
-        policy = self._publish(self.fence.before_replay, cb.policy)
+        policy = self._before_replay(cb.policy)
         self.platform.replay(cb.graph)
-        self._publish(lambda pol: self.fence.after_replay(pol, planted=cb.planted), policy)
-        self._done(size, bucket, cb.policy)
+        policy = self._after_replay(policy, cb.planted)
+        self._done(size, bucket, policy)
         return self._outputs[bucket]
 
     def _run_eager(self, batch: Any, size: int) -> Any:
@@ -297,29 +297,37 @@ class GraphRunner:
             self.model.prepare_bucket(size)
             self._eager_sizes.add(size)
         self.model.host_prep(batch, size)
-        policy = self._publish(self.fence.before_replay, policy)
+        policy = self._before_replay(policy)
         self.model.graph_prep(size)
         output = self.model.forward(size)
-        self._publish(self.fence.after_replay, policy)
+        policy = self._after_replay(policy, False)  # no graph: never the planted event
         self._done(size, None, policy)
         return output
 
-    def _publish(self, call: Callable[[WarReadDonePolicy], Any],
-                 policy: WarReadDonePolicy) -> WarReadDonePolicy:
-        """Publish through the fence; on failure publish nothing (the scheduler goes coarse).
+    # Publishing through the fence; on failure publish nothing (the scheduler goes coarse).
+    # The fence already fails closed on its own; these guard a fence that raises anyway. Each
+    # returns the policy the step continues with: NONE after a failure, so a failed
+    # ``before_replay`` is not followed by a half-published ``after_replay``, and
+    # ``last_step.policy`` says what was really published.
 
-        The fence already fails closed on its own; this guards a fence that raises anyway.
-
-        Returns the policy to continue the step with: NONE after a failure, so a failed
-        ``before_replay`` is not followed by a half-published ``after_replay``.
-        """
+    def _before_replay(self, policy: WarReadDonePolicy) -> WarReadDonePolicy:
         try:
-            call(policy)
+            self.fence.before_replay(policy)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
-            self._warn(f"publishing the read-done event failed ({exc!r}); using the coarse barrier")
-            self._discard()
-            return NONE
+            return self._publish_failed(exc)
         return policy
+
+    def _after_replay(self, policy: WarReadDonePolicy, planted: bool) -> WarReadDonePolicy:
+        try:
+            self.fence.after_replay(policy, planted=planted)
+        except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
+            return self._publish_failed(exc)
+        return policy
+
+    def _publish_failed(self, exc: Exception) -> WarReadDonePolicy:
+        self._warn(f"publishing the read-done event failed ({exc!r}); using the coarse barrier")
+        self._discard()
+        return NONE
 
     def _discard(self) -> None:
         """Empty the mailbox so this step's scheduler read finds nothing (coarse)."""

@@ -103,13 +103,15 @@ class OverlapLoop:
             self.last_barrier = self._apply_barrier(fwd, self.last_read_done)
         self._mark("released", self.schedule_stream)
         with p.stream(self.schedule_stream):
-            if write_next is not None:
-                write_next()
-            ev = self._ring[self._next]
-            self._next = (self._next + 1) % len(self._ring)
-            p.record(ev, self.schedule_stream)
+            try:
+                if write_next is not None:
+                    write_next()
+            finally:  # even if write_next raised: the next forward waits for what it wrote
+                ev = self._ring[self._next]
+                self._next = (self._next + 1) % len(self._ring)
+                p.record(ev, self.schedule_stream)
+                self._pending = ev
         self._mark("written", self.schedule_stream)
-        self._pending = ev
         self.steps += 1
         return out
 
