@@ -270,3 +270,10 @@ def test_validate_given_files_does_not_load_plugins(capsys, tmp_path, monkeypatc
     assert code == ExitCode.OK, err
     code, _, err = run_cli(capsys, "validate")  # the registry in use includes plugin fragments
     assert code == ExitCode.USAGE and "broken" in err
+
+
+def test_external_events_default_follows_the_platform(capsys):
+    args = ("--backend", "fa3", "--mode", "decode")
+    assert query(capsys, *args, "--platform", "hip") == "post_replay"
+    assert query(capsys, *args, "--platform", "hip", "--external-events") == "in_graph"
+    assert query(capsys, *args, "--platform", "cuda") == "in_graph"

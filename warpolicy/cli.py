@@ -58,8 +58,11 @@ def _add_flag_args(p: argparse.ArgumentParser) -> None:
                    help="set a registry flag for this query (repeatable)")
     p.add_argument("--eager", action="store_true", help="the forward runs eagerly (no graph)")
     p.add_argument("--no-plant", action="store_true", help="the read-done node was not planted")
-    p.add_argument("--no-external-events", action="store_true",
-                   help="the platform has no external events")
+    events = p.add_mutually_exclusive_group()
+    events.add_argument("--external-events", dest="external_events", action="store_true",
+                        default=None, help="the platform has external events (default: only cuda)")
+    events.add_argument("--no-external-events", dest="external_events", action="store_false",
+                        help="the platform has no external events")
     p.add_argument("--platform", default="cuda", help="platform name (default: cuda)")
 
 
@@ -165,7 +168,10 @@ def _parse_flags(items: Iterable[str]) -> dict[str, bool]:
 
 
 def _facts(args: argparse.Namespace) -> dict:
-    return {"platform": args.platform, "external_events": not args.no_external_events,
+    external = args.external_events
+    if external is None:  # external events exist only on CUDA (torch >= 2.8)
+        external = args.platform == "cuda"
+    return {"platform": args.platform, "external_events": external,
             "eager": args.eager, "planted": not args.no_plant}
 
 
