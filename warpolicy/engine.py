@@ -332,7 +332,8 @@ class PolicyEngine:
             child = self._evaluate(attrs.evolve(ctx, backend=delegate), spec, flag_map, flags,
                                    stack)
             floor = child.decision.policy
-            chain = [f"{backend.name} delegates {mode.label} to {delegate}: {floor.label}"]
+            chain = [f"{backend.name} delegates {mode.label} to {delegate}: declared "
+                     f"{child.declared.label}, decided {floor.label}"]
             return child.declared, floor, str(backend.origin), chain, [child]
         own, chain, origin = self._own_declaration(backend, mode)
         if not backend.latest_of:
@@ -341,12 +342,15 @@ class PolicyEngine:
                     for c in backend.latest_of]
         declared = max(c.declared for c in children)
         floor = max(c.decision.policy for c in children)
-        parts = ", ".join(f"{name}={c.decision.policy.label}"
-                          for name, c in zip(backend.latest_of, children))
+        named = list(zip(backend.latest_of, children))
+        declared_parts = ", ".join(f"{n}={c.declared.label}" for n, c in named)
+        decided_parts = ", ".join(f"{n}={c.decision.policy.label}" for n, c in named)
         if origin is not None:  # a composite may also declare a read end of its own
             declared, floor = max(declared, own), max(floor, own)
-            parts += f", own={own.label}"
-        chain.append(f"{backend.name} is the latest of its children ({parts}): {floor.label}")
+            declared_parts += f", own={own.label}"
+            decided_parts += f", own={own.label}"
+        chain.append(f"{backend.name} is the latest of its children: declared {declared.label} "
+                     f"({declared_parts}), decided {floor.label} ({decided_parts})")
         return declared, floor, str(backend.origin), chain, children
 
     def _own_declaration(self, backend: Backend, mode: ForwardMode):
