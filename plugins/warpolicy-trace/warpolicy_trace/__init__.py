@@ -34,7 +34,7 @@ def _label(value: Any) -> str:
 class Tracer:
     """Collects trace events in memory; `write` dumps them as ``{"traceEvents": [...]}``."""
 
-    def __init__(self, max_events: int = 1_000_000) -> None:
+    def __init__(self, max_events: int = 200_000) -> None:
         self.max_events = max_events
         self.dropped = 0
         self._events: list[dict] = []
@@ -93,9 +93,9 @@ class Tracer:
 
 def _max_events() -> int:
     try:
-        return max(1, int(os.environ.get(MAX_ENV, "1000000")))
+        return max(1, int(os.environ.get(MAX_ENV, "200000")))
     except ValueError:
-        return 1_000_000
+        return 200_000
 
 
 TRACER = Tracer(_max_events())
