@@ -277,3 +277,17 @@ def test_external_events_default_follows_the_platform(capsys):
     assert query(capsys, *args, "--platform", "hip") == "post_replay"
     assert query(capsys, *args, "--platform", "hip", "--external-events") == "in_graph"
     assert query(capsys, *args, "--platform", "cuda") == "in_graph"
+
+
+def test_a_registry_without_spec_algorithms_still_answers_for_spec_none(capsys, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("version: 1\nbackends:\n  solo:\n    reads_end: {decode: in_graph, "
+                    "extend: pre_replay}\n    doc: standalone\n")
+    args = ("--backend", "solo", "--capabilities", str(mine))
+    assert query(capsys, *args, "--mode", "decode") == "in_graph"
+    rows = table_json(capsys, "--capabilities", str(mine))
+    assert {(r["mode"], r["spec"], r["policy"]) for r in rows} == {
+        ("decode", "none", "in_graph"), ("extend", "none", "pre_replay"),
+        ("target_verify", "none", "none")}
+    code, _, err = run_cli(capsys, "query", *args, "--mode", "decode", "--spec", "eagle")
+    assert code == ExitCode.USAGE and "unknown spec algorithm 'eagle'" in err

@@ -200,8 +200,13 @@ def test_deep_nesting_is_a_problem_not_a_crash(composer, text, column):
     # is quadratic in flow depth: refused from the event stream, before composing
     (problem,) = messages(text)
     line = 2 if "[" in text else 3
-    assert problem == (f"f0.yaml:{line}:{column}: YAML nested more than {loader._MAX_DEPTH} "
-                       "levels deep; not a registry")
+    ours = (f"f0.yaml:{line}:{column}: YAML nested more than {loader._MAX_DEPTH} "
+            "levels deep; not a registry")
+    # libyaml >= the one in PyYAML 6.0.4 refuses flow nesting past 1000 levels in its scanner,
+    # which reads ahead of our composer: also one located line, never a crash
+    libyaml_limit = f"f0.yaml:{line}:1007: invalid YAML: while increasing flow level; " \
+                    "exceeded maximum nesting depth"
+    assert problem in (ours, libyaml_limit)
 
 
 def test_nesting_at_the_limit_composes(composer):

@@ -24,11 +24,16 @@ import attrs
 
 from warpolicy.errors import InputError
 from warpolicy.policy import TABLE_MODES, ForwardMode, WarReadDonePolicy
-from warpolicy.registry import Backend, Conditions, Flag, Gate, Registry, SpecAlgorithm
+from warpolicy.registry import (Backend, Conditions, Flag, Gate, Origin, Registry,
+                                SpecAlgorithm)
 
 NONE = WarReadDonePolicy.NONE
 IN_GRAPH = WarReadDonePolicy.IN_GRAPH
 POST_REPLAY = WarReadDonePolicy.POST_REPLAY
+
+#: Used when a registry declares no ``none`` algorithm: no capabilities, so gates stay coarse.
+IMPLICIT_SPEC = SpecAlgorithm("none", doc="implicit: no speculative decoding, no capabilities "
+                              "declared", origin=Origin("built-in (warpolicy.engine)"))
 
 #: The id under which the engine's built-in sound demotion shows in reasons.
 SOUND_DEMOTION_ID = "sound-demotion"
@@ -214,13 +219,30 @@ class PolicyEngine:
             values[name] = FlagValue(name, bool(value), "override")
         return tuple(values[n] for n in sorted(values))
 
+    # -- spec algorithms ------------------------------------------------------------------
+
+    def spec(self, name: str) -> SpecAlgorithm:
+        """A declared spec algorithm; ``none`` exists even where a registry omits it.
+
+        A registry given with ``--capabilities`` may declare no algorithms at all; the CLI's
+        default ``--spec none`` must still work. The implicit ``none`` declares no
+        capabilities, so every capability gate treats it conservatively.
+        """
+        if name == IMPLICIT_SPEC.name and name not in self.registry.spec_algorithms:
+            return IMPLICIT_SPEC
+        return self.registry.spec(name)
+
+    def spec_names(self) -> list[str]:
+        """Every spec algorithm a table covers (the implicit ``none`` included)."""
+        return sorted(set(self.registry.spec_algorithms) | {IMPLICIT_SPEC.name})
+
     # -- the three ways in ----------------------------------------------------------------
 
     def explain(self, ctx: Context) -> Explanation:
         """Evaluate ``ctx`` and keep everything considered. Raises on unknown names."""
         flags = self.flag_values(ctx.flags)
         flag_map = {f.name: f.value for f in flags}
-        spec = self.registry.spec(ctx.spec)
+        spec = self.spec(ctx.spec)
         return self._evaluate(ctx, spec, flag_map, flags, stack=())
 
     def decision(self, ctx: Context) -> Decision:
@@ -270,12 +292,12 @@ class PolicyEngine:
               flags: Optional[Mapping[str, bool]] = None, **facts) -> list[Decision]:
         """The decision for every (backend, mode, spec) combination, in a stable order."""
         backend_names = list(backends) if backends else self.registry.concrete_backends()
-        spec_names = list(specs) if specs else sorted(self.registry.spec_algorithms)
+        spec_names = list(specs) if specs else self.spec_names()
         mode_list = [ForwardMode.parse(m) for m in modes] if modes else list(TABLE_MODES)
         for name in backend_names:
             self.registry.backend(name)
         for name in spec_names:
-            self.registry.spec(name)
+            self.spec(name)
         return [self.decision(Context(b, m, s, flags or {}, **facts))
                 for b in backend_names for m in mode_list for s in spec_names]
 

@@ -92,11 +92,12 @@ class DiffCell:
 def _cells(engine: PolicyEngine, backends: Iterable[str], specs: Iterable[str],
            modes: Sequence[ForwardMode], flags: Mapping[str, bool], facts: dict) -> dict:
     reg = engine.registry
+    known_specs = set(engine.spec_names())
     cells = {}
     for b in backends:
         for s in specs:
             for m in modes:
-                if b in reg.backends and s in reg.spec_algorithms:
+                if b in reg.backends and s in known_specs:
                     ctx = Context(b, m, s, {k: v for k, v in flags.items() if k in reg.flags},
                                   **facts)
                     cells[(b, m, s)] = engine.decision(ctx).policy.label
@@ -110,7 +111,7 @@ def diff_engines(old: PolicyEngine, new: PolicyEngine, modes: Optional[Iterable[
     """Every (backend, mode, spec) cell whose policy differs between two registries."""
     mode_list = [ForwardMode.parse(m) for m in modes] if modes else list(TABLE_MODES)
     backends = sorted(set(old.registry.concrete_backends()) | set(new.registry.concrete_backends()))
-    specs = sorted(set(old.registry.spec_algorithms) | set(new.registry.spec_algorithms))
+    specs = sorted(set(old.spec_names()) | set(new.spec_names()))
     for name in flags or {}:
         if name not in old.registry.flags and name not in new.registry.flags:
             new.registry.flag(name)  # raises UnknownNameError with suggestions
