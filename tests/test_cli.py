@@ -291,3 +291,18 @@ def test_a_registry_without_spec_algorithms_still_answers_for_spec_none(capsys, 
         ("target_verify", "none", "none")}
     code, _, err = run_cli(capsys, "query", *args, "--mode", "decode", "--spec", "eagle")
     assert code == ExitCode.USAGE and "unknown spec algorithm 'eagle'" in err
+
+
+@pytest.mark.parametrize("argv", [["bench", "overlap"], ["audit", "--synthetic", "all"]])
+def test_runtime_commands_without_torch_are_one_line(capsys, monkeypatch, argv):
+    import sys
+
+    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")
+                 or m.startswith("warpolicy.testing") or m.startswith("warpolicy.bench.")
+                 or m.startswith("warpolicy.audit") or m in ("warpolicy.fence", "warpolicy.cuda")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ModuleNotFoundError
+    code, _, err = run_cli(capsys, *argv)
+    assert code == ExitCode.USAGE
+    assert err.strip() == ("warpolicy: this command needs PyTorch; install it with "
+                           "pip install 'warpolicy[torch]'")

@@ -318,6 +318,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stderr.write("".join(f"warpolicy: {p}\n" for p in exc.problems))
     except WarpolicyError as exc:
         sys.stderr.write(f"warpolicy: {exc}\n")
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        # the registry, engine and CLI run without torch; the runtime commands need it
+        sys.stderr.write("warpolicy: this command needs PyTorch; install it with "
+                         "pip install 'warpolicy[torch]'\n")
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     except SystemExit as exc:  # argparse after --help / --version: keep main(argv) -> int
