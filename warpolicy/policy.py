@@ -42,6 +42,29 @@ def policy_names() -> list[str]:
     return [p.label for p in WarReadDonePolicy]
 
 
+#: Module-level names for the four policies, so hot paths and tables read plainly.
+PRE_REPLAY = WarReadDonePolicy.PRE_REPLAY
+IN_GRAPH = WarReadDonePolicy.IN_GRAPH
+POST_REPLAY = WarReadDonePolicy.POST_REPLAY
+NONE = WarReadDonePolicy.NONE
+
+
+class Placement(str, enum.Enum):
+    """Where an in_graph read-done node is planted in a captured graph.
+
+    ``MARKER``: the runner records the event right after ``graph_prep`` (the default).
+    ``DERIVED``: the runner captures without a marker, walks the captured graph and adds an
+    event-record node that depends on exactly the nodes that may read shared buffers.
+    """
+
+    MARKER = "marker"
+    DERIVED = "derived"
+
+    @property
+    def label(self) -> str:
+        return self.value
+
+
 class ForwardMode(str, enum.Enum):
     """Forward modes of the anchor (SGLang), by their lowercase names.
 
