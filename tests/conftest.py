@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from warpolicy import loader
+from warpolicy.loader import reading
 from warpolicy.plugins import new_plugin_manager
 
 
@@ -34,7 +34,7 @@ def register(pm):
 def composer(request, monkeypatch):
     """Run a test with both YAML composers: they must report the same problems."""
     if request.param == "python":
-        monkeypatch.setattr(loader, "_C_LOADER", None)
-    elif loader._C_LOADER is None:
+        monkeypatch.setattr(reading, "C_LOADER", None)
+    elif reading.C_LOADER is None:
         pytest.skip("PyYAML built without libyaml")
     return request.param

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pathlib
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from warpolicy.errors import PluginError
 from warpolicy.hookspecs import hookimpl
 from warpolicy.loader import Fragment
-from warpolicy.plugins import (collect_fragments, describe_plugins, get_plugin_manager,
+from warpolicy.plugins import (blame_plugins, collect_fragments, describe_plugins, get_plugin_manager,
                                new_plugin_manager, reset_plugin_manager)
 
 BACKEND_YAML = """\
@@ -162,7 +164,7 @@ def test_plugin_backend_becomes_queryable(pm, register):
     from warpolicy.policy import ForwardMode, WarReadDonePolicy
 
     register(contributes(BACKEND_YAML.format(name="plugin_attn")), "onboard")
-    engine = PolicyEngine.load(pm=pm, environ={})
+    engine = PolicyEngine.load(fragments=collect_fragments(pm), environ={})
     ctx = Context(backend="plugin_attn", mode=ForwardMode.DECODE, spec="none", flags={},
                   platform="cuda", external_events=True, eager=False, planted=True)
     assert engine.decide(ctx) is WarReadDonePolicy.IN_GRAPH
@@ -184,7 +186,8 @@ def test_invalid_fragment_problems_name_the_plugin_and_how_to_disable_it():
     pm.register(plugin, name="badfrag")
     try:
         with pytest.raises(RegistryError) as info:
-            PolicyEngine.load(pm=pm, environ={})
+            PolicyEngine.load(fragments=collect_fragments(pm),
+                              blame=functools.partial(blame_plugins, pm), environ={})
     finally:
         pm.unregister(plugin)
     (problem,) = info.value.problems

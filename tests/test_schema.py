@@ -96,7 +96,8 @@ def test_schema_keys_are_the_loaders_keys(the_schema):
 
 
 def test_backend_shapes_exclude_each_other(the_schema):
-    assert the_schema["$defs"]["backend"]["not"] == {"required": ["latest_of", "per_mode"]}
+    assert the_schema["$defs"]["backend"]["not"] == {"anyOf": [
+        {"required": ["latest_of", "per_mode"]}, {"required": ["per_mode", "inherits"]}]}
 
 
 def test_when_keys_are_the_condition_fields():

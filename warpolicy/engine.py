@@ -23,7 +23,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 import attrs
 
 from warpolicy.errors import InputError
-from warpolicy.policy import TABLE_MODES, ForwardMode, WarReadDonePolicy
+from warpolicy.loader import Blame, Fragment, assemble_registry
+from warpolicy.policy import TABLE_MODES, ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.registry import (Backend, Conditions, Flag, Gate, Origin, Registry,
                                 SpecAlgorithm)
 
@@ -167,26 +168,26 @@ class PolicyEngine:
     # -- construction helpers -------------------------------------------------------------
 
     @classmethod
-    def load(cls, files: Optional[Sequence[str]] = None, *, pm=None, plugins: bool = True,
-             environ: Optional[Mapping[str, str]] = None) -> "PolicyEngine":
-        """Build an engine from registry files (or the default) plus plugin fragments."""
-        from warpolicy.loader import load_registry, registry_sources
+    def load(cls, files: Optional[Sequence[str]] = None, *,
+             fragments: Sequence[Fragment] = (), blame: Optional[Blame] = None,
+             environ: Optional[Mapping[str, str]] = None,
+             plugins: bool = False) -> "PolicyEngine":
+        """Build an engine from registry files (``files``, else ``WARPOLICY_CAPABILITIES``, else
+        the packaged default) plus plugin ``fragments`` the caller collected, e.g.::
 
-        from warpolicy.errors import RegistryError
+            pm = get_plugin_manager()
+            PolicyEngine.load(files, fragments=collect_fragments(pm),
+                              blame=functools.partial(blame_plugins, pm))
 
+        Raises `RegistryError` (every problem) or `UnreadableSourceError`. ``plugins=True`` is
+        refused: the engine does not reach for a plugin manager itself.
+        """
+        if plugins:
+            raise InputError("PolicyEngine.load takes plugin fragments from its caller: pass "
+                             "fragments=warpolicy.plugins.collect_fragments(pm)")
         env = os.environ if environ is None else environ
-        sources: list = list(registry_sources(files, env))
-        if not plugins:
-            return cls(load_registry(sources), environ=env)
-        from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
-
-        pm = pm if pm is not None else get_plugin_manager()
-        sources.extend(collect_fragments(pm))
-        try:
-            registry = load_registry(sources)
-        except RegistryError as exc:
-            raise RegistryError(blame_plugins(pm, exc.problems)) from None
-        return cls(registry, environ=env)
+        assembly = assemble_registry(files, fragments, blame=blame, environ=env)
+        return cls(assembly.checked(), environ=env)
 
     @staticmethod
     def _resolve_env_flags(registry: Registry,
@@ -279,7 +280,8 @@ class PolicyEngine:
                 return self.decision(Context(backend, mode, spec, flags or {}, platform,
                                              external_events, eager, planted))
 
-            return CompiledPolicy(backend, spec, table, explain_step)
+            placement = {mode: self.placement(backend, mode) for mode in ForwardMode}
+            return CompiledPolicy(backend, spec, table, explain_step, placement)
         except Exception as exc:  # noqa: BLE001
             if strict:
                 raise
@@ -394,6 +396,29 @@ class PolicyEngine:
     def _lineage(self, name: str) -> frozenset[str]:
         return frozenset(_inheritance_chain(self.registry, name))
 
+    def placement(self, backend: str, mode: ForwardMode) -> Placement:
+        """Where a runner plants the in-graph node for ``backend`` in ``mode``: the first
+        ``plant`` declaration along ``inherits``; else a per-mode wrapper's child for that mode;
+        else, for a composite, derived only when every child is derived; else marker."""
+        return self._placement(backend, ForwardMode.parse(mode), ())
+
+    def _placement(self, name: str, mode: ForwardMode, stack: tuple[str, ...]) -> Placement:
+        if name in stack:  # the loader rejects cycles; never recurse forever at runtime
+            raise InputError(f"cycle through backend {name!r}")
+        backend = self.registry.backend(name)
+        for ancestor in _inheritance_chain(self.registry, name):
+            declared = self.registry.backends[ancestor].plant.get(mode)
+            if declared is not None:
+                return declared
+        stack = stack + (name,)
+        delegate = backend.per_mode.get(mode)
+        if delegate is not None:
+            return self._placement(delegate, mode, stack)
+        if backend.latest_of and all(self._placement(c, mode, stack) is Placement.DERIVED
+                                     for c in backend.latest_of):
+            return Placement.DERIVED
+        return Placement.MARKER
+
     def _warn_once(self, where: str, exc: BaseException) -> None:
         key = f"{where}: {type(exc).__name__}: {exc}"
         if key in self._warned:
@@ -409,15 +434,17 @@ class CompiledPolicy:
     ``row`` layout per mode: index ``eager * 2 + planted``.
     """
 
-    __slots__ = ("backend", "spec", "_table", "captured", "_explain")
+    __slots__ = ("backend", "spec", "_table", "captured", "_explain", "_placement")
 
     def __init__(self, backend: str, spec: str,
                  table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
-                 explain=None) -> None:
+                 explain=None,
+                 placement: Optional[Mapping[ForwardMode, Placement]] = None) -> None:
         self.backend = backend
         self.spec = spec
         self._table = dict(table)
         self._explain = explain
+        self._placement = dict(placement or {})
         #: the common case (captured graph, node planted), one dict lookup
         self.captured: dict[ForwardMode, WarReadDonePolicy] = {
             m: row[1] for m, row in self._table.items()}
@@ -449,6 +476,11 @@ class CompiledPolicy:
         """
         return _ModeTable({m: row[eager * 2 + planted] for m, row in self._table.items()}
                           ).__getitem__
+
+
+    def placement(self, mode: ForwardMode) -> Placement:
+        """Where the runner plants the in-graph node in ``mode`` (marker when unknown)."""
+        return self._placement.get(ForwardMode.parse(mode), Placement.MARKER)
 
 
 class _ModeTable(dict):

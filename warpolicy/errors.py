@@ -7,7 +7,7 @@ subclass of `WarpolicyError`; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import attrs
 
@@ -19,11 +19,14 @@ class WarpolicyError(Exception):
 class UnknownNameError(WarpolicyError, KeyError):
     """A backend, mode, spec algorithm, flag, policy or plugin name that does not exist."""
 
-    def __init__(self, kind: str, name: str, candidates: Iterable[str] = ()) -> None:
+    def __init__(self, kind: str, name: str, candidates: Iterable[str] = (),
+                 suggestions: Optional[Sequence[str]] = None) -> None:
         self.kind = kind
         self.name = name
         self.candidates = sorted(set(candidates))
-        self.suggestions = difflib.get_close_matches(name, self.candidates, n=3, cutoff=0.6)
+        if suggestions is None:  # a caller reporting many names passes cached ones
+            suggestions = difflib.get_close_matches(name, self.candidates, n=3, cutoff=0.6)
+        self.suggestions = list(suggestions)
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -47,6 +50,9 @@ class Problem:
     line: int  # 1-based
     col: int  # 1-based
     message: str
+    #: the source could not be read at all (missing, a directory, a FIFO, too large): a usage
+    #: error (exit 2) rather than a problem in its content
+    unreadable: bool = False
 
     def __str__(self) -> str:
         if not self.line:  # e.g. a mapping contributed by a plugin: no text, no marks
@@ -63,6 +69,11 @@ class RegistryError(WarpolicyError):
 
     def __str__(self) -> str:
         return "\n".join(str(p) for p in self.problems)
+
+
+class UnreadableSourceError(RegistryError, InputError):
+    """A registry source could not be read at all; carries every problem found, like
+    `RegistryError`, and is an `InputError` (exit 2)."""
 
 
 class PluginError(WarpolicyError):

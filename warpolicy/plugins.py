@@ -17,17 +17,16 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import pathlib
 import sys
 import threading
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import attrs
 import pluggy
-import yaml
 
 from warpolicy import hookspecs
-from warpolicy.errors import PluginError
+from warpolicy.errors import PluginError, Problem
+from warpolicy.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
 
 log = logging.getLogger("warpolicy")
 
@@ -200,19 +199,16 @@ def reset_plugin_manager() -> None:
 
 # -- fragments ---------------------------------------------------------------------------------
 
-def collect_fragments(pm: pluggy.PluginManager) -> list:
+def collect_fragments(pm: pluggy.PluginManager) -> list[Fragment]:
     """Every plugin's `warpolicy_capabilities` result as `warpolicy.loader.Fragment` objects,
-    ordered by plugin name (never pluggy call order).
+    ordered by plugin name (never pluggy call order), read and composed once by the loader.
 
-    A ``pathlib.Path`` result is read as a YAML file; a ``str`` is YAML text; a mapping is
-    taken as parsed. YAML syntax errors, unreadable files, wrong result types and exceptions
-    raise `PluginError` naming the plugin and its entry point. Schema problems are the
-    loader's (a `RegistryError` whose locations name ``plugin:<name>``).
+    Unreadable files, YAML that does not compose, wrong result types and exceptions raise
+    `PluginError` naming the plugin and its entry point. Problems in a fragment's content are
+    the loader's (located at ``plugin:<name>``; `blame_plugins` adds the entry point).
     """
-    from warpolicy.loader import Fragment
-
     impls = pm.hook.warpolicy_capabilities.get_hookimpls()
-    fragments: list = []
+    fragments: list[Fragment] = []
     for impl in sorted(impls, key=lambda i: i.plugin_name):
         if impl.hookwrapper or impl.wrapper:  # wraps the others' calls; contributes nothing itself
             continue
@@ -221,75 +217,25 @@ def collect_fragments(pm: pluggy.PluginManager) -> list:
             result = impl.function()
         except Exception as exc:  # noqa: BLE001
             raise _plugin_error(pm, name, f"warpolicy_capabilities raised {type(exc).__name__}: {exc}") from exc
-        items = _as_items(result)
-        for index, item in enumerate(items):
-            label = f"plugin:{name}" if len(items) == 1 else f"plugin:{name}[{index}]"
-            fragments.append(_fragment(pm, name, label, item, Fragment))
+        try:
+            fragments.extend(plugin_fragments(name, result))
+        except FragmentError as exc:
+            raise _plugin_error(pm, name, exc.message) from exc
     return fragments
 
 
-def _as_items(result: Any) -> list:
-    if result is None:
-        return []
-    if isinstance(result, (list, tuple)):
-        return list(result)
-    return [result]
-
-
-def _fragment(pm: pluggy.PluginManager, plugin: str, label: str, item: Any, fragment_cls: Any) -> Any:
-    if isinstance(item, os.PathLike):
-        path = pathlib.Path(item)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise _plugin_error(pm, plugin, f"cannot read capabilities file {path}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise _plugin_error(pm, plugin, f"capabilities file {path} is not UTF-8: {exc.reason} "
-                                            f"at byte {exc.start}") from exc
-        _check_yaml(pm, plugin, text, str(path))
-        return fragment_cls(name=f"{label}:{path}", data=text)
-    if isinstance(item, str):
-        _check_yaml(pm, plugin, item, label)
-        return fragment_cls(name=label, data=item)
-    if isinstance(item, Mapping):
-        return fragment_cls(name=label, data=item)
-    raise _plugin_error(pm, plugin, "warpolicy_capabilities must return a pathlib.Path, YAML text, "
-                                    f"a mapping or a list of these, not {type(item).__name__}")
-
-
-def _check_yaml(pm: pluggy.PluginManager, plugin: str, text: str, where: str) -> None:
-    """YAML syntax errors become one `PluginError` line (the loader would blame no plugin)."""
-    try:
-        yaml.safe_load(text)
-    except RecursionError as exc:  # absurdly deep nesting: not a YAMLError, still the plugin's
-        raise _plugin_error(pm, plugin, f"its capabilities fragment {where} nests too deeply") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise _plugin_error(pm, plugin, f"invalid YAML in its capabilities fragment {where}{at}: {problem}") from exc
-
-
-def blame_plugins(pm: pluggy.PluginManager, problems: Sequence[Any]) -> list:
+def blame_plugins(pm: pluggy.PluginManager, problems: Sequence[Problem]) -> list[Problem]:
     """Registry problems located in a plugin fragment also name its entry point and how to
     disable it, so a broken plugin's fragment reads like any other broken plugin."""
     out = []
     for problem in problems:
-        name = _fragment_plugin(problem.file)
+        name = fragment_plugin(problem.file)
         if name is None:
             out.append(problem)
             continue
         err = _plugin_error(pm, name, problem.message)
         out.append(attrs.evolve(problem, message=str(err)))
     return out
-
-
-def _fragment_plugin(label: str) -> Optional[str]:
-    """``plugin:NAME``, ``plugin:NAME[i]`` or ``plugin:NAME:PATH`` -> NAME."""
-    if not label.startswith("plugin:"):
-        return None
-    rest = label[len("plugin:"):]
-    return rest.split("[", 1)[0].split(":", 1)[0] or None
 
 
 def _plugin_error(pm: pluggy.PluginManager, plugin: str, message: str) -> PluginError:

@@ -12,17 +12,22 @@ from typing import Mapping
 
 import attrs
 
-from warpolicy.policy import ForwardMode, mode_names, policy_names
-from warpolicy.policy import _POLICY_ALIASES  # noqa: PLC2701 - the accepted spellings
+from warpolicy.policy import ForwardMode, Placement, mode_names, policy_names
+from warpolicy.policy import _MODE_ALIASES, _POLICY_ALIASES  # noqa: PLC2701 - the spellings
 
 #: The only registry format version this warpolicy reads.
 FORMAT_VERSION = 1
 
 #: Registry names (flags, spec algorithms, backends, gate ids, capabilities, families).
 #: No ``=`` so ``--flag NAME=VALUE`` stays unambiguous, no spaces so tables line up.
-NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"
+#: ``$(?!\n)``: in Python's ``re`` (which JSON Schema validators written in Python use) ``$``
+#: also matches before a trailing newline; the lookahead refuses that, and is a no-op in
+#: ECMA-262 regexes, where ``$`` is already the end of the text.
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$(?!\n)"
 #: Environment variable names a flag may be set by.
-ENV_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$(?!\n)"
+#: Human text (``doc``, ``because``): at least one non-space character.
+TEXT_PATTERN = r"\S"
 
 # Value kinds. Scalars:
 VERSION = "version"  # the integer FORMAT_VERSION
@@ -39,6 +44,8 @@ MODE_SET = "mode_set"  # a mode or a list of modes (any of)
 MODE_POLICY_MAP = "mode_policy_map"  # mode -> policy
 MODE_NAME_MAP = "mode_name_map"  # mode -> backend name
 BOOL_MAP = "bool_map"  # name -> bool
+PLANT = "plant"  # a placement for every mode, or mode -> placement
+LAST_READER = "last_reader"  # draft_extend or target_verify
 # Nested sections:
 FLAG_MAP = "flag_map"
 SPEC_MAP = "spec_map"
@@ -82,6 +89,9 @@ SPEC_KEYS: tuple[Key, ...] = (
     Key("family", NAME, "Family the algorithm belongs to (gates can match on it)."),
     Key("capabilities", BOOL_MAP, "Capability name -> bool, e.g. target_verify_read_done, "
         "prefill_read_done; an undeclared capability is false."),
+    Key("last_reader", LAST_READER, "The last phase of a step that reads scheduler-shared "
+        "state: draft_extend or target_verify. Left out: the last phase the step runs (the "
+        "conservative default)."),
     Key("doc", TEXT, _DOC_DOC),
     Key("override", BOOL, _OVERRIDE_DOC),
 )
@@ -89,11 +99,16 @@ SPEC_KEYS: tuple[Key, ...] = (
 BACKEND_KEYS: tuple[Key, ...] = (
     Key("reads_end", MODE_POLICY_MAP, "Forward mode -> where the backend's last read of "
         "scheduler-shared state ends; an undeclared mode is none (not audited)."),
-    Key("inherits", NAME, "Backend whose reads_end (and scoped gates) this one starts from."),
+    Key("inherits", NAME, "Plain backend whose reads_end, plant and scoped gates this one "
+        "starts from (not a composite or per-mode wrapper; not together with per_mode)."),
     Key("latest_of", NAME_LIST, "Composite: the read end is the latest of these children "
         "(two-batch overlap, hybrid linear+full, sparse+dense)."),
     Key("per_mode", MODE_NAME_MAP, "Per-mode wrapper: forward mode -> the child backend that "
         "runs that mode."),
+    Key("plant", PLANT, "Where a runner plants the in-graph read-done node: marker (record "
+        "right after the in-graph metadata prep, the default) or derived (after the captured "
+        "graph's last shared readers); one value for every mode, or forward mode -> value. "
+        "Inherited per mode like reads_end."),
     Key("gates", GATE_LIST, "Gates that apply only to this backend (and backends inheriting it)."),
     Key("abstract", BOOL, "A base to inherit from; left out of tables."),
     Key("doc", TEXT, _DOC_DOC),
@@ -127,6 +142,11 @@ WHEN_KEYS: tuple[Key, ...] = (
     Key("external_events", BOOL, "The platform supports external (in-graph) events."),
 )
 
+#: Backend keys that must not appear together (a per-mode wrapper neither inherits nor is a
+#: composite: either would hide declarations behind the delegated child).
+EXCLUSIVE_BACKEND_KEYS: tuple[tuple[str, str], ...] = (("latest_of", "per_mode"),
+                                                       ("per_mode", "inherits"))
+
 #: Every section the loader validates, by the name used in messages and schema ``$defs``.
 SECTIONS: Mapping[str, tuple[Key, ...]] = {
     "registry": TOP_KEYS,
@@ -157,28 +177,43 @@ def _mode_enum() -> list[str]:
                                             if n not in {m.value for m in ForwardMode}]
 
 
-def _one_or_many(ref: dict) -> dict:
-    return {"oneOf": [ref, {"type": "array", "items": ref, "minItems": 1}]}
+def _one_or_many(ref: dict, unique: bool = False) -> dict:
+    many: dict = {"type": "array", "items": ref, "minItems": 1}
+    if unique:
+        many["uniqueItems"] = True
+    return {"oneOf": [ref, many]}
+
+
+def _mode_map(values: dict) -> dict:
+    """mode -> value; a mode may be written once, under its name or one alias."""
+    spellings: dict[ForwardMode, list[str]] = {}
+    for name, mode in _MODE_ALIASES.items():
+        spellings.setdefault(mode, []).append(name)
+    once = [{"not": {"required": [a, b]}} for names in spellings.values()
+            for i, a in enumerate(names) for b in names[i + 1:]]
+    return {"type": "object", "propertyNames": {"$ref": "#/$defs/mode"},
+            "additionalProperties": values, "allOf": once}
 
 
 def _kind_schema(kind: str) -> dict:
     """JSON Schema fragment for a value kind (nested sections are ``$ref``s)."""
     name = {"$ref": "#/$defs/name"}
-    mode_map_keys = {"propertyNames": {"$ref": "#/$defs/mode"}}
+    placement = {"enum": [p.value for p in Placement]}
     table = {
         VERSION: {"type": "integer", "const": FORMAT_VERSION},
         BOOL: {"type": "boolean"},
-        TEXT: {"type": "string", "minLength": 1},
+        TEXT: {"type": "string", "pattern": TEXT_PATTERN},
         NAME: name,
         POLICY: {"$ref": "#/$defs/policy"},
         NAME_LIST: {"type": "array", "items": name, "minItems": 1, "uniqueItems": True},
         NAME_SET: _one_or_many(name),
-        ENV_LIST: _one_or_many({"type": "string", "pattern": ENV_PATTERN}),
+        ENV_LIST: _one_or_many({"type": "string", "pattern": ENV_PATTERN}, unique=True),
         POLICY_SET: _one_or_many({"$ref": "#/$defs/policy"}),
         MODE_SET: _one_or_many({"$ref": "#/$defs/mode"}),
-        MODE_POLICY_MAP: {"type": "object", **mode_map_keys,
-                          "additionalProperties": {"$ref": "#/$defs/policy"}},
-        MODE_NAME_MAP: {"type": "object", **mode_map_keys, "additionalProperties": name},
+        MODE_POLICY_MAP: _mode_map({"$ref": "#/$defs/policy"}),
+        MODE_NAME_MAP: _mode_map(name),
+        PLANT: {"oneOf": [placement, _mode_map(placement)]},
+        LAST_READER: {"enum": [ForwardMode.DRAFT_EXTEND.value, ForwardMode.TARGET_VERIFY.value]},
         BOOL_MAP: {"type": "object", "propertyNames": name,
                    "additionalProperties": {"type": "boolean"}},
         FLAG_MAP: _named_map("flag"),
@@ -214,7 +249,7 @@ _SECTION_DOCS = {
     "flag": "An operator switch: a default plus the environment variables that set it.",
     "spec_algorithm": "A speculative algorithm and the capabilities gates test.",
     "backend": "An attention backend: plain (reads_end, inherits), composite (latest_of) or "
-               "per-mode (per_mode); latest_of and per_mode exclude each other.",
+               "per-mode (per_mode); per_mode excludes latest_of and inherits.",
     "gate": "A condition that can only make a decision later (at_least), with a human reason.",
     "when": "Gate conditions; every key given must hold.",
 }
@@ -235,7 +270,8 @@ def registry_json_schema() -> dict:
     }
     for section, doc in _SECTION_DOCS.items():
         defs[section] = _section_schema(section, doc)
-    defs["backend"]["not"] = {"required": ["latest_of", "per_mode"]}  # one shape per backend
+    defs["backend"]["not"] = {"anyOf": [{"required": list(pair)}  # one shape per backend
+                                        for pair in EXCLUSIVE_BACKEND_KEYS]}
     top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
