@@ -184,11 +184,28 @@ def _one_or_many(ref: dict, unique: bool = False) -> dict:
     return {"oneOf": [ref, many]}
 
 
+def _spellings() -> dict[ForwardMode, list[str]]:
+    """Each mode's accepted spellings: its name and its aliases."""
+    out: dict[ForwardMode, list[str]] = {}
+    for name, mode in _MODE_ALIASES.items():
+        out.setdefault(mode, []).append(name)
+    return out
+
+
+def _has_mode(mode: ForwardMode) -> dict:
+    return {"anyOf": [{"required": [name]} for name in _spellings()[mode]]}
+
+
+def _delegated_or_declared() -> list[dict]:
+    """A mode in ``per_mode`` is not also in ``reads_end`` (under any spelling)."""
+    return [{"if": {"required": ["per_mode"], "properties": {"per_mode": _has_mode(mode)}},
+             "then": {"properties": {"reads_end": {"not": _has_mode(mode)}}}}
+            for mode in ForwardMode]
+
+
 def _mode_map(values: dict) -> dict:
     """mode -> value; a mode may be written once, under its name or one alias."""
-    spellings: dict[ForwardMode, list[str]] = {}
-    for name, mode in _MODE_ALIASES.items():
-        spellings.setdefault(mode, []).append(name)
+    spellings = _spellings()
     once = [{"not": {"required": [a, b]}} for names in spellings.values()
             for i, a in enumerate(names) for b in names[i + 1:]]
     return {"type": "object", "propertyNames": {"$ref": "#/$defs/mode"},
@@ -272,6 +289,7 @@ def registry_json_schema() -> dict:
         defs[section] = _section_schema(section, doc)
     defs["backend"]["not"] = {"anyOf": [{"required": list(pair)}  # one shape per backend
                                         for pair in EXCLUSIVE_BACKEND_KEYS]}
+    defs["backend"]["allOf"] = _delegated_or_declared()
     top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -35,7 +35,7 @@ from warpolicy.registry import Registry, parse_flag_value
 __all__ = [
     "DEFAULT", "DEFAULT_TOKENS", "ENV_VAR", "MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "Assembly",
     "Fragment", "FragmentError", "Source", "assemble_registry", "default_registry_path",
-    "env_flag_problems", "fragment_plugin", "load_registry", "plugin_fragments",
+    "document_problems", "env_flag_problems", "fragment_plugin", "load_registry", "plugin_fragments",
     "registry_sources", "validate_sources",
 ]
 
@@ -129,6 +129,17 @@ def load_registry(sources: Sequence[Source]) -> Registry:
 def validate_sources(sources: Sequence[Source]) -> list[Problem]:
     """Every problem of ``sources`` (empty when valid), unreadable sources included."""
     return _load(sources)[1]
+
+
+def document_problems(source: Source) -> list[Problem]:
+    """The problems of one source on its own, before layering: what the JSON Schema
+    (`warpolicy.schema.registry_json_schema`) checks, found by the same stages that load it.
+    References, cycles and redefinitions need the merged whole (`validate_sources`)."""
+    problems: list[Problem] = []
+    document = _read(source, problems)
+    if document.root is not None:
+        EntryBuilder(document.name, problems, 0).parse(document.root)
+    return problems
 
 
 def env_flag_problems(registry: Registry, environ: Mapping[str, str]) -> list[Problem]:

@@ -132,6 +132,9 @@ class Converter:
             S.BOOL_MAP: self.bool_map, S.PLANT: self.plant, S.LAST_READER: self.last_reader,
         }
         self.keys = {section: S.keys_by_name(section) for section in S.SECTIONS}
+        #: converted values by (node, kind): a node shared through YAML aliases is converted
+        #: (and its problems reported) once, so aliases cannot multiply the work
+        self.memo: dict[tuple[int, str], object] = {}
 
     # -- structure --
 
@@ -179,8 +182,7 @@ class Converter:
                 self.unknown_key(key, path, known)
                 fields.ok = False
                 continue
-            convert = self.by_kind.get(spec.kind)
-            result = Raw(key, value) if convert is None else convert(value, join(path, key.value))
+            result = self.convert(spec.kind, key, value, join(path, key.value))
             if result is None:
                 fields.ok = False
             fields.values[key.value] = result
@@ -190,6 +192,17 @@ class Converter:
                 self.report.on(node, path, f"missing required key {spec.name!r}{hint}")
                 fields.ok = False
         return fields
+
+    def convert(self, kind: str, key: ScalarNode, node: Node, path: str) -> object:
+        """``node`` as a value of ``kind`` (None when invalid); nested sections stay `Raw`."""
+        convert = self.by_kind.get(kind)
+        if convert is None:
+            return Raw(key, node)
+        memo_key = (id(node), kind)
+        if memo_key in self.memo:
+            return self.memo[memo_key]
+        result = self.memo[memo_key] = convert(node, path)
+        return result
 
     def unknown_key(self, key: ScalarNode, path: str, known: Mapping[str, S.Key]) -> None:
         close = difflib.get_close_matches(str(key.value), list(known), n=3, cutoff=0.6)
