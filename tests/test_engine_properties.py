@@ -57,14 +57,16 @@ def registries(draw):
         shape = draw(st.sampled_from(["plain", "inherits", "latest_of", "per_mode"]
                                      if earlier else ["plain"]))
         kw = {}
-        if shape == "inherits":
-            kw["inherits"] = draw(st.sampled_from(earlier))
+        plain = [b for b in earlier if not backends[b].is_wrapper]  # inherits names a plain one
+        if shape == "inherits" and plain:
+            kw["inherits"] = draw(st.sampled_from(plain))
         elif shape == "latest_of":
             kw["latest_of"] = tuple(draw(st.lists(st.sampled_from(earlier), min_size=1,
                                                   max_size=3, unique=True)))
         elif shape == "per_mode":
             kw["per_mode"] = draw(st.dictionaries(modes, st.sampled_from(earlier), min_size=1,
                                                   max_size=3))
+            reads_end = {m: p for m, p in reads_end.items() if m not in kw["per_mode"]}
         scoped = tuple(attrs.evolve(g, scope=name) for g in draw(gates(prefix=f"{name}g")))
         backends[name] = Backend(name, reads_end, gates=scoped, **kw)
     specs = {s: SpecAlgorithm(s, capabilities={c: draw(st.booleans()) for c in CAPS})

@@ -11,12 +11,25 @@ import pytest
 
 from warpolicy.engine import PolicyEngine
 from warpolicy.errors import InputError, RegistryError, UnreadableSourceError
-from warpolicy.loader import (MAX_BYTES, MAX_NODES, Fragment, assemble_registry,
-                              env_flag_problems, load_registry, merge, validate_sources)
-from warpolicy.loader.cost import (alias_fanout, format_load_cost, measure_load,
-                                   shared_gate_list, unknown_names)
+from warpolicy.loader import (
+    MAX_BYTES,
+    MAX_NODES,
+    Fragment,
+    assemble_registry,
+    env_flag_problems,
+    load_registry,
+    merge,
+    validate_sources,
+)
+from warpolicy.loader.cost import (
+    alias_fanout,
+    format_load_cost,
+    measure_load,
+    shared_gate_list,
+    unknown_names,
+)
 from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
-from warpolicy.registry import Backend, Flag, Gate, Conditions, Registry
+from warpolicy.registry import Backend, Conditions, Flag, Gate, Registry
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 
@@ -245,9 +258,9 @@ class TestAssembly:
         reg = load_registry([Fragment("f.yaml", "version: 1\nflags:\n"
                                       "  a: {doc: x, env: [A1, A2]}\n  b: {doc: y, env: [B]}\n")])
         found = env_flag_problems(reg, {"A1": "1", "A2": "maybe", "B": "", "C": "x"})
-        assert [str(p) for p in found] == [
+        assert [str(p) for p in found] == [(
             "f.yaml:3:3: flags.a: environment A2='maybe' is not a boolean (use 1/0, "
-            "true/false, yes/no, on/off)"]
+            "true/false, yes/no, on/off)")]
 
 
 def test_load_cost_is_measured_for_the_bench():

@@ -193,8 +193,8 @@ DEFAULT_LINES = default_registry_path().read_text().splitlines(keepends=True)
 def yaml_level_extras(text: str) -> bool:
     """Explicit tags, merge keys or duplicate keys: YAML the schema never sees (the loader
     refuses all three)."""
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if getattr(event, "tag", None) is not None:
+    for parsed in yaml.parse(text, Loader=yaml.SafeLoader):
+        if getattr(parsed, "tag", None) is not None:
             return True
     def walk(node) -> bool:
         if isinstance(node, yaml.MappingNode):

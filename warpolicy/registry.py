@@ -12,7 +12,7 @@ entry's `Origin`.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Iterator, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 import attrs
 
@@ -22,6 +22,14 @@ from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
 
 def _frozen_map(value: Mapping | None) -> Mapping:
     return MappingProxyType(dict(value or {}))
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _gates(value: Iterable["Gate"]) -> tuple["Gate", ...]:
+    return tuple(value)
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -62,7 +70,7 @@ class Flag:
 
     name: str
     default: bool = False
-    env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    env: tuple[str, ...] = attrs.field(default=(), converter=_names)
     doc: str = ""
     origin: Origin = UNKNOWN_ORIGIN
 
@@ -138,9 +146,9 @@ class Backend:
     reads_end: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict,
                                                                      converter=_frozen_map)
     inherits: Optional[str] = None
-    latest_of: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    latest_of: tuple[str, ...] = attrs.field(default=(), converter=_names)
     per_mode: Mapping[ForwardMode, str] = attrs.field(factory=dict, converter=_frozen_map)
-    gates: tuple[Gate, ...] = attrs.field(default=(), converter=tuple)
+    gates: tuple[Gate, ...] = attrs.field(default=(), converter=_gates)
     abstract: bool = False  # a base to inherit from; left out of tables
     doc: str = ""
     origin: Origin = UNKNOWN_ORIGIN
@@ -216,8 +224,8 @@ class Registry:
     spec_algorithms: Mapping[str, SpecAlgorithm] = attrs.field(factory=dict,
                                                                converter=_frozen_map)
     backends: Mapping[str, Backend] = attrs.field(factory=dict, converter=_frozen_map)
-    gates: tuple[Gate, ...] = attrs.field(default=(), converter=tuple)
-    sources: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    gates: tuple[Gate, ...] = attrs.field(default=(), converter=_gates)
+    sources: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
     def __attrs_post_init__(self) -> None:
         problems = registry_problems(self)

@@ -12,8 +12,14 @@ from typing import Mapping
 
 import attrs
 
-from warpolicy.policy import ForwardMode, Placement, mode_names, policy_names
-from warpolicy.policy import _MODE_ALIASES, _POLICY_ALIASES  # noqa: PLC2701 - the spellings
+from warpolicy.policy import (  # noqa: PLC2701 - the spellings
+    _MODE_ALIASES,
+    _POLICY_ALIASES,
+    ForwardMode,
+    Placement,
+    mode_names,
+    policy_names,
+)
 
 #: The only registry format version this warpolicy reads.
 FORMAT_VERSION = 1
@@ -216,7 +222,7 @@ def _kind_schema(kind: str) -> dict:
     """JSON Schema fragment for a value kind (nested sections are ``$ref``s)."""
     name = {"$ref": "#/$defs/name"}
     placement = {"enum": [p.value for p in Placement]}
-    table = {
+    table: dict[str, dict] = {
         VERSION: {"type": "integer", "const": FORMAT_VERSION},
         BOOL: {"type": "boolean"},
         TEXT: {"type": "string", "pattern": TEXT_PATTERN},

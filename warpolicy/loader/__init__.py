@@ -26,8 +26,13 @@ import attrs
 from warpolicy.errors import InputError, Problem, RegistryError, UnreadableSourceError
 from warpolicy.loader import reading
 from warpolicy.loader.entries import EntryBuilder
-from warpolicy.loader.fragments import (Fragment, FragmentError, compose_fragment,
-                                        fragment_plugin, plugin_fragments)
+from warpolicy.loader.fragments import (
+    Fragment,
+    FragmentError,
+    compose_fragment,
+    fragment_plugin,
+    plugin_fragments,
+)
 from warpolicy.loader.merge import Merger
 from warpolicy.loader.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, Document
 from warpolicy.registry import Registry, parse_flag_value

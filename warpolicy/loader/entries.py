@@ -16,8 +16,15 @@ from yaml.nodes import Node, SequenceNode
 from warpolicy.errors import Problem
 from warpolicy.loader.fields import Converter, Fields, Located, Raw, Reporter, is_null, join
 from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
-from warpolicy.registry import (Backend, Conditions, Flag, Gate, Origin, SpecAlgorithm,
-                                shape_problems)
+from warpolicy.registry import (
+    Backend,
+    Conditions,
+    Flag,
+    Gate,
+    Origin,
+    SpecAlgorithm,
+    shape_problems,
+)
 
 
 @attrs.frozen
@@ -145,23 +152,24 @@ class EntryBuilder:
         per_mode: dict[ForwardMode, Located[Located[str]]] = f.get("per_mode", dict) or {}
         inherits = f.get("inherits", Located)
         plant: dict[ForwardMode, Placement] = f.get("plant", dict) or {}
-        fields = dict(
-            name=name, reads_end={m: p.value for m, p in reads_end.items()},
-            inherits=inherits.value if inherits else None,
-            latest_of=tuple(c.value for c in f.get("latest_of", list) or []),
-            per_mode={m: c.value.value for m, c in per_mode.items()},
-            abstract=bool(f.get("abstract", bool)), doc=f.get("doc", str) or "", origin=origin,
-            reads_end_origins={m: p.origin for m, p in reads_end.items()}, plant=plant)
-        shape = shape_problems(reads_end=fields["reads_end"], inherits=fields["inherits"],
-                               latest_of=fields["latest_of"], per_mode=fields["per_mode"])
+        latest_of = tuple(c.value for c in f.get("latest_of", list) or [])
+        delegates = {m: c.value.value for m, c in per_mode.items()}
+        parent = inherits.value if inherits else None
+        shape = shape_problems(reads_end=reads_end, inherits=parent, latest_of=latest_of,
+                               per_mode=delegates)
         for key, mode, message in shape:
             at = per_mode[mode].origin if mode is not None and mode in per_mode else origin
             self.report.at(at, join(path, key) if key else path, message)
         if shape:
             self.orphan_refs.extend(refs)
             return None
-        return Entry("backend", name, Backend(**fields), origin, path,
-                     bool(f.get("override", bool)), self.index, tuple(refs), tuple(gates))
+        backend = Backend(
+            name=name, reads_end={m: p.value for m, p in reads_end.items()}, inherits=parent,
+            latest_of=latest_of, per_mode=delegates, abstract=bool(f.get("abstract", bool)),
+            doc=f.get("doc", str) or "", origin=origin, plant=plant,
+            reads_end_origins={m: p.origin for m, p in reads_end.items()})
+        return Entry("backend", name, backend, origin, path, bool(f.get("override", bool)),
+                     self.index, tuple(refs), tuple(gates))
 
     @staticmethod
     def backend_refs(f: Fields, path: str) -> list[Ref]:

@@ -114,7 +114,7 @@ class Merger:
             "spec family": {s.family for s in spec_values if s.family},
             "capability": {c for s in spec_values for c in s.capabilities},
         }
-        broken = {}
+        broken: dict[str, set[str]] = {}
         for kind, name in self.broken:
             broken.setdefault(kind, set()).add(name)
         suggest = _Suggestions({k: set(v) | broken.get(k, set()) for k, v in known.items()})
@@ -145,7 +145,7 @@ class Merger:
         for entry in self.tables["flag"].values():
             if not isinstance(entry.value, Flag):
                 continue
-            for var, origin in zip(entry.value.env, entry.env_origins):
+            for var, origin in zip(entry.value.env, entry.env_origins, strict=True):
                 first = owners.setdefault(var, (entry.name, origin))
                 if first[0] != entry.name:
                     self.at(origin, f"{entry.path}.env",
@@ -191,11 +191,12 @@ class Merger:
                  else scoped.setdefault(gate.scope, [])).append(gate)
         try:
             backends = {name: attrs.evolve(e.value, gates=tuple(scoped.get(name, ())))
-                        for name, e in self.tables["backend"].items()}
+                        for name, e in self.tables["backend"].items()
+                        if isinstance(e.value, Backend)}
             return Registry(
                 flags={n: e.value for n, e in self.tables["flag"].items()},
                 spec_algorithms={n: e.value for n, e in self.tables["spec algorithm"].items()},
-                backends=backends, gates=tuple(global_gates), sources=tuple(sources))
+                backends=backends, gates=global_gates, sources=list(sources))
         except RegistryError:
             if not self.problems:  # the loader's checks must have found it first
                 raise

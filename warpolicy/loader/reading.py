@@ -49,12 +49,17 @@ class Document:
 
 
 class _Refused(Exception):
-    """Composing stopped at ``mark`` for ``reason`` (too deep, or an explicit tag)."""
+    """Composing stopped at ``line``, ``col`` (1-based) for ``reason`` (too deep, a tag)."""
 
-    def __init__(self, mark: Optional[yaml.Mark], reason: str) -> None:
+    def __init__(self, at: tuple[int, int], reason: str) -> None:
         super().__init__(reason)
-        self.mark = mark
+        self.line, self.col = at
         self.reason = reason
+
+
+def _at(event: yaml.Event) -> tuple[int, int]:
+    mark = event.start_mark
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
 
 
 class _StrictEvents:
@@ -68,15 +73,15 @@ class _StrictEvents:
         if isinstance(event, yaml.CollectionStartEvent):
             self._depth += 1
             if self._depth > MAX_DEPTH:
-                raise _Refused(event.start_mark,
+                raise _Refused(_at(event),
                                f"YAML nested more than {MAX_DEPTH} levels deep; not a registry")
         elif isinstance(event, yaml.CollectionEndEvent):
             self._depth -= 1
         tag = getattr(event, "tag", None)
         if tag is not None and isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
             shown = tag.replace(TAG, "!!")
-            raise _Refused(event.start_mark, f"YAML tags ({shown}) are not part of the "
-                                             "registry format; write the plain value")
+            raise _Refused(_at(event), f"YAML tags ({shown}) are not part of the registry "
+                                       "format; write the plain value")
         return event
 
 
@@ -184,9 +189,7 @@ def compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
     try:
         root = yaml.compose(text, Loader=C_LOADER or _PyComposer)
     except _Refused as exc:
-        mark = exc.mark
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        problems.append(Problem(name, line, col, exc.reason))
+        problems.append(Problem(name, exc.line, exc.col, exc.reason))
         return None
     except yaml.YAMLError as exc:
         problems.append(yaml_problem(name, text, exc))
@@ -263,7 +266,7 @@ def to_node(name: str, value: object, problems: list[Problem]) -> Optional[Node]
         if id(item) in memo:
             return memo[id(item)]
         if depth > MAX_DEPTH or id(item) in on_path:
-            raise _Refused(None, "mapping nested too deeply (or containing itself)")
+            raise _Refused((0, 0), "mapping nested too deeply (or containing itself)")
         if isinstance(item, Mapping):
             on_path.add(id(item))
             node: Node = MappingNode(TAG + "map", [(build(k, depth + 1), build(v, depth + 1))
