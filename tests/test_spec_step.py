@@ -329,3 +329,19 @@ class TestAudit:
         assert unsafe.dynamic.verdict == UNSAFE and unsafe.dynamic.corrupted == 3
         assert unsafe.dynamic.first.output == "out[2]"  # the draft extend's output
         assert safe.dynamic.verdict == SAFE and safe.dynamic.corrupted == 0
+
+
+def test_overlap_spec_bench_runs_on_the_simulated_platform():
+    from warpolicy.bench.overlap_spec import format_overlap_spec, run_overlap_spec_bench
+
+    result = run_overlap_spec_bench(device="fake")
+    rows = {(r["shape"], r["run"]): r for r in result["rows"]}
+    assert set(rows) == {(s, r) for s in ("eagle", "dflash")
+                         for r in ("coarse", "step", "no_barrier")}
+    assert rows[("eagle", "step")]["reader"] == "draft_extend"
+    assert rows[("dflash", "step")]["reader"] == "verify"
+    assert result["targets"]["sound_runs_zero_corrupted"]
+    text = format_overlap_spec(result)
+    assert "draft_extend" in text and "meaningless" in text
+    with pytest.raises(InputError):
+        format_overlap_spec(result, "yaml")
