@@ -67,15 +67,17 @@ class _Shape:
         self.plan = [(name, mode, make_model(n)) for name, mode, n in plan]
 
     def step(self, run: str) -> Any:
-        from warpolicy.runners import DecodeRunner, DraftExtendRunner, SpecStep, VerifyRunner
+        from warpolicy.runners import (DecodeRunner, DraftExtendRunner, GraphRunner, SpecStep,
+                                       VerifyRunner)
         from warpolicy.testing.models import fixed_policy
 
         choice = {"draft": "in_graph", "verify": "none" if self.shape == "eagle" else "in_graph",
                   "draft_extend": "post_replay"}
-        runners = []
+        runners: list[GraphRunner] = []
         for name, mode, model in self.plan:
             policy = fixed_policy("none" if run == "coarse" else choice[name])
             adapter = _AnyMode(model)
+            runner: GraphRunner
             if mode == ForwardMode.TARGET_VERIFY:
                 runner = VerifyRunner(adapter, policy, self.platform, name=name, draft_tokens=1)
             elif mode == ForwardMode.DRAFT_EXTEND:
@@ -111,6 +113,7 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
         raise CudaUnavailableError("the speculative-step overlap benchmark needs a CUDA device "
                                    "(torch.cuda.is_available() is False)")
     platform = Platform.for_device("fake" if fake else (device or "cuda"), pm=pm)
+    probe_factory: Callable[[], Any]
     if fake:
         layers, draft_layers, batch, steps, hidden, warmup = 2, 1, 4, 8, 16, 2
         tdev, layer_rows, probe_factory = torch.device("cpu"), 8, HostProbe
