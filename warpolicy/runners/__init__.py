@@ -4,16 +4,21 @@ An engine supplies a `ModelAdapter` (static shared buffers, host-side prep, in-g
 forward); a runner warms up, captures one graph per bucket with the node planted after the
 in-graph prep, pads, falls back to eager, and publishes per policy. `OverlapLoop` is the
 scheduler side: barrier right after each launch, next-batch writes on the schedule stream.
+`SpecStep` runs the phases of one speculative step (draft, target verify, draft extend) and
+hands the scheduler the event of the algorithm's last shared reader.
 """
 
 from warpolicy.runners.base import (CapturedBucket, GraphRunner, ModelAdapter, PolicyFn,
                                     StepInfo, resolve_policy_fn, sound)
 from warpolicy.runners.decode import DecodeRunner
+from warpolicy.runners.draft_extend import DraftExtendRunner
 from warpolicy.runners.overlap import OverlapLoop, StepProbe
 from warpolicy.runners.prefill import PrefillRunner
+from warpolicy.runners.spec_step import Phase, SpecStep, StepMailbox, last_reader_of
 from warpolicy.runners.verify import VerifyRunner
 
 __all__ = [
-    "CapturedBucket", "DecodeRunner", "GraphRunner", "ModelAdapter", "OverlapLoop", "PolicyFn",
-    "PrefillRunner", "StepInfo", "StepProbe", "VerifyRunner", "resolve_policy_fn", "sound",
+    "CapturedBucket", "DecodeRunner", "DraftExtendRunner", "GraphRunner", "ModelAdapter",
+    "OverlapLoop", "Phase", "PolicyFn", "PrefillRunner", "SpecStep", "StepInfo", "StepMailbox",
+    "StepProbe", "VerifyRunner", "last_reader_of", "resolve_policy_fn", "sound",
 ]
