@@ -38,8 +38,9 @@ DEFAULT_REF = "origin/main"
 
 # -- validate --------------------------------------------------------------------------------------
 
-def validate_files(files: Sequence[str], base: Sequence[str] = (), err: TextIO = sys.stderr) -> int:
-    """Validate each file on top of ``base``; every problem on ``err``."""
+def validate_files(files: Sequence[str], base: Sequence[str] = (), err: Optional[TextIO] = None) -> int:
+    """Validate each file on top of ``base``; every problem on ``err`` (default stderr)."""
+    err = err if err is not None else sys.stderr
     bases = list(registry_sources(base)) if base else []
     failed = False
     for path in files:
@@ -114,8 +115,10 @@ def earlier_cells(old_sources: Sequence, new_sources: Sequence) -> list[str]:
 
 
 def diff_files(files: Sequence[str], ref: str = DEFAULT_REF, base: Sequence[str] = (),
-               out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+               out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     """Fail (1) when any file has an earlier cell than its version at ``ref``."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
     bases = list(registry_sources(base)) if base else []
     status = OK
     for path in files:
