@@ -37,10 +37,10 @@ import threading
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
 import pluggy
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _prometheus_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
 
 __version__ = "0.2.0"
 
@@ -136,8 +136,10 @@ def cuda_release_timing() -> Optional[ReleaseTiming]:
 
 # -- the metrics -----------------------------------------------------------------------------------
 
-PUBLISHES = ("warpolicy_read_done_publishes", "Steps published, by runner and policy (none: "
-             "nothing published, the scheduler went coarse).", ("runner", "policy"))
+PUBLISHES = ("warpolicy_read_done_publishes",
+             ("Steps published, by runner and policy (none: nothing published, the scheduler "
+              "went coarse)."),
+             ("runner", "policy"))
 BARRIERS = ("warpolicy_barriers", "Scheduler barriers by runner, kind (event or coarse) and reason.",
             ("runner", "kind", "reason"))
 
