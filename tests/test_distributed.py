@@ -246,7 +246,18 @@ def _scenario(rank: int, environ: dict, files=None, *, strict=False, group=None)
             "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}
 
 
+def _bench(rank: int, world: int) -> dict:
+    """The tensor-parallel overlap benchmark on these gloo ranks (simulated platform), rank 2
+    given another flag: its combined result as every rank returns it."""
+    from warpolicy.bench.overlap_tp import TpConfig, run_rank
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the mismatch warning, checked above
+        return run_rank(rank, world, TpConfig(device="fake", steps=6, mismatch_rank=2))
+
+
 def _rank_main(rank: int, world: int, store: str, outdir: str, extra: str) -> None:
+    torch.set_num_threads(1)  # three ranks on a small CI machine: tiny ops, no thread spinning
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     out = {}
     try:
@@ -261,6 +272,7 @@ def _rank_main(rank: int, world: int, store: str, outdir: str, extra: str) -> No
         pair = dist.new_group([0, 1])  # every rank creates it; rank 2 is not a member
         out["subgroup"] = _scenario(rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 1 else {},
                                     group=pair)
+        out["bench"] = _bench(rank, world)
     finally:
         dist.destroy_process_group()
         Path(outdir, f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
@@ -332,3 +344,28 @@ def test_result_json_carries_the_verdict():
     assert data["first_difference"]["key"] == "flag.x"
     assert "runner:decode" in data["message"]
     assert isinstance(result, ConsistencyResult)
+
+
+class TestGlooBench:
+    """The overlap benchmark's multi-rank path: an all-reduce ending every layer, one rank with
+    another flag."""
+
+    def test_every_rank_returns_the_same_combined_result(self, gloo_runs):
+        first = gloo_runs["bench"][0]
+        assert all(run == first for run in gloo_runs["bench"])
+        assert first["world_size"] == WORLD and first["backend"] == "gloo"
+
+    def test_the_flag_on_one_rank_ends_coarse_on_every_rank(self, gloo_runs):
+        result = gloo_runs["bench"][0]
+        for rank in result["ranks"]:
+            cons = rank["consistency"]
+            assert cons["coarse"] and cons["differing_ranks"] == [2]
+            assert cons["first_difference"]["key"] == "flag.force_coarse"
+            assert {r["resolved"] for r in rank["rows"]} == {"none"}
+            assert all(r["corrupted"] == 0 for r in rank["rows"])
+        assert result["targets"]["mismatch_coarse_on_every_rank"]
+
+    def test_the_all_reduce_leaves_the_same_output_on_every_rank(self, gloo_runs):
+        result = gloo_runs["bench"][0]
+        assert len({r["output_checksum"] for r in result["ranks"]}) == 1
+        assert result["targets"]["outputs_agree_across_ranks"]
