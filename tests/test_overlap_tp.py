@@ -26,7 +26,7 @@ def report(rank, *, steps=(3700.0, 3700.0, 3410.0, 3400.0), ok=True, resolved=No
     names = ("coarse", "post_replay", "in_graph", "no_barrier")
     rows = [row(n, s, resolved=None if n == "no_barrier" else resolved,
                 corrupted=corrupted if n == "in_graph" else 0)
-            for n, s in zip(names, steps)]
+            for n, s in zip(names, steps, strict=True)]
     gap_closed(rows)
     rows[2]["release_minus_ideal_us"] = release
     return {"rank": rank, "world_size": 2, "platform": "cuda", "device": "GPU",

@@ -362,7 +362,7 @@ def all_gather_bytes(payload: bytes, group: Any = None, device: Any = None, *,
         buf[:length] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(dev)
     out = [torch.zeros_like(buf) for _ in range(world)]
     dist.all_gather(out, buf, group=group)
-    return [bytes(t[:n].cpu().tolist()) for t, n in zip(out, lengths)]
+    return [bytes(t[:n].cpu().tolist()) for t, n in zip(out, lengths, strict=True)]
 
 
 def all_gather_json(value: Any, group: Any = None, device: Any = None) -> list[Any]:

@@ -57,7 +57,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
 
 def _models() -> Any:
     """The benchmark models (deferred: they import torch). The one line to change when they move."""
-    import warpolicy.testing.models as models
+    from warpolicy.testing import models
 
     return models
 
@@ -106,7 +106,7 @@ class TpConfig:
         return attrs.asdict(self)
 
 
-# -- the model ---------------------------------------------------------------------------------------
+# -- the model ------------------------------------------------------------------------------
 
 class TensorParallelDecodeModel:
     """The synthetic decode model with every layer ending in an all-reduce (row-parallel TP).
@@ -151,7 +151,7 @@ class _PrepOnly:
         return self._model.tokens
 
 
-# -- measurements (pure; the CPU tests feed them hand-made marks) -----------------------------------
+# -- measurements (pure; the CPU tests feed them hand-made marks) ----------------------------
 
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
@@ -271,6 +271,11 @@ class _RankBench:
         return _median([t["launched"][k] - t["launch"][k] for k in ks])
 
 
+def _lookup(policy: Any, mode: ForwardMode) -> WarReadDonePolicy:
+    """A policy's answer for a captured graph with the node planted."""
+    return WarReadDonePolicy(getattr(policy, "lookup", policy)(mode, False, True))
+
+
 def _rank_environ(rank: int, config: TpConfig) -> dict[str, str]:
     env = dict(os.environ)
     if config.mismatch_rank == rank:
@@ -295,7 +300,8 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
             min(config.steps, 8), 1, 16
         config = attrs.evolve(config, layers=layers, batch=batch, steps=steps, repeats=repeats,
                               hidden=hidden)
-        layer_rows, probe_factory = 8, HostProbe
+        layer_rows = 8
+        probe_factory: Callable[[], Any] = HostProbe
         bookkeeping: Callable[[], None] = models.matmul_work(8, hidden, device)
     else:
         # every rank must all-reduce the same shape: rank 0's calibration decides
@@ -303,8 +309,8 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         layer_rows = int(all_gather_json(mine, None, gather_dev)[0])
         probe_factory = CudaProbe
         if config.sched_kind == "matmul":
-            rows = calibrate_rows(config.sched_us, config.hidden, device)
-            bookkeeping = models.matmul_work(int(all_gather_json(rows, None, gather_dev)[0]),
+            sched_rows = calibrate_rows(config.sched_us, config.hidden, device)
+            bookkeeping = models.matmul_work(int(all_gather_json(sched_rows, None, gather_dev)[0]),
                                              config.hidden, device)
         elif config.sched_kind == "latency":
             bookkeeping = spin_work(config.sched_us, device)
@@ -324,7 +330,8 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     model = TensorParallelDecodeModel(inner)
     bench = _RankBench(platform, model, bookkeeping, config, warmup, probe_factory)
     ideal = bench.ideal_us()
-    rows, checksum = [], None
+    rows: list[dict[str, Any]] = []
+    checksum: Optional[float] = None
     for name, policy, is_sound, skip in VARIANTS:
         runner = bench.runner(guard_policy(models.fixed_policy(policy), consistency), name)
         per_run, corrupted = [], 0
@@ -333,7 +340,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
             if checksum is None:  # the last all-reduce leaves the same output on every rank
                 checksum = float(ref[-1].double().sum())
             outs, marks = bench.overlapped(runner, skip)
-            corrupted += sum(not torch.equal(a, b) for a, b in zip(outs, ref))
+            corrupted += sum(not torch.equal(a, b) for a, b in zip(outs, ref, strict=True))
             per_run.append(step_metrics(marks, warmup))
         row: dict[str, Any] = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
         row.update(name=name, policy=policy.label, resolved=runner.policy_for(config.batch).label,
@@ -348,7 +355,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         "device": platform.name if fake else torch.cuda.get_device_name(device),
         "mismatch": config.mismatch_rank == rank,
         "consistency": consistency.to_json(),
-        "engine_decode_policy": compiled.lookup(ForwardMode.DECODE).label,
+        "engine_decode_policy": _lookup(compiled, ForwardMode.DECODE).label,
         "ideal_release_us": ideal, "layer_rows": layer_rows, "output_checksum": checksum,
         "rows": rows,
         "effective": {"layers": config.layers, "batch": config.batch, "steps": config.steps,
