@@ -22,6 +22,7 @@ from warpolicy.distributed import (CoarsePolicy, ConsistencyResult, PolicyFinger
                                    RankMismatchError, check_consistency, compare_fingerprints,
                                    compile_consistent, guard_policy, policy_fingerprint)
 from warpolicy.engine import PolicyEngine
+from warpolicy.errors import WarpolicyError
 from warpolicy.hookspecs import hookimpl
 from warpolicy.loader import default_registry_path
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
@@ -218,6 +219,21 @@ class TestNoPeers:
         with pytest.raises(RankMismatchError, match="store timed out"):
             check_consistency(fingerprint(), strict=True)
 
+    def test_a_rank_that_cannot_fingerprint_ends_coarse(self, monkeypatch):
+        def broken(*args, **kwargs):
+            raise ValueError("bad table")
+
+        monkeypatch.setattr(wd, "policy_fingerprint", broken)
+        compiled = engine().compile("fa3")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            policy, result = wd.consistent_policy(compiled, where="runner:decode")
+        assert isinstance(policy, CoarsePolicy) and result.coarse
+        assert "bad table" in (result.error or "")
+        assert len(caught) == 1 and "bad table" in str(caught[0].message)
+        with pytest.raises(ValueError, match="bad table"):
+            wd.consistent_policy(compiled, strict=True)
+
     def test_imports_and_passes_without_torch(self):
         code = ("import sys; sys.modules['torch'] = None\n"
                 "from warpolicy.distributed import check_consistency, policy_fingerprint\n"
@@ -232,15 +248,17 @@ class TestNoPeers:
 
 # -- several processes, gloo ---------------------------------------------------------------------
 
-def _scenario(rank: int, environ: dict, files=None, *, strict=False, group=None) -> dict:
+def _scenario(rank: int, environ: dict, files=None, *, strict=False, group=None,
+              backend="fa3") -> dict:
     """One check on this rank; what it returned, warned or raised."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            policy, result = compile_consistent(engine(environ, files), "fa3", group=group,
+            policy, result = compile_consistent(engine(environ, files), backend, group=group,
                                                 strict=strict)
-        except RankMismatchError as exc:
-            return {"raised": str(exc), "warnings": [str(w.message) for w in caught]}
+        except WarpolicyError as exc:
+            return {"raised": f"{type(exc).__name__}: {exc}",
+                    "warnings": [str(w.message) for w in caught]}
     cells = {v.label for v in all_cells(policy).values()}
     return {"raised": None, "result": result.to_json(), "policies": sorted(cells),
             "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}
@@ -269,6 +287,8 @@ def _rank_main(rank: int, world: int, store: str, outdir: str, extra: str) -> No
         out["extra_file_on_1"] = _scenario(rank, {}, ["default", extra] if rank == 1 else None)
         out["strict"] = _scenario(rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 2 else {},
                                   strict=True)
+        out["unknown_backend_on_1_strict"] = _scenario(
+            rank, {}, strict=True, backend="no_such_backend" if rank == 1 else "fa3")
         pair = dist.new_group([0, 1])  # every rank creates it; rank 2 is not a member
         out["subgroup"] = _scenario(rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 1 else {},
                                     group=pair)
@@ -328,6 +348,14 @@ class TestGloo:
     def test_strict_raises_on_every_rank(self, gloo_runs):
         for run in gloo_runs["strict"]:
             assert run["raised"] is not None and "rank 2" in run["raised"]
+
+    def test_a_compile_error_on_one_rank_with_strict_raises_everywhere_without_a_hang(
+            self, gloo_runs):
+        raised = [run["raised"] for run in gloo_runs["unknown_backend_on_1_strict"]]
+        assert raised[1] is not None and raised[1].startswith("UnknownNameError")
+        for rank in (0, 2):
+            assert raised[rank] is not None and raised[rank].startswith("RankMismatchError")
+            assert "rank 1" in raised[rank]
 
     def test_an_explicit_group_checks_only_its_members(self, gloo_runs):
         members, outsider = gloo_runs["subgroup"][:2], gloo_runs["subgroup"][2]

@@ -214,8 +214,7 @@ class ConsistencyResult:
             return (f"warpolicy {self.where}: policies consistent on {self.world_size} rank(s) "
                     f"({how}, digest {self.digest[:12]})")
         if self.error is not None:
-            return (f"warpolicy {self.where}: the cross-rank policy check failed ({self.error}); "
-                    "using the coarse barrier")
+            return f"warpolicy {self.where}: {self.error}; using the coarse barrier"
         cell = self.first_difference.describe() if self.first_difference else "(none found)"
         return (f"warpolicy {self.where}: ranks disagree on what decides the read-done policy: "
                 f"{_ranks(self.differing_ranks)} (of {self.world_size}) "
@@ -287,12 +286,22 @@ def check_consistency(fingerprint: PolicyFingerprint, group: Any = None, *, stri
                       pm: Any = None) -> ConsistencyResult:
     """Compare ``fingerprint`` across the ranks of ``group`` (None: the default group).
 
-    Call it on every rank of the group, outside any graph capture, once per compile or
-    capture. Without an initialised process group, or with one rank, it returns ``ok`` and
-    runs no collective. On a mismatch (or a failure of the check itself) every rank gets
-    ``ok=False`` and one warning, ``pm``'s ``warpolicy_on_fallback`` observers are told, and
-    with ``strict=True`` every rank raises `RankMismatchError` instead.
+    A collective: call it on every rank of the group, the same number of times, outside any
+    graph capture, once per compile or capture. Without an initialised process group, or with
+    one rank, it returns ``ok`` and runs no collective. On a mismatch (or a failure of the
+    check itself) every rank gets ``ok=False`` and one warning, ``pm``'s
+    ``warpolicy_on_fallback`` observers are told, and with ``strict=True`` every rank raises
+    `RankMismatchError` instead.
     """
+    result = _verdict(fingerprint, group, device, where)
+    if not result.ok:
+        _report(result, strict, pm)
+    return result
+
+
+def _verdict(fingerprint: PolicyFingerprint, group: Any, device: Any,
+             where: str) -> ConsistencyResult:
+    """The check without reporting: gather, compare, fail closed on any error."""
     dist = _distributed()
     digest = fingerprint.digest
     if dist is None or (group is None and not dist.is_initialized()):
@@ -301,13 +310,11 @@ def check_consistency(fingerprint: PolicyFingerprint, group: Any = None, *, stri
     if world <= 1 or rank < 0:  # rank -1: this process is not a member of ``group``
         return ConsistencyResult(True, max(rank, 0), 1, digest, where)
     try:
-        result = _gather_and_compare(dist, fingerprint, group, device, rank, where)
+        return _gather_and_compare(dist, fingerprint, group, device, rank, where)
     except Exception as exc:  # noqa: BLE001 - a failed check is a mismatch: fail closed
-        result = ConsistencyResult(False, rank, world, digest, where, checked=True,
-                                   error=f"{type(exc).__name__}: {exc}")
-    if not result.ok:
-        _report(result, strict, pm)
-    return result
+        return ConsistencyResult(False, rank, world, digest, where, checked=True,
+                                 error=f"the cross-rank policy check failed "
+                                       f"({type(exc).__name__}: {exc})")
 
 
 def _gather_and_compare(dist: Any, fingerprint: PolicyFingerprint, group: Any, device: Any,
@@ -440,10 +447,14 @@ def consistent_policy(policy: PolicyLike, *, engine: Optional[PolicyEngine] = No
                       pm: Any = None) -> tuple[PolicyLike, ConsistencyResult]:
     """Fingerprint ``policy``, check it across ranks, and return what to run with.
 
-    This is what a runner calls before its first capture (``where="runner:NAME"``).
+    This is what a runner calls before its first capture (``where="runner:NAME"``). It is a
+    collective: every rank of the group calls it, the same number of times, in the same order.
     """
-    fingerprint = policy_fingerprint(policy, engine=engine, platform=platform,
-                                     external_events=external_events, flags=flags)
+    try:
+        fingerprint = policy_fingerprint(policy, engine=engine, platform=platform,
+                                         external_events=external_events, flags=flags)
+    except Exception as exc:  # noqa: BLE001 - still take part, or the peers would wait forever
+        return _checked_failure(exc, group, strict, device, where, pm, policy)
     result = check_consistency(fingerprint, group, strict=strict, device=device, where=where,
                                pm=pm)
     return guard_policy(policy, result), result
@@ -454,10 +465,33 @@ def compile_consistent(engine: PolicyEngine, backend: str, spec: str = "none",
                        external_events: bool = True, group: Any = None, strict: bool = False,
                        device: Any = None,
                        pm: Any = None) -> tuple[PolicyLike, ConsistencyResult]:
-    """`PolicyEngine.compile`, then the cross-rank check: the engine's compile step for TP."""
-    compiled = engine.compile(backend, spec, flags, platform=platform,
-                              external_events=external_events, strict=strict)
+    """`PolicyEngine.compile`, then the cross-rank check: the engine's compile step for TP.
+
+    A collective, like `consistent_policy`. With ``strict=True`` a compile error still takes
+    part in the check (so the peers do not wait for this rank) and is raised after it.
+    """
+    where = f"compile:{backend}/{spec}"
+    try:
+        compiled = engine.compile(backend, spec, flags, platform=platform,
+                                  external_events=external_events, strict=strict)
+    except Exception as exc:  # noqa: BLE001 - only raised with strict=True
+        return _checked_failure(exc, group, strict, device, where, pm, None, backend, spec)
     return consistent_policy(compiled, engine=engine, platform=platform,
                              external_events=external_events, flags=flags, group=group,
-                             strict=strict, device=device, where=f"compile:{backend}/{spec}",
-                             pm=pm)
+                             strict=strict, device=device, where=where, pm=pm)
+
+
+def _checked_failure(exc: Exception, group: Any, strict: bool, device: Any, where: str, pm: Any,
+                     policy: Optional[PolicyLike], backend: str = "?",
+                     spec: str = "none") -> tuple[PolicyLike, ConsistencyResult]:
+    """This rank could not build its policy or fingerprint: take part in the check with a cell
+    naming the failure (so every peer ends coarse too), then end coarse here (or raise)."""
+    why = f"{type(exc).__name__}: {exc}"
+    result = _verdict(PolicyFingerprint((("failed", why),)), group, device, where)
+    result = attrs.evolve(result, ok=False, error=f"this rank could not build its policy ({why})")
+    if strict:
+        raise exc
+    _report(result, False, pm)
+    if policy is not None:
+        return guard_policy(policy, result), result
+    return CoarsePolicy(result, backend, spec), result
