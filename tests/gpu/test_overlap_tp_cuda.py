@@ -29,7 +29,7 @@ def test_one_rank_nccl_all_reduce_in_graph_sound_policies_never_corrupt():
     (rank,) = result["ranks"]
     assert rank["consistency"]["ok"]
     rows = _by_name(rank)
-    assert rows["in_graph"]["resolved"] == "in_graph"  # the node was planted next to the NCCL kernels
+    assert rows["in_graph"]["resolved"] == "in_graph"  # planted in a graph with NCCL kernels
     assert rows["post_replay"]["resolved"] == "post_replay"
     assert result["targets"]["sound_policies_zero_corrupted_every_rank"]
 
