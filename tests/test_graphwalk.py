@@ -14,14 +14,37 @@ from hypothesis import strategies as st
 
 from warpolicy.graphwalk import cuda as gcuda
 from warpolicy.graphwalk.analysis import (
-    Outcome, ancestors, derive_plan, find_event_record, find_readers, late_readers,
-    reader_frontier, topological_order)
+    Outcome,
+    ancestors,
+    derive_plan,
+    find_event_record,
+    find_readers,
+    late_readers,
+    reader_frontier,
+    topological_order,
+)
 from warpolicy.graphwalk.errors import (
-    BindingsMissingError, CudaCallError, GraphWalkError, PlacementError)
+    BindingsMissingError,
+    CudaCallError,
+    GraphWalkError,
+    PlacementError,
+)
 from warpolicy.graphwalk.model import (
-    BufferRange, Graph, Node, NodeKind, buffer_ranges, chain, tensor_range)
+    BufferRange,
+    Graph,
+    Node,
+    NodeKind,
+    buffer_ranges,
+    chain,
+    tensor_range,
+)
 from warpolicy.graphwalk.plant import (
-    check_marker, check_walked, derive_and_plant, event_handle, ranges_of)
+    check_marker,
+    check_walked,
+    derive_and_plant,
+    event_handle,
+    ranges_of,
+)
 
 TABLE = BufferRange("req_to_token", 0x1000, 0x2000)
 MAP = BufferRange("swa_map", 0x8000, 0x8100)
@@ -527,3 +550,23 @@ class TestPlant:
         assert event_handle(FakeEvent(7)) == 7 and event_handle(object()) == 0
         assert event_handle(types.SimpleNamespace(event=FakeEvent(9))) == 9
         assert ranges_of(RANGES) == RANGES
+
+
+class TestBench:
+    def test_forward_graph_shape(self):
+        from warpolicy.graphwalk import bench
+
+        graph = bench.forward_graph(1000)
+        assert len(graph) == 1000
+        plan = derive_plan(graph, bench.RANGES)
+        assert [graph.nodes[i].name for i in plan.frontier] == ["swa_index"]
+        check = check_walked(graph, bench.RANGES, bench.EVENT)
+        assert [r.name for r in check.late] == ["swa_index"]
+
+    def test_main_prints_figures(self, capsys):
+        from warpolicy.graphwalk import bench
+
+        assert bench.main(["--nodes", "60", "--repeat", "1"]) == 0
+        out = capsys.readouterr().out
+        assert "60-node graph" in out and "budget" in out and "naive" in out
+        assert bench.main(["--nodes", "2"]) == 2

@@ -7,12 +7,29 @@ Python (tested on CPU with hand-made graphs); `cuda` reads real graphs through c
 """
 
 from warpolicy.graphwalk.analysis import (
-    DerivedPlan, Outcome, Reader, ancestors, derive_plan, find_event_record, find_readers,
-    late_readers, reader_frontier)
+    DerivedPlan,
+    Outcome,
+    Reader,
+    ancestors,
+    derive_plan,
+    find_event_record,
+    find_readers,
+    late_readers,
+    reader_frontier,
+)
 from warpolicy.graphwalk.errors import (
-    BindingsMissingError, CudaCallError, GraphWalkError, PlacementError)
+    BindingsMissingError,
+    CudaCallError,
+    GraphWalkError,
+    PlacementError,
+)
 from warpolicy.graphwalk.model import BufferRange, Graph, Node, NodeKind, buffer_ranges
-from warpolicy.graphwalk.plant import DerivedPlant, SelfCheck, check_marker, derive_and_plant
+from warpolicy.graphwalk.plant import (
+    DerivedPlant,
+    SelfCheck,
+    check_marker,
+    derive_and_plant,
+)
 
 __all__ = [
     "BindingsMissingError", "BufferRange", "CudaCallError", "DerivedPlan", "DerivedPlant",

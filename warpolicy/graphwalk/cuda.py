@@ -263,7 +263,7 @@ class _NodeReader:
                          None)
         if getter is None:
             return None
-        sizes = []
+        sizes: list[int] = []
         for k in range(MAX_PARAMS):
             result = getter(handle, k)
             if not isinstance(result, tuple) or not result:

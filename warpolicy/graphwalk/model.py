@@ -9,7 +9,7 @@ memcpy or memset, the device byte ranges it reads or writes (``spans``). The CUD
 from __future__ import annotations
 
 import enum
-from typing import Mapping, Optional, Protocol, Sequence
+from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
 import attrs
 
@@ -58,6 +58,14 @@ def _spans_valid(_instance: object, _attribute: attrs.Attribute,
             raise ValueError(f"span [{start:#x}, {end:#x}) is not a byte range")
 
 
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _spans(values: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(s), int(e)) for s, e in values)
+
+
 @attrs.frozen
 class BufferRange:
     """A shared buffer's device bytes ``[start, end)``; ``end`` itself is outside."""
@@ -85,11 +93,10 @@ class Node:
     index: int = attrs.field(validator=_non_negative)
     kind: NodeKind = attrs.field(converter=NodeKind)
     name: str = ""  # short kernel name; empty means "use the kind"
-    deps: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    words: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # kernel argument words
+    deps: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+    words: tuple[int, ...] = attrs.field(default=(), converter=_ints)  # kernel argument words
     spans: tuple[tuple[int, int], ...] = attrs.field(
-        default=(), converter=lambda v: tuple((int(s), int(e)) for s, e in v),
-        validator=_spans_valid)  # memcpy / memset byte ranges
+        default=(), converter=_spans, validator=_spans_valid)  # memcpy / memset byte ranges
     readable: bool = True  # False: a kernel whose arguments could not be read
     event: Optional[int] = None  # the event handle of an event-record node
     symbol: str = ""  # the full (demangled) kernel symbol, for reports
@@ -104,11 +111,15 @@ class Node:
         return self.kind in OPAQUE_KINDS or (self.kind is NodeKind.KERNEL and not self.readable)
 
 
+def _node_tuple(nodes: Iterable[Node]) -> tuple[Node, ...]:
+    return tuple(nodes)
+
+
 @attrs.frozen
 class Graph:
     """Nodes in index order; every dependency names an existing, different node."""
 
-    nodes: tuple[Node, ...] = attrs.field(converter=tuple)
+    nodes: tuple[Node, ...] = attrs.field(converter=_node_tuple)
 
     @nodes.validator
     def _consistent(self, _attribute: attrs.Attribute, value: tuple[Node, ...]) -> None:

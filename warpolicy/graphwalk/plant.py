@@ -26,7 +26,14 @@ from typing import Any, Mapping, Sequence, Union
 import attrs
 
 from warpolicy.graphwalk.analysis import (
-    DerivedPlan, Outcome, Reader, derive_plan, find_event_record, find_readers, late_readers)
+    DerivedPlan,
+    Outcome,
+    Reader,
+    derive_plan,
+    find_event_record,
+    find_readers,
+    late_readers,
+)
 from warpolicy.graphwalk.errors import GraphWalkError, PlacementError
 from warpolicy.graphwalk.model import BufferRange, Graph, TensorLike, buffer_ranges
 
@@ -153,7 +160,9 @@ def derive_and_plant(graph: Any, shared_buffers: SharedBuffers, event: Any) -> D
 
 
 def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> DerivedPlant:
-    from warpolicy.graphwalk import cuda  # cuda-bindings is optional: imported when used
+    from warpolicy.graphwalk import (
+        cuda,  # cuda-bindings is optional: imported when used
+    )
 
     if not ranges:
         raise PlacementError("no non-empty shared buffers to look for")
@@ -208,7 +217,9 @@ def check_marker(graph: Any, shared_buffers: SharedBuffers, marker_event: Any) -
 
 
 def _check_marker(graph: Any, ranges: Sequence[BufferRange], marker_event: Any) -> SelfCheck:
-    from warpolicy.graphwalk import cuda  # cuda-bindings is optional: imported when used
+    from warpolicy.graphwalk import (
+        cuda,  # cuda-bindings is optional: imported when used
+    )
 
     raw = raw_graph_of(graph)
     handle = event_handle(marker_event)
