@@ -570,3 +570,22 @@ class TestBench:
         out = capsys.readouterr().out
         assert "60-node graph" in out and "budget" in out and "naive" in out
         assert bench.main(["--nodes", "2"]) == 2
+
+
+def test_edges_fall_back_to_per_node_dependencies(fake_driver):
+    nodes, edges = fake_forward(marker_after=0)
+    driver = fake_driver(nodes, edges)
+    driver.cuGraphGetEdges = lambda *a: (CUresult.CUDA_ERROR_INVALID_VALUE,)
+
+    def deps_of(handle, count=0):
+        parents = [Handle(100 + a) for a, b in edges if b == int(handle) - 100]
+        if not count:
+            return CUresult.CUDA_SUCCESS, [], [], len(parents)
+        return CUresult.CUDA_SUCCESS, parents, [Edge() for _ in parents], len(parents)
+
+    driver.cuGraphNodeGetDependencies = deps_of
+    graph = gcuda.read_graph(0xABC).graph
+    assert [n.deps for n in graph.nodes] == [(), (0,), (1,), (2,), (0,)]
+    driver.cuGraphNodeGetDependencies = lambda *a: (CUresult.CUDA_ERROR_INVALID_VALUE,)
+    with pytest.raises(CudaCallError, match="cuGraphNodeGetDependencies failed"):
+        gcuda.read_graph(0xABC)

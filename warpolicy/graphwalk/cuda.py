@@ -138,25 +138,60 @@ def read_graph(raw: int) -> RawGraph:
 
 def _dependencies(driver: ModuleType, cu_graph: Any, handles: Sequence[Any],
                   index: dict[int, int]) -> tuple[list[tuple[int, ...]], int]:
-    """Each node's full dependencies (indices) and the number of weak edges dropped."""
+    """Each node's full dependencies (indices) and the number of weak edges dropped.
+
+    Asks for every edge at once; when that query fails (e.g. a lossy query refused by the
+    driver), asks each node for its dependencies instead. If both fail, the walk fails.
+    """
+    if not handles:
+        return [], 0
+    try:
+        edges = _edges_of_graph(driver, cu_graph)
+    except CudaCallError:
+        edges = _edges_by_node(driver, handles)
     deps: list[list[int]] = [[] for _ in handles]
     weak = 0
-    count = int(call(driver, "cuGraphGetEdges", cu_graph)[-1]) if handles else 0
-    if count:
-        got = call(driver, "cuGraphGetEdges", cu_graph, count)
-        sources, targets = list(got[0])[:count], list(got[1])[:count]
-        data = list(got[2])[:count] if len(got) >= 4 and got[2] is not None else []
-        if len(sources) != count or len(targets) != count:
-            raise CudaCallError("cuGraphGetEdges", "short answer", f"{len(sources)} of {count}")
-        for k, (src, dst) in enumerate(zip(sources, targets)):
-            a, b = index.get(int(src)), index.get(int(dst))
-            if a is None or b is None:
-                raise CudaCallError("cuGraphGetEdges", "unknown node in an edge")
-            if k < len(data) and _is_weak(data[k]):
-                weak += 1
-                continue
-            deps[b].append(a)
+    for src, dst, data in edges:
+        a, b = index.get(int(src)), index.get(int(dst))
+        if a is None or b is None:
+            raise CudaCallError("cuGraphGetEdges", "an edge names a node not in the graph")
+        if _is_weak(data):
+            weak += 1
+            continue
+        deps[b].append(a)
     return [tuple(sorted(set(d))) for d in deps], weak
+
+
+def _edges_of_graph(driver: ModuleType, cu_graph: Any) -> list[tuple[Any, Any, Any]]:
+    count = int(call(driver, "cuGraphGetEdges", cu_graph)[-1])
+    if not count:
+        return []
+    got = call(driver, "cuGraphGetEdges", cu_graph, count)
+    sources, targets = list(got[0])[:count], list(got[1])[:count]
+    if len(sources) != count or len(targets) != count:
+        raise CudaCallError("cuGraphGetEdges", "short answer", f"{len(sources)} of {count}")
+    return list(zip(sources, targets, _edge_data(got, count)))
+
+
+def _edges_by_node(driver: ModuleType, handles: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
+    edges = []
+    for handle in handles:
+        count = int(call(driver, "cuGraphNodeGetDependencies", handle)[-1])
+        if count:
+            got = call(driver, "cuGraphNodeGetDependencies", handle, count)
+            parents = list(got[0])[:count]
+            if len(parents) != count:
+                raise CudaCallError("cuGraphNodeGetDependencies", "short answer",
+                                    f"{len(parents)} of {count}")
+            edges += [(p, handle, d) for p, d in zip(parents, _edge_data(got, count, 1))]
+    return edges
+
+
+def _edge_data(got: tuple[Any, ...], count: int, at: int = 2) -> list[Any]:
+    """The edge data list of a 13.x answer (``(..., edgeData, count)``), or Nones (12.x)."""
+    data = got[at] if len(got) >= at + 2 else None
+    out = list(data)[:count] if data is not None else []
+    return out + [None] * (count - len(out))
 
 
 def _is_weak(edge: Any) -> bool:
