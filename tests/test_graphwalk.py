@@ -307,6 +307,7 @@ class FakeDriver(types.SimpleNamespace):
         self.edges = edges
         self.weak = set(weak)
         self.added = []
+        self.drop_added = False  # simulate a driver that accepts the node but loses it
         self._keep = []
 
     # handle constructors
@@ -369,7 +370,11 @@ class FakeDriver(types.SimpleNamespace):
         if count != len(deps) or not all(isinstance(d, Handle) for d in deps):
             return CUresult.CUDA_ERROR_INVALID_VALUE, None
         self.added.append(([int(d) - 100 for d in deps], int(event)))
-        return CUresult.CUDA_SUCCESS, Handle(999)
+        if not self.drop_added:
+            self.nodes.append({"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                               "event": int(event)})
+            self.edges += [(int(d) - 100, len(self.nodes) - 1) for d in deps]
+        return CUresult.CUDA_SUCCESS, Handle(100 + len(self.nodes) - 1)
 
 
 def arg(value, size=8):
@@ -513,6 +518,18 @@ class TestPlant:
         with pytest.raises(PlacementError, match="no non-empty shared buffers"):
             derive_and_plant(FakeTorchGraph(), {}, FakeEvent())
         assert driver.added == []
+
+    def test_plant_is_verified(self, fake_driver):
+        driver = fake_driver(*fake_forward())
+        driver.drop_added = True
+        with pytest.raises(PlacementError, match="4 nodes after adding one to 4"):
+            derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent())
+
+    def test_planted_node_passes_the_self_check(self, fake_driver):
+        fake_driver(*fake_forward())
+        derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent())
+        check = check_marker(FakeTorchGraph(), RANGES, FakeEvent())
+        assert check.ok and check.marker == 4 and check.readers == 2
 
     def test_api_error_becomes_placement_error(self, fake_driver):
         driver = fake_driver(*fake_forward())

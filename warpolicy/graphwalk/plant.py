@@ -188,6 +188,9 @@ def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> 
     if plan.outcome is Outcome.NO_READERS:
         raise PlacementError(_no_readers(plan, ranges), no_readers=True)
     node = cuda.add_event_record_node(walked, plan.frontier, handle)
+    after = cuda.node_count(raw)
+    if after != plan.nodes + 1:  # the driver accepted the call but the graph did not change
+        raise PlacementError(f"the graph has {after} nodes after adding one to {plan.nodes}")
     t3 = time.perf_counter()
     by_index = {r.index: r for r in plan.readers}
     return DerivedPlant(plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes,
