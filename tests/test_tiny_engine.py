@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from warpolicy.bench.models import TinyConfig, fixed_policy
 from warpolicy.policy import ForwardMode
 from warpolicy.testing.fake import fake_platform, fake_plugin
-from warpolicy.testing.models import TinyConfig, fixed_policy
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_engine.py"
 
@@ -142,7 +142,7 @@ def test_example_main_runs_on_fake(capsys):
 
 
 def test_tiny_config_buckets_are_per_mode():
-    from warpolicy.testing.models import TinyPagedModel, TinyState, TinyWeights
+    from warpolicy.bench.models import TinyPagedModel, TinyState, TinyWeights
 
     cfg = TinyConfig()
     model = TinyPagedModel(cfg, TinyWeights(cfg, torch.device("cpu")),
