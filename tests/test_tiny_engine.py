@@ -1,4 +1,7 @@
-"""The example engine (examples/tiny_engine.py) and the tiny model, on the fake platform."""
+"""The example engine (examples/tiny_engine.py) and the tiny model, on the fake platform.
+
+These runs are thousands of tiny torch ops: they rely on the suite's one-intra-op-thread
+setting (tests/conftest.py), without which a loaded machine turned 0.1 s into 27 s per run."""
 
 from __future__ import annotations
 

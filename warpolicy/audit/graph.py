@@ -155,18 +155,20 @@ def analyze_graph(nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]],
     offenders = tuple(Offender(n.index, n.kind, n.name or n.kind, n.buffers, n.symbol)
                       for n in readers if n.index in late_pool)
     blind = [n for n in nodes if not n.readable and n.index in late_pool]
-    common = dict(nodes=len(nodes), readers=len(readers), unreadable=len(blind))
+    total, seen, unread = len(nodes), len(readers), len(blind)
     if offenders:
-        return StaticResult(UNSAFE, offenders, **common)
+        return StaticResult(UNSAFE, offenders, nodes=total, readers=seen, unreadable=unread)
     if blind:
         names = ", ".join(sorted({n.name or "?" for n in blind})[:5])
         return StaticResult(INCONCLUSIVE, reason=f"could not read the arguments of {len(blind)} "
-                            f"node(s) after the release point ({names})", **common)
+                            f"node(s) after the release point ({names})", nodes=total,
+                            readers=seen, unreadable=unread)
     if post_step:
         return StaticResult(INCONCLUSIVE, reason="no graph node after the release point touches "
                             "shared state, but the step runs eager work after replay that a "
-                            "graph audit cannot see", **common)
-    return StaticResult(SAFE, **common)
+                            "graph audit cannot see", nodes=total, readers=seen,
+                            unreadable=unread)
+    return StaticResult(SAFE, nodes=total, readers=seen, unreadable=unread)
 
 
 def _late_nodes(nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import attrs
 
@@ -121,17 +121,29 @@ class Offender:
                 "buffers": list(self.buffers), "symbol": self.symbol, "bucket": self.bucket}
 
 
+def _offenders(value: Iterable[Offender]) -> tuple[Offender, ...]:
+    return tuple(value)
+
+
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _entries(value: Iterable["AuditEntry"]) -> tuple["AuditEntry", ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class StaticResult:
     """The walk of the captured graph for one declaration."""
 
     verdict: Verdict
-    offenders: tuple[Offender, ...] = attrs.field(default=(), converter=tuple)
+    offenders: tuple[Offender, ...] = attrs.field(default=(), converter=_offenders)
     nodes: int = 0  # nodes in the graph (summed over the buckets walked)
     readers: int = 0  # nodes whose arguments point into a shared buffer
     unreadable: int = 0  # nodes after the release whose memory accesses could not be read
     reason: str = ""
-    buckets: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # the graphs walked
+    buckets: tuple[int, ...] = attrs.field(default=(), converter=_ints)  # the graphs walked
 
     def summary(self) -> str:
         if self.verdict is UNSAFE:
@@ -198,7 +210,7 @@ class AuditEntry:
 class AuditReport:
     """Every audited declaration of one ``warpolicy audit`` run."""
 
-    entries: tuple[AuditEntry, ...] = attrs.field(converter=tuple)
+    entries: tuple[AuditEntry, ...] = attrs.field(converter=_entries)
     device: str = ""
     trials: int = 0
     stall_us: float = 0.0

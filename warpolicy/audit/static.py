@@ -15,7 +15,7 @@ import attrs
 
 from warpolicy.audit.cuda_graph import graph_for, walk_cuda_graph
 from warpolicy.audit.graph import analyze_graph, buffer_ranges
-from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, StaticResult
+from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult, Verdict
 from warpolicy.policy import NONE, WarReadDonePolicy
 
 
@@ -51,22 +51,28 @@ def combine_buckets(results: Mapping[int, StaticResult]) -> StaticResult:
     """One result for several buckets: UNSAFE if any is (offenders tagged with their bucket);
     else INCONCLUSIVE if any is (the reasons, one per distinct reason); else SAFE."""
     walked = tuple(sorted(results))
-    totals = dict(nodes=sum(r.nodes for r in results.values()),
-                  readers=sum(r.readers for r in results.values()),
-                  unreadable=sum(r.unreadable for r in results.values()), buckets=walked)
+    nodes = sum(r.nodes for r in results.values())
+    readers = sum(r.readers for r in results.values())
+    unreadable = sum(r.unreadable for r in results.values())
+
+    def result(verdict: Verdict, offenders: tuple[Offender, ...] = (),
+               reason: str = "") -> StaticResult:
+        return StaticResult(verdict, offenders, nodes=nodes, readers=readers,
+                            unreadable=unreadable, reason=reason, buckets=walked)
+
     offenders = tuple(attrs.evolve(o, bucket=b) for b, r in sorted(results.items())
                       for o in r.offenders)
     if offenders:
-        return StaticResult(UNSAFE, offenders, **totals)
+        return result(UNSAFE, offenders)
     vague = {b: r.reason for b, r in sorted(results.items()) if r.verdict is not SAFE}
     if vague:
         reasons = list(dict.fromkeys(vague.values()))
         if len(reasons) == 1 and len(vague) == len(results):
-            return StaticResult(INCONCLUSIVE, reason=reasons[0], **totals)
+            return result(INCONCLUSIVE, reason=reasons[0])
         by_reason = [f"bucket(s) {', '.join(str(b) for b, r in vague.items() if r == why)}: "
                      f"{why}" for why in reasons]
-        return StaticResult(INCONCLUSIVE, reason="; ".join(by_reason), **totals)
-    return StaticResult(SAFE, **totals)
+        return result(INCONCLUSIVE, reason="; ".join(by_reason))
+    return result(SAFE)
 
 
 def _audit_static(runner: Any, bucket: Optional[int], shared: Mapping[str, Any],

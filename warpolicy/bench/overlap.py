@@ -257,7 +257,7 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
             per_run.append(_metrics(t, warmup))
             if r == 0:
                 traces[name] = t
-        row = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
+        row: dict[str, Any] = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
         row.update(name=name, policy=policy.label, resolved=runner.policy_for(batch).label,
                    sound=is_sound, barrier=not skip, corrupted=corrupted,
                    checked=steps * repeats)

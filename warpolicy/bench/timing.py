@@ -99,11 +99,16 @@ def spin_work(target_us: float, device: Any) -> Callable[[], None]:
 
     if target_us <= 0:
         return lambda: None
+    def spin(cycles: int) -> Callable[[], None]:
+        def work() -> None:
+            torch.cuda._sleep(cycles)
+        return work
+
     cycles = 200_000
     for _ in range(3):  # spin time is linear in cycles
-        took = _time_us(lambda c=cycles: torch.cuda._sleep(c))
+        took = _time_us(spin(cycles))
         cycles = max(int(cycles * target_us / max(took, 1e-3)), 1000)
-    return lambda: torch.cuda._sleep(cycles)
+    return spin(cycles)
 
 
 def copy_work(target_us: float, device: Any) -> Callable[[], None]:
@@ -125,7 +130,11 @@ def copy_work(target_us: float, device: Any) -> Callable[[], None]:
         nbytes = max(int(nbytes * target_us / max(took, 1e-3)) // 4096 * 4096, 4096)
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return lambda: dst.copy_(src, non_blocking=True)
+
+    def work() -> None:
+        dst.copy_(src, non_blocking=True)
+
+    return work
 
 
 def matmul_work(rows: int, hidden: int, device: Any, dtype: Any = None,
