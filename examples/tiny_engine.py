@@ -1,6 +1,6 @@
 """A minimal serving-engine loop on the three warpolicy runners.
 
-The model is `warpolicy.testing.models.TinyPagedModel`: a request-to-token table (the page
+The model is `warpolicy.bench.models.TinyPagedModel`: a request-to-token table (the page
 table), an in-graph gather of each token's row, a KV write at ``out_cache_loc`` and attention
 over the gathered KV. The scheduler is a deterministic simulation: requests arrive, are
 prefilled, decoded (or verified with ``draft_tokens`` teacher-forced draft tokens per step),
@@ -27,10 +27,10 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
+from warpolicy.bench.models import (TinyConfig, TinyPagedModel, TinyState, TinyWeights,
+                                    TokenBatch, fixed_policy)
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, GraphRunner, OverlapLoop, PrefillRunner, VerifyRunner
-from warpolicy.testing.models import (TinyConfig, TinyPagedModel, TinyState, TinyWeights,
-                                      TokenBatch, fixed_policy)
 
 # A small config with buckets that leave room for eager fallback in every mode.
 EXAMPLE_CONFIG = TinyConfig(decode_buckets=(1, 2, 4, 6), prefill_buckets=(16, 32),

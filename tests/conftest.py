@@ -9,6 +9,23 @@ from warpolicy.loader import reading
 from warpolicy.plugins import new_plugin_manager
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """The CPU tests run many tiny torch ops. With torch's default intra-op thread pool each op
+    hands work to workers that spin-wait; on a machine with more runnable threads than cores,
+    each op then waits for a descheduled worker (a 0.1 s tiny-engine run took 27 s). One
+    thread is all these sizes need, and it keeps the suite's time independent of the load."""
+    try:
+        import torch
+    except ImportError:  # the registry and engine tests run without torch
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def pm():
     """A fresh plugin manager (built-ins only, no entry points, empty environment)."""

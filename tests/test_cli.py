@@ -118,8 +118,17 @@ def test_explain_shows_chain_and_gates(capsys):
     code, out, _ = run_cli(capsys, "explain", "--backend", "trtllm_mha", "--mode", "prefill")
     assert code == 0
     assert out.splitlines()[0] == "none"
-    assert "inherited from base" in out or "trtllm_mha declares extend: pre_replay" in out
+    # trtllm_mha declares extend itself: its own line, not the inherited one
+    assert "    trtllm_mha declares extend: pre_replay" in out.splitlines()
+    assert "inherited" not in out
     assert "prefill-opt-in" in out and "[raised]" in out
+
+
+def test_explain_names_an_inherited_declaration(capsys):
+    code, out, _ = run_cli(capsys, "explain", "--backend", "trtllm_mha", "--mode", "decode")
+    assert code == 0
+    assert out.splitlines()[0] == "in_graph"
+    assert "    trtllm_mha declares decode: in_graph (inherited from base)" in out.splitlines()
 
 
 def test_explain_json(capsys):

@@ -592,10 +592,24 @@ def test_registry_error_carries_every_problem():
 
 # -- choosing sources -------------------------------------------------------------------------
 
-def test_default_registry_path_finds_the_packaged_or_repo_file():
-    path = default_registry_path()
-    assert path.name == "capabilities.yaml" and path.is_file()
-    assert path.parent.name == "warpolicy" or (path.parent / "warpolicy").is_dir()
+def test_default_registry_path_in_the_source_tree_is_the_repository_file():
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    if (repo / "warpolicy" / "capabilities.yaml").is_file():
+        pytest.skip("this checkout ships a packaged copy")
+    assert default_registry_path() == repo / "capabilities.yaml"
+
+
+def test_default_registry_path_prefers_the_packaged_file(tmp_path, monkeypatch):
+    """Both branches, against a stand-in tree: the file next to the module wins; without it,
+    the repository's (one directory up)."""
+    package = tmp_path / "warpolicy"
+    package.mkdir()
+    module = pathlib.Path(default_registry_path.__globals__["__file__"]).name
+    monkeypatch.setitem(default_registry_path.__globals__, "__file__", str(package / module))
+    (tmp_path / "capabilities.yaml").write_text("version: 1\n")
+    assert default_registry_path() == tmp_path / "capabilities.yaml"
+    (package / "capabilities.yaml").write_text("version: 1\n")
+    assert default_registry_path() == package / "capabilities.yaml"
 
 
 def test_registry_sources_precedence():

@@ -10,7 +10,7 @@ import torch
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.runners import DecodeRunner, OverlapLoop
 from warpolicy.testing.fake import fake_platform, fake_plugin
-from warpolicy.testing.models import fixed_policy
+from warpolicy.bench.models import fixed_policy
 
 from test_runners import RecModel
 

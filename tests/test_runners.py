@@ -15,7 +15,7 @@ from warpolicy.errors import InputError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner, sound
 from warpolicy.testing.fake import fake_platform, fake_plugin
-from warpolicy.testing.models import fixed_policy
+from warpolicy.bench.models import fixed_policy
 
 P = WarReadDonePolicy
 

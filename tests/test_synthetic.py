@@ -1,5 +1,6 @@
-"""The synthetic backends: declarations, the model's invariants, and each variant's verdict
-when audited through the fake platform (program-order race simulation)."""
+"""The synthetic backends (`warpolicy.audit.synthetic`) and their model
+(`warpolicy.audit.synthetic_model`): declarations, the model's invariants, and each variant's
+verdict when audited through the simulated platform (program-order race simulation)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from warpolicy.audit import Verdict, run_audit
 from warpolicy.engine import Context, PolicyEngine
 from warpolicy.errors import UnknownNameError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.audit.synthetic import make_synthetic, synthetic_backend, synthetic_names
+from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.testing.fake import fake_platform
-from warpolicy.testing.synthetic import (Layout, SyntheticConfig, SyntheticModel,
-                                         make_synthetic, synthetic_backend, synthetic_names)
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 PRE, IN = WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH
 
-UNSAFE_NAMES = ["late_swa_read", "pre_replay_reads_graph", "plant_before_prep",
-                "composite_late_child", "reread_after_replay"]
+UNSAFE_NAMES = ["late_swa_read", "late_kv_write", "pre_replay_reads_graph",
+                "plant_before_prep", "composite_late_child", "reread_after_replay"]
 
 
 def test_names_safe_first_and_complete():
@@ -56,6 +57,7 @@ def test_subject_declares_per_mode_and_builds_runners(name, modes):
     assert dict(subject.declared) == modes
     assert set(subject.runners) == set(modes)
     assert set(subject.model.shared_buffers) == {"req_to_token", "full_to_swa"}
+    assert set(subject.extra_outputs) == {"kv_pool"}
     runner = subject.runners[next(iter(modes))](subject.model)
     assert runner.mode == next(iter(modes))
     assert runner.keep_graphs
@@ -75,18 +77,23 @@ def test_make_batch_deterministic_and_fits(mode):
     sizes = [model.make_batch(mode, t).shape[0] for t in range(30)]
     assert max(sizes) <= max(model.bucket_sizes(mode)) and min(sizes) >= 1
     assert len(set(sizes)) > 1  # trials exercise several buckets
+    buckets = sorted(model.bucket_sizes(mode))
+    fits = [min(b for b in buckets if b >= s) for s in sizes[:len(buckets)]]
+    assert fits == buckets  # any len(buckets) consecutive trials replay every bucket
     if mode == VERIFY:
         assert all(s % model.cfg.draft_tokens == 0 for s in sizes)
     batch = model.make_batch(mode, 3)
     assert int(batch[:, 0].max()) < model.cfg.reqs and int(batch[:, 1].max()) < model.cfg.ctx
 
 
-def _eager_output(layout: Layout, batch: torch.Tensor, bucket: int) -> torch.Tensor:
-    model = SyntheticModel(layout, SyntheticConfig(), torch.device("cpu"))
+def _eager_output(layout: Layout, batch: torch.Tensor, bucket: int,
+                  cfg: SyntheticConfig = SyntheticConfig()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and the KV pool after one eager step."""
+    model = SyntheticModel(layout, cfg, torch.device("cpu"))
     model.prepare_bucket(bucket)
     model.host_prep(batch, bucket)
     model.graph_prep(bucket)
-    return model.forward(bucket).clone()
+    return model.forward(bucket).clone(), model.kv_pool.clone()
 
 
 def test_every_layout_computes_the_same_function_undisturbed():
@@ -95,8 +102,20 @@ def test_every_layout_computes_the_same_function_undisturbed():
     bucket = 8
     reference = _eager_output(Layout(), batch, bucket)
     for layout in (Layout(snapshot=True), Layout(late_swa=True), Layout(prep_in_forward=True),
-                   Layout(split_prep=True), Layout(reread_after_replay=True)):
-        assert torch.equal(_eager_output(layout, batch, bucket), reference), layout
+                   Layout(split_prep=True), Layout(reread_after_replay=True),
+                   Layout(late_kv_write=True)):
+        assert torch.equal(_eager_output(layout, batch, bucket)[0], reference[0]), layout
+        assert torch.equal(_eager_output(layout, batch, bucket)[1], reference[1]), layout
+
+
+def test_wide_layers_and_window_keep_the_function():
+    """The overlap benchmark's configuration (wider layers, in-graph work before the reads)
+    computes the same output and KV as the audit's."""
+    batch = SyntheticModel(Layout(), SyntheticConfig(), torch.device("cpu")).make_batch(DECODE, 1)
+    plain = _eager_output(Layout(), batch, 8)
+    wide = _eager_output(Layout(), batch, 8, SyntheticConfig(layer_rows=32, window_rows=4))
+    assert torch.allclose(wide[0], plain[0], atol=1e-6) and torch.allclose(wide[1], plain[1],
+                                                                           atol=1e-6)
 
 
 def test_reread_post_step_reads_the_live_table():
@@ -125,6 +144,12 @@ def test_each_variant_gets_its_expected_verdict_on_the_fake(name):
         else:
             assert entry.dynamic.trials == 4 and entry.dynamic.corrupted == 0
     assert report.exit_code == (1 if expected is Verdict.UNSAFE else 0)
+
+
+def test_late_kv_write_is_seen_only_in_the_kv_pool():
+    report = run_audit(synthetic="late_kv_write", modes="decode", trials=2,
+                       platform=fake_platform())
+    assert report.entries[0].dynamic.first.output == "kv_pool"
 
 
 def test_shared_state_restored_after_an_unsafe_audit():

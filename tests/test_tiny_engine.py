@@ -1,4 +1,7 @@
-"""The example engine (examples/tiny_engine.py) and the tiny model, on the fake platform."""
+"""The example engine (examples/tiny_engine.py) and the tiny model, on the fake platform.
+
+These runs are thousands of tiny torch ops: they rely on the suite's one-intra-op-thread
+setting (tests/conftest.py), without which a loaded machine turned 0.1 s into 27 s per run."""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from warpolicy.bench.models import TinyConfig, fixed_policy
 from warpolicy.policy import ForwardMode
 from warpolicy.testing.fake import fake_platform, fake_plugin
-from warpolicy.testing.models import TinyConfig, fixed_policy
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_engine.py"
 
@@ -142,7 +145,7 @@ def test_example_main_runs_on_fake(capsys):
 
 
 def test_tiny_config_buckets_are_per_mode():
-    from warpolicy.testing.models import TinyPagedModel, TinyState, TinyWeights
+    from warpolicy.bench.models import TinyPagedModel, TinyState, TinyWeights
 
     cfg = TinyConfig()
     model = TinyPagedModel(cfg, TinyWeights(cfg, torch.device("cpu")),

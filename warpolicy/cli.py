@@ -24,6 +24,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     CHECK_FAILED = 1  # validate found problems; audit found an UNSAFE declaration; diff --exit-code
     USAGE = 2  # bad arguments or input: unknown name, unreadable/invalid registry, broken plugin, no CUDA
+    INCONCLUSIVE = 3  # audit proved nothing for some declaration (or failed); see --allow-inconclusive
     INTERRUPTED = 130
 
 
@@ -128,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU stall inserted around each segment to widen the race window")
     p.add_argument("--device", default=None,
                    help="cuda (default) or fake (a CPU simulation, for demos and tests)")
+    p.add_argument("--allow-inconclusive", action="store_true",
+                   help="exit 0 when nothing is unsafe even if some declaration stayed "
+                        "inconclusive (a failed audit still exits 3)")
     p.add_argument("--format", choices=FORMATS, default="text")
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
@@ -275,7 +279,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     extra = {} if args.stall_us is None else {"stall_us": args.stall_us}
     report = run_audit(factory=args.factory, synthetic=args.synthetic, modes=args.modes,
-                       trials=args.trials, device=args.device, **extra)
+                       trials=args.trials, device=args.device,
+                       allow_inconclusive=args.allow_inconclusive, **extra)
     _out(format_audit(report, args.format))
     return report.exit_code
 

@@ -1,6 +1,7 @@
-"""GPU: the audit catches every unsafe synthetic variant in every run, passes every safe one
-over 50 trials with no false alarm, and the static audit names the late kernel where it can
-see it (REFERENCE.md §3-4)."""
+"""GPU: the audit catches every unsafe synthetic variant in every run (the late KV write
+through the KV pool it names as an extra output), passes every safe one over 50 trials with no
+false alarm, and the static audit names the late kernel in every captured bucket where it can
+see it (docs/ARCHITECTURE.md, "Audit")."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import importlib.util
 import pytest
 import torch
 
-from warpolicy.audit import Verdict, format_audit, run_audit
-from warpolicy.testing.synthetic import synthetic_backend, synthetic_names
+from warpolicy.audit import EXIT_OK, EXIT_UNSAFE, Verdict, format_audit, run_audit
+from warpolicy.audit.synthetic import synthetic_backend, synthetic_names
 
 pytestmark = [
     pytest.mark.cuda,
@@ -38,7 +39,13 @@ def test_dynamic_verdict_every_run(name):
                 assert entry.dynamic.trials == TRIALS and entry.dynamic.corrupted == 0, where
             else:
                 assert entry.dynamic.first is not None, where
-        assert report.exit_code == (1 if expected is Verdict.UNSAFE else 0)
+        assert report.exit_code == (EXIT_UNSAFE if expected is Verdict.UNSAFE else EXIT_OK)
+
+
+def backend_buckets(name, mode):
+    from warpolicy.audit.synthetic_model import SyntheticConfig
+
+    return SyntheticConfig().buckets[mode]
 
 
 @pytest.mark.skipif(not HAVE_BINDINGS, reason="static audit needs cuda-bindings")
@@ -51,10 +58,13 @@ def test_static_audit_names_the_late_kernel(name):
         where = f"{name} {entry.mode.label}: {static}"
         assert "unavailable" not in static.reason, where
         assert static.nodes > 0, where
+        assert static.buckets == tuple(sorted(backend_buckets(name, entry.mode))), where
         if backend.static_visible:
             assert static.verdict is Verdict.UNSAFE, where
             assert any(backend.offender_hint in o.name.lower() for o in static.offenders), where
             assert all(o.buffers for o in static.offenders), where
+            # every captured bucket has the late reader, and the walk sees it in each
+            assert {o.bucket for o in static.offenders} == set(static.buckets), where
         elif backend.layout.reread_after_replay:
             # the reread is eager work after replay: invisible to a graph walk, and it says so
             assert static.verdict is Verdict.INCONCLUSIVE, where

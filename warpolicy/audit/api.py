@@ -2,9 +2,9 @@
 
 A subject comes either from a user factory (``--factory module:callable``: called with the
 `Platform`, returns an `AuditSubject` or a list of them) or from the synthetic backends shipped
-in `warpolicy.testing.synthetic` (``--synthetic NAME``, ``all`` for every one). Usage errors are
+in `warpolicy.audit.synthetic` (``--synthetic NAME``, ``all`` for every one). Usage errors are
 `WarpolicyError` subclasses raised before any device work; a run on a machine without CUDA
-raises `CudaUnavailableError` (unless a non-CUDA device such as ``"fake"`` is asked for).
+raises `CudaUnavailableError` (unless the simulated device is asked for).
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from warpolicy.audit.dynamic import DEFAULT_STALL_US, AuditSubject, audit_mode
+from warpolicy.audit.dynamic import SIMULATED, audit_mode
 from warpolicy.audit.report import AuditEntry, AuditReport
-from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
+from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
+from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
+from warpolicy.platform import Platform, cuda_available, device_type
 from warpolicy.policy import ForwardMode
 
 #: ``--synthetic all`` audits every synthetic backend.
@@ -24,12 +26,15 @@ ALL = "all"
 def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
               modes: Union[None, str, Iterable[Union[str, ForwardMode]]] = None,
               trials: int = 50, stall_us: float = DEFAULT_STALL_US, device: Any = None, *,
-              platform: Any = None, static: bool = True) -> AuditReport:
+              platform: Any = None, static: bool = True,
+              allow_inconclusive: bool = False) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
     ``modes`` limits the modes (names, aliases or a comma-separated string); None audits every
     mode the subject has a runner for. ``device`` None means CUDA. ``platform`` (tests) skips
     the device lookup and is handed to the factory / synthetic backends as is.
+    ``allow_inconclusive`` lets INCONCLUSIVE entries pass the report's exit code (a failed
+    audit still does not).
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
@@ -43,7 +48,7 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
     if make is not None:
         subjects = call_factory(make, factory or "", platform)
     else:
-        from warpolicy.testing.synthetic import make_synthetic
+        from warpolicy.audit.synthetic import make_synthetic  # deferred: imports torch
 
         subjects = [make_synthetic(n, platform=platform) for n in names]
     entries: list[AuditEntry] = []
@@ -51,7 +56,7 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
         for mode in mode_list if mode_list is not None else list(subject.runners):
             entries.append(audit_mode(subject, mode, trials, stall_us, static=static))
     return AuditReport(tuple(entries), device=describe_device(platform), trials=trials,
-                       stall_us=stall_us)
+                       stall_us=stall_us, allow_inconclusive=bool(allow_inconclusive))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,8 +85,7 @@ def parse_modes(modes: Union[None, str, Iterable[Union[str, ForwardMode]]]
 
 def parse_synthetic(text: str) -> list[str]:
     """``NAME``, ``NAME,NAME`` or ``all`` -> synthetic backend names (unknown names raise)."""
-    from warpolicy.errors import UnknownNameError
-    from warpolicy.testing.synthetic import synthetic_names
+    from warpolicy.audit.synthetic import synthetic_names  # deferred: imports torch
 
     known = synthetic_names()
     names: list[str] = []
@@ -166,8 +170,6 @@ def _non_negative(value: Any, what: str) -> float:
 # ---------------------------------------------------------------------------------------------
 
 def _platform(device: Any) -> Any:
-    from warpolicy.platform import Platform, cuda_available, device_type
-
     wanted = device if device is not None else "cuda"
     if device_type(wanted) == "cuda" and not cuda_available():
         raise CudaUnavailableError("warpolicy audit needs a CUDA device and none is available "
@@ -176,14 +178,14 @@ def _platform(device: Any) -> Any:
 
 
 def describe_device(platform: Any) -> str:
-    """``"cuda (NVIDIA H200)"``, ``"fake"``: for the report's first line."""
+    """``"cuda (NVIDIA H200)"``, ``"sim (simulated: ...)"``: for the report's first line."""
     name = getattr(platform, "name", "?")
-    if name == "fake":
-        return "fake (simulated: the poison lands the instant the release fires)"
+    if name in SIMULATED:
+        return f"{name} (simulated: the poison lands the instant the release fires)"
     if name != "cuda":
         return name
     try:
-        import torch
+        import torch  # deferred: the audit package imports without torch
 
         return f"cuda ({torch.cuda.get_device_name(platform.device)})"
     except Exception:  # noqa: BLE001 - the name is cosmetic

@@ -1,191 +1,60 @@
 """Dynamic race audit: poison every shared buffer the moment the fence releases, and compare
-the step's outputs to a reference computed without interference.
+the step's outputs (and the state it writes) to a reference computed without interference.
 
-Per audited mode (REFERENCE.md §3-4):
+Per audited mode (docs/ARCHITECTURE.md, "Audit"):
 
 1. build the runner around the model, wrapped so a GPU stall runs before each captured segment
    (before the in-graph prep and after the plant): the stall sits after the release point, so
    a late reader is still pending when the poison lands;
-2. capture; snapshot the shared buffers (to put back at the end);
-3. per trial: make a batch (it may write shared state), then snapshot the shared buffers
-   and compute the poison from that snapshot; run the step undisturbed and keep its outputs
-   (the reference); restore the snapshot and run the same step again with the forward stream
-   held by a head stall so the host enqueues the whole step and the scheduler's reaction
-   before the GPU starts it: take the read-done event, apply the `SchedulerBarrier` on the
-   schedule stream, and overwrite every shared buffer with poison there; synchronize,
-   compare, restore the snapshot. When the mode is done, the buffers get back what they held
-   before the audit.
+2. capture; snapshot the shared buffers and the subject's ``extra_outputs`` (to put back at
+   the end);
+3. per trial: make a batch (it may write shared state), then snapshot the shared buffers and
+   extra outputs and compute the poison from that snapshot; run the step undisturbed and keep
+   its outputs and extra outputs (the reference); restore the snapshot and run the same step
+   again with the forward stream held by a head stall so the host enqueues the whole step and
+   the scheduler's reaction before the GPU starts it: take the read-done event, apply the
+   `SchedulerBarrier` on the schedule stream, and overwrite every shared buffer with poison
+   there; synchronize, compare, restore the snapshot. When the mode is done, everything gets
+   back what it held before the audit.
 
-On the fake platform nothing runs concurrently, so the audit simulates the race in program
+On the simulated platform nothing runs concurrently, so the audit simulates the race in program
 order instead: a log listener poisons the buffers at the instant the published event fires
 (its position in the step's record sequence is learnt from the reference step). A read after
 the release point then sees poison, exactly as a late GPU reader would in the widest window.
 
 Verdict per (backend, mode, spec): UNSAFE when any trial differs (with the first differing
-output element and trial); SAFE only when none does and every trial really exercised the
-declaration (a captured graph, the declared point published, something poisoned, a race
-window widened by stalls or simulated); INCONCLUSIVE with the reason otherwise.
+output element and trial); SAFE only when none does and the trials really exercised the
+declaration: the declared point published by a captured graph in every trial, the poisoned
+step publishing the same event as its reference, every element of every shared buffer changed
+by the poison, every captured bucket replayed, a race window widened by stalls or simulated,
+and on a real device at least `MIN_TRIALS` trials. INCONCLUSIVE with the reasons otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 
+from warpolicy.audit.poison import (default_poison, first_mismatch, snapshot_outputs,
+                                    unchanged_elements)
 from warpolicy.audit.report import (INCONCLUSIVE, SAFE, UNSAFE, AuditEntry, DynamicResult,
                                     Mismatch, StaticResult)
-from warpolicy.audit.static import audit_static
+from warpolicy.audit.static import audit_static_buckets
+from warpolicy.audit.subject import (DEFAULT_STALL_US, AuditSubject, RunnerBuilder,
+                                     StalledModel, make_stall)
 from warpolicy.errors import WarpolicyError
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.policy import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
 
-NONE = WarReadDonePolicy.NONE
-
-#: Default stall before each captured segment, in microseconds.
-DEFAULT_STALL_US = 200.0
 #: The head stall holds the forward stream while the host enqueues step + poison.
 HEAD_STALL_MIN_US = 2000.0
-#: GPU clock assumed when torch does not report one (the H200 boosts to ~1.98 GHz).
-_DEFAULT_CLOCK_KHZ = 1_980_000
-
-RunnerBuilder = Callable[[Any], Any]  # (model adapter) -> an uncaptured GraphRunner
-BatchMaker = Callable[[ForwardMode, int], Any]  # (mode, trial) -> a batch on the device
-PostStep = Callable[[ForwardMode, Any, Any], Any]  # (mode, batch, output) -> step output
-
-
-def _modes(value: Mapping) -> Mapping[ForwardMode, Any]:
-    return {ForwardMode.parse(k): v for k, v in dict(value or {}).items()}
-
-
-@attrs.frozen
-class AuditSubject:
-    """What a factory (``module:callable``, called with the `Platform`) returns.
-
-    ``runners`` maps each mode to a builder that wraps the given model adapter in an
-    uncaptured runner (``lambda m: DecodeRunner(m, policy, platform, keep_graphs=True)``):
-    the audit passes a stall-wrapped copy of ``model``. ``make_batch(mode, trial)`` returns the
-    trial's batch, on the device, deterministic in ``trial``. ``post_step`` is eager work the
-    engine runs on the forward stream after the runner's step (its reads of shared state count
-    as reads of the step). ``poison`` overrides the default poison per buffer.
-    """
-
-    name: str
-    model: Any
-    runners: Mapping[ForwardMode, RunnerBuilder] = attrs.field(converter=_modes)
-    make_batch: BatchMaker
-    platform: Any
-    declared: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict,
-                                                                    converter=_modes)
-    spec: str = "none"
-    post_step: Optional[PostStep] = None
-    poison: Mapping[str, Callable[[Any], Any]] = attrs.field(factory=dict)
-
-
-# ---------------------------------------------------------------------------------------------
-# Stalls
-# ---------------------------------------------------------------------------------------------
-
-def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:
-    """A callable enqueueing a ``stall_us`` GPU spin on the current stream (None: no stall)."""
-    if stall_us <= 0 or getattr(platform, "name", "") != "cuda":
-        return None
-    import torch
-
-    props = torch.cuda.get_device_properties(platform.device)
-    clock_khz = int(getattr(props, "clock_rate", 0) or 0)
-    if clock_khz < 100_000:  # missing, or not in kHz: a too-short stall would hide races
-        clock_khz = _DEFAULT_CLOCK_KHZ
-    cycles = max(1, int(stall_us * clock_khz / 1000))
-    return lambda: torch.cuda._sleep(cycles)
-
-
-class StalledModel:
-    """A model adapter that spins the GPU before each captured segment, then delegates.
-
-    Everything else (shared buffers, buckets, host prep, ``batch_size``) is the wrapped
-    model's, so a runner built around it captures the same work with wider race windows.
-    """
-
-    def __init__(self, model: Any, stall: Callable[[], None]) -> None:
-        self.model = model
-        self.stall = stall
-
-    def graph_prep(self, bucket: int) -> None:
-        self.stall()
-        self.model.graph_prep(bucket)
-
-    def forward(self, bucket: int) -> Any:
-        self.stall()  # right after the plant: a late reader is still pending at the release
-        return self.model.forward(bucket)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-
-# ---------------------------------------------------------------------------------------------
-# Poison and comparison
-# ---------------------------------------------------------------------------------------------
-
-def default_poison(tensor: Any) -> Any:
-    """A value that differs from ``tensor`` in every element yet stays a valid index.
-
-    Integers: ``(x + 1) mod (max + 1)`` (a 0/1 flip when nothing is positive), so a poisoned
-    index table still points inside the pool it indexes (no illegal address, just wrong data).
-    Booleans flip; floats add one.
-    """
-    import torch
-
-    if tensor.dtype == torch.bool:
-        return ~tensor
-    if tensor.is_floating_point() or tensor.is_complex():
-        return tensor + 1
-    if tensor.numel() == 0:
-        return tensor.clone()
-    top = int(tensor.max().item())
-    if top > 0:
-        return torch.remainder(tensor + 1, top + 1)
-    return (tensor == 0).to(tensor.dtype)
-
-
-def flatten_outputs(output: Any, label: str = "out") -> list[tuple[str, Any]]:
-    """``(label, tensor)`` for every tensor in a tensor / sequence / mapping output."""
-    if hasattr(output, "shape") and hasattr(output, "dtype"):
-        return [(label, output)]
-    if isinstance(output, Mapping):
-        return [x for k in sorted(output, key=str) for x in flatten_outputs(output[k],
-                                                                            f"{label}[{k!r}]")]
-    if isinstance(output, (list, tuple)):
-        return [x for i, v in enumerate(output) for x in flatten_outputs(v, f"{label}[{i}]")]
-    return []
-
-
-def snapshot_outputs(output: Any) -> list[tuple[str, Any]]:
-    """Detached clones of every output tensor (call after the device is idle)."""
-    return [(label, t.detach().clone()) for label, t in flatten_outputs(output)]
-
-
-def first_mismatch(reference: Sequence[tuple[str, Any]], observed: Sequence[tuple[str, Any]],
-                   trial: int) -> Optional[Mismatch]:
-    """The first element where ``observed`` differs from ``reference`` (NaN equals NaN)."""
-    import torch
-
-    want_labels = ", ".join(label for label, _ in reference)
-    got_labels = ", ".join(label for label, _ in observed)
-    if want_labels != got_labels:  # the step returned a differently shaped output
-        return Mismatch(trial, "out", (), want_labels, got_labels, 1)
-    for (label, want), (_, got) in zip(reference, observed):
-        if want.shape != got.shape or want.dtype != got.dtype:
-            return Mismatch(trial, label, (), f"{want.dtype}{list(want.shape)}",
-                            f"{got.dtype}{list(got.shape)}", 1)
-        differ = want != got
-        if want.is_floating_point() or want.is_complex():
-            differ &= ~(torch.isnan(want) & torch.isnan(got))
-        count = int(differ.sum().item())
-        if count:
-            index = tuple(int(i) for i in differ.nonzero()[0].tolist()) if differ.dim() else ()
-            return Mismatch(trial, label, index, want[index].item(), got[index].item(), count)
-    return None
+#: A SAFE verdict on a real device needs at least this many trials (the race is
+#: probabilistic there); the simulated platform's window is deterministic, so there every
+#: captured bucket replayed once is enough.
+MIN_TRIALS = 10
+#: Platform names whose race is simulated in program order (the simulated platform).
+SIMULATED = ("sim", "fake")
 
 
 def dynamic_verdict(trials: int, corrupted: int, first: Optional[Mismatch],
@@ -206,8 +75,22 @@ def dynamic_verdict(trials: int, corrupted: int, first: Optional[Mismatch],
 # The trial harness
 # ---------------------------------------------------------------------------------------------
 
+@attrs.frozen
+class Publication:
+    """What one step published: the two steps of a trial must publish the same."""
+
+    policy: Optional[WarReadDonePolicy]  # None: nothing (the scheduler waits coarsely)
+    bucket: Optional[int]  # the captured bucket replayed (None: eager)
+    event: Optional[int] = None  # identity of the planted event an in_graph publish hands out
+
+    def describe(self) -> str:
+        what = self.policy.label if self.policy is not None else "nothing"
+        where = f"bucket {self.bucket}" if self.bucket is not None else "eager"
+        return f"{what} ({where})"
+
+
 class _Harness:
-    """Runs reference and poisoned steps of one runner and keeps the shared buffers honest."""
+    """Runs reference and poisoned steps of one runner and keeps the subject's state honest."""
 
     def __init__(self, subject: AuditSubject, mode: ForwardMode, runner: Any,
                  stall_us: float) -> None:
@@ -217,33 +100,43 @@ class _Harness:
         self.mode = mode
         self.runner = runner
         self.platform = runner.platform
-        self.simulated = self.platform.name == "fake"
+        self.simulated = getattr(self.platform, "name", "") in SIMULATED
         self.shared = dict(subject.model.shared_buffers)
+        self.written = dict(subject.extra_outputs)
         self.forward = self.platform.new_stream()
         self.schedule = self.platform.new_stream()
         self.barrier = SchedulerBarrier(self.platform, name="audit")
         self.head_stall = make_stall(self.platform, max(HEAD_STALL_MIN_US, 4 * stall_us))
         self.platform.synchronize()
-        self.original = self._clone_shared()  # put back when the audit ends
+        self.original = self._clone()  # put back when the audit ends
         self.state = self.original  # the trial's state before its steps (restored between them)
         self.poisoned: dict[str, Any] = {}
-        self.log = _fake_log(self.platform) if self.simulated else None
+        self.placed = True  # simulated: the last poisoned step's poison landed at the release
+        # the simulated platform's call log: its listeners place the poison in program order
+        self.log = self.platform.log if self.simulated else None
 
-    def _clone_shared(self) -> dict[str, Any]:
-        return {n: t.detach().clone() for n, t in self.shared.items()}
+    def _clone(self) -> dict[str, Any]:
+        tensors = {**self.written, **self.shared}
+        return {n: t.detach().clone() for n, t in tensors.items()}
 
     def begin_trial(self) -> list[str]:
         """After ``make_batch`` (which may write shared state): snapshot the trial's state and
         poison *that*, so the poison differs from what this trial's step really reads.
 
-        Returns the names of non-empty buffers the poison leaves unchanged (not checked)."""
+        Returns a note for every buffer whose poison leaves some element unchanged."""
         self.platform.synchronize()
-        self.state = self._clone_shared()
-        self.poisoned = {n: self.subject.poison.get(n, default_poison)(t)
-                         for n, t in self.state.items()}
+        self.state = self._clone()
+        self.poisoned = {n: self.subject.poison.get(n, default_poison)(self.state[n])
+                         for n in self.shared}
         self.platform.synchronize()
-        return [n for n, t in self.state.items()
-                if t.numel() and _same(self.poisoned[n], t)]
+        notes = []
+        for name in self.shared:
+            total = self.state[name].numel()
+            same = unchanged_elements(self.poisoned[name], self.state[name]) if total else 0
+            if same:
+                notes.append(f"the poison of {name!r} leaves {same} of {total} elements "
+                             "unchanged: late reads of those are not checked")
+        return notes
 
     def step(self, batch: Any) -> Any:
         """One step as the engine runs it, on the forward stream."""
@@ -253,16 +146,24 @@ class _Harness:
                 out = self.subject.post_step(self.mode, batch, out)
         return out
 
-    def reference(self, batch: Any) -> tuple[list, Any, Optional[int]]:
-        """Undisturbed step: outputs, what it published, and (fake) the release position."""
+    def published(self, read_done: Any) -> Publication:
+        step = self.runner.last_step
+        bucket = step.bucket if step is not None else None
+        if read_done is None:
+            return Publication(None, bucket)
+        event = id(read_done.event) if read_done.policy == IN_GRAPH else None
+        return Publication(read_done.policy, bucket, event)
+
+    def reference(self, batch: Any) -> tuple[list, Publication, Optional[int]]:
+        """Undisturbed step: outputs, what it published, and (simulated) the release position."""
         with _watch_records(self.log) as records:
             out = self.step(batch)
         read_done = self.runner.fence.take()
         self.platform.synchronize()
         position = _release_position(records, read_done) if self.simulated else None
-        return snapshot_outputs(out), read_done, position
+        return snapshot_outputs(out, self.written), self.published(read_done), position
 
-    def poisoned_step(self, batch: Any, position: Optional[int]) -> list:
+    def poisoned_step(self, batch: Any, position: Optional[int]) -> tuple[list, Publication]:
         """The step with the scheduler poisoning shared state the moment the fence releases."""
         if self.simulated:
             return self._simulated(batch, position)
@@ -275,9 +176,9 @@ class _Harness:
         with self.platform.stream(self.schedule):
             self._poison()
         self.platform.synchronize()
-        return snapshot_outputs(out)
+        return snapshot_outputs(out, self.written), self.published(read_done)
 
-    def _simulated(self, batch: Any, position: Optional[int]) -> list:
+    def _simulated(self, batch: Any, position: Optional[int]) -> tuple[list, Publication]:
         fired: list[tuple] = []
 
         def on_record(index: int, entry: tuple) -> None:
@@ -289,44 +190,31 @@ class _Harness:
             out = self.step(batch)
         read_done = self.runner.fence.take()
         self.barrier.apply(self.schedule, self.forward, read_done)
-        if not fired or read_done is None or fired[0][1] != getattr(read_done.event, "id", None):
-            raise RuntimeError("fake platform: the step recorded its events in a different order "
-                               "than the reference step; cannot place the release")
-        return snapshot_outputs(out)
+        # whether the poison landed on the published event's record (checked by the caller
+        # once it knows the step published what the reference did)
+        self.placed = bool(fired) and read_done is not None and \
+            fired[0][1] == getattr(read_done.event, "id", None)
+        return snapshot_outputs(out, self.written), self.published(read_done)
 
     def _poison(self) -> None:
         for name, tensor in self.shared.items():
             tensor.copy_(self.poisoned[name])
 
     def restore(self, original: bool = False) -> None:
-        """Put the shared buffers back (after the device is idle): to the trial's state before
-        its steps, or (``original``) to what they held before the audit."""
+        """Put the shared buffers and extra outputs back (after the device is idle): to the
+        trial's state before its steps, or (``original``) to what they held before the audit."""
         source = self.original if original else self.state
         self.platform.synchronize()
         with self.platform.stream(self.forward):
-            for name, tensor in self.shared.items():
+            for name, tensor in {**self.written, **self.shared}.items():
                 tensor.copy_(source[name])
         self.platform.synchronize()
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether a poison equals the state everywhere (it would hide every late read)."""
-    try:
-        return a.shape == b.shape and bool((a == b).all())
-    except Exception:  # noqa: BLE001 - incomparable: copy_ will complain if it matters
-        return False
-
-
-def _fake_log(platform: Any) -> Any:
-    from warpolicy.testing.fake import fake_plugin
-
-    return fake_plugin(platform).log
 
 
 @contextlib.contextmanager
 def _watch_records(log: Any, on_record: Optional[Callable[[int, tuple], None]] = None
                    ) -> Iterator[list]:
-    """Collect the ``record`` entries a fake log emits inside the block (nothing elsewhere)."""
+    """Collect the ``record`` entries a simulated log emits inside the block."""
     records: list[tuple] = []
     if log is None:
         yield records
@@ -360,19 +248,20 @@ def _release_position(records: Sequence[tuple], read_done: Any) -> Optional[int]
 
 def audit_mode(subject: AuditSubject, mode: ForwardMode, trials: int,
                stall_us: float = DEFAULT_STALL_US, *, static: bool = True) -> AuditEntry:
-    """Audit one mode of ``subject``: dynamic trials, then the static graph walk."""
+    """Audit one mode of ``subject``: dynamic trials, then the static walk of every captured
+    bucket. A failure of the audit itself is an INCONCLUSIVE entry marked ``failed``."""
     declared = subject.declared.get(mode)
     builder = subject.runners.get(mode)
     if builder is None:
-        return _entry(subject, mode, declared, None, _inconclusive(
-            f"{subject.name} has no runner for mode {mode.label}"))
+        return _entry(subject, mode, declared, None, DynamicResult(
+            INCONCLUSIVE, reason=f"{subject.name} has no runner for mode {mode.label}"))
     try:
         return _audit_mode(subject, mode, builder, declared, trials, stall_us, static)
     except WarpolicyError:
         raise  # the subject's own usage error: one clear line at the CLI
-    except Exception as exc:  # noqa: BLE001 - a failing audit is inconclusive, never a crash
-        return _entry(subject, mode, declared, None,
-                      _inconclusive(f"audit failed: {type(exc).__name__}: {exc}"))
+    except Exception as exc:  # noqa: BLE001 - a failing audit is reported, never a crash
+        return _entry(subject, mode, declared, None, DynamicResult(
+            INCONCLUSIVE, reason=f"audit failed: {type(exc).__name__}: {exc}", failed=True))
 
 
 def _audit_mode(subject: AuditSubject, mode: ForwardMode, builder: RunnerBuilder,
@@ -389,8 +278,8 @@ def _audit_mode(subject: AuditSubject, mode: ForwardMode, builder: RunnerBuilder
         with contextlib.suppress(Exception):  # never leave the subject's state poisoned
             harness.restore(original=True)
     dynamic = dynamic_verdict(out.ran, out.corrupted, out.first, out.notes)
-    static_result = (audit_static(runner, out.bucket, harness.shared, out.policy,
-                                  post_step=subject.post_step is not None)
+    static_result = (audit_static_buckets(runner, harness.shared,
+                                          post_step=subject.post_step is not None)
                      if static else StaticResult(INCONCLUSIVE, reason="static audit skipped"))
     return AuditEntry(subject.name, mode, subject.spec, declared, out.policy, dynamic,
                       static_result)
@@ -404,10 +293,11 @@ class _Outcome:
     corrupted: int = 0
     first: Optional[Mismatch] = None
     policy: Optional[WarReadDonePolicy] = None  # published by the last step
-    bucket: Optional[int] = None  # the last captured bucket a trial replayed (static audit)
+    replayed: set[int] = attrs.field(factory=set)  # captured buckets the checked trials replayed
     eager: int = 0  # trials that ran eagerly
     demoted: int = 0  # trials that published later than declared
     demoted_to: Optional[WarReadDonePolicy] = None  # the latest policy those published
+    unmatched: int = 0  # trials whose poisoned step published something else than the reference
     notes: list[str] = attrs.field(factory=list)
 
     def note(self, text: str) -> None:
@@ -427,29 +317,38 @@ def _trials(harness: _Harness, subject: AuditSubject, mode: ForwardMode, trials:
                  "widened, so a late reader may finish before the poison lands")
     for trial in range(trials):
         batch = subject.make_batch(mode, trial)
-        for name in harness.begin_trial():
-            out.note(f"the poison of {name!r} equals its contents: its reads are not checked")
-        reference, read_done, position = harness.reference(batch)
+        for note in harness.begin_trial():
+            out.note(note)
+        reference, published, position = harness.reference(batch)
         step = runner.last_step
         out.policy = step.policy if step is not None else None
-        if read_done is None or out.policy is None or out.policy == NONE:
+        if published.policy is None or out.policy is None or out.policy == NONE:
             out.note(_nothing_published(out.policy))
             break
-        if step.bucket is None:
+        harness.restore()  # the poisoned step starts from the reference step's state
+        observed, again = harness.poisoned_step(batch, position)
+        harness.restore()
+        if again != published:  # a comparison of two different releases proves nothing
+            out.unmatched += 1
+            out.note(f"trial {trial}: the poisoned step published {again.describe()}, the "
+                     f"reference step {published.describe()}")
+            continue
+        if not harness.placed:
+            raise RuntimeError("simulated platform: the step recorded its events in a different "
+                               "order than the reference step; cannot place the release")
+        out.ran += 1
+        if published.bucket is None:
             out.eager += 1
         else:
-            out.bucket = step.bucket
+            out.replayed.add(published.bucket)
         if declared is not None and out.policy > declared:
             out.demoted += 1
             out.demoted_to = max(out.policy, out.demoted_to or out.policy)
-        harness.restore()  # the poisoned step starts from the reference step's state
-        mismatch = first_mismatch(reference, harness.poisoned_step(batch, position), trial)
-        harness.restore()
-        out.ran += 1
+        mismatch = first_mismatch(reference, observed, trial)
         if mismatch is not None:
             out.corrupted += 1
             out.first = out.first or mismatch
-    out.notes += _exercise_notes(out, declared)
+    out.notes += _exercise_notes(out, declared, harness)
     return out
 
 
@@ -459,8 +358,11 @@ def _nothing_published(policy: Optional[WarReadDonePolicy]) -> str:
             "the whole forward (coarse); nothing to audit")
 
 
-def _exercise_notes(out: _Outcome, declared: Optional[WarReadDonePolicy]) -> list[str]:
-    """Why a clean run would not prove the declaration: every trial must have exercised it."""
+def _exercise_notes(out: _Outcome, declared: Optional[WarReadDonePolicy],
+                    harness: _Harness) -> list[str]:
+    """Why a clean run would not prove the declaration: every trial must have exercised it,
+    the trials must have replayed every captured bucket, and (real devices) there must be
+    enough of them."""
     notes = []
     if out.eager:
         notes.append(f"{out.eager} of {out.ran} trials ran eagerly (no captured graph fits "
@@ -469,11 +371,18 @@ def _exercise_notes(out: _Outcome, declared: Optional[WarReadDonePolicy]) -> lis
         notes.append(f"declared {declared.label} but the runner published {out.demoted_to.label} "
                      f"(demoted: node not planted or no graph) in {out.demoted} of {out.ran} "
                      "trials, so the declaration itself was not exercised")
+    if out.unmatched:
+        notes.append(f"in {out.unmatched} trial(s) the poisoned step did not publish what the "
+                     "reference step did; those trials were not counted")
+    captured = sorted(getattr(harness.runner, "captured", None) or ())
+    missed = [b for b in captured if b not in out.replayed]
+    if out.ran and missed:
+        notes.append(f"no trial replayed captured bucket(s) {', '.join(map(str, missed))}: "
+                     "make_batch must cover every bucket (or run more trials)")
+    if out.ran and not harness.simulated and out.ran < MIN_TRIALS:
+        notes.append(f"only {out.ran} trial(s) checked; a SAFE verdict on a real device needs "
+                     f"at least {MIN_TRIALS}")
     return notes
-
-
-def _inconclusive(reason: str) -> DynamicResult:
-    return DynamicResult(INCONCLUSIVE, reason=reason)
 
 
 def _entry(subject: AuditSubject, mode: ForwardMode, declared: Optional[WarReadDonePolicy],

@@ -2,20 +2,30 @@
 
 One `AuditEntry` per audited (backend, mode, spec): a dynamic race result, a static graph
 result and the combined verdict. `AuditReport.exit_code` is what ``warpolicy audit`` exits
-with: 1 when any entry is UNSAFE, 0 otherwise (INCONCLUSIVE entries are printed with their
-reason but do not fail the run: nothing wrong was observed, and nothing was proven either).
+with, so the audit cannot pass by default:
+
+* `EXIT_UNSAFE` (1) when any entry is UNSAFE;
+* else `EXIT_INCONCLUSIVE` (3) when the run proved nothing for some declaration: an
+  INCONCLUSIVE entry (unless ``allow_inconclusive``), an audit that failed (always, even with
+  ``allow_inconclusive``: a subject that crashes in every mode must not pass), or no entry;
+* else 0: every audited declaration is SAFE.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import attrs
 
 from warpolicy.errors import InputError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
+
+#: Exit codes of ``warpolicy audit`` (2 is the CLI's usage error).
+EXIT_OK = 0
+EXIT_UNSAFE = 1
+EXIT_INCONCLUSIVE = 3
 
 #: What the static graph audit cannot see; printed once under every text report.
 STATIC_BLIND_SPOTS = (
@@ -73,18 +83,20 @@ class DynamicResult:
     corrupted: int = 0  # trials whose output differed from the reference
     first: Optional[Mismatch] = None
     reason: str = ""  # why INCONCLUSIVE, or a note
+    failed: bool = False  # the audit itself raised (the subject crashed): never passes
 
     def summary(self) -> str:
         if self.verdict is UNSAFE:
             return f"unsafe {self.corrupted}/{self.trials}"
         if self.verdict is SAFE:
             return f"safe 0/{self.trials}"
-        return "inconclusive"
+        return "failed" if self.failed else "inconclusive"
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict.label, "trials": self.trials,
                 "corrupted": self.corrupted,
-                "first": self.first.to_json() if self.first else None, "reason": self.reason}
+                "first": self.first.to_json() if self.first else None, "reason": self.reason,
+                "failed": self.failed}
 
 
 @attrs.frozen
@@ -96,13 +108,29 @@ class Offender:
     name: str  # short kernel name (demangled when possible), or the node kind
     buffers: tuple[str, ...]  # the shared buffers its arguments point into
     symbol: str = ""  # the full (mangled) symbol, when known
+    bucket: Optional[int] = None  # the captured bucket whose graph holds the node
 
     def describe(self) -> str:
-        return f"{self.name} (node {self.node}, {self.kind}) touches {', '.join(self.buffers)}"
+        where = f"node {self.node}, {self.kind}"
+        if self.bucket is not None:
+            where = f"bucket {self.bucket} {where}"
+        return f"{self.name} ({where}) touches {', '.join(self.buffers)}"
 
     def to_json(self) -> dict:
         return {"node": self.node, "kind": self.kind, "name": self.name,
-                "buffers": list(self.buffers), "symbol": self.symbol}
+                "buffers": list(self.buffers), "symbol": self.symbol, "bucket": self.bucket}
+
+
+def _offenders(value: Iterable[Offender]) -> tuple[Offender, ...]:
+    return tuple(value)
+
+
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _entries(value: Iterable["AuditEntry"]) -> tuple["AuditEntry", ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -110,11 +138,12 @@ class StaticResult:
     """The walk of the captured graph for one declaration."""
 
     verdict: Verdict
-    offenders: tuple[Offender, ...] = attrs.field(default=(), converter=tuple)
-    nodes: int = 0  # nodes in the graph
+    offenders: tuple[Offender, ...] = attrs.field(default=(), converter=_offenders)
+    nodes: int = 0  # nodes in the graph (summed over the buckets walked)
     readers: int = 0  # nodes whose arguments point into a shared buffer
     unreadable: int = 0  # nodes after the release whose memory accesses could not be read
     reason: str = ""
+    buckets: tuple[int, ...] = attrs.field(default=(), converter=_ints)  # the graphs walked
 
     def summary(self) -> str:
         if self.verdict is UNSAFE:
@@ -125,7 +154,7 @@ class StaticResult:
     def to_json(self) -> dict:
         return {"verdict": self.verdict.label, "offenders": [o.to_json() for o in self.offenders],
                 "nodes": self.nodes, "readers": self.readers, "unreadable": self.unreadable,
-                "reason": self.reason}
+                "reason": self.reason, "buckets": list(self.buckets)}
 
 
 def combine(dynamic: Verdict, static: Verdict) -> Verdict:
@@ -181,22 +210,29 @@ class AuditEntry:
 class AuditReport:
     """Every audited declaration of one ``warpolicy audit`` run."""
 
-    entries: tuple[AuditEntry, ...] = attrs.field(converter=tuple)
+    entries: tuple[AuditEntry, ...] = attrs.field(converter=_entries)
     device: str = ""
     trials: int = 0
     stall_us: float = 0.0
+    allow_inconclusive: bool = False  # INCONCLUSIVE entries do not fail the run
 
     @property
     def exit_code(self) -> int:
-        """1 when any declaration is UNSAFE, else 0."""
-        return 1 if any(e.verdict is UNSAFE for e in self.entries) else 0
+        """`EXIT_UNSAFE`, `EXIT_INCONCLUSIVE` or `EXIT_OK` (see the module docstring)."""
+        if any(e.verdict is UNSAFE for e in self.entries):
+            return EXIT_UNSAFE
+        if not self.entries or any(e.dynamic.failed for e in self.entries):
+            return EXIT_INCONCLUSIVE
+        if not self.allow_inconclusive and self.count(INCONCLUSIVE):
+            return EXIT_INCONCLUSIVE
+        return EXIT_OK
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for e in self.entries if e.verdict is verdict)
 
     def to_json(self) -> dict:
         return {"device": self.device, "trials": self.trials, "stall_us": self.stall_us,
-                "exit_code": self.exit_code,
+                "allow_inconclusive": self.allow_inconclusive, "exit_code": self.exit_code,
                 "summary": {v.label: self.count(v) for v in Verdict},
                 "entries": [e.to_json() for e in self.entries],
                 "static_blind_spots": STATIC_BLIND_SPOTS}
@@ -232,8 +268,10 @@ def _format_text(report: AuditReport) -> str:
             lines.append(f"{entry.backend} {entry.mode.label} ({entry.verdict.name}):")
             lines += [f"  {r}" for r in reasons]
     lines.append("")
+    failed = sum(1 for e in report.entries if e.dynamic.failed)
     lines.append(f"{report.count(SAFE)} safe, {report.count(UNSAFE)} unsafe, "
-                 f"{report.count(INCONCLUSIVE)} inconclusive")
+                 f"{report.count(INCONCLUSIVE)} inconclusive"
+                 + (f" ({failed} failed)" if failed else ""))
     if shared:
         lines.append(f"static (every entry): {shared}")
     lines.append(f"note: {STATIC_BLIND_SPOTS}")

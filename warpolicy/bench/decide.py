@@ -1,22 +1,19 @@
 """Decision-latency benchmark: the compiled per-step lookup against the anchor's if-chain.
 
 Both run in one process over the same sequence of forward modes. The baseline is a hand-written
-equivalent of SGLang's decision in PR #33587 (REFERENCE.md §1): mode predicates as methods, the
+equivalent of the anchor engine's (SGLang's) per-step decision: mode predicates as methods, the
 spec algorithm's capability method, backend attributes and the runner's planted flag, evaluated
-on every step. Run with ``warpolicy bench decide`` or ``python -m warpolicy.bench.decide``.
+on every step (docs/ARCHITECTURE.md, "Benchmarks"). Run it with ``warpolicy bench decide``.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from typing import Callable, Sequence
 
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
-
-P = WarReadDonePolicy
+from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode, WarReadDonePolicy
 
 
 class _AnchorMode:
@@ -69,20 +66,20 @@ class AnchorRunner:
 
     def war_read_done_policy(self, forward_mode: _AnchorMode) -> WarReadDonePolicy:
         if self.force_coarse:
-            return P.NONE
+            return NONE
         if forward_mode.is_decode():
-            return P.IN_GRAPH if self.read_done_planted else P.POST_REPLAY
+            return IN_GRAPH if self.read_done_planted else POST_REPLAY
         if forward_mode.is_target_verify():
             if not self.spec_algorithm.supports_target_verify_read_done():
-                return P.NONE
+                return NONE
             if self.attn_backend.rereads_shared_metadata_across_segments:
-                return P.POST_REPLAY
-            return P.IN_GRAPH if self.read_done_planted else P.POST_REPLAY
+                return POST_REPLAY
+            return IN_GRAPH if self.read_done_planted else POST_REPLAY
         if (forward_mode.is_extend_exact() and self.enable_prefill_read_done
                 and self.spec_algorithm.is_none()
                 and self.attn_backend.prefill_shared_reads_end_at_metadata_init):
-            return P.PRE_REPLAY
-        return P.NONE
+            return PRE_REPLAY
+        return NONE
 
 
 def _median_ns_per_call(fn: Callable, args: Sequence, repeats: int) -> float:
@@ -191,6 +188,3 @@ def format_decide(result: dict, fmt: str = "text") -> str:
         f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
     ])
 
-
-if __name__ == "__main__":  # pragma: no cover
-    print(format_decide(run_decide_bench(), "json" if "--json" in sys.argv else "text"))

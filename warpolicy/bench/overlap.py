@@ -1,12 +1,14 @@
 """Overlap benchmark: how much of the scheduler's GPU work each read-done policy hides.
 
-A synthetic decode model (`warpolicy.testing.models.SyntheticDecodeModel`): an in-graph
-metadata prep that gathers request-to-token rows by a shared request index, then ``layers``
+The model is the audit's synthetic model (`warpolicy.audit.synthetic_model.SyntheticModel`,
+default layout) in a wide bf16 configuration: an in-graph metadata prep that translates each
+token through the shared request-to-token table (and the full-to-SWA map), then ``layers``
 matmul layers of about ``layer_us`` each. A scheduler (`OverlapLoop`) that, after the barrier,
-rewrites the request index and table rows for the next step and does about ``sched_us`` of
-GPU bookkeeping on the schedule stream; the forward waits for those writes before the next
-launch. Everything goes through the real `DecodeRunner`, fence, hooks and `OverlapLoop`, so
-the runner and hooks cannot give back what the bare mechanism gains (REFERENCE.md §4).
+rewrites the table rows of the next step's requests (half of them shared with this step) and
+does about ``sched_us`` of GPU bookkeeping on the schedule stream; the forward waits for those
+writes before the next launch. Everything goes through the real `DecodeRunner`, fence, hooks
+and `OverlapLoop`, so the runner and hooks cannot give back what the bare mechanism gains
+(docs/ARCHITECTURE.md, "Benchmarks").
 
 Variants, in one run: ``coarse`` (policy none), ``post_replay``, ``in_graph``, ``pre_replay``
 (unsound here: the graph reads shared state; run and flagged unsafe) and ``no_barrier`` (the
@@ -20,7 +22,7 @@ four points of each step (forward: launch, end; schedule stream: released, writt
   (measured by replaying a prep-only graph the same way);
 * corrupted: steps whose output differs (bitwise) from a sequential, single-stream reference.
 
-With ``device="fake"`` it runs a tiny config on the fake platform (numbers are host times
+With ``device="fake"`` it runs a tiny config on the simulated platform (numbers are host times
 and meaningless); otherwise it needs CUDA and raises `CudaUnavailableError` without it.
 """
 
@@ -28,136 +30,25 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from typing import Any, Callable, Optional, Sequence
 
+from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work,
+                                    matmul_work, spin_work)
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.policy import WarReadDonePolicy
-
-P = WarReadDonePolicy
-POINTS = ("launch", "launched", "released", "written")
+from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 
 #: (name, policy, sound for this model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
-    ("coarse", P.NONE, True, False),
-    ("post_replay", P.POST_REPLAY, True, False),
-    ("in_graph", P.IN_GRAPH, True, False),
-    ("pre_replay", P.PRE_REPLAY, False, False),  # the graph reads shared state: unsound here
-    ("no_barrier", P.NONE, False, True),  # the unsafe upper bound
+    ("coarse", NONE, True, False),
+    ("post_replay", POST_REPLAY, True, False),
+    ("in_graph", IN_GRAPH, True, False),
+    ("pre_replay", PRE_REPLAY, False, False),  # the graph reads shared state: unsound here
+    ("no_barrier", NONE, False, True),  # the unsafe upper bound
 )
 
-
-# -- timing probes -------------------------------------------------------------------------------
-
-class CudaProbe:
-    """Records a timing event on the given stream at each mark (GPU time)."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self._torch = torch
-        self.base = torch.cuda.Event(enable_timing=True)
-        self.base.record()
-        self.events: dict[str, list[Any]] = {p: [] for p in POINTS}
-
-    def mark(self, point: str, stream: Any) -> None:
-        ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record(stream)
-        self.events[point].append(ev)
-
-    def times_us(self) -> dict[str, list[float]]:
-        """Microseconds since the probe was made (call after a synchronize)."""
-        return {p: [self.base.elapsed_time(e) * 1000.0 for e in evs]
-                for p, evs in self.events.items()}
-
-
-class HostProbe:
-    """Host timestamps at each mark: the fake platform's stand-in (meaningless as GPU time)."""
-
-    def __init__(self) -> None:
-        self.base = time.perf_counter()
-        self.stamps: dict[str, list[float]] = {p: [] for p in POINTS}
-
-    def mark(self, point: str, stream: Any) -> None:
-        self.stamps[point].append((time.perf_counter() - self.base) * 1e6)
-
-    def times_us(self) -> dict[str, list[float]]:
-        return {p: list(v) for p, v in self.stamps.items()}
-
-
-# -- calibration (CUDA) --------------------------------------------------------------------------
-
-def _time_us(fn: Callable[[], Any], reps: int = 20) -> float:
-    import torch
-
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / reps
-
-
-def calibrate_rows(target_us: float, hidden: int, device: Any, *, tanh: bool = False) -> int:
-    """Rows of a ``rows x hidden @ hidden x hidden`` bf16 matmul taking about ``target_us``."""
-    import torch
-
-    if target_us <= 0:
-        return 0
-    w = torch.randn(hidden, hidden, device=device, dtype=torch.bfloat16)
-    rows = 1024
-    for _ in range(3):  # matmul time is close to linear in rows at these sizes
-        a = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)
-        fn = (lambda a=a: torch.tanh(a @ w)) if tanh else (lambda a=a: a @ w)
-        took = _time_us(fn)
-        rows = int(min(max(round(rows * target_us / max(took, 1e-3) / 64) * 64, 64), 1 << 17))
-    return rows
-
-
+#: The scheduler's GPU bookkeeping: ``copy`` (copy engines), ``latency`` (one spinning SM),
+#: ``matmul`` (every SM).
 SCHED_KINDS = ("copy", "latency", "matmul")
-
-
-def spin_work(target_us: float, device: Any) -> Callable[[], None]:
-    """Latency-bound scheduler bookkeeping: one single-thread spin kernel of ``target_us``.
-
-    A real scheduler's GPU bookkeeping is a chain of tiny kernels (index writes, copies) that
-    occupy a few SMs for their latency; a spin models that without competing with the forward
-    for the whole GPU (a big matmul would, and then no barrier can recover its time).
-    """
-    import torch
-
-    if target_us <= 0:
-        return lambda: None
-    cycles = 200_000
-    for _ in range(3):  # spin time is linear in cycles
-        took = _time_us(lambda c=cycles: torch.cuda._sleep(c))
-        cycles = max(int(cycles * target_us / max(took, 1e-3)), 1000)
-    return lambda: torch.cuda._sleep(cycles)
-
-
-def copy_work(target_us: float, device: Any) -> Callable[[], None]:
-    """Copy-engine scheduler bookkeeping: a pinned host-to-device upload of about ``target_us``.
-
-    A scheduler uploads the next batch's metadata from pinned host memory; the DMA engines do
-    it, so it overlaps the forward without taking SMs (a kernel on the schedule stream would
-    hold SMs that persistent forward kernels wait for, which no barrier can give back).
-    """
-    import torch
-
-    if target_us <= 0:
-        return lambda: None
-    nbytes = 4 << 20
-    for _ in range(3):  # copy time is linear in bytes at these sizes
-        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        took = _time_us(lambda: dst.copy_(src, non_blocking=True))
-        nbytes = max(int(nbytes * target_us / max(took, 1e-3)) // 4096 * 4096, 4096)
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return lambda: dst.copy_(src, non_blocking=True)
 
 
 # -- the runs ------------------------------------------------------------------------------------
@@ -201,20 +92,52 @@ class _PrepOnly:
         self.m.graph_prep(bucket)
 
     def forward(self, bucket: int) -> Any:
-        return self.m.tokens
+        return self.m.metadata(bucket)
+
+
+class SchedulePlan:
+    """The whole schedule, precomputed on the device so the scheduler's writes are GPU-only.
+
+    Step ``k`` runs requests ``(k * batch/2 + i) mod reqs`` (half of them shared with step
+    ``k - 1``) at random positions; before it, the scheduler rewrites those requests' table
+    rows with fresh KV slots (`write_step`). A write for step ``k + 1`` that lands before step
+    ``k``'s prep has read the shared rows changes step ``k``'s output: the race.
+    """
+
+    def __init__(self, model: Any, steps: int, batch: int, seed: int = 1) -> None:
+        import torch
+
+        cfg = model.cfg
+        g = torch.Generator().manual_seed(seed)
+        k = torch.arange(steps)[:, None]
+        rows = (k * max(batch // 2, 1) + torch.arange(batch)[None]) % cfg.reqs
+        pos = torch.randint(0, cfg.ctx, (steps, batch), generator=g)
+        self.model = model
+        self.rows = rows.to(model.device)
+        self.batches = torch.stack([rows, pos], dim=2).to(model.device)  # [steps, batch, 2]
+        self.table_rows = torch.randint(0, model.slots, (steps, batch, cfg.ctx),
+                                        generator=g).to(model.device)
+
+    def batch(self, step: int) -> Any:
+        return self.batches[step]
+
+    def write_step(self, step: int) -> None:
+        """The scheduler's next-batch writes for ``step``: its requests' table rows."""
+        self.model.req_to_token.index_copy_(0, self.rows[step], self.table_rows[step])
 
 
 class _Bench:
     """One configured benchmark: model, bookkeeping work, platform, probe factory."""
 
-    def __init__(self, platform: Any, model: Any, bookkeeping: Callable[[], None], steps: int,
-                 warmup: int, probe_factory: Callable[[], Any]) -> None:
-        self.platform, self.model, self.bookkeeping = platform, model, bookkeeping
+    def __init__(self, platform: Any, model: Any, plan: SchedulePlan,
+                 bookkeeping: Callable[[], None], steps: int, warmup: int,
+                 probe_factory: Callable[[], Any]) -> None:
+        self.platform, self.model, self.plan, self.bookkeeping = platform, model, plan, bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
 
     def runner(self, policy: WarReadDonePolicy, name: str, model: Any = None) -> Any:
+        from warpolicy.bench.models import fixed_policy
         from warpolicy.runners import DecodeRunner
-        from warpolicy.testing.models import fixed_policy
 
         runner = DecodeRunner(model or self.model, fixed_policy(policy), self.platform, name=name)
         runner.capture()
@@ -224,9 +147,9 @@ class _Bench:
         """Sequential: writes, then the step, on one stream: no overlap, no race."""
         outs = []
         for k in range(self.steps):
-            self.model.write_step(k)
+            self.plan.write_step(k)
             self.bookkeeping()
-            outs.append(runner.run(k).clone())
+            outs.append(runner.run(self.plan.batch(k)).clone())
             runner.fence.take()
         self.platform.synchronize()
         return outs
@@ -234,8 +157,8 @@ class _Bench:
     def overlapped(self, runner: Any, skip_barrier: bool) -> tuple[list[Any], dict[str, list[float]]]:
         from warpolicy.runners import OverlapLoop
 
-        p, m = self.platform, self.model
-        m.write_step(0)
+        p, plan = self.platform, self.plan
+        plan.write_step(0)
         p.synchronize()
         probe = self.probe_factory()
         loop = OverlapLoop(runner, p, probe=probe, unsafe_skip_barrier=skip_barrier)
@@ -243,21 +166,21 @@ class _Bench:
         for k in range(self.steps):
             def write_next(k: int = k) -> None:
                 if k + 1 < self.steps:
-                    m.write_step(k + 1)
+                    plan.write_step(k + 1)
                 self.bookkeeping()
-            outs.append(loop.step(k, write_next).clone())  # on the forward stream
+            outs.append(loop.step(plan.batch(k), write_next).clone())  # on the forward stream
         loop.drain()
         return outs, probe.times_us()
 
     def ideal_us(self) -> float:
         """Launch to end of the in-graph prep, replaying a prep-only graph back to back."""
-        runner = self.runner(P.NONE, "prep_only", _PrepOnly(self.model))
+        runner = self.runner(NONE, "prep_only", _PrepOnly(self.model))
         p = self.platform
         probe = self.probe_factory()
         fwd = p.current_stream()
         for k in range(self.steps):
             probe.mark("launch", fwd)
-            runner.run(k)
+            runner.run(self.plan.batch(k))
             runner.fence.take()
             probe.mark("launched", fwd)
         p.synchronize()
@@ -274,7 +197,7 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     """Run every variant ``repeats`` times; return the result dict (see `format_overlap`).
 
     ``window_us`` puts that much work before the prep's read inside the graph (widens the race
-    window, as REFERENCE.md §4's second experiment). ``trace`` writes a Chrome/Perfetto JSON
+    window: the setting where an early release pays off most). ``trace`` writes a Chrome/Perfetto JSON
     of the first run of each variant. ``sched_kind`` is ``copy`` (the scheduler's GPU
     bookkeeping is a pinned host-to-device upload on the copy engines; the default),
     ``latency`` (a single-thread spin kernel: it holds one SM, which delays persistent forward
@@ -282,8 +205,9 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     """
     import torch
 
+    from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
     from warpolicy.platform import Platform
-    from warpolicy.testing.models import SyntheticDecodeModel, matmul_work
+    from warpolicy.policy import ForwardMode
 
     if sched_kind not in SCHED_KINDS:
         raise InputError(f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, "
@@ -307,16 +231,19 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
         window_rows = calibrate_rows(window_us, hidden, tdev, tanh=True)
         probe_factory = CudaProbe
     warmup = min(warmup, max(steps - 2, 0))
-    model = SyntheticDecodeModel(layers=layers, batch=batch, steps=steps, hidden=hidden,
-                                 layer_rows=layer_rows, window_rows=window_rows, device=tdev)
+    cfg = SyntheticConfig(reqs=2 * batch, ctx=64, swa_slots=1024, hidden=hidden, layers=layers,
+                          buckets={ForwardMode.DECODE: (batch,)}, layer_rows=layer_rows,
+                          window_rows=window_rows,
+                          dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32)
+    model = SyntheticModel(Layout(), cfg, tdev)
+    plan = SchedulePlan(model, steps, batch)
     if fake or sched_kind == "matmul":
         bookkeeping = matmul_work(sched_rows, hidden, tdev)
     elif sched_kind == "latency":
         bookkeeping = spin_work(sched_us, tdev)
     else:
         bookkeeping = copy_work(sched_us, tdev)
-    bench = _Bench(platform, model, bookkeeping, steps, warmup,
-                   probe_factory)
+    bench = _Bench(platform, model, plan, bookkeeping, steps, warmup, probe_factory)
     ideal = bench.ideal_us()
 
     rows, traces = [], {}
@@ -330,7 +257,7 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
             per_run.append(_metrics(t, warmup))
             if r == 0:
                 traces[name] = t
-        row = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
+        row: dict[str, Any] = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
         row.update(name=name, policy=policy.label, resolved=runner.policy_for(batch).label,
                    sound=is_sound, barrier=not skip, corrupted=corrupted,
                    checked=steps * repeats)
@@ -450,9 +377,3 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
         lines.append(f"trace written to {result['trace']}")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":  # pragma: no cover - the CLI is `warpolicy bench overlap`
-    import sys
-
-    print(format_overlap(run_overlap_bench(device="fake" if "--fake" in sys.argv else None),
-                         "json" if "--json" in sys.argv else "text"))

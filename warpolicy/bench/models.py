@@ -1,4 +1,4 @@
-"""Small models for the example engine, the tests, the overlap benchmark and the audit.
+"""The example engine's model, and the fixed policies the benchmarks run.
 
 * `TinyPagedModel`: a paged-attention-like `ModelAdapter` built from torch ops (request-to-
   token table, page-table gather in the in-graph prep, KV write at ``out_cache_loc``,
@@ -6,19 +6,20 @@
   in ``graph_prep`` (so ``IN_GRAPH`` is sound and ``PRE_REPLAY`` is not). With
   ``late_shared_read=True`` every layer re-reads the live table after the planted node (the
   TRTLLM SWA bug shape), so ``IN_GRAPH`` becomes unsound too: a seeded bad declaration.
-* `SyntheticDecodeModel`: the overlap benchmark's decode model: an in-graph prep that gathers
-  request-to-token rows by a shared request index, then N heavy layers.
+  ``examples/tiny_engine.py`` serves it on the three runners (``scripts/gpu-check`` runs it).
 * `fixed_policy`: a ``(mode, eager, planted)`` policy callable that always answers one policy
-  (with the runner's sound demotion), for tests and benchmarks.
+  (with the runner's sound demotion), for the benchmarks, the example and tests.
 
-Both models run on CUDA or on CPU (under the fake platform). ``prepare_bucket`` is idempotent,
-so several runners (one per policy) can share one model and its static buffers.
+The overlap benchmark's model is the audit's synthetic model
+(`warpolicy.audit.synthetic_model.SyntheticModel`). The model runs on CUDA or on CPU (under
+the simulated platform); ``prepare_bucket`` is idempotent, so several runners (one per mode)
+can share one model state.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Sequence
 
 import attrs
 import torch
@@ -112,7 +113,7 @@ class TinyState:
         self.v_cache.zero_()
 
 
-class _Static:
+class _TinyBucket:
     """A bucket's static inputs, prep output and logits."""
 
     def __init__(self, n: int, cfg: TinyConfig, device: torch.device) -> None:
@@ -134,7 +135,7 @@ class TinyPagedModel:
         self.late_shared_read = late_shared_read
         self.device = state.req_to_token.device
         self.shared_buffers = {"req_to_token": state.req_to_token}
-        self.static: dict[int, _Static] = {}
+        self.static: dict[int, _TinyBucket] = {}
         self._ctx = torch.arange(cfg.max_ctx, device=self.device)
 
     def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
@@ -148,7 +149,7 @@ class TinyPagedModel:
 
     def prepare_bucket(self, bucket: int) -> None:
         if bucket not in self.static:
-            self.static[bucket] = _Static(bucket, self.cfg, self.device)
+            self.static[bucket] = _TinyBucket(bucket, self.cfg, self.device)
 
     def host_prep(self, batch: TokenBatch, bucket: int) -> None:
         """Copy the batch into the static inputs; padding tokens use row 0, slot 0, pos 0."""
@@ -179,96 +180,3 @@ class TinyPagedModel:
             x = x + torch.tanh((attn[:, :, None] * vals).sum(1) @ w.wo[layer])
         torch.matmul(x, w.out, out=st.logits)
         return st.logits
-
-
-# --------------------------------------------------------------------------------------------
-# Synthetic decode model (overlap benchmark)
-# --------------------------------------------------------------------------------------------
-
-class SyntheticDecodeModel:
-    """Decode-only `ModelAdapter` with one bucket (``batch``).
-
-    Shared: ``req_index`` [batch] and ``req_to_token`` [rows, ctx], both rewritten by the
-    scheduler each step (`write_step`). ``graph_prep`` optionally spins ``window_rows`` of work
-    first (widens the race window), then gathers the table rows by the index. The forward mixes
-    the gathered tokens into a wide activation and runs ``layers`` matmul layers of
-    ``layer_rows x hidden @ hidden x hidden``; the output is the first ``batch`` rows.
-    A batch is just the step number (the state lives in the shared buffers).
-    """
-
-    def __init__(self, *, layers: int, batch: int, steps: int, hidden: int, layer_rows: int,
-                 ctx: int = 64, rows: Optional[int] = None, vocab: int = 1024,
-                 window_rows: int = 0, device: "torch.device | str" = "cpu",
-                 dtype: Optional[torch.dtype] = None, seed: int = 0) -> None:
-        self.device = torch.device(device)
-        dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.batch, self.layers, self.layer_rows = batch, layers, max(layer_rows, batch)
-        self.rows = rows or 2 * batch
-        g = torch.Generator().manual_seed(seed)
-        scale = 1.0 / math.sqrt(hidden)
-        self.emb = (torch.randn(vocab, hidden, generator=g)).to(self.device, dtype)
-        self.weights = [(torch.randn(hidden, hidden, generator=g) * scale).to(self.device, dtype)
-                        for _ in range(layers)]
-        self.window = ((torch.randn(max(window_rows, 1), hidden, generator=g) * scale)
-                       .to(self.device, dtype), window_rows)
-        self.req_index = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.req_to_token = torch.zeros(self.rows, ctx, dtype=torch.long, device=self.device)
-        self.shared_buffers = {"req_index": self.req_index, "req_to_token": self.req_to_token}
-        # the whole schedule, precomputed on the device so the scheduler's writes are GPU-only:
-        # step k uses rows (k*batch/2 + i) % rows (half of them shared with step k-1)
-        k = torch.arange(steps)[:, None]
-        self.plan_index = ((k * max(batch // 2, 1) + torch.arange(batch)[None]) % self.rows).to(self.device)
-        self.plan_rows = torch.randint(0, vocab, (steps, batch, ctx), generator=g).to(self.device)
-        self.tokens = torch.zeros(batch, ctx, dtype=torch.long, device=self.device)
-        self.act = torch.zeros(self.layer_rows, hidden, device=self.device, dtype=dtype)
-        self.out = torch.zeros(batch, hidden, device=self.device, dtype=dtype)
-
-    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
-        return (self.batch,) if ForwardMode.parse(mode) == ForwardMode.DECODE else ()
-
-    def batch_size(self, batch: Any) -> int:
-        return self.batch
-
-    def prepare_bucket(self, bucket: int) -> None:
-        if bucket != self.batch:
-            raise ValueError(f"synthetic model has one bucket ({self.batch}), got {bucket}")
-
-    def host_prep(self, batch: Any, bucket: int) -> None:
-        """Nothing to copy: the scheduler wrote this step's state into the shared buffers."""
-
-    def graph_prep(self, bucket: int) -> None:
-        w, n = self.window
-        if n:  # optional work before the read, to widen the race window
-            torch.tanh(w @ self.weights[0])
-        torch.index_select(self.req_to_token, 0, self.req_index, out=self.tokens)
-
-    def forward(self, bucket: int) -> torch.Tensor:
-        feats = self.emb[self.tokens].mean(1)  # [batch, hidden]
-        self.act[: self.batch].copy_(feats)
-        x = self.act
-        for w in self.weights:
-            x = torch.tanh(x @ w)
-        self.out.copy_(x[: self.batch])
-        return self.out
-
-    def write_step(self, step: int) -> None:
-        """The scheduler's next-batch writes for ``step``: the request index and its table rows."""
-        idx = self.plan_index[step]
-        self.req_index.copy_(idx)
-        self.req_to_token.index_copy_(0, idx, self.plan_rows[step])
-
-
-def matmul_work(rows: int, hidden: int, device: "torch.device | str",
-                dtype: Optional[torch.dtype] = None, seed: int = 1) -> Callable[[], None]:
-    """A closure doing one ``rows x hidden @ hidden x hidden`` matmul (scheduler bookkeeping)."""
-    device = torch.device(device)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(max(rows, 1), hidden, generator=g).to(device, dtype)
-    b = (torch.randn(hidden, hidden, generator=g) / math.sqrt(hidden)).to(device, dtype)
-    out = torch.empty(max(rows, 1), hidden, device=device, dtype=dtype)
-
-    def work() -> None:
-        torch.matmul(a, b, out=out)
-
-    return work

@@ -1,0 +1,174 @@
+"""Synthetic attention backends: what ``warpolicy audit --synthetic`` audits.
+
+Each backend is the synthetic model (`warpolicy.audit.synthetic_model`) in one `Layout`, plus a
+declaration of its read end per mode, written as a registry entry would be. The variants differ
+only in *where* the model reads scheduler-shared state:
+
+============================ =========================== ======================================
+name                         declares                    reads shared state
+============================ =========================== ======================================
+``in_graph``                 in_graph (decode, verify)   in the in-graph prep only (safe)
+``pre_replay_snapshot``      pre_replay (decode, extend) in host_prep: snapshots into private
+                                                         buffers; the graph reads the snapshot
+``late_swa_read``            in_graph                    prep, then a late layer translates
+                                                         through the LIVE ``full_to_swa`` after
+                                                         the plant (the TRTLLM SWA bug shape)
+``late_kv_write``            in_graph                    prep, then the KV write re-reads its
+                                                         slots from the LIVE ``req_to_token``:
+                                                         the returned output never shows it,
+                                                         only the KV pool does
+``pre_replay_reads_graph``   pre_replay                  in the in-graph prep, i.e. after the
+                                                         pre-replay release
+``plant_before_prep``        in_graph                    the prep runs in the forward, after
+                                                         the planted node
+``composite_late_child``     latest_of(dense, tbo),      the tbo child builds its micro-batch's
+                             both in_graph               metadata in the forward, after the
+                                                         plant
+``reread_after_replay``      in_graph                    prep, then an eager kernel after
+                                                         replay rereads ``req_to_token``
+============================ =========================== ======================================
+
+`make_synthetic(name, device)` returns an `AuditSubject` whose runners are built through
+`warpolicy.runners` with the policy compiled from that declaration by the real engine; its
+``extra_outputs`` name the KV pool, so the audit compares what the step wrote there too.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Optional
+
+import attrs
+import torch
+
+from warpolicy.audit.dynamic import AuditSubject
+from warpolicy.audit.report import SAFE, UNSAFE, Verdict
+from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
+from warpolicy.engine import Context, PolicyEngine
+from warpolicy.errors import UnknownNameError
+from warpolicy.policy import IN_GRAPH, NONE, PRE_REPLAY, ForwardMode, WarReadDonePolicy
+from warpolicy.registry import Backend, Registry, SpecAlgorithm
+from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner
+
+DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
+
+
+@attrs.frozen
+class SyntheticBackend:
+    """One synthetic backend: its declaration, its layout and what the audit must find."""
+
+    name: str
+    doc: str
+    layout: Layout
+    reads_end: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict)
+    children: Mapping[str, Mapping[ForwardMode, WarReadDonePolicy]] = attrs.field(factory=dict)
+    expected: Verdict = SAFE
+    static_visible: bool = False  # the static audit can name the late reader
+    offender_hint: str = ""  # a substring of the late reader's kernel name
+
+    def registry(self) -> Registry:
+        """The declaration as registry entries (a composite takes the latest of its children)."""
+        backends = {n: Backend(n, reads_end=r) for n, r in self.children.items()}
+        backends[self.name] = Backend(self.name, reads_end=self.reads_end,
+                                      latest_of=tuple(self.children))
+        return Registry(backends=backends, spec_algorithms={"none": SpecAlgorithm("none")},
+                        sources=(f"<synthetic {self.name}>",))
+
+
+_DECODE_VERIFY_IN_GRAPH = {DECODE: IN_GRAPH, VERIFY: IN_GRAPH}
+_PRE_REPLAY = {DECODE: PRE_REPLAY, EXTEND: PRE_REPLAY}
+
+_BACKENDS: tuple[SyntheticBackend, ...] = (
+    SyntheticBackend("in_graph", "all shared reads in the in-graph prep", Layout(),
+                     _DECODE_VERIFY_IN_GRAPH),
+    SyntheticBackend("pre_replay_snapshot", "host_prep snapshots shared state into private "
+                     "buffers; the graph reads only the snapshot", Layout(snapshot=True),
+                     _PRE_REPLAY),
+    SyntheticBackend("late_swa_read", "a late layer translates the KV location through the live "
+                     "full-to-SWA mapping after the plant (the TRTLLM SWA bug shape)",
+                     Layout(late_swa=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
+                     static_visible=True, offender_hint="index"),
+    SyntheticBackend("late_kv_write", "the KV write re-reads its slots from the live "
+                     "request-to-token table after the plant; only the KV pool shows it",
+                     Layout(late_kv_write=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
+                     static_visible=True, offender_hint="index"),
+    SyntheticBackend("pre_replay_reads_graph", "declares pre_replay but the graph's prep reads "
+                     "shared state", Layout(), _PRE_REPLAY, expected=UNSAFE,
+                     static_visible=True, offender_hint="index"),
+    SyntheticBackend("plant_before_prep", "the read-done node is planted before the metadata "
+                     "prep (the prep runs in the forward)", Layout(prep_in_forward=True),
+                     _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE, static_visible=True,
+                     offender_hint="index"),
+    SyntheticBackend("composite_late_child", "a composite of two in_graph children whose tbo "
+                     "child builds its micro-batch's metadata after the plant",
+                     Layout(split_prep=True),
+                     children={"composite_dense_child": _DECODE_VERIFY_IN_GRAPH,
+                               "composite_tbo_child": _DECODE_VERIFY_IN_GRAPH},
+                     expected=UNSAFE, static_visible=True, offender_hint="index"),
+    SyntheticBackend("reread_after_replay", "declares in_graph, but an eager kernel after replay "
+                     "rereads req_to_token", Layout(reread_after_replay=True),
+                     _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE),
+)
+_BY_NAME = {b.name: b for b in _BACKENDS}
+
+
+def synthetic_names() -> list[str]:
+    """Every synthetic backend, safe ones first."""
+    return [b.name for b in _BACKENDS]
+
+
+def synthetic_backend(name: str) -> SyntheticBackend:
+    """The description of a synthetic backend; `UnknownNameError` for an unknown name."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnknownNameError("synthetic backend", name, synthetic_names()) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Building an audit subject
+# ---------------------------------------------------------------------------------------------
+
+def _tensor_device(platform: Any) -> torch.device:
+    if platform.name == "cuda":
+        return torch.device(platform.device)
+    return torch.device("cpu")
+
+
+def _runner(mode: ForwardMode, policy: Any, platform: Any, name: str, cfg: SyntheticConfig,
+            model: Any) -> Any:
+    label = f"{name}:{mode.label}"
+    if mode == VERIFY:
+        return VerifyRunner(model, policy, platform, label, draft_tokens=cfg.draft_tokens,
+                            keep_graphs=True)
+    cls = PrefillRunner if mode == EXTEND else DecodeRunner
+    return cls(model, policy, platform, label, keep_graphs=True)
+
+
+def make_synthetic(name: str, device: Any = None, *, platform: Any = None,
+                   config: Optional[SyntheticConfig] = None) -> AuditSubject:
+    """The audit subject of synthetic backend ``name`` on ``device`` (or ``platform``)."""
+    backend = synthetic_backend(name)
+    if platform is None:
+        from warpolicy.platform import Platform
+
+        platform = Platform.for_device(device)
+    cfg = config or SyntheticConfig()
+    model = SyntheticModel(backend.layout, cfg, _tensor_device(platform))
+    engine = PolicyEngine(backend.registry(), environ={})
+    policy = engine.compile(backend.name, "none", platform=platform.name,
+                            external_events=platform.external_events_supported(), strict=True)
+    # the declaration under audit: what the registry says with the node planted on CUDA
+    declared = {m: engine.decide(Context(backend.name, m)) for m in (DECODE, EXTEND, VERIFY)}
+    modes = [m for m, p in declared.items() if p != NONE]
+    return AuditSubject(
+        name=backend.name,
+        model=model,
+        runners={m: functools.partial(_runner, m, policy, platform, backend.name, cfg)
+                 for m in modes},
+        make_batch=model.make_batch,
+        platform=platform,
+        declared={m: declared[m] for m in modes},
+        post_step=model.reread if backend.layout.reread_after_replay else None,
+        extra_outputs={"kv_pool": model.kv_pool},
+    )
