@@ -6,8 +6,9 @@ import warnings
 
 import pytest
 
-from warpolicy.engine import (SOUND_DEMOTION_ID, CompiledPolicy, Context, PolicyEngine,
-                              parse_bool)
+from warpolicy.engine import (FORCE_COARSE_ID, SOUND_DEMOTION_ID, CompiledPolicy, Context,
+                              PolicyEngine)
+from warpolicy.inputs import parse_bool
 from warpolicy.errors import InputError, UnknownNameError
 from warpolicy.policy import ForwardMode as M
 from warpolicy.policy import WarReadDonePolicy as P
@@ -28,7 +29,8 @@ def make_registry(extra_backends=(), gates=()) -> Registry:
         flags={"force_coarse": Flag("force_coarse", False, ("WARPOLICY_FORCE_COARSE",
                                                             "SGLANG_FORCE_COARSE_WAR_BARRIER")),
                "prefill_read_done": Flag("prefill_read_done", False,
-                                         ("WARPOLICY_PREFILL_READ_DONE",))},
+                                         ("WARPOLICY_PREFILL_READ_DONE",
+                                          "SGLANG_ENABLE_PREFILL_WAR_READ_DONE"))},
         spec_algorithms={
             "none": SpecAlgorithm("none", capabilities={"prefill_read_done": True,
                                                         "target_verify_read_done": False}),
@@ -95,15 +97,56 @@ def test_force_coarse_alias_env_and_reason_origin():
     assert d.reasons[1].origin == "caps.yaml:40:5"
 
 
-def test_primary_env_name_wins_over_alias():
-    engine = PolicyEngine(make_registry(), environ={"WARPOLICY_FORCE_COARSE": "0",
-                                                    "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"})
-    assert engine.decide(Context("fa3", M.DECODE)) is P.IN_GRAPH
+def test_primary_env_name_wins_over_alias_and_empty_does_not_shadow():
+    ctx = Context("trtllm_mha", M.EXTEND)
+    reg = make_registry()
+    both = {"WARPOLICY_PREFILL_READ_DONE": "0", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"}
+    assert PolicyEngine(reg, environ=both).decide(ctx) is P.NONE
+    empty = {"WARPOLICY_PREFILL_READ_DONE": " ", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"}
+    engine = PolicyEngine(reg, environ=empty)
+    assert engine.decide(ctx) is P.PRE_REPLAY
+    assert {f.name: f.source for f in engine.flag_values()}["prefill_read_done"] == \
+        "env SGLANG_ENABLE_PREFILL_WAR_READ_DONE"
 
 
 def test_bad_env_value_is_input_error():
-    with pytest.raises(InputError, match="WARPOLICY_FORCE_COARSE='maybe'"):
-        PolicyEngine(make_registry(), environ={"WARPOLICY_FORCE_COARSE": "maybe"})
+    with pytest.raises(InputError, match="WARPOLICY_PREFILL_READ_DONE='maybe'"):
+        PolicyEngine(make_registry(), environ={"WARPOLICY_PREFILL_READ_DONE": "maybe"})
+
+
+def bare_registry(**kw) -> Registry:
+    """No flags, no gates: the kill switch must work without the registry's help."""
+    return Registry(backends={"fa3": Backend("fa3", {M.DECODE: P.IN_GRAPH})}, **kw)
+
+
+@pytest.mark.parametrize("environ", [
+    {"WARPOLICY_FORCE_COARSE": "1"},
+    {"SGLANG_FORCE_COARSE_WAR_BARRIER": "yes"},
+    {"WARPOLICY_FORCE_COARSE": "", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # empty: unset
+    {"WARPOLICY_FORCE_COARSE": "0", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # any name wins
+    {"WARPOLICY_FORCE_COARSE": "maybe"},  # unparsable: fail closed
+])
+def test_force_coarse_is_built_in(environ):
+    engine = PolicyEngine(bare_registry(), environ=environ)
+    d = engine.decision(Context("fa3", M.DECODE))
+    assert d.policy is P.NONE
+    assert [r.id for r in d.reasons] == ["declared", FORCE_COARSE_ID]
+    assert engine.compile("fa3").lookup(M.DECODE) is P.NONE
+    assert PolicyEngine(bare_registry(), environ={}).decide(Context("fa3", M.DECODE)) is P.IN_GRAPH
+
+
+def test_force_coarse_cannot_be_narrowed_or_renamed_by_a_registry():
+    """A layer that redeclares the flag with other env names, or an override that says off."""
+    renamed = {"force_coarse": Flag("force_coarse", False, ("MY_COARSE",))}
+    engine = PolicyEngine(bare_registry(flags=renamed),
+                          environ={"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"})
+    assert engine.decide(Context("fa3", M.DECODE)) is P.NONE
+    assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": False})) is P.NONE
+    engine = PolicyEngine(bare_registry(flags=renamed), environ={"MY_COARSE": "1"})
+    assert engine.decide(Context("fa3", M.DECODE)) is P.NONE  # a layer may add names
+    engine = PolicyEngine(bare_registry(), environ={})
+    assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": "1"})) is P.NONE
+    assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": "0"})) is P.IN_GRAPH
 
 
 @pytest.mark.parametrize("facts, why", [
@@ -179,7 +222,9 @@ def test_compile_matches_decision_everywhere(engine):
             for planted in (False, True):
                 ctx = Context("fa3", mode, "dflash", eager=eager, planted=planted)
                 assert compiled.lookup(mode, eager, planted) is engine.decide(ctx)
-    assert compiled.captured[M.DECODE] is P.IN_GRAPH
+    assert compiled.per_step()(M.DECODE) is P.IN_GRAPH
+    assert compiled.per_step(planted=False)(M.DECODE) is P.POST_REPLAY
+    assert compiled.per_step()("no-such-mode") is P.NONE
 
 
 def test_compile_unknown_fails_closed_or_raises(engine):
@@ -213,9 +258,15 @@ def test_table_covers_every_combination(engine):
     assert len(rows) == 3 * 3 * 3
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("On", True), ("", False), ("no", False)])
+@pytest.mark.parametrize("text, value", [("1", True), ("On", True), (" no ", False), ("off", False)])
 def test_parse_bool(text, value):
     assert parse_bool(text, "X") is value
+
+
+@pytest.mark.parametrize("text", ["", " ", "maybe", "2"])
+def test_parse_bool_rejects_empty_and_junk(text):
+    with pytest.raises(InputError, match="not a boolean"):
+        parse_bool(text, "X")
 
 
 @pytest.mark.parametrize("wrapper", [
