@@ -309,3 +309,92 @@ def test_string_flag_overrides_are_parsed_not_truthy(engine, text, policy):
     assert engine.decide(ctx) is policy
     with pytest.raises(InputError):
         engine.decision(Context("trtllm_mha", M.EXTEND, flags={"prefill_read_done": "maybe"}))
+
+
+def test_inherits_plus_per_mode_takes_the_latest_of_both():
+    """``inherits: slow_base`` (post_replay decode) plus ``per_mode: {decode: fa3}``: both are
+    declarations of the backend; the decision is the latest, and explain names slow_base."""
+    slow = Backend("slow_base", {M.DECODE: P.POST_REPLAY}, abstract=True,
+                   origin=Origin("caps.yaml", 70, 3))
+    wrapper = Backend("w", inherits="slow_base", per_mode={M.DECODE: "fa3"})
+    engine = PolicyEngine(make_registry([slow, wrapper]), environ={})
+    exp = engine.explain(Context("w", M.DECODE))
+    assert exp.decision.policy is P.POST_REPLAY
+    assert exp.declared is P.POST_REPLAY
+    assert [(d.backend, d.policy) for d in exp.declarations] == [("slow_base", P.POST_REPLAY)]
+    assert [c.backend for c in exp.children] == ["fa3"]
+    from warpolicy.report import format_explanation
+
+    text = format_explanation(exp)
+    assert "slow_base" in text and "fa3" in text
+
+
+@pytest.mark.parametrize("child_extra", [
+    dict(reads_end={M.DECODE: P.IN_GRAPH}),          # a child cannot make its base earlier
+    dict(latest_of=("trtllm_mha",)),                  # nor can running another backend
+])
+def test_inheritance_never_makes_a_mode_earlier(child_extra):
+    slow = Backend("slow_base", {M.DECODE: P.POST_REPLAY})
+    child = Backend("c", inherits="slow_base", **child_extra)
+    engine = PolicyEngine(make_registry([slow, child]), environ={})
+    assert engine.decide(Context("c", M.DECODE)) is P.POST_REPLAY
+
+
+def test_inherited_composite_runs_its_parents_children():
+    parent = Backend("tbo", latest_of=("dsv4",))
+    child = Backend("tbo2", inherits="tbo", reads_end={M.TARGET_VERIFY: P.IN_GRAPH})
+    engine = PolicyEngine(make_registry([parent, child]), environ={})
+    assert engine.decide(Context("tbo2", M.TARGET_VERIFY, "dflash")) is P.POST_REPLAY
+
+
+def test_long_chains_and_shared_dags_visit_each_backend_once(monkeypatch):
+    """4,000 nested composites (deeper than Python's recursion limit) and a wide diamond DAG
+    whose naive expansion has 2**30 paths: one visit per backend."""
+    from warpolicy import engine as engine_mod
+
+    chain = [Backend("c0", {M.DECODE: P.IN_GRAPH})]
+    chain += [Backend(f"c{i}", latest_of=(f"c{i - 1}",)) for i in range(1, 4000)]
+    chain += [Backend(f"h{i}", inherits=f"h{i - 1}" if i else "c3999") for i in range(4000)]
+    diamond = [Backend("d0", {M.DECODE: P.PRE_REPLAY})]
+    for i in range(1, 31):
+        diamond += [Backend(f"l{i}", latest_of=(f"d{i - 1}",)),
+                    Backend(f"r{i}", per_mode={M.DECODE: f"d{i - 1}"}),
+                    Backend(f"d{i}", latest_of=(f"l{i}", f"r{i}"))]
+    engine = PolicyEngine(make_registry(chain + diamond), environ={})
+    visits = []
+    original = engine_mod._Evaluation._explain_node
+    monkeypatch.setattr(engine_mod._Evaluation, "_explain_node",
+                        lambda self, name: visits.append(name) or original(self, name))
+    assert engine.decide(Context("c3999", M.DECODE)) is P.IN_GRAPH
+    assert len(visits) == 4000
+    visits.clear()
+    assert engine.decide(Context("d30", M.DECODE)) is P.PRE_REPLAY
+    assert len(visits) == len(set(visits)) == 1 + 3 * 30
+    visits.clear()
+    assert engine.decide(Context("h3999", M.DECODE, planted=False)) is P.POST_REPLAY
+    assert len(visits) == 4000  # h3999 (its lineage runs c3998) and c3998..c0
+    exp = engine.explain(Context("d30", M.DECODE))
+    assert len(str(exp.to_json())) < 200_000  # a shared child is expanded once
+
+
+def test_compile_warns_once_naming_a_layer_that_makes_a_cell_earlier(tmp_path):
+    from warpolicy.loader import Fragment, load_registry
+
+    base = tmp_path / "base.yaml"
+    base.write_text("version: 1\nbackends:\n  fa3:\n    reads_end: {decode: post_replay}\n"
+                    "    doc: audited late\n")
+    plugin = Fragment("plugin:speedy", "version: 1\nbackends:\n  fa3:\n    override: true\n"
+                      "    reads_end: {decode: in_graph}\n    doc: claims earlier\n")
+    later = Fragment("plugin:careful", "version: 1\nbackends:\n  x:\n"
+                     "    reads_end: {decode: none}\n    doc: harmless\n")
+    layers = [base, plugin, later]
+    engine = PolicyEngine(load_registry(layers), environ={}, layers=layers)
+    with pytest.warns(RuntimeWarning, match=r"layer plugin:speedy .*fa3 decode.*"
+                                            r"post_replay -> in_graph") as caught:
+        assert engine.compile("fa3").lookup(M.DECODE) is P.IN_GRAPH
+        engine.compile("fa3")
+    assert len([w for w in caught if "layer" in str(w.message)]) == 1
+    assert not any("careful" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PolicyEngine(load_registry([base]), environ={}, layers=[base]).compile("fa3")
