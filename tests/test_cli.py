@@ -35,7 +35,9 @@ def query(capsys, *argv) -> str:
 def table_json(capsys, *argv) -> list[dict]:
     code, out, err = run_cli(capsys, "table", "--format", "json", *argv)
     assert code == ExitCode.OK, err
-    return json.loads(out)
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1
+    return doc["rows"]
 
 
 def test_query_text_starts_with_policy(capsys):
@@ -189,24 +191,114 @@ def test_capabilities_from_env(capsys, tmp_path, monkeypatch):
     assert query(capsys, "--backend", "fa3", "--mode", "decode") == "post_replay"
 
 
+def diff_json(capsys, *argv, code=ExitCode.OK):
+    got, out, err = run_cli(capsys, "diff", *argv, "--format", "json")
+    assert got == code, err
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1
+    return doc
+
+
 def test_diff_lists_changed_cells(capsys, tmp_path):
     new = tmp_path / "new.yaml"
     new.write_text("version: 1\nbackends:\n  fa3:\n    override: true\n    inherits: base\n"
                    "    reads_end: {target_verify: post_replay}\n    doc: rereads\n"
                    "  newbe:\n    inherits: base\n    doc: new\n")
     layered = os.pathsep.join(["default", str(new)])
-    code, out, err = run_cli(capsys, "diff", "default", layered, "--format", "json")
-    assert code == 0, err
-    cells = {(c["backend"], c["mode"], c["spec"]): c for c in json.loads(out)}
+    doc = diff_json(capsys, "default", layered)
+    cells = {(c["backend"], c["mode"], c["spec"]): c for c in doc["cells"]}
     assert cells[("fa3", "target_verify", "dflash")]["old"] == "in_graph"
     assert cells[("fa3", "target_verify", "dflash")]["new"] == "post_replay"
     assert cells[("fa3", "target_verify", "dflash")]["change"] == "later"
+    assert cells[("fa3", "target_verify", "dflash")]["when"] == "any"
     assert cells[("newbe", "decode", "none")]["change"] == "added"
     assert not any(b == "fa3" and m == "decode" for b, m, _ in cells)
-    code, _, _ = run_cli(capsys, "diff", "default", layered, "--exit-code")
+    assert set(doc["compared"]["flags"]) == {"prefill_read_done", "hierarchical_cache"}
+    assert "force_coarse" in doc["compared"]["held"]
+    fast = ("--mode", "target_verify", "--mode", "decode")
+    code, _, _ = run_cli(capsys, "diff", "default", layered, "--exit-code", *fast)
     assert code == ExitCode.CHECK_FAILED
-    code, out, _ = run_cli(capsys, "diff", "default", "default", "--exit-code")
+    code, _, _ = run_cli(capsys, "diff", "default", layered, "--fail-on", "earlier", *fast)
+    assert code == ExitCode.OK  # later and added only
+    code, out, _ = run_cli(capsys, "diff", "default", "default", "--exit-code", *fast)
     assert code == ExitCode.OK and "no policy changes" in out
+    assert "held: force_coarse" in out and "compared:" in out
+
+
+def test_diff_sees_other_modes_and_changes_behind_a_flag(capsys, tmp_path):
+    """0.1.0 compared three modes under the default flags: both changes printed nothing."""
+    new = tmp_path / "new.yaml"
+    new.write_text("version: 1\nbackends:\n  fa3:\n    override: true\n    inherits: base\n"
+                   "    reads_end: {draft_extend: in_graph, extend: pre_replay}\n    doc: x\n")
+    layered = os.pathsep.join(["default", str(new)])
+    doc = diff_json(capsys, "default", layered)
+    cells = {(c["backend"], c["mode"], c["spec"]): c for c in doc["cells"]}
+    assert cells[("fa3", "draft_extend", "none")]["change"] == "earlier"
+    behind = cells[("fa3", "extend", "none")]
+    assert (behind["old"], behind["new"], behind["change"]) == ("none", "pre_replay", "earlier")
+    assert behind["when"] == "hierarchical_cache=false, prefill_read_done=true"
+    assert all(s["prefill_read_done"] for s in behind["settings"])
+    code, out, _ = run_cli(capsys, "diff", "default", layered, "--fail-on", "earlier")
+    assert code == ExitCode.CHECK_FAILED and "earlier" in out
+    code, out, _ = run_cli(capsys, "diff", "default", layered, "--flag", "prefill_read_done=0",
+                           "--mode", "extend", "--exit-code")
+    assert code == ExitCode.OK and "held: prefill_read_done = false: given" in out
+
+
+def test_diff_enumerates_platform_facts_a_gate_tests(capsys, tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("version: 1\nbackends:\n  b:\n    reads_end: {decode: pre_replay}\n"
+                   "    doc: x\ngates:\n  - id: hip-late\n    when: {platform: hip}\n"
+                   "    at_least: post_replay\n    because: hip\n")
+    new = tmp_path / "new.yaml"
+    new.write_text("version: 1\nbackends:\n  b:\n    reads_end: {decode: pre_replay}\n"
+                   "    doc: x\n")
+    doc = diff_json(capsys, str(old), str(new), "--plugins", "none", "--mode", "decode")
+    assert doc["compared"]["platforms"] == ["cuda", "hip", "other"]
+    (cell,) = doc["cells"]
+    assert (cell["when"], cell["change"]) == ("platform=hip", "earlier")
+
+
+@pytest.fixture
+def speedy_plugin(monkeypatch):
+    """An installed plugin whose fragment makes fa3 decode earlier (pre_replay)."""
+    from warpolicy import hookimpl, plugins
+
+    class Speedy:
+        @hookimpl
+        def warpolicy_capabilities(self):
+            return ("version: 1\nbackends:\n  fa3:\n    override: true\n"
+                    "    reads_end: {decode: pre_replay, target_verify: in_graph}\n"
+                    "    doc: claims a snapshot\n")
+
+    pm = plugins.new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(Speedy(), name="speedy")
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    return pm
+
+
+def test_diff_with_and_without_plugins(capsys, speedy_plugin):
+    """0.1.0 loaded plugins on both sides: a plugin's own effect printed nothing."""
+    doc = diff_json(capsys, "default", "default", "--plugins", "new")
+    assert {(c["backend"], c["mode"], c["change"]) for c in doc["cells"]} == {
+        ("fa3", "decode", "earlier"), ("tbo_fa3", "decode", "earlier")}  # and its composite
+    assert diff_json(capsys, "default", "default", "--plugins", "on")["cells"] == []
+    assert diff_json(capsys, "default", "default", "--plugins", "none")["cells"] == []
+
+
+def test_layer_report_names_the_plugin(capsys, speedy_plugin):
+    code, out, err = run_cli(capsys, "plugins", "--format", "json")
+    assert code == ExitCode.OK, err
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    assert rows["speedy"]["earlier"] and "fa3 decode" in rows["speedy"]["earlier"][0]
+    assert not any(r["earlier"] for n, r in rows.items() if n != "speedy")
+    code, out, err = run_cli(capsys, "validate")
+    assert code == ExitCode.OK
+    assert "warning: layer plugin:speedy makes" in err and "in_graph -> pre_replay" in err
+    with pytest.warns(RuntimeWarning, match="layer plugin:speedy"):
+        from warpolicy.engine import PolicyEngine
+
+        PolicyEngine.load(pm=speedy_plugin, environ={}).compile("fa3")
 
 
 def test_table_markdown_and_text(capsys):
