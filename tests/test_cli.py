@@ -398,3 +398,130 @@ def test_runtime_commands_without_torch_are_one_line(capsys, monkeypatch, argv):
     assert code == ExitCode.USAGE
     assert err.strip() == ("warpolicy: this command needs PyTorch; install it with "
                            "pip install 'warpolicy[torch]'")
+
+
+# -- output that cannot be written, hooks that exit, GPU commands without CUDA -------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_process(*argv, stdout=None, env_extra=None, close_stdout=False):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in FLAG_ENVS}
+    env.update({"PYTHONPATH": REPO, **(env_extra or {})})
+    return subprocess.run([sys.executable, "-m", "warpolicy", *argv], env=env, text=True,
+                          stdout=stdout if stdout is not None else subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120,
+                          preexec_fn=(lambda: os.close(1)) if close_stdout else None)
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    return lines[0]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_is_one_line_and_exit_3():
+    with open("/dev/full", "w") as full:
+        proc = run_process("table", stdout=full)
+    assert proc.returncode == ExitCode.OUTPUT
+    assert "cannot write the output: No space left on device" in one_line(proc.stderr)
+
+
+def test_closed_stdout_is_one_line_and_exit_3():
+    proc = run_process("query", "--backend", "fa3", "--mode", "decode", close_stdout=True)
+    assert proc.returncode == ExitCode.OUTPUT
+    assert "stdout is closed" in one_line(proc.stderr)
+
+
+def test_ascii_terminal_is_one_line_and_exit_3(tmp_path):
+    caps = tmp_path / "caps.yaml"
+    caps.write_text("version: 1\nbackends:\n  b:\n    reads_end: {decode: in_graph}\n"
+                    "    doc: x\ngates:\n  - id: g\n    when: {mode: decode}\n"
+                    "    at_least: post_replay\n    because: na\u00efve reader \u2013 late\n",
+                    encoding="utf-8")
+    proc = run_process("query", "--backend", "b", "--mode", "decode", "--capabilities",
+                       str(caps), env_extra={"LANG": "C", "LC_ALL": "C",
+                                             "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == ExitCode.OUTPUT
+    line = one_line(proc.stderr)
+    assert "cannot encode" in line and "PYTHONIOENCODING=utf-8" in line
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("raise_it, code, needle", [
+    (lambda: __import__("sys").exit(0), ExitCode.USAGE, "sys.exit(0) was called"),
+    (lambda: __import__("sys").exit(), ExitCode.USAGE, "sys.exit(None) was called"),
+    (lambda: (_ for _ in ()).throw(KeyboardInterrupt), ExitCode.INTERRUPTED, "interrupted"),
+])
+def test_a_hook_that_exits_is_not_a_silent_success(capsys, monkeypatch, raise_it, code, needle):
+    from warpolicy import hookimpl, plugins
+
+    class Exits:
+        @hookimpl
+        def warpolicy_capabilities(self):
+            raise_it()
+
+    pm = plugins.new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(Exits(), name="exits")
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    got, out, err = run_cli(capsys, "query", "--backend", "fa3", "--mode", "decode")
+    assert got == code and out == ""
+    assert needle in one_line(err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "--backend", "fa3", "--mode", "decode", "--flag", "force_coarse="],
+    ["table", "--flag", "prefill_read_done= "],
+    ["diff", "default", "default", "--flag", "prefill_read_done="],
+])
+def test_empty_flag_value_is_an_error(capsys, argv):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == ExitCode.USAGE and out == ""
+    assert "empty value" in one_line(err)
+
+
+def test_gpu_commands_without_cuda_are_one_line():
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch installed")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    for argv in (["bench", "overlap", "--steps", "1"], ["audit", "--synthetic", "all"]):
+        proc = run_process(*argv)
+        assert proc.returncode == ExitCode.USAGE, proc.stderr
+        assert "CUDA" in one_line(proc.stderr)
+
+
+def test_json_outputs_carry_a_schema_version(capsys):
+    for argv in (["query", "--backend", "fa3", "--mode", "decode"],
+                 ["explain", "--backend", "tbo_fa3", "--mode", "decode"],
+                 ["table", "--backend", "fa3"], ["plugins"],
+                 ["diff", "default", "default", "--mode", "decode"]):
+        code, out, err = run_cli(capsys, *argv, "--format", "json")
+        assert code == ExitCode.OK, err
+        assert json.loads(out)["schema_version"] == 1, argv
+
+
+def test_explain_markdown_for_pull_requests(capsys, tmp_path):
+    caps = tmp_path / "caps.yaml"
+    caps.write_text("version: 1\nbackends:\n  slow_base:\n    abstract: true\n"
+                    "    reads_end: {decode: post_replay}\n    doc: late\n"
+                    "  fast:\n    reads_end: {decode: in_graph}\n    doc: fast\n"
+                    "  w:\n    inherits: slow_base\n    per_mode: {decode: fast}\n    doc: w\n")
+    code, out, err = run_cli(capsys, "explain", "--backend", "w", "--mode", "decode",
+                             "--capabilities", str(caps), "--format", "markdown")
+    assert code == ExitCode.OK, err
+    assert out.startswith("### warpolicy: `w` decode (spec `none`) -> **post_replay**")
+    assert "| w | slow_base | post_replay | inherited from slow_base |" in out
+    assert "| w | fast | in_graph | in_graph |" in out
+    code, out, _ = run_cli(capsys, "query", "--backend", "w", "--mode", "decode",
+                           "--capabilities", str(caps), "--format", "markdown")
+    assert code == ExitCode.OK and out.startswith("**post_replay** for `w`")

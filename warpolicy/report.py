@@ -123,9 +123,8 @@ def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str
               else f"{indent}  {name}: {value}" for name, value in _context_lines(exp)]
     lines.append(f"{indent}  declared: {exp.declared.label}")
     lines += [f"{indent}    {step}" for step in exp.chain]
-    for d in exp.declarations:
-        lines.append(f"{indent}    declaration {d.backend} {ctx.mode.label}: {d.policy.label} "
-                     f"({d.via}) [{d.origin}]")
+    lines += [f"{indent}    ({d.backend} declares {ctx.mode.label} at {d.origin})"
+              for d in exp.declarations]
     for child in exp.children:
         if child.backend in seen:
             lines.append(f"{indent}    child {child.backend}: {child.decision.policy.label} "
