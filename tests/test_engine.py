@@ -258,7 +258,8 @@ def test_table_covers_every_combination(engine):
     assert len(rows) == 3 * 3 * 3
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("On", True), (" no ", False), ("off", False)])
+@pytest.mark.parametrize("text, value", [("1", True), ("On", True), (" no ", False),
+                                         ("off", False)])
 def test_parse_bool(text, value):
     assert parse_bool(text, "X") is value
 

@@ -13,7 +13,7 @@ import enum
 import os
 import sys
 import warnings
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, TypedDict
 
 from warpolicy.errors import InputError, RegistryError, WarpolicyError
 from warpolicy.inputs import parse_bool, parse_positive_int
@@ -186,7 +186,14 @@ def _parse_flags(items: Iterable[str]) -> dict[str, bool]:
     return flags
 
 
-def _facts(args: argparse.Namespace) -> dict[str, object]:
+class _Facts(TypedDict):
+    platform: str
+    external_events: bool
+    eager: bool
+    planted: bool
+
+
+def _facts(args: argparse.Namespace) -> _Facts:
     platform = args.platform or "cuda"
     external = args.external_events
     if external is None:  # external events exist only on CUDA (torch >= 2.8)

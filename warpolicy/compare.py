@@ -21,13 +21,16 @@ operator's variables never mask a change.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
 from warpolicy.engine import FORCE_COARSE, PolicyEngine, layer_label
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.registry import Gate, Registry
+
+if TYPE_CHECKING:
+    from warpolicy.loader import Source
 
 MAX_SETTINGS = 256
 FACTS = ("external_events", "eager", "planted")
@@ -72,7 +75,7 @@ class CellSpace:
         return self.flags + (("platform",) if len(self.platforms) > 1 else ()) + self.facts
 
     def settings(self) -> list[Setting]:
-        fixed_flags = {k: v for k, v in self.fixed.items() if k not in FAST_PATH}
+        fixed_flags = {k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH}
         facts = {k: self.fixed.get(k, v) for k, v in FAST_PATH.items()}
         out = []
         for flag_values in itertools.product((False, True), repeat=len(self.flags)):
@@ -167,7 +170,9 @@ def cells(engine: PolicyEngine, backends: Sequence[str], specs: Sequence[str],
         if not present_b or not present_s:
             continue
         flags = {k: v for k, v in setting.flags if k in engine.registry.flags}
-        for d in engine.table(present_b, present_s, space.modes, flags, **setting.facts()):
+        for d in engine.table(present_b, present_s, space.modes, flags,
+                              platform=setting.platform, external_events=setting.external_events,
+                              eager=setting.eager, planted=setting.planted):
             out[(d.context.backend, d.context.mode, d.context.spec, setting)] = d.policy.label
     return out
 
@@ -237,7 +242,7 @@ class LayerChange:
     note: str = ""  # why a layer could not be compared, if it could not
 
 
-def earlier_layers(layers: Sequence[object], *, modes: Optional[Iterable[str]] = None,
+def earlier_layers(layers: Sequence["Source"], *, modes: Optional[Iterable[str]] = None,
                    max_settings: int = MAX_SETTINGS) -> list[LayerChange]:
     """For each layer k > 0: the cells where ``layers[0..k]`` is earlier than ``layers[0..k-1]``.
 

@@ -33,14 +33,18 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
 from warpolicy.errors import InputError
 from warpolicy.inputs import parse_bool
-from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, TABLE_MODES, ForwardMode, WarReadDonePolicy
+from warpolicy.policy import (IN_GRAPH, NONE, POST_REPLAY, TABLE_MODES, ForwardMode,
+                              WarReadDonePolicy)
 from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry, SpecAlgorithm
+
+if TYPE_CHECKING:
+    from warpolicy.loader import Source
 
 __all__ = ["Context", "CompiledPolicy", "Declaration", "Decision", "Explanation", "FlagValue",
            "GateCheck", "PolicyEngine", "Reason", "parse_bool"]
@@ -64,6 +68,14 @@ FORCE_COARSE = Flag("force_coarse", False, ("WARPOLICY_FORCE_COARSE",
                     origin=Origin(BUILT_IN))
 
 
+def _mode(value: Union[str, ForwardMode]) -> ForwardMode:
+    return ForwardMode.parse(value)
+
+
+def _flag_dict(flags: Optional[Mapping[str, Union[bool, str]]]) -> dict[str, Union[bool, str]]:
+    return dict(flags or {})
+
+
 @attrs.frozen
 class Context:
     """Everything a decision depends on besides the registry.
@@ -74,10 +86,9 @@ class Context:
     """
 
     backend: str
-    mode: ForwardMode = attrs.field(converter=ForwardMode.parse)
+    mode: ForwardMode = attrs.field(converter=_mode)
     spec: str = "none"
-    flags: Mapping[str, Union[bool, str]] = attrs.field(factory=dict,
-                                                        converter=lambda m: dict(m or {}))
+    flags: Mapping[str, Union[bool, str]] = attrs.field(factory=dict, converter=_flag_dict)
     platform: str = "cuda"
     external_events: bool = True
     eager: bool = False
@@ -215,7 +226,7 @@ class PolicyEngine:
     """
 
     def __init__(self, registry: Registry, environ: Optional[Mapping[str, str]] = None, *,
-                 layers: Optional[Sequence[object]] = None) -> None:
+                 layers: Optional[Sequence["Source"]] = None) -> None:
         self.registry = registry
         env = os.environ if environ is None else environ
         self._environ: Mapping[str, str] = dict(env)
@@ -376,7 +387,7 @@ class PolicyEngine:
 
     # -- layers -------------------------------------------------------------------------
 
-    def layer_engines(self) -> list[tuple[str, Optional["PolicyEngine"]]]:
+    def layer_engines(self) -> list[tuple[str, Optional[PolicyEngine]]]:
         """``(label, engine of layers[0..k])`` per layer; None where that prefix does not load
         on its own (e.g. a fragment that refers to a later layer)."""
         if self._layer_engines is None:

@@ -243,6 +243,10 @@ def _plugin_of(layer: str) -> Optional[str]:
     return layer[len("plugin:"):].split("[", 1)[0].split(":", 1)[0] or None
 
 
+def _strings(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
 def format_plugins(plugins: Sequence[Mapping[str, object]], fmt: str = "text",
                    layers: Sequence[LayerChange] = ()) -> str:
     """Every plugin, and how many cells its registry fragment makes earlier."""
@@ -255,7 +259,7 @@ def format_plugins(plugins: Sequence[Mapping[str, object]], fmt: str = "text",
     header = ("name", "version", "source", "status", "hooks", "earlier cells")
     rows = []
     for p in plugins:  # text drops the common warpolicy_ prefix; json keeps full names
-        hooks = [str(h).removeprefix("warpolicy_") for h in p.get("hooks", ()) or ()]  # type: ignore[union-attr]
+        hooks = [str(h).removeprefix("warpolicy_") for h in _strings(p.get("hooks"))]
         found = earlier.get(str(p["name"]), [])
         rows.append((p["name"], p.get("version") or "-", p["source"], p.get("status", "active"),
                      ", ".join(hooks) or "-", "; ".join(found) if found else "-"))
