@@ -409,12 +409,6 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(list(argv))
 
 
-def dispatch(argv: Sequence[str]) -> int:
-    """Parse and run one command; known errors propagate as `WarpolicyError`."""
-    args = _parse(argv)
-    return int(COMMANDS[args.command](args))
-
-
 def _err(line: str) -> None:
     """One line on stderr; if stderr is gone too, there is nobody left to tell."""
     try:
