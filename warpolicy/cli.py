@@ -209,6 +209,8 @@ def _given_facts(args: argparse.Namespace) -> dict[str, object]:
         given["platform"] = args.platform
     if args.external_events is not None:
         given["external_events"] = args.external_events
+    elif args.platform is not None:  # as for query: external events exist only on CUDA
+        given["external_events"] = args.platform == "cuda"
     if args.eager is not None:
         given["eager"] = True
     if args.no_plant is not None:
