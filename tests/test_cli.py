@@ -35,7 +35,9 @@ def query(capsys, *argv) -> str:
 def table_json(capsys, *argv) -> list[dict]:
     code, out, err = run_cli(capsys, "table", "--format", "json", *argv)
     assert code == ExitCode.OK, err
-    return json.loads(out)
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1
+    return doc["rows"]
 
 
 def test_query_text_starts_with_policy(capsys):
@@ -204,24 +206,114 @@ def test_capabilities_from_env(capsys, tmp_path, monkeypatch):
     assert query(capsys, "--backend", "fa3", "--mode", "decode") == "post_replay"
 
 
+def diff_json(capsys, *argv, code=ExitCode.OK):
+    got, out, err = run_cli(capsys, "diff", *argv, "--format", "json")
+    assert got == code, err
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1
+    return doc
+
+
 def test_diff_lists_changed_cells(capsys, tmp_path):
     new = tmp_path / "new.yaml"
     new.write_text("version: 1\nbackends:\n  fa3:\n    override: true\n    inherits: base\n"
                    "    reads_end: {target_verify: post_replay}\n    doc: rereads\n"
                    "  newbe:\n    inherits: base\n    doc: new\n")
     layered = os.pathsep.join(["default", str(new)])
-    code, out, err = run_cli(capsys, "diff", "default", layered, "--format", "json")
-    assert code == 0, err
-    cells = {(c["backend"], c["mode"], c["spec"]): c for c in json.loads(out)}
+    doc = diff_json(capsys, "default", layered)
+    cells = {(c["backend"], c["mode"], c["spec"]): c for c in doc["cells"]}
     assert cells[("fa3", "target_verify", "dflash")]["old"] == "in_graph"
     assert cells[("fa3", "target_verify", "dflash")]["new"] == "post_replay"
     assert cells[("fa3", "target_verify", "dflash")]["change"] == "later"
+    assert cells[("fa3", "target_verify", "dflash")]["when"] == "any"
     assert cells[("newbe", "decode", "none")]["change"] == "added"
     assert not any(b == "fa3" and m == "decode" for b, m, _ in cells)
-    code, _, _ = run_cli(capsys, "diff", "default", layered, "--exit-code")
+    assert set(doc["compared"]["flags"]) == {"prefill_read_done", "hierarchical_cache"}
+    assert "force_coarse" in doc["compared"]["held"]
+    fast = ("--mode", "target_verify", "--mode", "decode")
+    code, _, _ = run_cli(capsys, "diff", "default", layered, "--exit-code", *fast)
     assert code == ExitCode.CHECK_FAILED
-    code, out, _ = run_cli(capsys, "diff", "default", "default", "--exit-code")
+    code, _, _ = run_cli(capsys, "diff", "default", layered, "--fail-on", "earlier", *fast)
+    assert code == ExitCode.OK  # later and added only
+    code, out, _ = run_cli(capsys, "diff", "default", "default", "--exit-code", *fast)
     assert code == ExitCode.OK and "no policy changes" in out
+    assert "held: force_coarse" in out and "compared:" in out
+
+
+def test_diff_sees_other_modes_and_changes_behind_a_flag(capsys, tmp_path):
+    """0.1.0 compared three modes under the default flags: both changes printed nothing."""
+    new = tmp_path / "new.yaml"
+    new.write_text("version: 1\nbackends:\n  fa3:\n    override: true\n    inherits: base\n"
+                   "    reads_end: {draft_extend: in_graph, extend: pre_replay}\n    doc: x\n")
+    layered = os.pathsep.join(["default", str(new)])
+    doc = diff_json(capsys, "default", layered)
+    cells = {(c["backend"], c["mode"], c["spec"]): c for c in doc["cells"]}
+    assert cells[("fa3", "draft_extend", "none")]["change"] == "earlier"
+    behind = cells[("fa3", "extend", "none")]
+    assert (behind["old"], behind["new"], behind["change"]) == ("none", "pre_replay", "earlier")
+    assert behind["when"] == "hierarchical_cache=false, prefill_read_done=true"
+    assert all(s["prefill_read_done"] for s in behind["settings"])
+    code, out, _ = run_cli(capsys, "diff", "default", layered, "--fail-on", "earlier")
+    assert code == ExitCode.CHECK_FAILED and "earlier" in out
+    code, out, _ = run_cli(capsys, "diff", "default", layered, "--flag", "prefill_read_done=0",
+                           "--mode", "extend", "--exit-code")
+    assert code == ExitCode.OK and "held: prefill_read_done = false: given" in out
+
+
+def test_diff_enumerates_platform_facts_a_gate_tests(capsys, tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("version: 1\nbackends:\n  b:\n    reads_end: {decode: pre_replay}\n"
+                   "    doc: x\ngates:\n  - id: hip-late\n    when: {platform: hip}\n"
+                   "    at_least: post_replay\n    because: hip\n")
+    new = tmp_path / "new.yaml"
+    new.write_text("version: 1\nbackends:\n  b:\n    reads_end: {decode: pre_replay}\n"
+                   "    doc: x\n")
+    doc = diff_json(capsys, str(old), str(new), "--plugins", "none", "--mode", "decode")
+    assert doc["compared"]["platforms"] == ["cuda", "hip", "other"]
+    (cell,) = doc["cells"]
+    assert (cell["when"], cell["change"]) == ("platform=hip", "earlier")
+
+
+@pytest.fixture
+def speedy_plugin(monkeypatch):
+    """An installed plugin whose fragment makes fa3 decode earlier (pre_replay)."""
+    from warpolicy import hookimpl, plugins
+
+    class Speedy:
+        @hookimpl
+        def warpolicy_capabilities(self):
+            return ("version: 1\nbackends:\n  fa3:\n    override: true\n"
+                    "    reads_end: {decode: pre_replay, target_verify: in_graph}\n"
+                    "    doc: claims a snapshot\n")
+
+    pm = plugins.new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(Speedy(), name="speedy")
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    return pm
+
+
+def test_diff_with_and_without_plugins(capsys, speedy_plugin):
+    """0.1.0 loaded plugins on both sides: a plugin's own effect printed nothing."""
+    doc = diff_json(capsys, "default", "default", "--plugins", "new")
+    assert {(c["backend"], c["mode"], c["change"]) for c in doc["cells"]} == {
+        ("fa3", "decode", "earlier"), ("tbo_fa3", "decode", "earlier")}  # and its composite
+    assert diff_json(capsys, "default", "default", "--plugins", "on")["cells"] == []
+    assert diff_json(capsys, "default", "default", "--plugins", "none")["cells"] == []
+
+
+def test_layer_report_names_the_plugin(capsys, speedy_plugin):
+    code, out, err = run_cli(capsys, "plugins", "--format", "json")
+    assert code == ExitCode.OK, err
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    assert rows["speedy"]["earlier"] and "fa3 decode" in rows["speedy"]["earlier"][0]
+    assert not any(r["earlier"] for n, r in rows.items() if n != "speedy")
+    code, out, err = run_cli(capsys, "validate")
+    assert code == ExitCode.OK
+    assert "warning: layer plugin:speedy makes" in err and "in_graph -> pre_replay" in err
+    with pytest.warns(RuntimeWarning, match="layer plugin:speedy"):
+        from warpolicy.engine import PolicyEngine
+
+        PolicyEngine.load(pm=speedy_plugin, environ={}).compile("fa3")
 
 
 def test_table_markdown_and_text(capsys):
@@ -321,3 +413,130 @@ def test_runtime_commands_without_torch_are_one_line(capsys, monkeypatch, argv):
     assert code == ExitCode.USAGE
     assert err.strip() == ("warpolicy: this command needs PyTorch; install it with "
                            "pip install 'warpolicy[torch]'")
+
+
+# -- output that cannot be written, hooks that exit, GPU commands without CUDA -------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_process(*argv, stdout=None, env_extra=None, close_stdout=False):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in FLAG_ENVS}
+    env.update({"PYTHONPATH": REPO, **(env_extra or {})})
+    return subprocess.run([sys.executable, "-m", "warpolicy", *argv], env=env, text=True,
+                          stdout=stdout if stdout is not None else subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120,
+                          preexec_fn=(lambda: os.close(1)) if close_stdout else None)
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    return lines[0]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_is_one_line_and_exit_3():
+    with open("/dev/full", "w") as full:
+        proc = run_process("table", stdout=full)
+    assert proc.returncode == ExitCode.OUTPUT
+    assert "cannot write the output: No space left on device" in one_line(proc.stderr)
+
+
+def test_closed_stdout_is_one_line_and_exit_3():
+    proc = run_process("query", "--backend", "fa3", "--mode", "decode", close_stdout=True)
+    assert proc.returncode == ExitCode.OUTPUT
+    assert "stdout is closed" in one_line(proc.stderr)
+
+
+def test_ascii_terminal_is_one_line_and_exit_3(tmp_path):
+    caps = tmp_path / "caps.yaml"
+    caps.write_text("version: 1\nbackends:\n  b:\n    reads_end: {decode: in_graph}\n"
+                    "    doc: x\ngates:\n  - id: g\n    when: {mode: decode}\n"
+                    "    at_least: post_replay\n    because: na\u00efve reader \u2013 late\n",
+                    encoding="utf-8")
+    proc = run_process("query", "--backend", "b", "--mode", "decode", "--capabilities",
+                       str(caps), env_extra={"LANG": "C", "LC_ALL": "C",
+                                             "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == ExitCode.OUTPUT
+    line = one_line(proc.stderr)
+    assert "cannot encode" in line and "PYTHONIOENCODING=utf-8" in line
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("raise_it, code, needle", [
+    (lambda: __import__("sys").exit(0), ExitCode.USAGE, "sys.exit(0) was called"),
+    (lambda: __import__("sys").exit(), ExitCode.USAGE, "sys.exit(None) was called"),
+    (lambda: (_ for _ in ()).throw(KeyboardInterrupt), ExitCode.INTERRUPTED, "interrupted"),
+])
+def test_a_hook_that_exits_is_not_a_silent_success(capsys, monkeypatch, raise_it, code, needle):
+    from warpolicy import hookimpl, plugins
+
+    class Exits:
+        @hookimpl
+        def warpolicy_capabilities(self):
+            raise_it()
+
+    pm = plugins.new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(Exits(), name="exits")
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    got, out, err = run_cli(capsys, "query", "--backend", "fa3", "--mode", "decode")
+    assert got == code and out == ""
+    assert needle in one_line(err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "--backend", "fa3", "--mode", "decode", "--flag", "force_coarse="],
+    ["table", "--flag", "prefill_read_done= "],
+    ["diff", "default", "default", "--flag", "prefill_read_done="],
+])
+def test_empty_flag_value_is_an_error(capsys, argv):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == ExitCode.USAGE and out == ""
+    assert "empty value" in one_line(err)
+
+
+def test_gpu_commands_without_cuda_are_one_line():
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch installed")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    for argv in (["bench", "overlap", "--steps", "1"], ["audit", "--synthetic", "all"]):
+        proc = run_process(*argv)
+        assert proc.returncode == ExitCode.USAGE, proc.stderr
+        assert "CUDA" in one_line(proc.stderr)
+
+
+def test_json_outputs_carry_a_schema_version(capsys):
+    for argv in (["query", "--backend", "fa3", "--mode", "decode"],
+                 ["explain", "--backend", "tbo_fa3", "--mode", "decode"],
+                 ["table", "--backend", "fa3"], ["plugins"],
+                 ["diff", "default", "default", "--mode", "decode"]):
+        code, out, err = run_cli(capsys, *argv, "--format", "json")
+        assert code == ExitCode.OK, err
+        assert json.loads(out)["schema_version"] == 1, argv
+
+
+def test_explain_markdown_for_pull_requests(capsys, tmp_path):
+    caps = tmp_path / "caps.yaml"
+    caps.write_text("version: 1\nbackends:\n  slow_base:\n    abstract: true\n"
+                    "    reads_end: {decode: post_replay}\n    doc: late\n"
+                    "  fast:\n    reads_end: {decode: in_graph}\n    doc: fast\n"
+                    "  w:\n    inherits: slow_base\n    per_mode: {decode: fast}\n    doc: w\n")
+    code, out, err = run_cli(capsys, "explain", "--backend", "w", "--mode", "decode",
+                             "--capabilities", str(caps), "--format", "markdown")
+    assert code == ExitCode.OK, err
+    assert out.startswith("### warpolicy: `w` decode (spec `none`) -> **post_replay**")
+    assert "| w | slow_base | post_replay | inherited from slow_base |" in out
+    assert "| w | fast | in_graph | in_graph |" in out
+    code, out, _ = run_cli(capsys, "query", "--backend", "w", "--mode", "decode",
+                           "--capabilities", str(caps), "--format", "markdown")
+    assert code == ExitCode.OK and out.startswith("**post_replay** for `w`")

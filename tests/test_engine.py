@@ -6,8 +6,9 @@ import warnings
 
 import pytest
 
-from warpolicy.engine import (SOUND_DEMOTION_ID, CompiledPolicy, Context, PolicyEngine,
-                              parse_bool)
+from warpolicy.engine import (FORCE_COARSE_ID, SOUND_DEMOTION_ID, CompiledPolicy, Context,
+                              PolicyEngine)
+from warpolicy.inputs import parse_bool
 from warpolicy.errors import InputError, UnknownNameError
 from warpolicy.policy import ForwardMode as M
 from warpolicy.policy import WarReadDonePolicy as P
@@ -28,7 +29,8 @@ def make_registry(extra_backends=(), gates=()) -> Registry:
         flags={"force_coarse": Flag("force_coarse", False, ("WARPOLICY_FORCE_COARSE",
                                                             "SGLANG_FORCE_COARSE_WAR_BARRIER")),
                "prefill_read_done": Flag("prefill_read_done", False,
-                                         ("WARPOLICY_PREFILL_READ_DONE",))},
+                                         ("WARPOLICY_PREFILL_READ_DONE",
+                                          "SGLANG_ENABLE_PREFILL_WAR_READ_DONE"))},
         spec_algorithms={
             "none": SpecAlgorithm("none", capabilities={"prefill_read_done": True,
                                                         "target_verify_read_done": False}),
@@ -95,15 +97,56 @@ def test_force_coarse_alias_env_and_reason_origin():
     assert d.reasons[1].origin == "caps.yaml:40:5"
 
 
-def test_primary_env_name_wins_over_alias():
-    engine = PolicyEngine(make_registry(), environ={"WARPOLICY_FORCE_COARSE": "0",
-                                                    "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"})
-    assert engine.decide(Context("fa3", M.DECODE)) is P.IN_GRAPH
+def test_primary_env_name_wins_over_alias_and_empty_does_not_shadow():
+    ctx = Context("trtllm_mha", M.EXTEND)
+    reg = make_registry()
+    both = {"WARPOLICY_PREFILL_READ_DONE": "0", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"}
+    assert PolicyEngine(reg, environ=both).decide(ctx) is P.NONE
+    empty = {"WARPOLICY_PREFILL_READ_DONE": " ", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"}
+    engine = PolicyEngine(reg, environ=empty)
+    assert engine.decide(ctx) is P.PRE_REPLAY
+    assert {f.name: f.source for f in engine.flag_values()}["prefill_read_done"] == \
+        "env SGLANG_ENABLE_PREFILL_WAR_READ_DONE"
 
 
 def test_bad_env_value_is_input_error():
-    with pytest.raises(InputError, match="WARPOLICY_FORCE_COARSE='maybe'"):
-        PolicyEngine(make_registry(), environ={"WARPOLICY_FORCE_COARSE": "maybe"})
+    with pytest.raises(InputError, match="WARPOLICY_PREFILL_READ_DONE='maybe'"):
+        PolicyEngine(make_registry(), environ={"WARPOLICY_PREFILL_READ_DONE": "maybe"})
+
+
+def bare_registry(**kw) -> Registry:
+    """No flags, no gates: the kill switch must work without the registry's help."""
+    return Registry(backends={"fa3": Backend("fa3", {M.DECODE: P.IN_GRAPH})}, **kw)
+
+
+@pytest.mark.parametrize("environ", [
+    {"WARPOLICY_FORCE_COARSE": "1"},
+    {"SGLANG_FORCE_COARSE_WAR_BARRIER": "yes"},
+    {"WARPOLICY_FORCE_COARSE": "", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # empty: unset
+    {"WARPOLICY_FORCE_COARSE": "0", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # any name wins
+    {"WARPOLICY_FORCE_COARSE": "maybe"},  # unparsable: fail closed
+])
+def test_force_coarse_is_built_in(environ):
+    engine = PolicyEngine(bare_registry(), environ=environ)
+    d = engine.decision(Context("fa3", M.DECODE))
+    assert d.policy is P.NONE
+    assert [r.id for r in d.reasons] == ["declared", FORCE_COARSE_ID]
+    assert engine.compile("fa3").lookup(M.DECODE) is P.NONE
+    assert PolicyEngine(bare_registry(), environ={}).decide(Context("fa3", M.DECODE)) is P.IN_GRAPH
+
+
+def test_force_coarse_cannot_be_narrowed_or_renamed_by_a_registry():
+    """A layer that redeclares the flag with other env names, or an override that says off."""
+    renamed = {"force_coarse": Flag("force_coarse", False, ("MY_COARSE",))}
+    engine = PolicyEngine(bare_registry(flags=renamed),
+                          environ={"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"})
+    assert engine.decide(Context("fa3", M.DECODE)) is P.NONE
+    assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": False})) is P.NONE
+    engine = PolicyEngine(bare_registry(flags=renamed), environ={"MY_COARSE": "1"})
+    assert engine.decide(Context("fa3", M.DECODE)) is P.NONE  # a layer may add names
+    engine = PolicyEngine(bare_registry(), environ={})
+    assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": "1"})) is P.NONE
+    assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": "0"})) is P.IN_GRAPH
 
 
 @pytest.mark.parametrize("facts, why", [
@@ -179,7 +222,9 @@ def test_compile_matches_decision_everywhere(engine):
             for planted in (False, True):
                 ctx = Context("fa3", mode, "dflash", eager=eager, planted=planted)
                 assert compiled.lookup(mode, eager, planted) is engine.decide(ctx)
-    assert compiled.captured[M.DECODE] is P.IN_GRAPH
+    assert compiled.per_step()(M.DECODE) is P.IN_GRAPH
+    assert compiled.per_step(planted=False)(M.DECODE) is P.POST_REPLAY
+    assert compiled.per_step()("no-such-mode") is P.NONE
 
 
 def test_compile_unknown_fails_closed_or_raises(engine):
@@ -213,9 +258,16 @@ def test_table_covers_every_combination(engine):
     assert len(rows) == 3 * 3 * 3
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("On", True), ("", False), ("no", False)])
+@pytest.mark.parametrize("text, value", [("1", True), ("On", True), (" no ", False),
+                                         ("off", False)])
 def test_parse_bool(text, value):
     assert parse_bool(text, "X") is value
+
+
+@pytest.mark.parametrize("text", ["", " ", "maybe", "2"])
+def test_parse_bool_rejects_empty_and_junk(text):
+    with pytest.raises(InputError, match="not a boolean"):
+        parse_bool(text, "X")
 
 
 @pytest.mark.parametrize("wrapper", [
@@ -258,3 +310,92 @@ def test_string_flag_overrides_are_parsed_not_truthy(engine, text, policy):
     assert engine.decide(ctx) is policy
     with pytest.raises(InputError):
         engine.decision(Context("trtllm_mha", M.EXTEND, flags={"prefill_read_done": "maybe"}))
+
+
+def test_inherits_plus_per_mode_takes_the_latest_of_both():
+    """``inherits: slow_base`` (post_replay decode) plus ``per_mode: {decode: fa3}``: both are
+    declarations of the backend; the decision is the latest, and explain names slow_base."""
+    slow = Backend("slow_base", {M.DECODE: P.POST_REPLAY}, abstract=True,
+                   origin=Origin("caps.yaml", 70, 3))
+    wrapper = Backend("w", inherits="slow_base", per_mode={M.DECODE: "fa3"})
+    engine = PolicyEngine(make_registry([slow, wrapper]), environ={})
+    exp = engine.explain(Context("w", M.DECODE))
+    assert exp.decision.policy is P.POST_REPLAY
+    assert exp.declared is P.POST_REPLAY
+    assert [(d.backend, d.policy) for d in exp.declarations] == [("slow_base", P.POST_REPLAY)]
+    assert [c.backend for c in exp.children] == ["fa3"]
+    from warpolicy.report import format_explanation
+
+    text = format_explanation(exp)
+    assert "slow_base" in text and "fa3" in text
+
+
+@pytest.mark.parametrize("child_extra", [
+    dict(reads_end={M.DECODE: P.IN_GRAPH}),          # a child cannot make its base earlier
+    dict(latest_of=("trtllm_mha",)),                  # nor can running another backend
+])
+def test_inheritance_never_makes_a_mode_earlier(child_extra):
+    slow = Backend("slow_base", {M.DECODE: P.POST_REPLAY})
+    child = Backend("c", inherits="slow_base", **child_extra)
+    engine = PolicyEngine(make_registry([slow, child]), environ={})
+    assert engine.decide(Context("c", M.DECODE)) is P.POST_REPLAY
+
+
+def test_inherited_composite_runs_its_parents_children():
+    parent = Backend("tbo", latest_of=("dsv4",))
+    child = Backend("tbo2", inherits="tbo", reads_end={M.TARGET_VERIFY: P.IN_GRAPH})
+    engine = PolicyEngine(make_registry([parent, child]), environ={})
+    assert engine.decide(Context("tbo2", M.TARGET_VERIFY, "dflash")) is P.POST_REPLAY
+
+
+def test_long_chains_and_shared_dags_visit_each_backend_once(monkeypatch):
+    """4,000 nested composites (deeper than Python's recursion limit) and a wide diamond DAG
+    whose naive expansion has 2**30 paths: one visit per backend."""
+    from warpolicy import engine as engine_mod
+
+    chain = [Backend("c0", {M.DECODE: P.IN_GRAPH})]
+    chain += [Backend(f"c{i}", latest_of=(f"c{i - 1}",)) for i in range(1, 4000)]
+    chain += [Backend(f"h{i}", inherits=f"h{i - 1}" if i else "c3999") for i in range(4000)]
+    diamond = [Backend("d0", {M.DECODE: P.PRE_REPLAY})]
+    for i in range(1, 31):
+        diamond += [Backend(f"l{i}", latest_of=(f"d{i - 1}",)),
+                    Backend(f"r{i}", per_mode={M.DECODE: f"d{i - 1}"}),
+                    Backend(f"d{i}", latest_of=(f"l{i}", f"r{i}"))]
+    engine = PolicyEngine(make_registry(chain + diamond), environ={})
+    visits = []
+    original = engine_mod._Evaluation._explain_node
+    monkeypatch.setattr(engine_mod._Evaluation, "_explain_node",
+                        lambda self, name: visits.append(name) or original(self, name))
+    assert engine.decide(Context("c3999", M.DECODE)) is P.IN_GRAPH
+    assert len(visits) == 4000
+    visits.clear()
+    assert engine.decide(Context("d30", M.DECODE)) is P.PRE_REPLAY
+    assert len(visits) == len(set(visits)) == 1 + 3 * 30
+    visits.clear()
+    assert engine.decide(Context("h3999", M.DECODE, planted=False)) is P.POST_REPLAY
+    assert len(visits) == 4000  # h3999 (its lineage runs c3998) and c3998..c0
+    exp = engine.explain(Context("d30", M.DECODE))
+    assert len(str(exp.to_json())) < 200_000  # a shared child is expanded once
+
+
+def test_compile_warns_once_naming_a_layer_that_makes_a_cell_earlier(tmp_path):
+    from warpolicy.loader import Fragment, load_registry
+
+    base = tmp_path / "base.yaml"
+    base.write_text("version: 1\nbackends:\n  fa3:\n    reads_end: {decode: post_replay}\n"
+                    "    doc: audited late\n")
+    plugin = Fragment("plugin:speedy", "version: 1\nbackends:\n  fa3:\n    override: true\n"
+                      "    reads_end: {decode: in_graph}\n    doc: claims earlier\n")
+    later = Fragment("plugin:careful", "version: 1\nbackends:\n  x:\n"
+                     "    reads_end: {decode: none}\n    doc: harmless\n")
+    layers = [base, plugin, later]
+    engine = PolicyEngine(load_registry(layers), environ={}, layers=layers)
+    with pytest.warns(RuntimeWarning, match=r"layer plugin:speedy .*fa3 decode.*"
+                                            r"post_replay -> in_graph") as caught:
+        assert engine.compile("fa3").lookup(M.DECODE) is P.IN_GRAPH
+        engine.compile("fa3")
+    assert len([w for w in caught if "layer" in str(w.message)]) == 1
+    assert not any("careful" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PolicyEngine(load_registry([base]), environ={}, layers=[base]).compile("fa3")

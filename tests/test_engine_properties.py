@@ -48,25 +48,31 @@ def gates(draw, prefix="g"):
 
 @st.composite
 def registries(draw):
-    """Backends b0..b5 where later ones may inherit from / compose earlier ones (a DAG)."""
+    """Backends b0..b5 where later ones may inherit from / compose earlier ones (a DAG).
+
+    Any combination of ``reads_end``, ``inherits``, ``latest_of``, ``per_mode`` and scoped
+    gates on one backend, so every way to combine them is exercised.
+    """
     backends = {}
     for i in range(6):
         name = f"b{i}"
         reads_end = draw(st.dictionaries(modes, policies, max_size=4))
         earlier = [f"b{j}" for j in range(i)]
-        shape = draw(st.sampled_from(["plain", "inherits", "latest_of", "per_mode"]
-                                     if earlier else ["plain"]))
         kw = {}
-        plain = [b for b in earlier if not backends[b].is_wrapper]  # inherits names a plain one
-        if shape == "inherits" and plain:
-            kw["inherits"] = draw(st.sampled_from(plain))
-        elif shape == "latest_of":
-            kw["latest_of"] = tuple(draw(st.lists(st.sampled_from(earlier), min_size=1,
-                                                  max_size=3, unique=True)))
-        elif shape == "per_mode":
+        # Every shape the loader accepts: per_mode stands alone (no inherits, no latest_of,
+        # no declaration of a delegated mode); inherits names a plain backend; inherits and
+        # latest_of combine freely.
+        plain = [b for b in earlier if not backends[b].is_wrapper]
+        if earlier and draw(st.booleans()):
             kw["per_mode"] = draw(st.dictionaries(modes, st.sampled_from(earlier), min_size=1,
                                                   max_size=3))
             reads_end = {m: p for m, p in reads_end.items() if m not in kw["per_mode"]}
+        else:
+            if plain and draw(st.booleans()):
+                kw["inherits"] = draw(st.sampled_from(plain))
+            if earlier and draw(st.booleans()):
+                kw["latest_of"] = tuple(draw(st.lists(st.sampled_from(earlier), min_size=1,
+                                                      max_size=3, unique=True)))
         scoped = tuple(attrs.evolve(g, scope=name) for g in draw(gates(prefix=f"{name}g")))
         backends[name] = Backend(name, reads_end, gates=scoped, **kw)
     specs = {s: SpecAlgorithm(s, capabilities={c: draw(st.booleans()) for c in CAPS})
@@ -87,7 +93,7 @@ contexts = st.builds(
     planted=st.booleans(),
 )
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=100, deadline=None)
 
 
 @SETTINGS
@@ -117,17 +123,85 @@ def test_result_does_not_depend_on_gate_order(registry, ctx, rnd):
     assert {r.id for r in a.reasons} == {r.id for r in b.reasons}
 
 
+def _runs(registry, name, mode):
+    """Backends ``name`` runs in ``mode``: its and its ancestors' latest_of and per_mode."""
+    out = []
+    current = name
+    while current is not None:
+        backend = registry.backends[current]
+        out.extend(backend.latest_of)
+        if mode in backend.per_mode:
+            out.append(backend.per_mode[mode])
+        current = backend.inherits
+    return out
+
+
+def _reachable(registry, name, mode, edges):
+    """Every backend reachable from ``name`` over ``edges`` (a breadth-first walk)."""
+    seen, todo = {name}, [name]
+    while todo:
+        backend = registry.backends[todo.pop()]
+        nxt = []
+        if "inherits" in edges and backend.inherits is not None:
+            nxt.append(backend.inherits)
+        if "runs" in edges:
+            nxt.extend(backend.latest_of)
+            if mode in backend.per_mode:
+                nxt.append(backend.per_mode[mode])
+        for child in nxt:
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
 @SETTINGS
 @given(registries(), contexts)
 def test_composite_is_never_earlier_than_any_child(registry, ctx):
     engine = PolicyEngine(registry, environ={})
-    backend = registry.backends[ctx.backend]
-    children = list(backend.latest_of)
-    if ctx.mode in backend.per_mode:
-        children.append(backend.per_mode[ctx.mode])
     parent = engine.decide(ctx)
-    for child in children:
+    for child in _runs(registry, ctx.backend, ctx.mode):
         assert parent >= engine.decide(attrs.evolve(ctx, backend=child))
+
+
+@SETTINGS
+@given(registries(), contexts)
+def test_never_earlier_than_any_reachable_declaration(registry, ctx):
+    """Through inherits, latest_of and per_mode in any combination: the latest declaration
+    reachable from the backend bounds the decision, and explain lists every one of them."""
+    engine = PolicyEngine(registry, environ={})
+    exp = engine.explain(ctx)
+    listed = set()
+    todo = [exp]
+    while todo:
+        node = todo.pop()
+        listed |= {(d.backend, d.policy) for d in node.declarations}
+        todo.extend(node.children)
+    for name in _reachable(registry, ctx.backend, ctx.mode, {"inherits", "runs"}):
+        declared = registry.backends[name].reads_end.get(ctx.mode)
+        if declared is not None:
+            assert exp.decision.policy >= declared, name
+            assert exp.declared >= declared, name
+            assert (name, declared) in listed
+
+
+@SETTINGS
+@given(registries(), contexts)
+def test_never_earlier_than_a_matching_gate_of_any_backend_it_runs(registry, ctx):
+    """A gate that matches where it applies (the backend itself, or a backend it runs, with
+    scoped gates of their ancestors) bounds the decision."""
+    engine = PolicyEngine(registry, environ={})
+    policy = engine.decide(ctx)
+    running, todo = {ctx.backend}, [ctx.backend]
+    while todo:
+        for child in _runs(registry, todo.pop(), ctx.mode):
+            if child not in running:
+                running.add(child)
+                todo.append(child)
+    for name in running:
+        for check in engine.explain(attrs.evolve(ctx, backend=name)).gates:
+            if check.matched:
+                assert policy >= check.gate.at_least, (name, check.gate.id)
 
 
 @SETTINGS

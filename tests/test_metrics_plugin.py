@@ -28,7 +28,7 @@ from warpolicy.plugins import describe_plugins, new_plugin_manager, reset_plugin
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY  # noqa: E402
 from warpolicy.runners import DecodeRunner, OverlapLoop  # noqa: E402
 from warpolicy.testing.fake import fake_platform  # noqa: E402
-from warpolicy.testing.models import fixed_policy  # noqa: E402
+from warpolicy.bench.models import fixed_policy  # noqa: E402
 
 from test_runners import RecModel  # noqa: E402
 

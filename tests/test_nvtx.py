@@ -16,7 +16,7 @@ from warpolicy.hookspecs import hookimpl
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runners import DecodeRunner, OverlapLoop
 from warpolicy.testing.fake import fake_platform
-from warpolicy.testing.models import fixed_policy
+from warpolicy.bench.models import fixed_policy
 
 from test_runners import RecModel
 

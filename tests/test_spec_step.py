@@ -18,7 +18,7 @@ from warpolicy.registry import SpecAlgorithm
 from warpolicy.runners import (DecodeRunner, DraftExtendRunner, OverlapLoop, Phase, SpecStep,
                                VerifyRunner, last_reader_of)
 from warpolicy.testing.fake import fake_platform, fake_plugin
-from warpolicy.testing.models import fixed_policy
+from warpolicy.bench.models import fixed_policy
 
 DECODE, VERIFY, DRAFT_EXTEND = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
                                 ForwardMode.DRAFT_EXTEND)

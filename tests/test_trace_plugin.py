@@ -105,7 +105,7 @@ def test_cli_lists_the_distribution(trace_dist, capsys):
 
     assert main(["plugins", "--format", "json"]) == 0
     out = capsys.readouterr().out
-    rows = {r["name"]: r for r in json.loads(out)}
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
     assert rows["trace"]["source"] == "distribution:warpolicy-trace-sim"
     assert rows["cuda"]["source"] == "builtin" and rows["fake"]["source"] == "builtin"
 

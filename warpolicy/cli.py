@@ -1,21 +1,26 @@
 """The ``warpolicy`` command line.
 
 `main(argv) -> int` does the work and returns an `ExitCode`; `run()` is the console-script
-entry that turns known errors into one line on stderr (no traceback) and exits.
+entry. Known errors become one line on stderr and a documented exit code, never a traceback:
+bad input, broken plugins, a missing CUDA device, and output that cannot be written (a full
+disk, a closed stdout, a terminal encoding that cannot show the text).
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
-import json
 import os
 import sys
-from typing import Iterable, Optional, Sequence
+import warnings
+from typing import Iterable, Optional, Sequence, TypedDict
 
 from warpolicy.errors import InputError, RegistryError, WarpolicyError
+from warpolicy.inputs import parse_bool, parse_positive_int
+from warpolicy.report import FORMATS
 
-FORMATS = ("text", "json")
+#: Formats of commands whose output is not a table (benchmarks, audit).
+DATA_FORMATS = tuple(f for f in FORMATS if f != "markdown")
 
 
 class ExitCode(enum.IntEnum):
@@ -25,7 +30,12 @@ class ExitCode(enum.IntEnum):
     CHECK_FAILED = 1  # validate found problems; audit found an UNSAFE declaration; diff --exit-code
     USAGE = 2  # bad arguments or input: unknown name, unreadable/invalid registry, broken plugin, no CUDA
     INCONCLUSIVE = 3  # audit proved nothing for some declaration (or failed); see --allow-inconclusive
+    OUTPUT = 4  # the output could not be written: full disk, closed stdout, unencodable text
     INTERRUPTED = 130
+
+
+class OutputError(Exception):
+    """stdout could not take the output; carries the one line to print on stderr."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,12 +48,9 @@ class _Parser(argparse.ArgumentParser):
 def _positive_int(text: str) -> int:
     """argparse type for counts (iterations, trials, steps): a traceback-free usage error."""
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+        return parse_positive_int(text, "count")
+    except InputError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
 
 
 # -- argument groups shared by several commands ---------------------------------------------
@@ -54,17 +61,19 @@ def _add_registry_args(p: argparse.ArgumentParser) -> None:
                         "packaged one); default: $WARPOLICY_CAPABILITIES or the packaged file")
 
 
-def _add_flag_args(p: argparse.ArgumentParser) -> None:
+def _add_flag_args(p: argparse.ArgumentParser, *, what: str = "this query") -> None:
     p.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
-                   help="set a registry flag for this query (repeatable)")
-    p.add_argument("--eager", action="store_true", help="the forward runs eagerly (no graph)")
-    p.add_argument("--no-plant", action="store_true", help="the read-done node was not planted")
+                   help=f"set a registry flag for {what} (repeatable)")
+    p.add_argument("--eager", action="store_true", default=None,
+                   help="the forward runs eagerly (no graph)")
+    p.add_argument("--no-plant", action="store_true", default=None,
+                   help="the read-done node was not planted")
     events = p.add_mutually_exclusive_group()
     events.add_argument("--external-events", dest="external_events", action="store_true",
                         default=None, help="the platform has external events (default: only cuda)")
     events.add_argument("--no-external-events", dest="external_events", action="store_false",
                         help="the platform has no external events")
-    p.add_argument("--platform", default="cuda", help="platform name (default: cuda)")
+    p.add_argument("--platform", default=None, help="platform name (default: cuda)")
 
 
 def _add_context_args(p: argparse.ArgumentParser) -> None:
@@ -97,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", action="append", help="only these modes (repeatable)")
     _add_flag_args(p)
     _add_registry_args(p)
-    p.add_argument("--format", choices=FORMATS + ("markdown",), default="text")
+    p.add_argument("--format", choices=FORMATS, default="text")
 
     p = sub.add_parser("validate", help="check registry files; every problem as FILE:LINE:COL")
     p.add_argument("files", nargs="*", metavar="FILE",
@@ -109,10 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("old", metavar="OLD", help="old registry: a file, 'default', or files "
                    "joined with the path separator (layered, like WARPOLICY_CAPABILITIES)")
     p.add_argument("new", metavar="NEW", help="new registry, same form as OLD")
-    p.add_argument("--mode", action="append", help="only these modes (repeatable)")
-    _add_flag_args(p)
-    p.add_argument("--format", choices=FORMATS + ("markdown",), default="text")
-    p.add_argument("--exit-code", action="store_true", help="exit 1 when any cell differs")
+    p.add_argument("--mode", action="append", help="only these modes (default: every mode)")
+    _add_flag_args(p, what="both sides (default: every combination that a gate tests)")
+    p.add_argument("--plugins", choices=PLUGIN_MODES, default="both",
+                   help="both: compare without and with installed plugin fragments and report "
+                        "either (default); none: without; on: with, on both sides; new: OLD "
+                        "without, NEW with (a plugin's own effect)")
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when any cell differs (every earlier cell included)")
+    p.add_argument("--fail-on", choices=("any", "earlier"), default=None,
+                   help="with --exit-code: which changes fail (default any; 'earlier' for CI "
+                        "checks where a later point is always safe); implies --exit-code")
 
     p = sub.add_parser("plugins", help="list plugins, their source and the hooks they implement")
     p.add_argument("--format", choices=FORMATS, default="text")
@@ -132,14 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-inconclusive", action="store_true",
                    help="exit 0 when nothing is unsafe even if some declaration stayed "
                         "inconclusive (a failed audit still exits 3)")
-    p.add_argument("--format", choices=FORMATS, default="text")
+        p.add_argument("--format", choices=DATA_FORMATS, default="text")
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     bench = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
     bench.required = True
     b = bench.add_parser("decide", help="per-step lookup vs the anchor's if-chain (CPU)")
     b.add_argument("--iterations", type=_positive_int, default=200_000)
-    b.add_argument("--format", choices=FORMATS, default="text")
+    b.add_argument("--format", choices=DATA_FORMATS, default="text")
     b = bench.add_parser("overlap", help="scheduler overlap per policy on a synthetic decode model (GPU)")
     b.add_argument("--layers", type=_positive_int, default=32)
     b.add_argument("--batch", type=_positive_int, default=32)
@@ -150,39 +167,66 @@ def build_parser() -> argparse.ArgumentParser:
                         "a one-SM spin kernel, or a matmul competing for every SM")
     b.add_argument("--window-us", type=float, default=0.0, metavar="US",
                    help="GPU work before the in-graph read (widens the race window)")
-    b.add_argument("--format", choices=FORMATS, default="text")
+    b.add_argument("--format", choices=DATA_FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
     b.add_argument("--iterations", type=_positive_int, default=3000)
-    b.add_argument("--format", choices=FORMATS, default="text")
+    b.add_argument("--format", choices=DATA_FORMATS, default="text")
     return parser
 
 
 # -- helpers -------------------------------------------------------------------------------
 
 def _parse_flags(items: Iterable[str]) -> dict[str, bool]:
-    from warpolicy.engine import parse_bool
-
     flags: dict[str, bool] = {}
     for item in items:
         name, sep, value = item.partition("=")
+        name = name.strip()
         if not sep or not name:
             raise InputError(f"--flag {item!r}: expected NAME=VALUE")
-        flags[name.strip()] = parse_bool(value, f"--flag {name.strip()}")
+        if not value.strip():
+            raise InputError(f"--flag {item!r}: empty value; expected NAME=VALUE with a boolean "
+                             "(1/0, true/false, yes/no, on/off)")
+        flags[name] = parse_bool(value, f"--flag {name}")
     return flags
 
 
-def _facts(args: argparse.Namespace) -> dict:
+class _Facts(TypedDict):
+    platform: str
+    external_events: bool
+    eager: bool
+    planted: bool
+
+
+def _facts(args: argparse.Namespace) -> _Facts:
+    platform = args.platform or "cuda"
     external = args.external_events
     if external is None:  # external events exist only on CUDA (torch >= 2.8)
-        external = args.platform == "cuda"
-    return {"platform": args.platform, "external_events": external,
-            "eager": args.eager, "planted": not args.no_plant}
+        external = platform == "cuda"
+    return {"platform": platform, "external_events": external,
+            "eager": bool(args.eager), "planted": not args.no_plant}
 
 
-def _engine(files: Optional[Sequence[str]]):
+def _given_facts(args: argparse.Namespace) -> dict[str, object]:
+    """Only the facts the user set, for commands that otherwise enumerate them (diff)."""
+    given: dict[str, object] = {}
+    if args.platform is not None:
+        given["platform"] = args.platform
+    if args.external_events is not None:
+        given["external_events"] = args.external_events
+    elif args.platform is not None:  # as for query: external events exist only on CUDA
+        given["external_events"] = args.platform == "cuda"
+    if args.eager is not None:
+        given["eager"] = True
+    if args.no_plant is not None:
+        given["planted"] = False
+    return given
+
+
+def _engine(files: Optional[Sequence[str]], *, plugins: bool = True,
+            environ: Optional[dict[str, str]] = None):
     from warpolicy.engine import PolicyEngine
 
-    return PolicyEngine.load(files)
+    return PolicyEngine.load(files, plugins=plugins, environ=environ)
 
 
 def _context(args: argparse.Namespace):
@@ -192,31 +236,47 @@ def _context(args: argparse.Namespace):
 
 
 def _out(text: str) -> None:
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    """Write and flush now, so a full disk or a closed stdout is an `OutputError` here."""
+    stream = sys.stdout
+    if stream is None:  # started with stdout closed (``>&-``)
+        raise OutputError("cannot write the output: stdout is closed")
+    try:
+        stream.write(text if text.endswith("\n") else text + "\n")
+        stream.flush()
+    except UnicodeEncodeError as exc:
+        raise OutputError(f"cannot write the output: the output encoding "
+                          f"{getattr(stream, 'encoding', '?')} cannot encode "
+                          f"{exc.object[exc.start:exc.end]!a}; set PYTHONIOENCODING=utf-8"
+                          ) from None
+    except BrokenPipeError:
+        raise OutputError("cannot write the output: the reader closed the pipe") from None
+    except (OSError, ValueError) as exc:  # ENOSPC, EBADF, or "I/O operation on closed file"
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise OutputError(f"cannot write the output: {why}") from None
+
+
+def _quiet_torch() -> None:
+    """Import torch once with its import-time warnings silenced (e.g. "Failed to initialize
+    NumPy"), so a GPU command without CUDA prints one line, not a warning first. Deferred to
+    the commands that need torch; a missing torch is the caller's ModuleNotFoundError."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch  # noqa: F401  (deferred: only runtime commands need torch)
 
 
 # -- commands ------------------------------------------------------------------------------
 
 def cmd_query(args: argparse.Namespace) -> int:
-    decision = _engine(args.capabilities).decision(_context(args))
-    if args.format == "json":
-        _out(json.dumps(decision.to_json(), indent=2))
-        return ExitCode.OK
-    lines = [decision.policy.label]
-    lines += [f"  {r.id}: {r.message}" + (f" [{r.origin}]" if r.origin else "")
-              for r in decision.reasons]
-    _out("\n".join(lines))
+    from warpolicy.report import format_decision
+
+    _out(format_decision(_engine(args.capabilities).decision(_context(args)), args.format))
     return ExitCode.OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from warpolicy.report import format_explanation
 
-    explanation = _engine(args.capabilities).explain(_context(args))
-    if args.format == "json":
-        _out(json.dumps(explanation.to_json(), indent=2))
-    else:
-        _out(format_explanation(explanation))
+    _out(format_explanation(_engine(args.capabilities).explain(_context(args)), args.format))
     return ExitCode.OK
 
 
@@ -231,8 +291,10 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from warpolicy.compare import earlier_layers
     from warpolicy.loader import registry_sources, validate_sources
     from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
+    from warpolicy.report import layer_warnings
 
     sources: list = list(registry_sources(args.files or None))
     if args.files:  # exactly the given files: installed plugins play no part
@@ -244,37 +306,76 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if problems:
         sys.stderr.write("".join(f"{p}\n" for p in problems))
         return ExitCode.CHECK_FAILED
+    for line in layer_warnings(earlier_layers(sources)):  # a warning: layering may be intended
+        sys.stderr.write(f"warpolicy: warning: {line}\n")
     _out(f"ok: {len(sources)} source(s) valid")
     return ExitCode.OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
     from warpolicy.schema import registry_json_schema
 
     _out(json.dumps(registry_json_schema(), indent=2))
     return ExitCode.OK
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
-    from warpolicy.engine import PolicyEngine
-    from warpolicy.report import diff_engines, format_diff
+#: ``diff --plugins``: which sides load installed plugin fragments, per comparison.
+PLUGIN_MODES = ("both", "none", "on", "new")
+_PLUGIN_RUNS: dict[str, tuple[tuple[Optional[str], bool, bool], ...]] = {
+    "none": ((None, False, False),),
+    "on": ((None, True, True),),
+    "new": ((None, False, True),),
+    "both": (("off", False, False), ("on", True, True)),
+}
 
-    old = PolicyEngine.load(args.old.split(os.pathsep))
-    new = PolicyEngine.load(args.new.split(os.pathsep))
-    cells = diff_engines(old, new, args.mode, _parse_flags(args.flag), **_facts(args))
-    _out(format_diff(cells, args.format))
-    return ExitCode.CHECK_FAILED if cells and args.exit_code else ExitCode.OK
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from warpolicy.compare import cell_space, diff_engines
+    from warpolicy.report import format_diff
+
+    fixed: dict[str, object] = {**_parse_flags(args.flag), **_given_facts(args)}
+    cells = []
+    space = None
+    compared = []
+    for label, old_plugins, new_plugins in _PLUGIN_RUNS[args.plugins]:
+        # no environment: an operator's flag variables must not mask a change
+        old = _engine(args.old.split(os.pathsep), plugins=old_plugins, environ={})
+        new = _engine(args.new.split(os.pathsep), plugins=new_plugins, environ={})
+        if (old.registry, new.registry) in compared:
+            continue  # no plugin contributes a fragment: "on" is the same comparison as "off"
+        compared.append((old.registry, new.registry))
+        for name in fixed:
+            if name not in ("platform", "external_events", "eager", "planted") and \
+                    name not in old.registry.flags and name not in new.registry.flags:
+                new.registry.flag(name)  # raises UnknownNameError with suggestions
+        space = cell_space([old.registry, new.registry], modes=args.mode, fixed=fixed)
+        cells += diff_engines(old, new, space, label)
+    assert space is not None
+    _out(format_diff(cells, space, args.format, args.plugins))
+    fail_on = args.fail_on or ("any" if args.exit_code else None)
+    if fail_on == "any" and cells or fail_on == "earlier" and any(
+            c.change == "earlier" for c in cells):
+        return ExitCode.CHECK_FAILED
+    return ExitCode.OK
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from warpolicy.plugins import describe_plugins, get_plugin_manager
+    from warpolicy.compare import earlier_layers
+    from warpolicy.loader import registry_sources
+    from warpolicy.plugins import collect_fragments, describe_plugins, get_plugin_manager
     from warpolicy.report import format_plugins
 
-    _out(format_plugins(describe_plugins(get_plugin_manager()), args.format))
+    pm = get_plugin_manager()
+    fragments = collect_fragments(pm)
+    layers = earlier_layers(list(registry_sources()) + fragments) if fragments else []
+    _out(format_plugins(describe_plugins(pm), args.format, layers))
     return ExitCode.OK
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    _quiet_torch()
     from warpolicy.audit import format_audit, run_audit
 
     extra = {} if args.stall_us is None else {"stall_us": args.stall_us}
@@ -291,6 +392,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         _out(format_decide(run_decide_bench(args.iterations), args.format))
     elif args.bench == "overlap":
+        _quiet_torch()
         from warpolicy.bench.overlap import format_overlap, run_overlap_bench
 
         result = run_overlap_bench(layers=args.layers, batch=args.batch, steps=args.steps,
@@ -298,6 +400,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    window_us=args.window_us)
         _out(format_overlap(result, args.format))
     else:
+        _quiet_torch()
         from warpolicy.bench.fence import format_fence_bench, run_fence_bench
 
         _out(format_fence_bench(run_fence_bench(iters=args.iterations), args.format))
@@ -309,37 +412,80 @@ COMMANDS = {"query": cmd_query, "explain": cmd_explain, "table": cmd_table,
             "plugins": cmd_plugins, "audit": cmd_audit, "bench": cmd_bench}
 
 
-def dispatch(argv: Sequence[str]) -> int:
-    """Parse and run one command; known errors propagate as `WarpolicyError`."""
-    args = build_parser().parse_args(list(argv))
-    return int(COMMANDS[args.command](args))
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def _err(line: str) -> None:
+    """One line on stderr; if stderr is gone too, there is nobody left to tell."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(line if line.endswith("\n") else line + "\n")
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one command and return its `ExitCode`: known errors become one line on stderr."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        return dispatch(sys.argv[1:] if argv is None else argv)
-    except RegistryError as exc:
-        sys.stderr.write("".join(f"warpolicy: {p}\n" for p in exc.problems))
+        args = _parse(argv)
+    except SystemExit as exc:  # argparse after --help / --version: keep main(argv) -> int
+        return _flushed(exc.code if isinstance(exc.code, int) else
+                        ExitCode.OK if exc.code is None else ExitCode.USAGE)
     except WarpolicyError as exc:
-        sys.stderr.write(f"warpolicy: {exc}\n")
+        _err(f"warpolicy: {exc}")
+        return ExitCode.USAGE
+    try:
+        return int(COMMANDS[args.command](args))
+    except OutputError as exc:
+        _err(f"warpolicy: {exc}")
+        return ExitCode.OUTPUT
+    except RegistryError as exc:
+        _err("".join(f"warpolicy: {p}\n" for p in exc.problems))
+    except WarpolicyError as exc:
+        _err(f"warpolicy: {exc}")
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
         # the registry, engine and CLI run without torch; the runtime commands need it
-        sys.stderr.write("warpolicy: this command needs PyTorch; install it with "
-                         "pip install 'warpolicy[torch]'\n")
+        _err("warpolicy: this command needs PyTorch; install it with "
+             "pip install 'warpolicy[torch]'")
     except KeyboardInterrupt:
+        _err(f"warpolicy: {args.command} interrupted; no result")
         return ExitCode.INTERRUPTED
-    except SystemExit as exc:  # argparse after --help / --version: keep main(argv) -> int
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or ExitCode.OK
-        return ExitCode.USAGE
-    except BrokenPipeError:
-        return ExitCode.OK
+    except SystemExit as exc:  # not argparse: a plugin hook called sys.exit mid-command
+        _err(f"warpolicy: sys.exit({exc.code!r}) was called while running {args.command!r} "
+             "(a plugin hook?); no result")
     return ExitCode.USAGE
+
+
+def _flushed(code: int) -> int:
+    """``--help`` / ``--version`` wrote through argparse: surface a failed write too."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError):
+        _err("warpolicy: cannot write the output")
+        return ExitCode.OUTPUT
+    return int(code)
 
 
 def run() -> None:
     """Console-script entry point."""
-    sys.exit(int(main()))
+    code = main()
+    if code == ExitCode.OUTPUT:
+        _discard_stdout()
+    sys.exit(int(code))
+
+
+def _discard_stdout() -> None:
+    """After a failed write, point fd 1 at /dev/null: the interpreter's final flush of the
+    unwritten buffer would otherwise print a second error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass

@@ -27,7 +27,7 @@ from warpolicy.plugins import new_plugin_manager  # noqa: E402
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
 from warpolicy.runners import (DecodeRunner, DraftExtendRunner, OverlapLoop,  # noqa: E402
                                SpecStep, VerifyRunner)
-from warpolicy.testing.models import fixed_policy  # noqa: E402
+from warpolicy.bench.models import fixed_policy  # noqa: E402
 
 ROWS, CTX, BATCH = 512, 64, 32
 SPIN_CYCLES = 2_000_000  # ~1 ms on an H200: the late reader is still pending at the release

@@ -69,7 +69,7 @@ class _Shape:
     def step(self, run: str) -> Any:
         from warpolicy.runners import (DecodeRunner, DraftExtendRunner, GraphRunner, SpecStep,
                                        VerifyRunner)
-        from warpolicy.testing.models import fixed_policy
+        from warpolicy.bench.models import fixed_policy
 
         choice = {"draft": "in_graph", "verify": "none" if self.shape == "eagle" else "in_graph",
                   "draft_extend": "post_replay"}

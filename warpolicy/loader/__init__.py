@@ -88,6 +88,8 @@ class Assembly:
     registry: Optional[Registry]
     problems: tuple[Problem, ...]
     sources: tuple[str, ...]
+    #: the sources themselves (files and fragments), for rebuilding a prefix of the layers
+    layers: tuple[Source, ...] = ()
 
     @property
     def unreadable(self) -> bool:
@@ -117,7 +119,7 @@ def assemble_registry(files: Optional[Sequence[str]] = None,
     registry, problems = _load(sources)
     if blame is not None:
         problems = list(blame(problems))
-    return Assembly(registry, tuple(problems), tuple(_name(s) for s in sources))
+    return Assembly(registry, tuple(problems), tuple(_name(s) for s in sources), tuple(sources))
 
 
 def load_registry(sources: Sequence[Source]) -> Registry:

@@ -1,0 +1,45 @@
+"""Parsers for operator-supplied values: booleans and positive counts.
+
+One place for both, so an environment variable, a ``--flag NAME=VALUE``, a ``--iterations`` and
+an API argument accept and reject the same spellings. Depends only on `warpolicy.errors`, so any
+layer may use it.
+"""
+
+from __future__ import annotations
+
+from warpolicy.errors import InputError
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(text: object, what: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case, surrounding blanks ignored).
+
+    An empty value is an error, not ``false``: ``--flag NAME=`` is a typo, and an empty
+    environment variable is treated as unset by the engine before it gets here.
+    """
+    if isinstance(text, bool):
+        return text
+    key = str(text).strip().lower()
+    if key in TRUE_WORDS:
+        return True
+    if key in FALSE_WORDS:
+        return False
+    raise InputError(f"{what}={text!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def parse_positive_int(value: object, what: str) -> int:
+    """A count (iterations, trials, steps): an int >= 1, from an int or its decimal text."""
+    if isinstance(value, bool):  # True is an int; never a count
+        number = 0
+    elif isinstance(value, int):
+        number = value
+    else:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            number = 0
+    if number < 1:
+        raise InputError(f"{what}: expected a positive integer, got {value!r}")
+    return number
