@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-inconclusive", action="store_true",
                    help="exit 0 when nothing is unsafe even if some declaration stayed "
                         "inconclusive (a failed audit still exits 3)")
-        p.add_argument("--format", choices=DATA_FORMATS, default="text")
+    p.add_argument("--format", choices=DATA_FORMATS, default="text")
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     bench = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
