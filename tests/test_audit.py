@@ -31,7 +31,7 @@ from warpolicy.audit.static import (BufferRange, GraphNode, analyze_graph, ances
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform as fake_platform
 
 SAFE, UNSAFE, INCONCLUSIVE = Verdict.SAFE, Verdict.UNSAFE, Verdict.INCONCLUSIVE
 PRE, IN, POST, NONE = (WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH,
@@ -279,7 +279,7 @@ def test_failing_subject_is_inconclusive_not_a_crash():
 def test_static_audit_on_the_fake_is_unavailable():
     entry = audit_mode(table_subject(IN), DECODE, trials=1)
     assert entry.static.verdict is INCONCLUSIVE
-    assert entry.static.reason.startswith("static audit unavailable: platform 'fake'")
+    assert entry.static.reason.startswith("static audit unavailable: platform 'sim'")
 
 
 def test_audit_static_never_raises():

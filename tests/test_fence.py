@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from warpolicy.fence import ReadDone, ReadDoneFence, SchedulerBarrier
 from warpolicy.hookspecs import hookimpl
 from warpolicy.policy import WarReadDonePolicy as P
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform as fake_platform
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.runners import DecodeRunner, OverlapLoop
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl as fake_plugin, sim_platform as fake_platform
 from warpolicy.testing.models import fixed_policy
 
 from test_runners import RecModel

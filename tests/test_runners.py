@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from warpolicy.errors import InputError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner, sound
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl as fake_plugin, sim_platform as fake_platform
 from warpolicy.testing.models import fixed_policy
 
 P = WarReadDonePolicy

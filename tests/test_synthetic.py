@@ -10,7 +10,7 @@ from warpolicy.audit import Verdict, run_audit
 from warpolicy.engine import Context, PolicyEngine
 from warpolicy.errors import UnknownNameError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform as fake_platform
 from warpolicy.testing.synthetic import (Layout, SyntheticConfig, SyntheticModel,
                                          make_synthetic, synthetic_backend, synthetic_names)
 

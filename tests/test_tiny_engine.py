@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from warpolicy.policy import ForwardMode
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl as fake_plugin, sim_platform as fake_platform
 from warpolicy.testing.models import TinyConfig, fixed_policy
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_engine.py"

@@ -178,8 +178,8 @@ def _platform(device: Any) -> Any:
 def describe_device(platform: Any) -> str:
     """``"cuda (NVIDIA H200)"``, ``"fake"``: for the report's first line."""
     name = getattr(platform, "name", "?")
-    if name == "fake":
-        return "fake (simulated: the poison lands the instant the release fires)"
+    if name == "sim":
+        return "sim (simulated: the poison lands the instant the release fires)"
     if name != "cuda":
         return name
     try:

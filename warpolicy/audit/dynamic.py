@@ -217,7 +217,7 @@ class _Harness:
         self.mode = mode
         self.runner = runner
         self.platform = runner.platform
-        self.simulated = self.platform.name == "fake"
+        self.simulated = self.platform.name == "sim"
         self.shared = dict(subject.model.shared_buffers)
         self.forward = self.platform.new_stream()
         self.schedule = self.platform.new_stream()
@@ -318,7 +318,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _fake_log(platform: Any) -> Any:
-    from warpolicy.testing.fake import fake_plugin
+    from warpolicy.platform import sim_impl as fake_plugin
 
     return fake_plugin(platform).log
 
