@@ -1,4 +1,4 @@
-"""Graph runners on the fake platform: capture/replay sequencing, buckets, padding, eager
+"""Graph runners on the simulated platform: capture/replay sequencing, buckets, padding, eager
 fallback and per-mode policy resolution."""
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def test_failed_before_replay_is_not_followed_by_a_publish(platform, monkeypatch
     real_after = runner.fence.after_replay
     monkeypatch.setattr(runner.fence, "before_replay", lambda *a, **k: 1 / 0)
     monkeypatch.setattr(runner.fence, "after_replay",
-                        lambda pol, **k: (seen.append(pol), real_after(pol, **k)))
+                        lambda pol, planted, **k: (seen.append(pol), real_after(pol, planted, **k)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runner.run([1.0])
@@ -441,8 +441,76 @@ def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
     seen = []
     real_after = runner.fence.after_replay
     monkeypatch.setattr(runner.fence, "after_replay",
-                        lambda pol, **k: (seen.append((pol, k.get("planted"))),
-                                          real_after(pol, **k)))
+                        lambda pol, planted, **k: (seen.append((pol, planted)),
+                                                   real_after(pol, planted, **k)))
     runner.run([1.0] * 9)  # no bucket fits
     runner.run([1.0])
-    assert seen == [(P.POST_REPLAY, False), (P.IN_GRAPH, True)]
+    assert seen == [(P.POST_REPLAY, None), (P.IN_GRAPH, runner.captured[1].event)]
+    assert runner.captured[1].event is runner.fence.event
+
+
+# -- publishes tied to their bucket's graph, failures during capture --------------------------------
+
+def test_each_bucket_keeps_the_event_its_own_graph_records(platform):
+    runner, _, _ = make(platform, "in_graph", buckets=(2, 4))
+    impl = fake_plugin(platform)
+    # the second bucket captured (2, smallest last) fails to plant: only that bucket demotes
+    impl.inject("record", "raise", when=lambda: impl.capturing and runner._captured)
+    with pytest.warns(RuntimeWarning, match="plant failed"):
+        runner.capture()
+    impl.clear_faults()
+    assert runner.captured[4].event is runner.fence.event and runner.captured[2].event is None
+    assert runner.captured[4].policy == P.IN_GRAPH and runner.captured[2].policy == P.POST_REPLAY
+    runner.run([1.0, 2.0, 3.0])
+    assert runner.fence.take().event is runner.captured[4].event
+    runner.run([1.0])  # bucket 2: never bucket 4's event
+    read_done = runner.fence.take()
+    assert read_done.policy == P.POST_REPLAY and read_done.event is not runner.captured[4].event
+
+
+def test_a_failed_recapture_leaves_the_bucket_eager_not_stale(platform):
+    runner, _, _ = make(platform, "in_graph", buckets=(2, 4))
+    runner.capture()
+    impl = fake_plugin(platform)
+    impl.inject("capture_callable", "raise", when=lambda: 4 not in runner._captured)
+    with pytest.raises(Exception, match="injected"):
+        runner.capture()
+    impl.clear_faults()
+    assert 4 not in runner.captured and runner.bucket_for(3) is None
+    runner.run([1.0, 2.0, 3.0])
+    assert runner.last_step.bucket is None and runner.last_step.policy == P.POST_REPLAY
+
+
+def test_a_failed_plant_in_a_replayed_step_is_recorded_as_post_replay(platform):
+    runner, _, _ = make(platform, "in_graph", buckets=(2,))
+    runner.capture()
+    impl = fake_plugin(platform)
+    impl.inject("record", "raise", when=lambda: impl.replaying)
+    with pytest.warns(RuntimeWarning, match="plant failed"):
+        runner.run([1.0])
+    assert runner.last_step.policy == P.POST_REPLAY
+    assert runner.fence.take().policy == P.POST_REPLAY
+
+
+def test_a_failed_warm_up_still_joins_the_side_stream(platform):
+    runner, model, _ = make(platform, buckets=(2,))
+    impl = fake_plugin(platform)
+    main = platform.current_stream()
+    reads = []
+    model.graph_prep = lambda bucket: (reads.append(impl.mark("warm-up read")), 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        runner.capture()
+    with platform.stream(main):
+        later = impl.mark("later work on the forward stream")
+    assert impl.happens_before(reads[0], later)
+
+
+def test_a_failed_join_makes_the_host_wait(platform):
+    runner, model, _ = make(platform, buckets=(2,))
+    impl = fake_plugin(platform)
+    model.graph_prep = lambda bucket: 1 / 0
+    calls = []
+    impl.inject("wait_stream", "raise", when=lambda: bool(calls.append(1)) or len(calls) > 1)
+    with pytest.raises(Exception, match="injected"):  # the join's failure, after the host waited
+        runner.capture()
+    assert len(calls) == 2 and platform.log[-1] == ("synchronize",)
