@@ -162,7 +162,7 @@ def test_log_is_only_for_the_simulated_platform(pm, register):
 
     register(QuietPlugin())
     with pytest.raises(NotImplementedError, match="does not record"):
-        Platform.for_device("quiet", pm).log
+        _ = Platform.for_device("quiet", pm).log
 
 
 def test_announces_once_per_platform(pm, caplog, monkeypatch):

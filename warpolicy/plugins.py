@@ -21,7 +21,8 @@ import os
 import pathlib
 import sys
 import threading
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+import types
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 import attrs
 import pluggy
@@ -144,7 +145,7 @@ class WarpolicyPluginManager(pluggy.PluginManager):
         self._refresh()
         return removed
 
-    def add_hookspecs(self, module_or_class: object) -> None:
+    def add_hookspecs(self, module_or_class: types.ModuleType | type) -> None:
         super().add_hookspecs(module_or_class)
         self._refresh()
 
@@ -340,7 +341,7 @@ def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str,
         if missing:
             raise _plugin_error(pm, name, f"warpolicy_platform({device!r}) returned a "
                                           f"{type(result).__name__} without {', '.join(missing)}")
-        claims.append((name, result))
+        claims.append((name, cast(PlatformImpl, result)))
     if len(claims) > 1:
         first, second = sorted(name for name, _ in claims)[:2]
         raise _plugin_error(pm, first, f"claims device {device!r}, and so does plugin {second!r}; "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import attrs
 
@@ -105,7 +105,7 @@ class _State:
 class _Model:
     """A `ModelAdapter` that reads shared state at ``read_at`` (and nowhere later)."""
 
-    shared_buffers: dict[str, Any] = {}
+    shared_buffers: Mapping[str, Any] = {}
 
     def __init__(self, state: _State, read_at: str) -> None:
         self.state = state

@@ -148,26 +148,42 @@ class InjectedFault(RuntimeError):
     """The error an injected ``raise`` / ``act_then_raise`` fault raises."""
 
 
-class CallLog(collections.deque):  # type: ignore[type-arg]  # a deque of log tuples
-    """The bounded call log: a deque of tuples that notifies ``listeners`` on each entry.
+class CallLog:
+    """The bounded call log: the last ``cap`` entries (tuples), notifying ``listeners`` of each.
 
-    Slicing works like a list's (over the entries still held); it compares equal to a list
-    of the same entries. ``dropped`` counts entries that fell off the front.
+    It reads like a list of the entries still held (``len``, iteration, indexing, slicing, and
+    equality with a list); ``dropped`` counts entries that fell off the front.
     """
 
     def __init__(self, cap: int = DEFAULT_LOG_CAP) -> None:
         if int(cap) < 1:
             raise ValueError(f"log cap must be at least 1, got {cap}")
-        super().__init__((), int(cap))
+        self._entries: collections.deque[tuple] = collections.deque(maxlen=int(cap))
         self.listeners: list[Callable[[tuple], None]] = []
         self.dropped = 0
 
-    def emit(self, entry: tuple) -> None:
-        if len(self) == self.maxlen:
+    @property
+    def maxlen(self) -> int:
+        return self._entries.maxlen or 0
+
+    def append(self, entry: tuple) -> None:
+        if len(self._entries) == self._entries.maxlen:
             self.dropped += 1
+        self._entries.append(entry)
+
+    def emit(self, entry: tuple) -> None:
         self.append(entry)
         for listener in list(self.listeners):
             listener(entry)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._entries)
 
     @overload
     def __getitem__(self, index: int) -> tuple: ...
@@ -176,22 +192,25 @@ class CallLog(collections.deque):  # type: ignore[type-arg]  # a deque of log tu
 
     def __getitem__(self, index: Union[int, slice]) -> Union[tuple, list[tuple]]:
         if isinstance(index, slice):
-            return list(self)[index]
-        return super().__getitem__(index)  # type: ignore[no-any-return]
+            return list(self._entries)[index]
+        return self._entries[index]
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, (list, tuple, collections.deque)):
+        if isinstance(other, (list, tuple, CallLog)):
             return list(self) == list(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
+    def __repr__(self) -> str:
+        return f"CallLog({list(self._entries)!r}, dropped={self.dropped})"
+
     def of(self, kind: str) -> list[tuple]:
         """The entries of one kind, e.g. ``log.of("record")``."""
-        return [e for e in self if e[0] == kind]
+        return [e for e in self._entries if e[0] == kind]
 
     def kinds(self) -> list[str]:
-        return [e[0] for e in self]
+        return [e[0] for e in self._entries]
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
