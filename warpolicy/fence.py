@@ -43,6 +43,12 @@ from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDon
 PROFILE_ENV = "WARPOLICY_PROFILE_RANGES"
 
 
+# `ReadDoneFence._trouble` bits
+_RANGES = 1  # profiler ranges are on
+_PLANT_FAILED = 2  # a re-run of the captured body failed to plant in this step: demote
+_FAILED = 4  # before_replay failed: publish nothing this step
+
+
 class ReadDone(NamedTuple):
     """What the mailbox holds for one step. A NamedTuple: it is built on every step and a
     tuple is the cheapest immutable record."""
@@ -135,11 +141,11 @@ class ReadDoneFence:
         self._step = 0
         self._open = False  # a step has begun (before_replay) and not yet published
         self._pending: Optional[EventHandle] = None  # PRE_REPLAY event recorded in before_replay
-        self._failed = False  # this step failed: publish nothing
-        self._plant_failed = False  # a re-run of the captured body failed to plant this step
+        self._ranges = _profile_ranges(profile_ranges)
+        # What stands between this step and the fast path, as bits: 0 = none (the common case)
+        self._trouble = _RANGES if self._ranges else 0
         self._mailbox: Optional[ReadDone] = None
         self._published: WarReadDonePolicy = NONE
-        self._ranges = _profile_ranges(profile_ranges)
         self._notifier = _Notifier(platform, f"fence {name!r}")
         self._observers = observers_of(platform.pm)
 
@@ -215,7 +221,7 @@ class ReadDoneFence:
                 raise FenceError(f"capture state unknown or lost (is_capturing() -> {capturing!r})")
             self._record(event)  # stream=None: the capture stream is current
         except Exception as exc:  # noqa: BLE001 - no confirmed node: the bucket/step demotes
-            self._plant_failed = True
+            self._trouble |= _PLANT_FAILED
             self._notifier.fail("plant", exc)
             return None
         if not in_step:
@@ -231,8 +237,7 @@ class ReadDoneFence:
         self._open = True
         self._mailbox = None  # an untaken earlier publish is stale from now on
         self._pending = None
-        self._failed = False
-        self._plant_failed = False
+        self._trouble = _RANGES if self._ranges else 0
         if policy == PRE_REPLAY:
             try:
                 if self._ranges:
@@ -241,7 +246,7 @@ class ReadDoneFence:
                 else:
                     self._pending = self._record_ring(stream)
             except Exception as exc:  # noqa: BLE001
-                self._failed = True
+                self._trouble |= _FAILED
                 self._notifier.fail("before_replay", exc)
 
     def after_replay(self, policy: WarReadDonePolicy, planted: Optional[EventHandle],
@@ -254,15 +259,23 @@ class ReadDoneFence:
         on ``stream`` now; ``PRE_REPLAY`` hands out the event recorded in `before_replay`;
         ``NONE`` publishes nothing.
         """
+        if self._open and not self._trouble and policy is IN_GRAPH and planted is not None:
+            # the common case, kept to plain attribute work
+            self._open = False
+            self._mailbox = _new_read_done(ReadDone, (self._step, planted, IN_GRAPH, self.name))
+            self._published = IN_GRAPH
+            if self._observers.on_publish:
+                self._notify_publish(IN_GRAPH, planted)
+            return
+        self._publish_step(policy, planted, stream)
+
+    def _publish_step(self, policy: WarReadDonePolicy, planted: Optional[EventHandle],
+                      stream: Optional[StreamHandle]) -> None:
         if not self._open:
             self.before_replay(NONE)  # a step must have a number even without before_replay
         self._open = False
         event: Optional[EventHandle] = None
-        if self._failed or policy == NONE:
-            pass
-        elif policy == IN_GRAPH and planted is not None and not self._plant_failed and not self._ranges:
-            event = planted  # the common case, without the call below
-        else:
+        if not self._trouble & _FAILED and policy != NONE:
             try:
                 if self._ranges:
                     with _record_function("warpolicy.publish"):
@@ -283,7 +296,7 @@ class ReadDoneFence:
     def _publish(self, policy: WarReadDonePolicy, planted: Optional[EventHandle],
                  stream: Optional[StreamHandle]) -> tuple[EventHandle, WarReadDonePolicy]:
         if policy == IN_GRAPH:
-            if planted is not None and not self._plant_failed:
+            if planted is not None and not self._trouble & _PLANT_FAILED:
                 return planted, IN_GRAPH
             policy = POST_REPLAY  # no confirmed node in this step's graph: sound demotion
         if policy == POST_REPLAY:
@@ -330,18 +343,36 @@ class SchedulerBarrier:
     def __init__(self, platform: Platform, force_coarse: bool = False, name: str = "scheduler", *,
                  profile_ranges: Optional[bool] = None) -> None:
         self.platform = platform
-        self.force_coarse = bool(force_coarse)
         self.name = name
         self._wait_event = platform.wait_event  # the platform's own bound calls
         self._wait_stream = platform.wait_stream
         self._ranges = _profile_ranges(profile_ranges)
+        self.force_coarse = bool(force_coarse)  # also sets _slow (forced or ranged: off the fast path)
         self._notifier = _Notifier(platform, f"barrier {name!r}")
         self._observers = observers_of(platform.pm)
+
+    @property
+    def force_coarse(self) -> bool:
+        """Always wait for the whole forward stream (the operator's kill switch)."""
+        return self._force_coarse
+
+    @force_coarse.setter
+    def force_coarse(self, value: bool) -> None:
+        self._force_coarse = bool(value)
+        self._slow = self._force_coarse or self._ranges
 
     def apply(self, schedule_stream: StreamHandle, forward_stream: StreamHandle,
               read_done: Optional[ReadDone]) -> str:
         """Order ``schedule_stream`` after the forward's shared reads; returns ``"event"`` or
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
+        if read_done is not None and not self._slow:  # the common case
+            try:
+                self._wait_event(schedule_stream, read_done[1])
+            except Exception as exc:  # noqa: BLE001
+                return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+            if self._observers.on_barrier:
+                self._notify(read_done, "event", read_done[2].label)
+            return "event"
         if self._ranges:
             with _record_function("warpolicy.barrier"):
                 return self._order(schedule_stream, forward_stream, read_done)
@@ -351,7 +382,7 @@ class SchedulerBarrier:
                read_done: Optional[ReadDone]) -> str:
         # Every failure applies the safe (coarse) barrier *before* it is reported, so a warning
         # turned into an exception (``-W error``) can never leave the schedule stream unordered.
-        if read_done is not None and not self.force_coarse:
+        if read_done is not None and not self._force_coarse:
             try:
                 self._wait_event(schedule_stream, read_done[1])
             except Exception as exc:  # noqa: BLE001
@@ -361,7 +392,7 @@ class SchedulerBarrier:
             return "event"
         self._coarse(schedule_stream, forward_stream)
         if self._observers.on_barrier:
-            self._notify(read_done, "coarse", "forced" if self.force_coarse else "no read-done event")
+            self._notify(read_done, "coarse", "forced" if self._force_coarse else "no read-done event")
         return "coarse"
 
     def _wait_failed(self, schedule_stream: StreamHandle, forward_stream: StreamHandle,
