@@ -15,7 +15,7 @@ import torch
 from warpolicy.audit import AuditSubject
 from warpolicy.policy import IN_GRAPH, POST_REPLAY, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform
 
 BUCKETS = (2, 4)
 
@@ -109,7 +109,7 @@ def fixed(policy: WarReadDonePolicy):
 def table_subject(policy: WarReadDonePolicy = IN_GRAPH, *, late_from: Optional[int] = None,
                   declared: Optional[WarReadDonePolicy] = None, fail: bool = False,
                   platform=None, model=None, runner_cls=DecodeRunner, **extra) -> AuditSubject:
-    platform = platform or fake_platform()
+    platform = platform or sim_platform()
     model = model or TableModel(fail=fail)
 
     def make_batch(mode, trial):

@@ -16,7 +16,7 @@ from warpolicy.audit.synthetic import synthetic_names
 from warpolicy.cli import main
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError
 from warpolicy.policy import ForwardMode
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform
 
 UNSAFE = Verdict.UNSAFE
 DECODE = ForwardMode.DECODE
@@ -32,22 +32,22 @@ def test_run_audit_needs_exactly_one_source():
 @pytest.mark.parametrize("trials", [0, -1, 2.5, "x", True])
 def test_run_audit_rejects_bad_trials(trials):
     with pytest.raises(InputError, match="--trials"):
-        run_audit(synthetic="in_graph", trials=trials, platform=fake_platform())
+        run_audit(synthetic="in_graph", trials=trials, platform=sim_platform())
 
 
 def test_run_audit_rejects_negative_stall():
     with pytest.raises(InputError, match="--stall-us"):
-        run_audit(synthetic="in_graph", stall_us=-1, platform=fake_platform())
+        run_audit(synthetic="in_graph", stall_us=-1, platform=sim_platform())
 
 
 def test_unknown_synthetic_name_suggests():
     with pytest.raises(UnknownNameError, match="did you mean 'in_graph'"):
-        run_audit(synthetic="in_grap", platform=fake_platform())
+        run_audit(synthetic="in_grap", platform=sim_platform())
 
 
 def test_unknown_mode_raises():
     with pytest.raises(UnknownNameError):
-        run_audit(synthetic="in_graph", modes="decod", platform=fake_platform())
+        run_audit(synthetic="in_graph", modes="decod", platform=sim_platform())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
@@ -78,7 +78,7 @@ def test_parse_synthetic_all_and_lists():
 
 
 def test_modes_filter_limits_entries():
-    report = run_audit(synthetic="in_graph", modes="verify", trials=1, platform=fake_platform())
+    report = run_audit(synthetic="in_graph", modes="verify", trials=1, platform=sim_platform())
     assert [e.mode for e in report.entries] == [ForwardMode.TARGET_VERIFY]
 
 
@@ -132,14 +132,14 @@ def factory_module(tmp_path, monkeypatch):
 
 def test_factory_end_to_end(factory_module):
     report = run_audit(factory=f"{factory_module}:good", modes="decode", trials=2,
-                       platform=fake_platform())
+                       platform=sim_platform())
     assert [(e.backend, e.verdict) for e in report.entries] == [("late_swa_read", UNSAFE)]
     assert report.exit_code == EXIT_UNSAFE
 
 
 def test_factory_returning_several_subjects(factory_module):
     report = run_audit(factory=f"{factory_module}:several", modes="decode", trials=1,
-                       platform=fake_platform())
+                       platform=sim_platform())
     assert [e.backend for e in report.entries] == ["in_graph", "late_swa_read"]
 
 
@@ -147,7 +147,7 @@ def test_factory_returning_several_subjects(factory_module):
                                          ("broken", "failed: ValueError: cannot build")])
 def test_bad_factories_are_input_errors(factory_module, attr, match):
     with pytest.raises(InputError, match=match):
-        run_audit(factory=f"{factory_module}:{attr}", platform=fake_platform())
+        run_audit(factory=f"{factory_module}:{attr}", platform=sim_platform())
 
 
 def test_call_factory_lets_warpolicy_errors_through():

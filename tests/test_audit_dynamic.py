@@ -17,7 +17,7 @@ from warpolicy.audit.dynamic import audit_mode
 from warpolicy.audit.poison import default_poison
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
 from warpolicy.runners import DecodeRunner
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform
 
 SAFE, UNSAFE, INCONCLUSIVE = Verdict.SAFE, Verdict.UNSAFE, Verdict.INCONCLUSIVE
 DECODE = ForwardMode.DECODE
@@ -28,7 +28,7 @@ def gpu_path(monkeypatch):
     """A platform the audit treats as a real device, with a (no-op) stall: the GPU code path
     (head stall, take, barrier, poison on the schedule stream) in program order on CPU."""
     monkeypatch.setattr(dynamic, "make_stall", lambda platform, us: (lambda: None))
-    return RenamedPlatform(fake_platform(), "gpu")
+    return RenamedPlatform(sim_platform(), "gpu")
 
 
 class TestWholeAudits:
@@ -66,7 +66,7 @@ class TestWholeAudits:
 
     def test_no_external_events_demotes_in_graph_and_says_so(self):
         report = run_audit(synthetic="late_swa_read", trials=2,
-                           platform=fake_platform(external_events=False))
+                           platform=sim_platform(external_events=False))
         for entry in report.entries:
             assert entry.policy is POST_REPLAY and entry.verdict is INCONCLUSIVE
             assert "demoted" in entry.dynamic.reason
@@ -138,7 +138,7 @@ class TestNeverSafeForWhatWasNotChecked:
         assert torch.equal(table, before)  # left as found
 
     def test_poisoned_step_starts_from_the_reference_steps_state(self):
-        platform = fake_platform()
+        platform = sim_platform()
         model = CountingModel()
         subject = AuditSubject(
             name="count", model=model, platform=platform,
@@ -173,7 +173,7 @@ class TestNeverSafeForWhatWasNotChecked:
         assert "poison of 'table' leaves 1 of 10 elements unchanged" in entry.dynamic.reason
 
     def test_a_platform_without_stalls_is_inconclusive(self):
-        platform = RenamedPlatform(fake_platform(), "rocm")
+        platform = RenamedPlatform(sim_platform(), "rocm")
         entry = audit_mode(table_subject(IN_GRAPH, platform=platform), DECODE, trials=2)
         assert entry.verdict is INCONCLUSIVE
         assert "no GPU stall on platform 'rocm'" in entry.dynamic.reason

@@ -14,7 +14,7 @@ from warpolicy.audit.report import (AuditEntry, DynamicResult, Mismatch, Offende
                                     StaticResult, combine)
 from warpolicy.errors import InputError
 from warpolicy.policy import IN_GRAPH, NONE, ForwardMode
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform
 
 SAFE, UNSAFE, INCONCLUSIVE = Verdict.SAFE, Verdict.UNSAFE, Verdict.INCONCLUSIVE
 DECODE = ForwardMode.DECODE
@@ -123,5 +123,5 @@ class TestFormat:
             format_audit(_report(), "yaml")
 
     def test_common_static_reason_printed_once(self):
-        report = run_audit(synthetic="in_graph", trials=2, platform=fake_platform())
+        report = run_audit(synthetic="in_graph", trials=2, platform=sim_platform())
         assert format_audit(report).count("static audit unavailable") == 1

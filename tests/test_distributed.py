@@ -144,11 +144,11 @@ class TestVerdict:
         from test_runners import RecModel
 
         from warpolicy.runners import DecodeRunner
-        from warpolicy.testing.fake import fake_platform
+        from warpolicy.platform import sim_platform
 
         result = compare_fingerprints([POOL[0], POOL[1], POOL[1]], 2)
         runner = DecodeRunner(RecModel(), guard_policy(engine().compile("fa3"), result),
-                              fake_platform())
+                              sim_platform())
         runner.capture()
         runner.run([1.0])
         assert runner.policy_for(runner.buckets[0]) == WarReadDonePolicy.NONE

@@ -27,7 +27,7 @@ from warpolicy.hookspecs import hookimpl  # noqa: E402
 from warpolicy.plugins import describe_plugins, new_plugin_manager, reset_plugin_manager  # noqa: E402
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY  # noqa: E402
 from warpolicy.runners import DecodeRunner, OverlapLoop  # noqa: E402
-from warpolicy.testing.fake import fake_platform  # noqa: E402
+from warpolicy.platform import sim_platform  # noqa: E402
 from warpolicy.bench.models import fixed_policy  # noqa: E402
 
 from test_runners import RecModel  # noqa: E402
@@ -48,7 +48,7 @@ def run_loop(policy: str, steps: int, *, registry=None, plugin=None, platform=No
     """Capture a DecodeRunner with ``policy`` and run ``steps`` overlap steps; returns the
     registry, the platform and the loop."""
     registry = registry if registry is not None else CollectorRegistry()
-    platform = platform if platform is not None else fake_platform()
+    platform = platform if platform is not None else sim_platform()
     platform.pm.register(plugin if plugin is not None else WarpolicyMetrics(registry))
     runner = DecodeRunner(RecModel(), fixed_policy(policy), platform, name="decode")
     runner.capture()
@@ -112,7 +112,7 @@ class RaisingObserver:
 def test_fallback_is_counted_by_place():
     """Another observer raising in on_publish makes the step coarse; metrics count the fallback
     (pluggy calls the later-registered metrics plugin first, so the publish is counted too)."""
-    platform = fake_platform()
+    platform = sim_platform()
     platform.pm.register(RaisingObserver())
     with pytest.warns(RuntimeWarning, match="warpolicy_on_publish failed"):
         registry, _, loop = run_loop("in_graph", 2, platform=platform)
@@ -186,7 +186,7 @@ def test_entry_point_plugin_records_into_the_engines_registry(metrics_dist):
                             "warpolicy_on_publish"]
     engine_registry = CollectorRegistry()
     warpolicy_metrics.configure(registry=engine_registry, sample_every=0)
-    platform = fake_platform(pm=pm)
+    platform = sim_platform(pm=pm)
     runner = DecodeRunner(RecModel(), fixed_policy("in_graph"), platform, name="decode")
     runner.capture()
     loop = OverlapLoop(runner)

@@ -15,7 +15,7 @@ from warpolicy import nvtx as wnvtx
 from warpolicy.hookspecs import hookimpl
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runners import DecodeRunner, OverlapLoop
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform
 from warpolicy.bench.models import fixed_policy
 
 from test_runners import RecModel
@@ -68,7 +68,7 @@ def nvtx(monkeypatch):
 
 
 def run(plugin, policy="in_graph", steps=3, extra=(), **loop_kw):
-    platform = fake_platform()
+    platform = sim_platform()
     for observer in extra:  # registered first, so pluggy calls them after the NVTX plugin
         platform.pm.register(observer)
     platform.pm.register(plugin)
@@ -153,7 +153,7 @@ def test_balance_holds_when_another_observer_raises(nvtx, observer):
     raising observer stops the hook after it; the NVTX plugin must still never pop what it did
     not push and keep at most one range open."""
     plugin = wnvtx.NvtxPlugin()
-    platform = fake_platform()
+    platform = sim_platform()
     platform.pm.register(plugin)
     platform.pm.register(observer())  # called first: the NVTX hook of that name never runs
     runner = DecodeRunner(RecModel(), fixed_policy("in_graph"), platform, name="decode")

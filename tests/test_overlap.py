@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
 
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.runners import DecodeRunner, OverlapLoop
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.bench.models import fixed_policy
 
 from test_runners import RecModel
@@ -17,14 +18,14 @@ from test_runners import RecModel
 
 @pytest.fixture
 def platform():
-    return fake_platform()
+    return sim_platform()
 
 
 def setup(platform, policy="in_graph", **kw):
     model = RecModel()
     runner = DecodeRunner(model, fixed_policy(policy), platform)
     runner.capture()
-    log = fake_plugin(platform).log
+    log = sim_impl(platform).log
     loop = OverlapLoop(runner, **kw)
     return runner, loop, log
 
@@ -216,3 +217,56 @@ def test_failing_write_next_still_orders_the_next_forward_after_its_writes(platf
     start = len(log)
     loop.step([1.0], None)
     assert step_entries(log, start)[0] == ("wait_event", platform.current_stream().id, written)
+
+
+# -- ordered after failures ----------------------------------------------------------------------
+
+def test_a_failed_write_record_makes_the_next_forward_wait_for_the_whole_schedule_stream(platform):
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    writes = []
+
+    def write_next():
+        writes.append(impl.mark("write"))
+
+    loop.step([1.0], write_next)  # a good step: the next forward waits on its event
+    impl.inject("record", "raise", when=lambda: impl.current_stream() is loop.schedule_stream)
+    with pytest.warns(RuntimeWarning, match="recording the writes failed"):
+        loop.step([1.0], write_next)
+    impl.clear_faults()
+    reads = []
+    runner.model.graph_prep = lambda bucket: reads.append(impl.mark("read"))
+    start = len(log)
+    loop.step([1.0], None)
+    fwd = platform.current_stream()
+    assert step_entries(log, start)[0] == ("wait_stream", fwd.id, loop.schedule_stream.id)
+    assert impl.happens_before(writes[-1], reads[-1])  # read-after-write still ordered
+
+
+@pytest.mark.parametrize("fault", ["wait_event", "wait_event+wait_stream"])
+def test_a_failed_wait_for_the_writes_falls_back_and_keeps_the_order(platform, fault):
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    writes, reads = [], []
+    loop.step([1.0], lambda: writes.append(impl.mark("write")))
+    runner.model.graph_prep = lambda bucket: reads.append(impl.mark("read"))
+    fwd = platform.current_stream()
+    impl.inject("wait_event", "raise", when=lambda: impl.current_stream() is fwd)
+    if fault == "wait_event+wait_stream":
+        impl.inject("wait_stream", "raise", when=lambda: impl.current_stream() is fwd)
+    with pytest.warns(RuntimeWarning, match="waiting for the last writes failed"):
+        loop.step([1.0], None)
+    assert impl.happens_before(writes[-1], reads[-1])
+
+
+def test_when_every_barrier_fails_nothing_is_written(platform):
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    for op in ("wait_event", "wait_stream", "synchronize"):
+        impl.inject(op, "raise", when=lambda: impl.current_stream() is not loop.schedule_stream)
+    written = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Exception, match="injected"):
+            loop.step([1.0], lambda: written.append(1))
+    assert written == []

@@ -8,11 +8,14 @@ import pathlib
 
 import pytest
 
+import warpolicy
+from warpolicy import hookspecs
 from warpolicy.errors import PluginError
 from warpolicy.hookspecs import hookimpl
 from warpolicy.loader import Fragment
-from warpolicy.plugins import (blame_plugins, collect_fragments, describe_plugins, get_plugin_manager,
-                               new_plugin_manager, reset_plugin_manager)
+from warpolicy.plugins import (blame_plugins, collect_fragments, describe_plugins,
+                               get_plugin_manager, new_plugin_manager, observers_of,
+                               reset_plugin_manager)
 
 BACKEND_YAML = """\
 version: 1
@@ -33,32 +36,32 @@ def contributes(value):
 
 
 def test_builtins_are_ordinary_named_plugins(pm):
-    import warpolicy.cuda
-    from warpolicy.testing.fake import FakePlatformPlugin
+    import warpolicy.platforms.cuda
+    from warpolicy.platforms.sim import SimPlugin
 
-    assert pm.get_plugin("cuda") is warpolicy.cuda
-    assert isinstance(pm.get_plugin("fake"), FakePlatformPlugin)
-    assert pm.get_plugin("fake") is not new_plugin_manager(load_entry_points=False, environ={}).get_plugin("fake")
+    assert pm.get_plugin("cuda") is warpolicy.platforms.cuda
+    assert isinstance(pm.get_plugin("sim"), SimPlugin)
+    assert pm.get_plugin("fake") is None  # "fake" is a device alias, not a plugin name
 
 
 def test_disable_blocks_builtins_by_name():
-    pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_DISABLE_PLUGINS": " fake , nope"})
-    assert pm.get_plugin("fake") is None and pm.is_blocked("fake")
+    pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_DISABLE_PLUGINS": " sim , nope"})
+    assert pm.get_plugin("sim") is None and pm.is_blocked("sim")
     assert pm.get_plugin("cuda") is not None
     rows = {r["name"]: r for r in describe_plugins(pm)}
-    assert rows["fake"]["status"] == "disabled" and rows["fake"]["hooks"] == []
-    assert rows["fake"]["source"] == "builtin"
+    assert rows["sim"]["status"] == "disabled" and rows["sim"]["hooks"] == []
+    assert rows["sim"]["source"] == "builtin"
     assert rows["cuda"]["status"] == "active"
 
 
 def test_trace_hooks_writes_hook_calls_to_stderr(capsys):
     pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_TRACE_HOOKS": "1"})
-    pm.hook.warpolicy_platform_name(device="fake")
-    assert "warpolicy_platform_name" in capsys.readouterr().err
+    pm.hook.warpolicy_platform(device="sim")
+    assert "warpolicy_platform" in capsys.readouterr().err
 
 
 def test_no_trace_by_default(capsys, pm):
-    pm.hook.warpolicy_platform_name(device="fake")
+    pm.hook.warpolicy_platform(device="sim")
     assert capsys.readouterr().err == ""
 
 
@@ -76,10 +79,10 @@ def test_default_manager_is_cached_until_reset():
 def test_describe_plugins_lists_builtins_with_hooks(pm):
     rows = describe_plugins(pm)
     assert [r["name"] for r in rows] == sorted(r["name"] for r in rows)
-    fake = next(r for r in rows if r["name"] == "fake")
-    assert fake["source"] == "builtin" and fake["version"]
-    assert "warpolicy_record_event" in fake["hooks"] and fake["hooks"] == sorted(fake["hooks"])
-    assert set(fake) >= {"name", "version", "source", "hooks"}
+    sim = next(r for r in rows if r["name"] == "sim")
+    assert sim["source"] == "builtin" and sim["version"] == warpolicy.__version__
+    assert sim["hooks"] == ["warpolicy_platform"]
+    assert set(sim) >= {"name", "version", "source", "hooks"}
 
 
 def test_describe_hand_registered_plugin(pm, register):
@@ -103,6 +106,114 @@ def test_typo_hook_is_a_plugin_error():
             _check_pending(pm)
     finally:
         pm.unregister(name="typo")
+
+
+# -- the removed 0.1 platform hooks -----------------------------------------------------------------
+
+@pytest.mark.parametrize("hook", hookspecs.REMOVED_PLATFORM_HOOKS)
+def test_a_plugin_with_a_removed_platform_hook_is_refused_naming_the_new_one(pm, hook):
+    plugin = type("Old", (), {hook: hookimpl(lambda self, device: None)})()
+    with pytest.raises(PluginError) as info:
+        pm.register(plugin, name="old")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("plugin 'old'") and hook in text
+    assert "warpolicy_platform(device)" in text and "WARPOLICY_DISABLE_PLUGINS=old" in text
+    assert pm.get_plugin("old") is None
+
+
+def test_a_blocked_old_plugin_is_not_refused(pm):
+    class Old:
+        @hookimpl
+        def warpolicy_create_event(self, device, external):
+            return None
+
+    pm.set_blocked("old")
+    assert pm.register(Old(), name="old") is None
+
+
+# -- observers: cached direct calls ------------------------------------------------------------------
+
+class Seen:
+    def __init__(self):
+        self.calls = []
+
+    @hookimpl
+    def warpolicy_on_publish(self, runner, step, policy, event):
+        self.calls.append(("publish", runner, step, policy, event))
+
+    @hookimpl
+    def warpolicy_on_barrier(self, kind, runner):  # a subset, in another order
+        self.calls.append(("barrier", kind, runner))
+
+
+def test_without_observers_every_tuple_is_empty(pm):
+    obs = observers_of(pm)
+    assert (obs.on_decision, obs.on_publish, obs.on_barrier, obs.on_fallback) == ((), (), (), ())
+
+
+def test_observer_tuples_follow_register_and_unregister(pm):
+    obs = observers_of(pm)
+    seen = Seen()
+    pm.register(seen, name="seen")
+    assert len(obs.on_publish) == 1 and len(obs.on_barrier) == 1 and obs.on_fallback == ()
+    assert obs.on_publish[0] == seen.warpolicy_on_publish  # the implementation itself, no adapter
+    obs.on_publish[0]("decode", 3, "p", "ev")
+    obs.on_barrier[0]("decode", 3, "event", "in_graph")
+    assert seen.calls == [("publish", "decode", 3, "p", "ev"), ("barrier", "event", "decode")]
+    assert obs.plugin_of[obs.on_barrier[0]] == "seen"
+    pm.unregister(name="seen")
+    assert obs.on_publish == () and obs.on_barrier == ()
+
+
+def test_observers_are_called_in_pluggys_order(pm):
+    order = []
+
+    def observer(tag, **opts):
+        class O:
+            @hookimpl(**opts)
+            def warpolicy_on_fallback(self, where, error):
+                order.append(tag)
+        return O()
+
+    pm.register(observer("first-registered"))
+    pm.register(observer("last-registered"))
+    pm.register(observer("trylast", trylast=True))
+    for call in observers_of(pm).on_fallback:
+        call("x", RuntimeError())
+    pluggy_order = []
+    order, pluggy_order = pluggy_order, order
+    pm.hook.warpolicy_on_fallback(where="x", error=RuntimeError())
+    assert pluggy_order == order == ["last-registered", "first-registered", "trylast"]
+
+
+def test_monitoring_and_wrappers_route_observers_through_pluggy(pm, capsys):
+    seen = Seen()
+    pm.register(seen)
+    undo = pm.add_hookcall_monitoring(lambda *a: None, lambda *a: None)
+    obs = observers_of(pm)
+    assert obs.on_publish[0] != seen.warpolicy_on_publish  # one call through pluggy
+    obs.on_publish[0]("decode", 1, "p", None)
+    undo()
+    assert obs.on_publish[0] == seen.warpolicy_on_publish
+
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def warpolicy_on_publish(self):
+            result = yield
+            seen.calls.append("wrapped")
+            return result
+
+    pm.register(Wrapper())
+    assert len(obs.on_publish) == 1
+    obs.on_publish[0]("decode", 2, "p", None)
+    assert seen.calls == [("publish", "decode", 1, "p", None), ("publish", "decode", 2, "p", None), "wrapped"]
+
+
+def test_the_runtime_refuses_a_bare_pluggy_manager():
+    import pluggy
+
+    with pytest.raises(TypeError, match="new_plugin_manager"):
+        observers_of(pluggy.PluginManager("warpolicy"))
 
 
 # -- fragments -------------------------------------------------------------------------------------

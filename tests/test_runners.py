@@ -1,4 +1,4 @@
-"""Graph runners on the fake platform: capture/replay sequencing, buckets, padding, eager
+"""Graph runners on the simulated platform: capture/replay sequencing, buckets, padding, eager
 fallback and per-mode policy resolution."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from warpolicy.errors import InputError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner, sound
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.bench.models import fixed_policy
 
 P = WarReadDonePolicy
@@ -60,7 +60,7 @@ class RecModel:
 
 def merged(platform, model: RecModel) -> list:
     """One ordered list of model calls and platform calls."""
-    fake_plugin(platform).listeners.append(model.events.append)
+    sim_impl(platform).listeners.append(model.events.append)
     return model.events
 
 
@@ -71,7 +71,7 @@ def calls_after(events: list, start: int) -> list:
 
 @pytest.fixture
 def platform():
-    return fake_platform()
+    return sim_platform()
 
 
 def make(platform, policy="in_graph", buckets=(1, 2, 4, 8), cls=DecodeRunner, **kw):
@@ -93,7 +93,7 @@ def test_bucket_selection_picks_smallest_that_fits(platform, size, bucket):
 @settings(max_examples=100, deadline=None)
 @given(st.sets(st.integers(1, 64), max_size=6), st.integers(1, 80))
 def test_bucket_for_is_smallest_fitting_bucket(buckets, size):
-    runner, _, _ = make(fake_platform(), buckets=sorted(buckets))
+    runner, _, _ = make(sim_platform(), buckets=sorted(buckets))
     runner.capture()
     fitting = [b for b in buckets if b >= size]
     assert runner.bucket_for(size) == (min(fitting) if fitting else None)
@@ -108,7 +108,7 @@ def test_before_capture_every_step_is_eager(platform):
     runner, model, _ = make(platform)
     runner.run([1.0])
     assert runner.last_step.bucket is None
-    assert fake_plugin(platform).log.of("replay") == []
+    assert sim_impl(platform).log.of("replay") == []
 
 
 def test_empty_batch_is_an_input_error(platform):
@@ -222,10 +222,10 @@ def test_batch_is_padded_to_its_bucket_and_output_is_the_buckets(platform):
 def test_eager_fallback_when_no_bucket_fits(platform):
     runner, model, events = make(platform, "in_graph")
     runner.capture()
-    replays = len(fake_plugin(platform).log.of("replay"))
+    replays = len(sim_impl(platform).log.of("replay"))
     start = len(events)
     out = runner.run([1.0] * 9)
-    assert len(fake_plugin(platform).log.of("replay")) == replays  # no graph
+    assert len(sim_impl(platform).log.of("replay")) == replays  # no graph
     assert runner.last_step.bucket is None and model.prepared.count(9) == 1
     seq = calls_after(events, start)
     assert [e[0] for e in seq] == ["host_prep", "graph_prep", "forward", "record"]
@@ -253,7 +253,7 @@ def test_sound_demotion_never_goes_earlier():
 
 
 def test_unplanted_buckets_demote_in_graph():
-    platform = fake_platform(external_events=False)
+    platform = sim_platform(external_events=False)
     runner, _, _ = make(platform, "in_graph")
     runner.capture()
     assert not any(cb.planted for cb in runner.captured.values())
@@ -338,7 +338,7 @@ def test_failed_before_replay_is_not_followed_by_a_publish(platform, monkeypatch
     real_after = runner.fence.after_replay
     monkeypatch.setattr(runner.fence, "before_replay", lambda *a, **k: 1 / 0)
     monkeypatch.setattr(runner.fence, "after_replay",
-                        lambda pol, **k: (seen.append(pol), real_after(pol, **k)))
+                        lambda pol, planted, **k: (seen.append(pol), real_after(pol, planted, **k)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runner.run([1.0])
@@ -441,8 +441,76 @@ def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
     seen = []
     real_after = runner.fence.after_replay
     monkeypatch.setattr(runner.fence, "after_replay",
-                        lambda pol, **k: (seen.append((pol, k.get("planted"))),
-                                          real_after(pol, **k)))
+                        lambda pol, planted, **k: (seen.append((pol, planted)),
+                                                   real_after(pol, planted, **k)))
     runner.run([1.0] * 9)  # no bucket fits
     runner.run([1.0])
-    assert seen == [(P.POST_REPLAY, False), (P.IN_GRAPH, True)]
+    assert seen == [(P.POST_REPLAY, None), (P.IN_GRAPH, runner.captured[1].event)]
+    assert runner.captured[1].event is runner.fence.event
+
+
+# -- publishes tied to their bucket's graph, failures during capture --------------------------------
+
+def test_each_bucket_keeps_the_event_its_own_graph_records(platform):
+    runner, _, _ = make(platform, "in_graph", buckets=(2, 4))
+    impl = sim_impl(platform)
+    # the second bucket captured (2, smallest last) fails to plant: only that bucket demotes
+    impl.inject("record", "raise", when=lambda: impl.capturing and runner._captured)
+    with pytest.warns(RuntimeWarning, match="plant failed"):
+        runner.capture()
+    impl.clear_faults()
+    assert runner.captured[4].event is runner.fence.event and runner.captured[2].event is None
+    assert runner.captured[4].policy == P.IN_GRAPH and runner.captured[2].policy == P.POST_REPLAY
+    runner.run([1.0, 2.0, 3.0])
+    assert runner.fence.take().event is runner.captured[4].event
+    runner.run([1.0])  # bucket 2: never bucket 4's event
+    read_done = runner.fence.take()
+    assert read_done.policy == P.POST_REPLAY and read_done.event is not runner.captured[4].event
+
+
+def test_a_failed_recapture_leaves_the_bucket_eager_not_stale(platform):
+    runner, _, _ = make(platform, "in_graph", buckets=(2, 4))
+    runner.capture()
+    impl = sim_impl(platform)
+    impl.inject("capture_callable", "raise", when=lambda: 4 not in runner._captured)
+    with pytest.raises(Exception, match="injected"):
+        runner.capture()
+    impl.clear_faults()
+    assert 4 not in runner.captured and runner.bucket_for(3) is None
+    runner.run([1.0, 2.0, 3.0])
+    assert runner.last_step.bucket is None and runner.last_step.policy == P.POST_REPLAY
+
+
+def test_a_failed_plant_in_a_replayed_step_is_recorded_as_post_replay(platform):
+    runner, _, _ = make(platform, "in_graph", buckets=(2,))
+    runner.capture()
+    impl = sim_impl(platform)
+    impl.inject("record", "raise", when=lambda: impl.replaying)
+    with pytest.warns(RuntimeWarning, match="plant failed"):
+        runner.run([1.0])
+    assert runner.last_step.policy == P.POST_REPLAY
+    assert runner.fence.take().policy == P.POST_REPLAY
+
+
+def test_a_failed_warm_up_still_joins_the_side_stream(platform):
+    runner, model, _ = make(platform, buckets=(2,))
+    impl = sim_impl(platform)
+    main = platform.current_stream()
+    reads = []
+    model.graph_prep = lambda bucket: (reads.append(impl.mark("warm-up read")), 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        runner.capture()
+    with platform.stream(main):
+        later = impl.mark("later work on the forward stream")
+    assert impl.happens_before(reads[0], later)
+
+
+def test_a_failed_join_makes_the_host_wait(platform):
+    runner, model, _ = make(platform, buckets=(2,))
+    impl = sim_impl(platform)
+    model.graph_prep = lambda bucket: 1 / 0
+    calls = []
+    impl.inject("wait_stream", "raise", when=lambda: bool(calls.append(1)) or len(calls) > 1)
+    with pytest.raises(Exception, match="injected"):  # the join's failure, after the host waited
+        runner.capture()
+    assert len(calls) == 2 and platform.log[-1] == ("synchronize",)

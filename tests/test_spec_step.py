@@ -17,7 +17,7 @@ from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMod
 from warpolicy.registry import SpecAlgorithm
 from warpolicy.runners import (DecodeRunner, DraftExtendRunner, OverlapLoop, Phase, SpecStep,
                                VerifyRunner, last_reader_of)
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.bench.models import fixed_policy
 
 DECODE, VERIFY, DRAFT_EXTEND = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
@@ -73,7 +73,7 @@ class TableModel:
 
 @pytest.fixture
 def platform():
-    return fake_platform()
+    return sim_platform()
 
 
 def three_phases(platform, draft="in_graph", verify="none", extend="post_replay", table=None):
@@ -99,7 +99,7 @@ class TestDraftExtendRunner:
         model = TableModel(torch.arange(8, dtype=torch.float32))
         runner = DraftExtendRunner(model, fixed_policy(policy), platform)
         runner.capture()
-        log = fake_plugin(platform).log
+        log = sim_impl(platform).log
         start = len(log)
         runner.run([1.0, 2.0])
         kinds = [(e[0], e[3] if e[0] == "record" else None) for e in log[start:]
@@ -200,7 +200,7 @@ class TestMailbox:
             SpecStep([])
 
     def test_phases_must_share_a_platform(self, platform):
-        other = fake_platform()
+        other = sim_platform()
         table = torch.zeros(8)
         with pytest.raises(InputError, match="same platform"):
             SpecStep([DecodeRunner(TableModel(table), fixed_policy("none"), platform),
@@ -256,7 +256,7 @@ class TestFailure:
            reader=st.sampled_from([None, DECODE, VERIFY, DRAFT_EXTEND]))
     def test_handed_event_is_the_readers_or_nothing(self, policies, failed, reader):
         """The step hands the last reader's own event, and only when no phase failed."""
-        platform = fake_platform()
+        platform = sim_platform()
         phases = three_phases(platform, *policies)
         step = captured_step(phases, last_reader=reader)
         for runner, fail in zip(phases, failed):
@@ -282,7 +282,7 @@ class TestOverlapLoop:
     def test_loop_waits_on_the_readers_event(self, platform):
         step = captured_step(three_phases(platform), last_reader=DRAFT_EXTEND)
         loop = OverlapLoop(platform=platform)
-        log = fake_plugin(platform).log
+        log = sim_impl(platform).log
         writes = []
         out = loop.step([1.0], lambda: writes.append(platform.current_stream()), runner=step)
         assert len(out) == 3 and writes == [loop.schedule_stream]

@@ -13,7 +13,7 @@ from warpolicy.errors import UnknownNameError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.audit.synthetic import make_synthetic, synthetic_backend, synthetic_names
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-from warpolicy.testing.fake import fake_platform
+from warpolicy.platform import sim_platform
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 PRE, IN = WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH
@@ -34,7 +34,7 @@ def test_unknown_name():
     with pytest.raises(UnknownNameError, match="did you mean 'late_swa_read'"):
         synthetic_backend("late_swa_reed")
     with pytest.raises(UnknownNameError):
-        make_synthetic("nope", platform=fake_platform())
+        make_synthetic("nope", platform=sim_platform())
 
 
 def test_composite_declares_the_latest_of_its_children():
@@ -53,7 +53,7 @@ def test_composite_declares_the_latest_of_its_children():
     ("reread_after_replay", {DECODE: IN, VERIFY: IN}),
 ])
 def test_subject_declares_per_mode_and_builds_runners(name, modes):
-    subject = make_synthetic(name, platform=fake_platform())
+    subject = make_synthetic(name, platform=sim_platform())
     assert dict(subject.declared) == modes
     assert set(subject.runners) == set(modes)
     assert set(subject.model.shared_buffers) == {"req_to_token", "full_to_swa"}
@@ -64,7 +64,7 @@ def test_subject_declares_per_mode_and_builds_runners(name, modes):
 
 
 def test_verify_runner_buckets_are_draft_multiples():
-    subject = make_synthetic("in_graph", platform=fake_platform())
+    subject = make_synthetic("in_graph", platform=sim_platform())
     runner = subject.runners[VERIFY](subject.model)
     assert all(b % subject.model.cfg.draft_tokens == 0 for b in runner.buckets)
 
@@ -133,7 +133,7 @@ def test_reread_post_step_reads_the_live_table():
 
 @pytest.mark.parametrize("name", synthetic_names())
 def test_each_variant_gets_its_expected_verdict_on_the_fake(name):
-    report = run_audit(synthetic=name, trials=4, platform=fake_platform())
+    report = run_audit(synthetic=name, trials=4, platform=sim_platform())
     expected = synthetic_backend(name).expected
     assert report.entries, name
     for entry in report.entries:
@@ -148,12 +148,12 @@ def test_each_variant_gets_its_expected_verdict_on_the_fake(name):
 
 def test_late_kv_write_is_seen_only_in_the_kv_pool():
     report = run_audit(synthetic="late_kv_write", modes="decode", trials=2,
-                       platform=fake_platform())
+                       platform=sim_platform())
     assert report.entries[0].dynamic.first.output == "kv_pool"
 
 
 def test_shared_state_restored_after_an_unsafe_audit():
-    platform = fake_platform()
+    platform = sim_platform()
     subject = make_synthetic("late_swa_read", platform=platform)
     before = {n: t.clone() for n, t in subject.model.shared_buffers.items()}
     from warpolicy.audit import audit_mode

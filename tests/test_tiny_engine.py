@@ -15,7 +15,7 @@ import torch
 
 from warpolicy.bench.models import TinyConfig, fixed_policy
 from warpolicy.policy import ForwardMode
-from warpolicy.testing.fake import fake_platform, fake_plugin
+from warpolicy.platform import sim_impl, sim_platform
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_engine.py"
 
@@ -75,7 +75,7 @@ def test_schedule_has_write_after_read_hazards(schedule):
 
 @pytest.mark.parametrize("policy", ["in_graph", "post_replay", "none"])
 def test_overlapped_run_matches_sequential_reference(schedule, policy):
-    engine = te.TinyEngine(fixed_policy(policy), platform=fake_platform())
+    engine = te.TinyEngine(fixed_policy(policy), platform=sim_platform())
     engine.capture()
     ref = engine.run(schedule, overlap=False)
     outs = engine.run(schedule)
@@ -86,7 +86,7 @@ def test_overlapped_run_matches_sequential_reference(schedule, policy):
 def test_a_write_that_lands_before_the_read_is_caught(schedule):
     """The comparison the GPU test relies on can fail: apply each step's successor writes
     before the step runs (the race, made deterministic) and some step differs."""
-    engine = te.TinyEngine(fixed_policy("in_graph"), platform=fake_platform())
+    engine = te.TinyEngine(fixed_policy("in_graph"), platform=sim_platform())
     engine.capture()
     ref = engine.run(schedule, overlap=False)
     engine.state.reset()
@@ -105,7 +105,7 @@ def test_poison_at_the_planted_node_only_hurts_a_late_reader(late, changed):
     model read it all in graph_prep; the seeded late reader re-reads it after the node."""
     cfg = te.EXAMPLE_CONFIG
     schedule = te.build_schedule(cfg, 4, spec=False)
-    platform = fake_platform()
+    platform = sim_platform()
     engine = te.TinyEngine(fixed_policy("in_graph"), platform=platform, late_shared_read=late)
     engine.capture()
     ref = engine.run(schedule, overlap=False)
@@ -120,16 +120,16 @@ def test_poison_at_the_planted_node_only_hurts_a_late_reader(late, changed):
     for step in schedule:
         engine.apply_writes(step)
         saved = table.clone()
-        fake_plugin(platform).listeners.append(poison)
+        sim_impl(platform).listeners.append(poison)
         out = engine.runners[step.mode].run(step.batch)[: len(step.batch)].clone()
-        fake_plugin(platform).listeners.remove(poison)
+        sim_impl(platform).listeners.remove(poison)
         table.copy_(saved)
         outs.append(out)
     assert (te.compare(outs, ref) != []) is changed
 
 
 def test_engine_policy_from_the_default_registry():
-    platform = fake_platform()
+    platform = sim_platform()
     policy = te.resolve_policy("engine", platform, "fa3", "dflash")
     engine = te.TinyEngine(policy, platform=platform)
     engine.capture()

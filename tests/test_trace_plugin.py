@@ -72,17 +72,17 @@ def test_trace_plugin_writes_a_chrome_trace(trace_dist, tmp_path, monkeypatch):
     pm = new_plugin_manager(environ={})
     trace = pm.get_plugin("trace")
     trace.TRACER.clear()
-    platform = Platform.for_device("fake", pm)
+    platform = Platform.for_device("sim", pm)
     fence = ReadDoneFence(platform, name="decode")
     fence.prepare()
     graph = platform.new_graph()
     with platform.capture(graph):
-        fence.plant()
+        planted = fence.plant()
     barrier, sched = SchedulerBarrier(platform), platform.new_stream()
     for policy in (P.IN_GRAPH, P.NONE):
         fence.before_replay(policy)
         platform.replay(graph)
-        fence.after_replay(policy)
+        fence.after_replay(policy, planted)
         barrier.apply(sched, platform.current_stream(), fence.take())
     pm.hook.warpolicy_on_decision(decision=P.IN_GRAPH, where="engine")
     out = tmp_path / "trace.json"
@@ -107,7 +107,7 @@ def test_cli_lists_the_distribution(trace_dist, capsys):
     out = capsys.readouterr().out
     rows = {r["name"]: r for r in json.loads(out)["rows"]}
     assert rows["trace"]["source"] == "distribution:warpolicy-trace-sim"
-    assert rows["cuda"]["source"] == "builtin" and rows["fake"]["source"] == "builtin"
+    assert rows["cuda"]["source"] == "builtin" and rows["sim"]["source"] == "builtin"
 
 
 # -- broken plugins --------------------------------------------------------------------------------
@@ -169,8 +169,8 @@ def test_cli_exits_2_with_one_line_for_a_broken_plugin(site, capsys, monkeypatch
 
 
 def test_entry_point_named_like_a_builtin_is_refused(site):
-    add_distribution(site, "wp-clash", "1.0", {"fake": "wp_sim_clash"}, {"wp_sim_clash": ""})
-    with pytest.raises(PluginError, match="clashes with the builtin plugin 'fake'"):
+    add_distribution(site, "wp-clash", "1.0", {"sim": "wp_sim_clash"}, {"wp_sim_clash": ""})
+    with pytest.raises(PluginError, match="clashes with the builtin plugin 'sim'"):
         new_plugin_manager(environ={})
 
 
@@ -179,7 +179,7 @@ import pluggy
 hookimpl = pluggy.HookimplMarker("warpolicy")
 
 @hookimpl
-def warpolicy_record_event(device, bogus):
+def warpolicy_on_publish(runner, bogus):
     return None
 """
 
@@ -221,6 +221,6 @@ def test_distribution_with_unreadable_metadata_is_skipped_with_one_line(site, ca
     (info / "entry_points.txt").write_text(entry_points_txt)
     with caplog.at_level("WARNING", logger="warpolicy"):
         pm = new_plugin_manager(environ={})  # was a traceback from importlib.metadata
-    assert pm.get_plugin("fake") is not None
+    assert pm.get_plugin("sim") is not None
     (line,) = [r.getMessage() for r in caplog.records if "wp_junk" in r.getMessage()]
     assert "unreadable metadata" in line and "\n" not in line

@@ -7,6 +7,6 @@ audit) imports torch lazily.
 from warpolicy.hookspecs import hookimpl, hookspec
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["ForwardMode", "WarReadDonePolicy", "__version__", "hookimpl", "hookspec"]

@@ -1,15 +1,16 @@
-"""The plugin manager: built-ins, entry points ``warpolicy``, disable/trace switches, fragments.
+"""The plugin manager, the composition root: built-ins, entry points ``warpolicy``, switches,
+the platform claim, observer calls and fragments.
 
-Built-ins are ordinary plugins registered by name: ``"cuda"`` (`warpolicy.cuda`) and
-``"fake"`` (a `warpolicy.testing.fake.FakePlatformPlugin`, one per manager so each manager
-has its own call log). Third-party plugins come from the entry-point group ``warpolicy``;
-the entry point's name is the plugin name.
+Built-ins are ordinary plugins registered by name: ``"cuda"`` (`warpolicy.platforms.cuda`) and
+``"sim"`` (a `warpolicy.platforms.sim.SimPlugin`). Third-party plugins come from the
+entry-point group ``warpolicy``; the entry point's name is the plugin name.
 
 Environment:
 
 * ``WARPOLICY_DISABLE_PLUGINS=a,b``: block these plugin names (built-ins too); a blocked
   entry point is not even imported, so this is how to get past a broken plugin.
-* ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr.
+* ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr (observer calls then go through
+  pluggy so the trace shows them).
 """
 
 from __future__ import annotations
@@ -19,20 +20,29 @@ import logging
 import os
 import sys
 import threading
-from typing import Iterable, Mapping, Optional, Sequence
+import types
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 import attrs
 import pluggy
 
-from warpolicy import hookspecs
+from warpolicy import __version__, hookspecs
 from warpolicy.errors import PluginError, Problem
 from warpolicy.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
+from warpolicy.platforms import PlatformImpl, cuda
+from warpolicy.platforms.sim import SimPlugin
 
 log = logging.getLogger("warpolicy")
 
 GROUP = "warpolicy"
 DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
 TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
+
+#: The members `PlatformImpl` requires (checked on every claim, so a bad one is one line).
+_IMPL_MEMBERS = ("name", "device", "external_events_supported", "create_event", "record",
+                 "wait_event", "wait_stream", "is_capturing", "new_stream", "current_stream",
+                 "use_stream", "new_graph", "graph_pool", "capture", "capture_callable", "replay",
+                 "synchronize")
 
 
 @attrs.frozen
@@ -44,19 +54,127 @@ class PluginSource:
     entry_point: Optional[str] = None  # "warpolicy:name = value"
 
 
+#: An observer call: the hook's arguments, positionally, in `hookspecs.OBSERVER_HOOKS` order.
+ObserverCall = Callable[..., None]
+
+
+class Observers:
+    """Direct calls to the registered observer implementations, one tuple per hook, refreshed
+    by the manager on every registration change (so a step reads a tuple, never pluggy).
+
+    An empty tuple means nobody observes: the runtime skips the call entirely. While hook-call
+    monitoring or tracing is on (or an observer is a wrapper), a hook's tuple holds one call
+    through pluggy instead, so the monitor sees it.
+    """
+
+    __slots__ = ("on_decision", "on_publish", "on_barrier", "on_fallback", "plugin_of")
+
+    def __init__(self) -> None:
+        self.on_decision: tuple[ObserverCall, ...] = ()
+        self.on_publish: tuple[ObserverCall, ...] = ()
+        self.on_barrier: tuple[ObserverCall, ...] = ()
+        self.on_fallback: tuple[ObserverCall, ...] = ()
+        self.plugin_of: dict[ObserverCall, str] = {}  # for naming a failing observer
+
+    def refresh(self, pm: pluggy.PluginManager, through_pluggy: bool) -> None:
+        plugin_of: dict[ObserverCall, str] = {}
+        for hook_name, argnames in hookspecs.OBSERVER_HOOKS.items():
+            caller = getattr(pm.hook, hook_name, None)
+            impls = caller.get_hookimpls() if caller is not None else []
+            calls: tuple[ObserverCall, ...] = ()
+            if impls and (through_pluggy or any(i.hookwrapper or i.wrapper for i in impls)):
+                call = _through_pluggy(caller, argnames)
+                plugin_of[call] = ",".join(sorted({i.plugin_name for i in impls}))
+                calls = (call,)
+            elif impls:
+                # pluggy calls the last registered first (tryfirst/trylast already sorted in)
+                calls = tuple(_direct(impl.function, tuple(impl.argnames), argnames)
+                              for impl in reversed(impls))
+                for call, impl in zip(calls, reversed(impls)):
+                    plugin_of[call] = impl.plugin_name
+            setattr(self, hook_name[len("warpolicy_"):], calls)
+        self.plugin_of = plugin_of
+
+
+def _direct(function: Callable[..., Any], names: tuple[str, ...],
+            spec: tuple[str, ...]) -> ObserverCall:
+    """``function`` called positionally; an implementation naming a subset (or another order)
+    of the arguments gets exactly those, as pluggy would pass them."""
+    if names == spec:
+        return function
+    index = tuple(spec.index(name) for name in names)
+
+    def call(*args: Any) -> None:
+        function(*[args[i] for i in index])
+
+    return call
+
+
+def _through_pluggy(caller: Any, spec: tuple[str, ...]) -> ObserverCall:
+    def call(*args: Any) -> None:
+        caller(**dict(zip(spec, args)))
+
+    return call
+
+
 class WarpolicyPluginManager(pluggy.PluginManager):
-    """A pluggy manager that also remembers where each plugin came from."""
+    """A pluggy manager that remembers where each plugin came from, refuses plugins written
+    against the removed 0.1 platform hooks, and keeps `observers` current."""
 
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
         self.sources: dict[str, PluginSource] = {}
+        self.observers = Observers()
+        self._monitored = 0  # active hook-call monitors (tracing is one)
+
+    def register(self, plugin: object, name: Optional[str] = None) -> Optional[str]:
+        plugin_name = name or self.get_canonical_name(plugin)
+        if not self.is_blocked(plugin_name):
+            for hook in hookspecs.REMOVED_PLATFORM_HOOKS:
+                if self.parse_hookimpl_opts(plugin, hook) is not None:
+                    raise PluginError(plugin_name, f"implements {hook}, a 0.1 platform hook removed "
+                                      "in 0.2; implement warpolicy_platform(device) returning a "
+                                      "PlatformImpl instead (CHANGELOG: Migrating from 0.1)")
+        registered = super().register(plugin, name)
+        self._refresh()
+        return registered
+
+    def unregister(self, plugin: object | None = None, name: Optional[str] = None) -> Any:
+        removed = super().unregister(plugin, name)
+        self._refresh()
+        return removed
+
+    def add_hookspecs(self, module_or_class: types.ModuleType | type) -> None:
+        super().add_hookspecs(module_or_class)
+        self._refresh()
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        undo_monitoring = super().add_hookcall_monitoring(before, after)
+        self._monitored += 1
+        self._refresh()
+
+        def undo() -> None:
+            undo_monitoring()
+            self._monitored -= 1
+            self._refresh()
+
+        return undo
+
+    def _refresh(self) -> None:
+        self.observers.refresh(self, through_pluggy=self._monitored > 0)
+
+
+def observers_of(pm: pluggy.PluginManager) -> Observers:
+    """The manager's cached observer calls (the runtime needs a `WarpolicyPluginManager`)."""
+    observers = getattr(pm, "observers", None)
+    if not isinstance(observers, Observers):
+        raise TypeError("the warpolicy runtime needs a plugin manager from "
+                        "warpolicy.plugins.new_plugin_manager, not a bare pluggy.PluginManager")
+    return observers
 
 
 def _builtin_version() -> str:
-    try:
-        return importlib.metadata.version("warpolicy")
-    except importlib.metadata.PackageNotFoundError:  # running from a source tree
-        return "0.1.0+source"
+    return __version__
 
 
 def _disabled(environ: Mapping[str, str]) -> list[str]:
@@ -90,11 +208,8 @@ def new_plugin_manager(*, load_entry_points: bool = True,
 
 
 def _register_builtins(pm: WarpolicyPluginManager) -> None:
-    from warpolicy import cuda
-    from warpolicy.testing.fake import FakePlatformPlugin
-
     version = _builtin_version()
-    for name, plugin in (("cuda", cuda), ("fake", FakePlatformPlugin())):
+    for name, plugin in (("cuda", cuda), ("sim", SimPlugin())):
         pm.sources[name] = PluginSource("builtin", version)  # also when blocked: describe shows it
         pm.register(plugin, name=name)
 
@@ -153,6 +268,8 @@ def load_entry_point_plugins(pm: WarpolicyPluginManager) -> list[str]:
                               entry_point=_ep_text(ep)) from exc
         try:
             pm.register(plugin, name=ep.name)
+        except PluginError as exc:
+            raise PluginError(ep.name, exc.message, entry_point=_ep_text(ep)) from exc
         except pluggy.PluginValidationError as exc:
             raise PluginError(ep.name, _one_line(f"invalid hook implementation: {exc}"),
                               entry_point=_ep_text(ep)) from exc
@@ -195,6 +312,40 @@ def reset_plugin_manager() -> None:
     global _DEFAULT
     with _LOCK:
         _DEFAULT = None
+
+
+# -- platform claim --------------------------------------------------------------------------
+
+def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str, PlatformImpl]]:
+    """Ask every plugin's `warpolicy_platform` for ``device`` once; (plugin name, impl) of the
+    one claim, or None when nobody claims it.
+
+    Two claims are a `PluginError` naming both plugins (sorted, so never pluggy call order); a
+    plugin that raises or returns something that is not a `PlatformImpl` is a `PluginError`
+    naming it.
+    """
+    claims: list[tuple[str, PlatformImpl]] = []
+    for impl in pm.hook.warpolicy_platform.get_hookimpls():
+        if impl.hookwrapper or impl.wrapper:  # wraps the others' calls; claims nothing itself
+            continue
+        name = impl.plugin_name
+        try:
+            result = impl.function(**({"device": device} if "device" in impl.argnames else {}))
+        except Exception as exc:  # noqa: BLE001 - any failure is the plugin's
+            raise _plugin_error(pm, name, f"warpolicy_platform({device!r}) raised "
+                                          f"{type(exc).__name__}: {exc}") from exc
+        if result is None:
+            continue
+        missing = [m for m in _IMPL_MEMBERS if not hasattr(result, m)]
+        if missing:
+            raise _plugin_error(pm, name, f"warpolicy_platform({device!r}) returned a "
+                                          f"{type(result).__name__} without {', '.join(missing)}")
+        claims.append((name, cast(PlatformImpl, result)))
+    if len(claims) > 1:
+        first, second = sorted(name for name, _ in claims)[:2]
+        raise _plugin_error(pm, first, f"claims device {device!r}, and so does plugin {second!r}; "
+                                       "exactly one plugin may claim a device type")
+    return claims[0] if claims else None
 
 
 # -- fragments ---------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class SharedReadGraph:
         self.fence = ReadDoneFence(platform, ring_size=4, name="early" if plant_early else "correct")
         self.plant_early = plant_early
         self.out = None
+        self.planted = None  # the event this graph records (from plant() during the capture)
         self._body()  # eager warm-up: cuBLAS and the allocator before capture (plant is a no-op)
         platform.synchronize()
         self.fence.prepare()
@@ -59,15 +60,20 @@ class SharedReadGraph:
 
     def _body(self) -> None:
         if self.plant_early:
-            self.fence.plant()  # WRONG: before the shared read
+            self._plant()  # WRONG: before the shared read
         torch.cuda._sleep(SPIN_CYCLES)
         self.out = self.shared_read()
         if not self.plant_early:
-            self.fence.plant()  # right after the last shared read
+            self._plant()  # right after the last shared read
         c = self.a
         for _ in range(TAIL_MATMULS):
             c = c @ self.a
         self.tail = c
+
+    def _plant(self) -> None:
+        event = self.fence.plant()  # None in the eager warm-up (no event yet, not capturing)
+        if event is not None:
+            self.planted = event
 
     def shared_read(self) -> "torch.Tensor":
         return self.table.index_select(0, self.shared)
@@ -92,7 +98,7 @@ def run_war_trial(g: SharedReadGraph, policy: P, replays: int = REPLAYS) -> int:
             g.shared.copy_(perms[i % PERMS])  # this step's input, written in order on the forward stream
             g.fence.before_replay(policy)
             p.replay(g.graph)
-            g.fence.after_replay(policy)
+            g.fence.after_replay(policy, g.planted)
             results[i].copy_(g.out)
         kind = barrier.apply(sched, fwd, g.fence.take())
         assert kind == ("coarse" if policy is P.NONE else "event")
@@ -127,3 +133,28 @@ def test_fence_bench_reports_release_and_overhead():
     assert result["platform"] == "cuda"
     assert result["release"]["ratio"] is not None
     assert result["overhead"]["raw_us_median"] > 0
+
+
+def test_cuda_platform_binds_torchs_own_calls(platform):
+    assert platform.record is torch.cuda.Event.record
+    assert platform.wait_event is torch.cuda.Stream.wait_event
+    assert platform.replay is torch.cuda.CUDAGraph.replay
+    ev, s = platform.create_event(), platform.new_stream()
+    platform.record(ev)  # None: the current stream
+    platform.wait_event(s, ev)
+    platform.synchronize()
+    assert ev.query()
+
+
+def test_a_graph_without_the_node_publishes_a_fresh_post_replay_event(platform):
+    g = SharedReadGraph(platform, plant_early=False)
+    bare = platform.new_graph()
+    with platform.capture(bare):
+        g.shared_read()  # captured without a plant
+    platform.synchronize()
+    g.fence.before_replay(P.IN_GRAPH)
+    platform.replay(bare)
+    g.fence.after_replay(P.IN_GRAPH, None)
+    read_done = g.fence.take()
+    assert read_done.policy is P.POST_REPLAY and read_done.event is not g.planted
+    platform.synchronize()

@@ -5,17 +5,17 @@ Measured side by side in one process:
 * **release** (CUDA only): a graph of a ~1 ms spin, an ``index_select`` reading a shared index
   buffer, the planted read-done node, then ``matmuls`` 4096x4096 bf16 matmuls. Per replay the
   host waits first for the taken in-graph event, then for the whole replay; we report the
-  medians and ``ratio = release / whole`` (REFERENCE.md §4 measured 1.05 ms vs 4.50 ms).
+  medians and ``ratio = release / whole``.
 * **overhead**: host time per step of ``fence.before_replay + after_replay + take +
-  barrier.apply`` through the plugin hooks, against the raw calls that do the same GPU work
-  (``event.record()`` + ``stream.wait_event()`` on torch; the fake plugin's own methods on the
-  fake platform), for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait),
-  with no observer plugin and with one no-op observer registered.
+  barrier.apply`` against the raw calls that do the same device work (``event.record(stream)``
+  + ``stream.wait_event(event)`` on torch; the simulated platform's own methods on ``sim``),
+  for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait), with no observer
+  plugin and with one no-op observer registered.
 
-It uses a fresh plugin manager without entry points so installed observer plugins do not
-skew it. ``device="fake"`` runs only the overhead part, on host objects.
-
-Run: ``PYTHONPATH=. python -m warpolicy.bench.fence [--json] [--fake] [--iters N]``.
+It uses a fresh plugin manager without entry points so installed observer plugins do not skew
+it. On ``device="sim"`` only the overhead part runs, and its ratios are indicative only (the
+raw calls are Python there, not driver calls). The CLI (``warpolicy bench fence``) calls
+`run_fence_bench` and prints `format_fence_bench`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from warpolicy.errors import InputError
+from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.hookspecs import hookimpl
 from warpolicy.platform import Platform
+from warpolicy.platforms import EventHandle, StreamHandle, cuda_available, device_type
+from warpolicy.platforms.sim import DEVICE_TYPES as SIM_DEVICE_TYPES
 from warpolicy.plugins import new_plugin_manager
 from warpolicy.policy import WarReadDonePolicy as P
 
@@ -66,30 +68,28 @@ def _per_step_us(fn: Callable[[], Any], iters: int, sync: Callable[[], Any]) -> 
 
 # -- overhead ------------------------------------------------------------------------------------
 
-def _raw_ops(platform: Platform) -> tuple[Callable, Callable]:
-    """(record(event, stream), wait(stream, event)) without hooks or fence."""
+def _raw_ops(platform: Platform) -> tuple[Callable[[EventHandle, StreamHandle], None],
+                                         Callable[[StreamHandle, EventHandle], None]]:
+    """(record(event, stream), wait(stream, event)) without fence or facade."""
     if platform.name == "cuda":
         return (lambda ev, s: ev.record(s)), (lambda s, ev: s.wait_event(ev))
-    plugin = platform.pm.get_plugin("fake")
-    dev = platform.device
-    return ((lambda ev, s: plugin.warpolicy_record_event(device=dev, event=ev, stream=s)),
-            (lambda s, ev: plugin.warpolicy_wait_event(device=dev, stream=s, event=ev)))
+    return platform.impl.record, platform.impl.wait_event
 
 
-def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict:
+def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict[str, Any]:
     fwd = platform.current_stream()
     sched = platform.new_stream()
     barrier = SchedulerBarrier(platform)
     record, wait = _raw_ops(platform)
     ring = [platform.create_event() for _ in range(fence.ring_size)]
-    planted = fence.event
+    planted = fence.event if fence.planted else None
     sync = platform.synchronize if platform.name == "cuda" else (lambda: None)
     state = {"i": 0}
 
     def hooks_step(policy: P) -> Callable[[], None]:
         def run() -> None:  # the forward stream is passed, as the raw path does
             fence.before_replay(policy, fwd)
-            fence.after_replay(policy, fwd)
+            fence.after_replay(policy, planted, fwd)
             barrier.apply(sched, fwd, fence.take())
         return run
 
@@ -101,9 +101,9 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict:
     def raw_in_graph() -> None:
         wait(sched, planted)
 
-    result: dict = {}
+    result: dict[str, Any] = {}
     rows = [("post_replay", hooks_step(P.POST_REPLAY), raw_post)]
-    if fence.planted:
+    if planted is not None:
         rows.append(("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph))
     for name, hooked, raw in rows:
         for fn in (hooked, raw):  # warm both paths (allocations, caches)
@@ -121,7 +121,8 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict:
                 platform.pm.unregister(observer)
         h, r, o = _median(hooks_s), _median(raw_s), _median(obs_s)
         result[name] = {"hooks_us_median": h, "raw_us_median": r, "ratio": h / r if r else None,
-                        "with_observer_us_median": o, "extra_us": h - r}
+                        "with_observer_us_median": o, "extra_us": h - r,
+                        "observer_extra_us": o - h}
     sync()
     out = dict(result["in_graph" if "in_graph" in result else "post_replay"])
     out["policy"] = "in_graph" if "in_graph" in result else "post_replay"
@@ -132,19 +133,21 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict:
 # -- release (CUDA) --------------------------------------------------------------------------------
 
 def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles: int,
-             matmuls: int, size: int) -> tuple[dict, Any]:
-    import torch
+             matmuls: int, size: int) -> tuple[dict[str, Any], Any]:
+    import torch  # deferred: the CUDA part only
 
     dev = platform.device
     shared = torch.randperm(4096, device=dev)
     table = torch.randn(4096, 256, device=dev)
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
-    static: dict = {}
+    static: dict[str, Any] = {}
 
     def body() -> None:
         torch.cuda._sleep(spin_cycles)  # long work before the read: the node fires after it
         static["gathered"] = table.index_select(0, shared)
-        fence.plant()
+        event = fence.plant()  # None in the eager warm-up (not capturing)
+        if event is not None:
+            static["planted"] = event
         c = a
         for _ in range(matmuls):
             c = a @ a
@@ -157,7 +160,8 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
     with platform.capture(graph):
         body()
     platform.synchronize()
-    if not fence.planted:
+    planted = static.get("planted")
+    if planted is None:
         return {"skipped": "the node was not planted (no external events)"}, graph
     release_us, whole_us = [], []
     for i in range(replays + 3):
@@ -165,8 +169,10 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
         t0 = time.perf_counter_ns()
         fence.before_replay(P.IN_GRAPH)
         platform.replay(graph)
-        fence.after_replay(P.IN_GRAPH)
+        fence.after_replay(P.IN_GRAPH, planted)
         read_done = fence.take()
+        if read_done is None:
+            return {"skipped": "the in-graph publish failed (see the warning)"}, graph
         read_done.event.synchronize()
         t1 = time.perf_counter_ns()
         platform.synchronize()
@@ -182,16 +188,24 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
 
 # -- entry points ----------------------------------------------------------------------------------
 
-def run_fence_bench(iters: int = 3000, device: Any = None, *, replays: int = 50,
-                    spin_cycles: int = 2_000_000, matmuls: int = 20, size: int = 4096) -> dict:
-    """Run both measurements on ``device`` (None: CUDA if available, else the fake)."""
+def run_fence_bench(iters: int = 3000, device: Optional[str] = None, *, replays: int = 50,
+                    spin_cycles: int = 2_000_000, matmuls: int = 20, size: int = 4096) -> dict[str, Any]:
+    """Run the measurements on ``device``: None or ``"cuda[:N]"`` needs CUDA (else
+    `CudaUnavailableError`); ``"sim"`` runs the overhead part on the simulated platform."""
+    if iters <= 0 or replays <= 0:
+        raise InputError("fence bench: iterations and replays must be positive")
+    wanted = "cuda" if device is None else str(device)
+    simulated = device_type(wanted) in SIM_DEVICE_TYPES
+    if not simulated and not cuda_available():
+        raise CudaUnavailableError("bench fence needs a CUDA device (torch.cuda.is_available() is "
+                                   "False); --device sim runs it on the simulated platform")
     pm = new_plugin_manager(load_entry_points=False, environ={})
-    platform = Platform.for_device(device, pm)
+    platform = Platform.for_device(wanted, pm)
     fence = ReadDoneFence(platform, ring_size=4, name="bench")
-    result: dict = {"device": str(platform.device), "platform": platform.name, "iters": iters,
-                    "external_events": platform.external_events_supported()}
+    result: dict[str, Any] = {"device": str(platform.device), "platform": platform.name,
+                              "iters": iters, "external_events": platform.external_events_supported()}
     if platform.name == "cuda":
-        import torch
+        import torch  # deferred: the CUDA part only
 
         result["torch"] = torch.__version__
         result["gpu"] = torch.cuda.get_device_name(platform.device)
@@ -205,7 +219,7 @@ def run_fence_bench(iters: int = 3000, device: Any = None, *, replays: int = 50,
     return result
 
 
-def format_fence_bench(result: dict, fmt: str = "text") -> str:
+def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
     """The result as text or JSON."""
     if fmt == "json":
         return json.dumps(result, indent=2)
@@ -224,25 +238,8 @@ def format_fence_bench(result: dict, fmt: str = "text") -> str:
         lines.append(f"overhead per step ({name}): fence+hooks {row['hooks_us_median']:.2f} us, "
                      f"raw {row['raw_us_median']:.2f} us, ratio {row['ratio']:.2f}, "
                      f"extra {row['extra_us']:.2f} us; with a no-op observer "
-                     f"{row['with_observer_us_median']:.2f} us")
+                     f"{row['with_observer_us_median']:.2f} us (+{row['observer_extra_us']:.2f} us)")
     if result["platform"] != "cuda":
-        lines.append("(fake platform: raw = the fake plugin's methods called directly)")
+        lines.append("(simulated platform: raw = its own methods called directly; ratios are "
+                     "indicative only)")
     return "\n".join(lines)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m warpolicy.bench.fence", description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=3000)
-    parser.add_argument("--replays", type=int, default=50)
-    parser.add_argument("--fake", action="store_true", help="run on the fake platform")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    result = run_fence_bench(args.iters, "fake" if args.fake else None, replays=args.replays)
-    print(format_fence_bench(result, "json" if args.json else "text"))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

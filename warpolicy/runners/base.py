@@ -10,10 +10,13 @@ Per step (DESIGN.md §5), on the current (forward) stream::
     host_prep(batch, bucket)       copy inputs into the bucket's static buffers, pad
     fence.before_replay(policy)    PRE_REPLAY records here: the host-side snapshot point
     replay(graph)                  graph = graph_prep -> planted node -> forward
-    fence.after_replay(policy)     IN_GRAPH hands out the planted event, POST_REPLAY records
+    fence.after_replay(policy, planted=bucket.event)
+                                   IN_GRAPH hands out the event this bucket's graph records,
+                                   POST_REPLAY records
 
 The policy of each bucket is resolved once, at capture time, from ``policy(mode, eager,
-planted)`` with what the capture really did (was the node planted?). A batch that fits no
+planted)`` with what the capture really did (was the node planted?), and the bucket keeps the
+event its own graph records: a publish never hands out another graph's event. A batch that fits no
 bucket runs eagerly with the eager policy (``eager=True, planted=False``), so a declared
 ``IN_GRAPH`` is soundly demoted to ``POST_REPLAY`` there.
 """
@@ -26,13 +29,13 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Protocol, Sequenc
 
 import attrs
 
+from warpolicy.engine import Context, Decision, Reason
 from warpolicy.errors import InputError
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
-
-PRE_REPLAY = WarReadDonePolicy.PRE_REPLAY
-IN_GRAPH = WarReadDonePolicy.IN_GRAPH
-POST_REPLAY = WarReadDonePolicy.POST_REPLAY
-NONE = WarReadDonePolicy.NONE
+from warpolicy.fence import ReadDoneFence
+from warpolicy.platform import Platform
+from warpolicy.platforms import EventHandle, GraphHandle, PoolHandle, StreamHandle
+from warpolicy.plugins import observers_of
+from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, WarReadDonePolicy
 
 #: ``policy(mode, eager, planted) -> WarReadDonePolicy``; a `CompiledPolicy` is one (``lookup``).
 PolicyFn = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
@@ -70,13 +73,19 @@ class ModelAdapter(Protocol):
 
 @attrs.frozen
 class CapturedBucket:
-    """One captured graph and what the runner decided for it at capture time."""
+    """One captured graph and what the runner decided for it at capture time. ``event`` is the
+    read-done event this graph records (None: no confirmed node), the only event an
+    ``IN_GRAPH`` publish of this bucket may hand out."""
 
     size: int
-    graph: Any
+    graph: GraphHandle
     output: Any
-    planted: bool
+    event: Optional[EventHandle]
     policy: WarReadDonePolicy
+
+    @property
+    def planted(self) -> bool:
+        return self.event is not None
 
 
 @attrs.frozen
@@ -115,18 +124,17 @@ class GraphRunner:
 
     mode: ClassVar[ForwardMode] = ForwardMode.DECODE
 
-    def __init__(self, model: ModelAdapter, policy: Union[PolicyFn, Any], platform: Any = None,
-                 name: Optional[str] = None, *, mode: Optional[ForwardMode] = None,
-                 ring_size: int = 4, keep_graphs: bool = False) -> None:
-        from warpolicy.fence import ReadDoneFence  # runtime modules import torch lazily
-        from warpolicy.platform import Platform
-
+    def __init__(self, model: ModelAdapter, policy: Union[PolicyFn, Any],
+                 platform: Optional[Platform] = None, name: Optional[str] = None, *,
+                 mode: Optional[ForwardMode] = None, ring_size: int = 4,
+                 keep_graphs: bool = False) -> None:
         if mode is not None:
             self.mode = ForwardMode.parse(mode)
         self.model = model
         self.name = name or self.mode.label
         self.platform = platform if platform is not None else Platform.for_device(None)
         self.fence = ReadDoneFence(self.platform, ring_size=ring_size, name=self.name)
+        self._observers = observers_of(self.platform.pm)
         self._policy_fn = resolve_policy_fn(policy)
         self._explain = getattr(policy, "decision", None)  # a CompiledPolicy explains itself
         self.keep_graphs = keep_graphs  # keep the raw graphs for the static audit
@@ -186,23 +194,28 @@ class GraphRunner:
 
     def _notify_decision(self, policy: WarReadDonePolicy, eager: bool, planted: bool) -> None:
         """Tell observers (tracing, metrics) what this runner resolved; capture time only."""
-        hook = self.platform.pm.hook.warpolicy_on_decision
-        if not hook.get_hookimpls():
+        observers = self._observers.on_decision
+        if not observers:
             return
         try:
             if self._explain is not None:
                 decision = self._explain(self.mode, eager, planted)
             else:
-                from warpolicy.engine import Context, Decision, Reason
-
                 ctx = Context(self.name, self.mode, eager=eager, planted=planted)
                 decision = Decision(policy, ctx, (Reason("policy-callable", "given by the engine's "
                                                          "policy callable", policy),))
             if decision.policy != policy:  # the runner's own safety net moved it later
                 decision = attrs.evolve(decision, policy=policy)
-            hook(decision=decision, where=f"runner:{self.name}")
-        except Exception as exc:  # noqa: BLE001 - an observer never changes the policy
-            self._warn(f"warpolicy_on_decision failed ({exc!r})")
+        except Exception as exc:  # noqa: BLE001 - explaining never changes the policy
+            self._warn(f"explaining the decision failed ({exc!r})")
+            return
+        where = f"runner:{self.name}"
+        for call in observers:
+            try:
+                call(decision, where)
+            except Exception as exc:  # noqa: BLE001 - an observer never changes the policy
+                plugin = self._observers.plugin_of.get(call, "?")
+                self._warn(f"observer plugin {plugin!r} raised in warpolicy_on_decision ({exc!r})")
 
     def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
         """The resolved policy of a captured bucket, or the eager policy for None/uncaptured."""
@@ -225,50 +238,58 @@ class GraphRunner:
             self.model.prepare_bucket(b)
         self._warm_up()
         self.fence.prepare()  # persistent external event + one eager record, before capture
-        pool = self._graph_pool()
+        pool = p.graph_pool()
         for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its pool
+            self._captured.pop(b, None)  # a failed re-capture leaves the bucket eager, not stale
             self._captured[b] = self._capture_bucket(b, pool)
         p.synchronize()
 
-    def _capture_bucket(self, bucket: int, pool: Any) -> CapturedBucket:
+    def _capture_bucket(self, bucket: int, pool: PoolHandle) -> CapturedBucket:
         """Capture ``graph_prep -> plant -> forward`` for one bucket.
 
-        The callable form lets the fake platform re-run the body at each replay; the body
+        The callable form lets the simulated platform re-run the body at each replay; the body
         keeps its latest output in ``self._outputs`` (the capture-time tensor on CUDA).
         """
-        facts: dict[str, Any] = {}
+        planted: list[Optional[EventHandle]] = []
 
         def body() -> None:
             self.model.graph_prep(bucket)
-            planted = bool(self.fence.plant())
-            facts.setdefault("planted", planted)  # what the real capture did, not a replay
+            event = self.fence.plant()
+            if not planted:  # what the real capture did, not a replay's re-run
+                planted.append(event)
             self._outputs[bucket] = self.model.forward(bucket)
 
         graph = self.platform.new_graph(keep_graph=self.keep_graphs)
         self.platform.capture_callable(graph, body, pool=pool)
-        planted = facts.get("planted", False)
-        return CapturedBucket(bucket, graph, self._outputs[bucket], planted,
-                              self._resolve(eager=False, planted=planted))
-
-    def _graph_pool(self) -> Any:
-        """One memory pool shared by this runner's graphs (they never run concurrently)."""
-        try:
-            return self.platform.graph_pool()
-        except NotImplementedError:
-            return None
+        event = planted[0] if planted else None
+        return CapturedBucket(bucket, graph, self._outputs[bucket], event,
+                              self._resolve(eager=False, planted=event is not None))
 
     def _warm_up(self) -> None:
-        """One eager pass per bucket on a side stream (as torch recommends before capture)."""
+        """One eager pass per bucket on a side stream (as torch recommends before capture).
+
+        The current stream joins the side stream even when the warm-up fails, so later work
+        (an eager step, the scheduler's barrier on it) is ordered after what the warm-up read.
+        """
         p = self.platform
         main = p.current_stream()
         side = p.new_stream()
         p.wait_stream(side, main)
-        with p.stream(side):
-            for b in self.buckets:
-                self.model.graph_prep(b)
-                self.model.forward(b)
-        p.wait_stream(main, side)
+        try:
+            with p.stream(side):
+                for b in self.buckets:
+                    self.model.graph_prep(b)
+                    self.model.forward(b)
+        finally:
+            self._join(main, side)
         p.synchronize()
+
+    def _join(self, main: StreamHandle, side: StreamHandle) -> None:
+        try:
+            self.platform.wait_stream(main, side)
+        except Exception:
+            self.platform.synchronize()  # the host waits for everything instead
+            raise
 
     # -- per step ------------------------------------------------------------------------------
 
@@ -286,7 +307,7 @@ class GraphRunner:
         self.model.host_prep(batch, bucket)
         policy = self._before_replay(cb.policy)
         self.platform.replay(cb.graph)
-        policy = self._after_replay(policy, cb.planted)
+        policy = self._after_replay(policy, cb.event)
         self._done(size, bucket, policy)
         return self._outputs[bucket]
 
@@ -300,7 +321,7 @@ class GraphRunner:
         policy = self._before_replay(policy)
         self.model.graph_prep(size)
         output = self.model.forward(size)
-        policy = self._after_replay(policy, False)  # no graph: never the planted event
+        policy = self._after_replay(policy, None)  # no graph: never a planted event
         self._done(size, None, policy)
         return output
 
@@ -317,16 +338,16 @@ class GraphRunner:
             return self._publish_failed(exc)
         return policy
 
-    def _after_replay(self, policy: WarReadDonePolicy, planted: bool) -> WarReadDonePolicy:
+    def _after_replay(self, policy: WarReadDonePolicy, planted: Optional[EventHandle]) -> WarReadDonePolicy:
         try:
-            self.fence.after_replay(policy, planted=planted)
+            self.fence.after_replay(policy, planted)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
             return self._publish_failed(exc)
-        return policy
+        return self.fence.published
 
     def _publish_failed(self, exc: Exception) -> WarReadDonePolicy:
+        self._discard()  # before the warning: under ``-W error`` it raises
         self._warn(f"publishing the read-done event failed ({exc!r}); using the coarse barrier")
-        self._discard()
         return NONE
 
     def _discard(self) -> None:
