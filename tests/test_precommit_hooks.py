@@ -155,7 +155,7 @@ def test_diff_finds_an_earlier_cell_behind_an_opt_in_flag(repo):
     edit(repo / "capabilities.yaml", "extend: post_replay", "extend: pre_replay")
     done = hook("warpolicy-diff", "capabilities.yaml")
     assert done.returncode == 1
-    assert ("capabilities.yaml: backend mine, mode extend, spec none with prefill_read_done=1: "
+    assert ("capabilities.yaml: backend mine, mode extend, spec none when prefill_read_done=true: "
             "post_replay -> pre_replay (earlier)") in done.stderr
 
 

@@ -30,7 +30,7 @@ from warpolicy.engine import PolicyEngine
 from warpolicy.errors import RegistryError, WarpolicyError
 from warpolicy.loader import Fragment, load_registry, registry_sources, validate_sources
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
-from warpolicy.report import diff_engines
+from warpolicy.compare import cell_space, diff_engines
 
 OK, CHECK_FAILED, INPUT_ERROR = 0, 1, 2
 DEFAULT_REF = "origin/main"
@@ -91,26 +91,19 @@ def old_version(ref: str, path: str) -> Optional[str]:
 
 
 def earlier_cells(old_sources: Sequence, new_sources: Sequence) -> list[str]:
-    """One line per cell that is earlier in the new registry, over every mode, under the flag
-    defaults and with each flag both registries know flipped."""
+    """One line per cell that is earlier in the new registry: every mode, every spec, and every
+    combination of the flags and platform facts that some gate tests (`compare.cell_space`)."""
     old = PolicyEngine(load_registry(old_sources), environ={})
     new = PolicyEngine(load_registry(new_sources), environ={})
-    settings: list[dict[str, bool]] = [{}]
-    for name in sorted(set(old.registry.flags) & set(new.registry.flags)):
-        settings.append({name: not new.registry.flags[name].default})
-    modes = [m.value for m in ForwardMode]
+    space = cell_space([old.registry, new.registry])
     lines: list[str] = []
-    seen: set[tuple[str, str, str]] = set()
-    for flags in settings:
-        for cell in diff_engines(old, new, modes, flags):
-            key = (cell.backend, cell.mode.value, cell.spec)
-            if "absent" in (cell.old, cell.new) or key in seen:
-                continue
-            if WarReadDonePolicy.parse(cell.new) < WarReadDonePolicy.parse(cell.old):
-                seen.add(key)
-                with_flags = "".join(f" with {k}={int(v)}" for k, v in flags.items())
-                lines.append(f"backend {cell.backend}, mode {cell.mode.value}, spec {cell.spec}{with_flags}: "
-                             f"{cell.old} -> {cell.new} (earlier)")
+    for cell in diff_engines(old, new, space):
+        if "absent" in (cell.old, cell.new):
+            continue
+        if WarReadDonePolicy.parse(cell.new) < WarReadDonePolicy.parse(cell.old):
+            when = "" if cell.when == "any" else f" when {cell.when}"
+            lines.append(f"backend {cell.backend}, mode {cell.mode.value}, spec {cell.spec}"
+                         f"{when}: {cell.old} -> {cell.new} (earlier)")
     return lines
 
 
