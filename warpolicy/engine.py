@@ -459,8 +459,8 @@ class PolicyEngine:
         if name in stack:  # the loader rejects cycles; never recurse forever at runtime
             raise InputError(f"cycle through backend {name!r}")
         backend = self.registry.backend(name)
-        for ancestor in _inheritance_chain(self.registry, name):
-            declared = self.registry.backends[ancestor].plant.get(mode)
+        for ancestor in self.registry.lineage(name):
+            declared = ancestor.plant.get(mode)
             if declared is not None:
                 return declared
         stack = stack + (name,)

@@ -250,6 +250,19 @@ class Registry:
         except KeyError:
             raise UnknownNameError("flag", name, self.flags) from None
 
+    def lineage(self, name: str) -> tuple[Backend, ...]:
+        """``name`` and every backend it inherits from, nearest first (raises
+        `UnknownNameError` for an unknown name; stops at a cycle, which validation refuses)."""
+        chain: list[Backend] = []
+        seen: set[str] = set()
+        current: Optional[str] = name
+        while current is not None and current not in seen:
+            seen.add(current)
+            backend = self.backend(current)
+            chain.append(backend)
+            current = backend.inherits
+        return tuple(chain)
+
     def concrete_backends(self) -> list[str]:
         """Backend names a table shows: every non-abstract backend, sorted."""
         return sorted(n for n, b in self.backends.items() if not b.abstract)
