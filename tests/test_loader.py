@@ -602,10 +602,13 @@ def test_default_registry_path_in_the_source_tree_is_the_repository_file():
 def test_default_registry_path_prefers_the_packaged_file(tmp_path, monkeypatch):
     """Both branches, against a stand-in tree: the file next to the module wins; without it,
     the repository's (one directory up)."""
+    from warpolicy.loader import reading
+
     package = tmp_path / "warpolicy"
-    package.mkdir()
-    module = pathlib.Path(default_registry_path.__globals__["__file__"]).name
-    monkeypatch.setitem(default_registry_path.__globals__, "__file__", str(package / module))
+    (package / "loader").mkdir(parents=True)
+    module = pathlib.Path(reading.__file__).name  # the module that resolves the path
+    monkeypatch.setitem(reading.default_path.__globals__, "__file__",
+                        str(package / "loader" / module))
     (tmp_path / "capabilities.yaml").write_text("version: 1\n")
     assert default_registry_path() == tmp_path / "capabilities.yaml"
     (package / "capabilities.yaml").write_text("version: 1\n")

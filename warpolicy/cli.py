@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import os
 import sys
 import warnings
@@ -225,8 +226,13 @@ def _given_facts(args: argparse.Namespace) -> dict[str, object]:
 def _engine(files: Optional[Sequence[str]], *, plugins: bool = True,
             environ: Optional[dict[str, str]] = None):
     from warpolicy.engine import PolicyEngine
+    from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
 
-    return PolicyEngine.load(files, plugins=plugins, environ=environ)
+    if not plugins:
+        return PolicyEngine.load(files, environ=environ)
+    pm = get_plugin_manager()
+    return PolicyEngine.load(files, fragments=collect_fragments(pm),
+                             blame=functools.partial(blame_plugins, pm), environ=environ)
 
 
 def _context(args: argparse.Namespace):
