@@ -110,18 +110,20 @@ class RaisingObserver:
 
 
 def test_fallback_is_counted_by_place():
-    """Another observer raising in on_publish makes the step coarse; metrics count the fallback
-    (pluggy calls the later-registered metrics plugin first, so the publish is counted too)."""
+    """Another observer raising in on_publish is reported as a fallback and changes nothing
+    else (each observer is its own call): metrics count the fallback and the publish, and
+    the step keeps its event."""
     platform = sim_platform()
-    platform.pm.register(RaisingObserver())
-    with pytest.warns(RuntimeWarning, match="warpolicy_on_publish failed"):
+    platform.pm.register(RaisingObserver(), name="broken")
+    with pytest.warns(RuntimeWarning, match="'broken' raised in warpolicy_on_publish"):
         registry, _, loop = run_loop("in_graph", 2, platform=platform)
     samples = scrape(registry)
-    assert value(samples, "warpolicy_fallbacks_total", where="fence 'decode':warpolicy_on_publish") == 2
+    assert value(samples, "warpolicy_fallbacks_total",
+                 where="fence 'decode':warpolicy_on_publish:broken") == 2
     assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph") == 2
-    assert value(samples, "warpolicy_barriers_total", runner="scheduler", kind="coarse",
-                 reason="no read-done event") == 2
-    assert loop.last_barrier == "coarse"
+    assert value(samples, "warpolicy_barriers_total", runner="decode", kind="event",
+                 reason="in_graph") == 2
+    assert loop.last_barrier == "event"
 
 
 def test_metrics_never_make_a_step_coarse():

@@ -81,7 +81,14 @@ class NvtxPlugin:
             self._off(exc)
 
     def _off(self, exc: BaseException) -> None:
-        self._nvtx = None
+        nvtx, self._nvtx = self._nvtx, None
+        if nvtx is not None and getattr(self._local, "open", False):
+            self._local.open = False  # a failed mark must not leave this thread's range open
+            try:
+                nvtx.range_pop()
+                self.popped += 1
+            except Exception:  # noqa: BLE001 - turning off anyway; nothing more to undo
+                pass
         log.warning("warpolicy: NVTX ranges are off (%s: %s)", type(exc).__name__, exc)
 
     def _mark(self, text: str) -> None:
