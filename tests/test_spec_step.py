@@ -267,7 +267,7 @@ class TestFailure:
             step.run([1.0])
         got = step.fence.take()
         reader_runner = step.reader.runner
-        decided = [r.last_step.policy for r in phases]
+        decided = [r.policy_for(r.last_step.bucket) for r in phases]  # before any failure
         any_failed = any(f and d is not NONE for f, d in zip(failed, decided))
         if any_failed or reader_runner.last_step.policy is NONE:
             assert got is None
@@ -315,7 +315,8 @@ class TestAudit:
                                          table=table), last_reader=reader)
 
         return AuditSubject(f"eagle_like_{reader.label}", Shared(), {reader: build},
-                            lambda mode, trial: [float(trial)], platform,
+                            # trial t fills bucket 2**(t mod 4): 4 trials replay every bucket
+                            lambda mode, trial: [float(trial)] * (1 << (trial % 4)), platform,
                             declared={reader: IN_GRAPH if reader is VERIFY else POST_REPLAY},
                             spec="eagle")
 
@@ -323,10 +324,10 @@ class TestAudit:
         from warpolicy.audit.dynamic import audit_mode
         from warpolicy.audit.report import SAFE, UNSAFE
 
-        unsafe = audit_mode(self.subject(platform, VERIFY), VERIFY, trials=3, static=False)
-        safe = audit_mode(self.subject(platform, DRAFT_EXTEND), DRAFT_EXTEND, trials=3,
+        unsafe = audit_mode(self.subject(platform, VERIFY), VERIFY, trials=4, static=False)
+        safe = audit_mode(self.subject(platform, DRAFT_EXTEND), DRAFT_EXTEND, trials=4,
                           static=False)
-        assert unsafe.dynamic.verdict == UNSAFE and unsafe.dynamic.corrupted == 3
+        assert unsafe.dynamic.verdict == UNSAFE and unsafe.dynamic.corrupted == 4
         assert unsafe.dynamic.first.output == "out[2]"  # the draft extend's output
         assert safe.dynamic.verdict == SAFE and safe.dynamic.corrupted == 0
 

@@ -13,14 +13,17 @@ that its returned output does not show, which the audit compares through
 
 `Layout` says *where* those shared reads happen; every layout computes the same function
 undisturbed (a test checks it), so the audit's synthetic backends differ only in their races.
-The overlap benchmark uses the default layout with a wide, bf16 configuration
-(``layer_rows``, ``window_rows``, ``dtype``) and drives the scheduler's table writes itself.
+The overlap benchmarks use the default layout with a wide, bf16 configuration
+(``layer_rows``, ``window_rows``, ``dtype``) and drive the scheduler's table writes themselves;
+with ``shared_index`` the batch is scheduler-shared too (the scheduler writes it into
+``batch_index``, the in-graph prep reads it), and ``after_layer`` lets a tensor-parallel
+variant end each layer in an all-reduce.
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import attrs
 import torch
@@ -46,6 +49,10 @@ class SyntheticConfig:
     layer_rows: int = 0  # rows of each layer's activation (0: the bucket; wider = slower layers)
     window_rows: int = 0  # rows of extra in-graph work before the prep's reads (0: none)
     dtype: Optional[torch.dtype] = None  # activations and weights (None: float32)
+    # the batch itself is scheduler-shared: the scheduler writes each step's (request row,
+    # position) pairs into ``batch_index`` and the in-graph prep reads them (host_prep copies
+    # nothing), so the index and the table rows it selects are both rewritten per step
+    shared_index: bool = False
 
 
 @attrs.frozen
@@ -76,6 +83,8 @@ class SyntheticModel:
     idempotent, so several runners (one per policy or mode) can share one model."""
 
     def __init__(self, layout: Layout, cfg: SyntheticConfig, device: torch.device) -> None:
+        if cfg.shared_index and layout != Layout():
+            raise ValueError("shared_index is read by the default layout's in-graph prep only")
         self.layout = layout
         self.cfg = cfg
         self.device = torch.device(device)
@@ -86,6 +95,12 @@ class SyntheticModel:
         self.req_to_token = torch.randperm(slots, generator=g).view(cfg.reqs, cfg.ctx).to(device)
         self.full_to_swa = torch.randint(0, cfg.swa_slots, (slots,), generator=g).to(device)
         self.shared_buffers = {"req_to_token": self.req_to_token, "full_to_swa": self.full_to_swa}
+        largest = max((max(b) for b in cfg.buckets.values() if b), default=1)
+        self.batch_index = torch.zeros(largest, 2, dtype=torch.long, device=device)
+        if cfg.shared_index:
+            self.shared_buffers["batch_index"] = self.batch_index
+        #: called with each layer's output, in place (e.g. a tensor-parallel all-reduce)
+        self.after_layer: Optional[Callable[[torch.Tensor], object]] = None
         self.k_full = torch.randn(slots, cfg.hidden, generator=g).to(device, self.dtype)
         self.k_swa = torch.randn(cfg.swa_slots, cfg.hidden, generator=g).to(device, self.dtype)
         self.kv_pool = torch.zeros(slots, cfg.hidden, device=device, dtype=self.dtype)
@@ -112,11 +127,13 @@ class SyntheticModel:
     def host_prep(self, batch: torch.Tensor, bucket: int) -> None:
         s = self.static[bucket]
         n = int(batch.shape[0])
+        self.last_bucket = bucket
+        if self.cfg.shared_index:  # the scheduler wrote the batch; the graph reads it
+            return
         s.rows[:n].copy_(batch[:, 0])
         s.pos[:n].copy_(batch[:, 1])
         s.rows[n:].zero_()
         s.pos[n:].zero_()
-        self.last_bucket = bucket
         if self.layout.snapshot:  # host-side metadata init: snapshot before the release
             self._prep(s, 0, bucket)
 
@@ -125,6 +142,9 @@ class SyntheticModel:
         lay = self.layout
         if self.cfg.window_rows:  # work before the read: widens the race window
             torch.tanh(self.window @ self.weights[0])
+        if self.cfg.shared_index:  # the in-graph read of the scheduler's batch index
+            s.rows.copy_(self.batch_index[:bucket, 0])
+            s.pos.copy_(self.batch_index[:bucket, 1])
         if lay.snapshot or lay.prep_in_forward:
             return
         end = (bucket + 1) // 2 if lay.split_prep else bucket  # split: the dense child's half
@@ -145,6 +165,8 @@ class SyntheticModel:
                 swa = (self.full_to_swa.index_select(0, s.loc) if lay.late_swa  # live map
                        else s.swa_loc)
                 h = h[:bucket] + self.k_swa.index_select(0, swa)
+            if self.after_layer is not None:
+                self.after_layer(h)
         h = h[:bucket]
         s.out.copy_(h)
         # the KV write; tokens sharing a slot carry equal values, so the order does not matter

@@ -69,7 +69,7 @@ def _metrics(t: dict[str, list[float]], warmup: int) -> dict[str, float]:
     }
 
 
-class _PrepOnly:
+class PrepOnly:
     """The model with its forward cut after the in-graph prep: times the ideal release point."""
 
     def __init__(self, model: Any) -> None:
@@ -122,11 +122,14 @@ class SchedulePlan:
         return self.batches[step]
 
     def write_step(self, step: int) -> None:
-        """The scheduler's next-batch writes for ``step``: its requests' table rows."""
+        """The scheduler's next-batch writes for ``step``: its requests' table rows, and with
+        a shared index (``SyntheticConfig.shared_index``) the batch itself."""
         self.model.req_to_token.index_copy_(0, self.rows[step], self.table_rows[step])
+        if self.model.cfg.shared_index:
+            self.model.batch_index[: self.batches.shape[1]].copy_(self.batches[step])
 
 
-class _Bench:
+class OverlapBench:
     """One configured benchmark: model, bookkeeping work, platform, probe factory."""
 
     def __init__(self, platform: Any, model: Any, plan: SchedulePlan,
@@ -135,11 +138,15 @@ class _Bench:
         self.platform, self.model, self.plan, self.bookkeeping = platform, model, plan, bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
 
-    def runner(self, policy: WarReadDonePolicy, name: str, model: Any = None) -> Any:
+    def runner(self, policy: "WarReadDonePolicy | Callable[..., Any]", name: str,
+               model: Any = None) -> Any:
+        """A captured `DecodeRunner` answering ``policy`` (a fixed policy, or a policy
+        function such as a consistency-guarded one)."""
         from warpolicy.bench.models import fixed_policy
         from warpolicy.runners import DecodeRunner
 
-        runner = DecodeRunner(model or self.model, fixed_policy(policy), self.platform, name=name)
+        policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
+        runner = DecodeRunner(model or self.model, policy_fn, self.platform, name=name)
         runner.capture()
         return runner
 
@@ -174,7 +181,7 @@ class _Bench:
 
     def ideal_us(self) -> float:
         """Launch to end of the in-graph prep, replaying a prep-only graph back to back."""
-        runner = self.runner(NONE, "prep_only", _PrepOnly(self.model))
+        runner = self.runner(NONE, "prep_only", PrepOnly(self.model))
         p = self.platform
         probe = self.probe_factory()
         fwd = p.current_stream()
@@ -243,7 +250,7 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
         bookkeeping = spin_work(sched_us, tdev)
     else:
         bookkeeping = copy_work(sched_us, tdev)
-    bench = _Bench(platform, model, plan, bookkeeping, steps, warmup, probe_factory)
+    bench = OverlapBench(platform, model, plan, bookkeeping, steps, warmup, probe_factory)
     ideal = bench.ideal_us()
 
     rows, traces = [], {}

@@ -1,9 +1,11 @@
 """Overlap benchmark, speculative-step variant: how much of the coarse-to-unsafe gap a
 `SpecStep` closes when the scheduler waits on its last shared reader's event.
 
-Two step shapes, each phase a `SyntheticDecodeModel` (an in-graph gather of shared table rows,
-then matmul layers) behind its own runner, with the scheduler's next-step writes and copy-engine
-bookkeeping on the schedule stream (`OverlapLoop`):
+Two step shapes, each phase the synthetic model
+(`warpolicy.audit.synthetic_model.SyntheticModel` with a scheduler-shared batch index: an in-graph
+prep that reads the index and translates it through the shared request-to-token table, then
+matmul layers) behind its own runner, with the scheduler's next-step writes (`SchedulePlan`:
+index and table rows) and copy-engine bookkeeping on the schedule stream (`OverlapLoop`):
 
 * ``eagle``: draft (``draft_layers``), target verify (``layers``), draft extend
   (``draft_layers``); the draft extend is the last reader and, having no marker, publishes
@@ -16,7 +18,8 @@ Per shape, three runs: ``coarse`` (every phase ``none``), ``step`` (the phase st
 the coarse-to-no-barrier gap closed, and corrupted steps against a sequential reference. The
 EAGLE shape closes little by construction: its last reader ends the step.
 
-With ``device="fake"`` it runs tiny on the simulated platform (host times, meaningless).
+With ``device="sim"`` (alias ``fake``) it runs tiny on the simulated platform (host times,
+meaningless). The CLI runs it as ``warpolicy bench overlap --spec-step``.
 """
 
 from __future__ import annotations
@@ -25,26 +28,13 @@ import json
 import statistics
 from typing import Any, Callable, Sequence
 
-from warpolicy.bench.overlap import CudaProbe, HostProbe, calibrate_rows, copy_work
+from warpolicy.bench.overlap import SchedulePlan
+from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.policy import ForwardMode
 
 SHAPES = ("eagle", "dflash")
 RUNS = ("coarse", "step", "no_barrier")
-
-
-class _AnyMode:
-    """A synthetic decode model offered for every mode (one bucket), so any runner takes it."""
-
-    def __init__(self, model: Any) -> None:
-        self.m = model
-        self.shared_buffers = model.shared_buffers
-
-    def bucket_sizes(self, mode: Any) -> Sequence[int]:
-        return (self.m.batch,)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.m, name)
 
 
 def _step_times(t: dict[str, list[float]], warmup: int) -> float:
@@ -58,13 +48,15 @@ class _Shape:
     """One step shape: its phase models, and `SpecStep` builders per run."""
 
     def __init__(self, shape: str, platform: Any, make_model: Callable[[int], Any],
-                 layers: int, draft_layers: int) -> None:
+                 layers: int, draft_layers: int, steps: int, batch: int) -> None:
         self.shape, self.platform = shape, platform
         plan = [("draft", ForwardMode.DECODE, draft_layers),
                 ("verify", ForwardMode.TARGET_VERIFY, layers)]
         if shape == "eagle":
             plan.append(("draft_extend", ForwardMode.DRAFT_EXTEND, draft_layers))
         self.plan = [(name, mode, make_model(n)) for name, mode, n in plan]
+        # one seed: every phase's scheduler writes the same batches (and its own table)
+        self.schedules = [SchedulePlan(model, steps, batch) for _, _, model in self.plan]
 
     def step(self, run: str) -> Any:
         from warpolicy.runners import (DecodeRunner, DraftExtendRunner, GraphRunner, SpecStep,
@@ -76,7 +68,7 @@ class _Shape:
         runners: list[GraphRunner] = []
         for name, mode, model in self.plan:
             policy = fixed_policy("none" if run == "coarse" else choice[name])
-            adapter = _AnyMode(model)
+            adapter = model
             runner: GraphRunner
             if mode == ForwardMode.TARGET_VERIFY:
                 runner = VerifyRunner(adapter, policy, self.platform, name=name, draft_tokens=1)
@@ -91,8 +83,11 @@ class _Shape:
         return step
 
     def write(self, k: int) -> None:
-        for _, _, model in self.plan:
-            model.write_step(k)
+        for schedule in self.schedules:
+            schedule.write_step(k)
+
+    def batch(self, k: int) -> Any:
+        return self.schedules[0].batch(k)
 
 
 def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int = 64,
@@ -102,17 +97,17 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
     """Run every shape and run kind once; return the result dict (see `format_overlap_spec`)."""
     import torch
 
+    from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
     from warpolicy.platform import Platform
     from warpolicy.runners import OverlapLoop
-    from warpolicy.testing.models import SyntheticDecodeModel, matmul_work
 
     if min(layers, draft_layers, batch, steps) <= 0:
         raise InputError("overlap spec bench: layers, draft_layers, batch and steps must be positive")
-    fake = str(device) == "fake"
+    fake = str(device) in ("sim", "fake")
     if not fake and not torch.cuda.is_available():
         raise CudaUnavailableError("the speculative-step overlap benchmark needs a CUDA device "
                                    "(torch.cuda.is_available() is False)")
-    platform = Platform.for_device("fake" if fake else (device or "cuda"), pm=pm)
+    platform = Platform.for_device("sim" if fake else (device or "cuda"), pm=pm)
     probe_factory: Callable[[], Any]
     if fake:
         layers, draft_layers, batch, steps, hidden, warmup = 2, 1, 4, 8, 16, 2
@@ -125,13 +120,18 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
         bookkeeping = copy_work(sched_us, tdev)
     warmup = min(warmup, max(steps - 2, 0))
 
-    def make_model(n: int) -> Any:  # one seed: every phase sees the same schedule
-        return SyntheticDecodeModel(layers=n, batch=batch, steps=steps, hidden=hidden,
-                                    layer_rows=layer_rows, device=tdev)
+    modes = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+    def make_model(n: int) -> Any:  # one seed: every phase starts from the same tables
+        cfg = SyntheticConfig(reqs=2 * batch, ctx=64, swa_slots=1024, hidden=hidden, layers=n,
+                              buckets={m: (batch,) for m in modes}, layer_rows=layer_rows,
+                              shared_index=True,
+                              dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32)
+        return SyntheticModel(Layout(), cfg, tdev)
 
     rows = []
     for shape_name in SHAPES:
-        shape = _Shape(shape_name, platform, make_model, layers, draft_layers)
+        shape = _Shape(shape_name, platform, make_model, layers, draft_layers, steps, batch)
         reference = None
         by_run = {}
         for run in RUNS:
@@ -141,7 +141,7 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
                 for k in range(steps):
                     shape.write(k)
                     bookkeeping()
-                    reference.append([o.clone() for o in step.run(k)])
+                    reference.append([o.clone() for o in step.run(shape.batch(k))])
                     step.fence.take()
                 platform.synchronize()
             shape.write(0)
@@ -155,7 +155,8 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
                     if k + 1 < steps:
                         shape.write(k + 1)
                     bookkeeping()
-                outs.append([o.clone() for o in loop.step(k, write_next, runner=step)])
+                outs.append([o.clone() for o in loop.step(shape.batch(k), write_next,
+                                                          runner=step)])
             loop.drain()
             corrupted = sum(any(not torch.equal(a, b) for a, b in zip(o, r))
                             for o, r in zip(outs, reference))
@@ -204,14 +205,6 @@ def format_overlap_spec(result: dict, fmt: str = "text") -> str:
     if c["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover - wired into `warpolicy bench` by the CLI owner
-    import sys
-
-    print(format_overlap_spec(run_overlap_spec_bench(device="fake" if "--fake" in sys.argv
-                                                     else None),
-                              "json" if "--json" in sys.argv else "text"))
 
 
 __all__: Sequence[str] = ("run_overlap_spec_bench", "format_overlap_spec")

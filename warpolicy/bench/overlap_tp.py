@@ -1,9 +1,11 @@
 """Tensor-parallel overlap benchmark: the overlap benchmark with one rank per GPU and an
 all-reduce ending every layer of the captured forward.
 
-Each rank runs what a tensor-parallel serving engine runs: its own synthetic decode model (an
-in-graph prep that gathers request-to-token rows by a shared request index, then ``layers``
-matmul layers, each ending in a ``torch.distributed`` all-reduce captured in the CUDA graph),
+Each rank runs what a tensor-parallel serving engine runs: its own synthetic model
+(`warpolicy.audit.synthetic_model.SyntheticModel` with a scheduler-shared batch index: an
+in-graph prep that reads the index and translates it through the shared request-to-token table,
+then ``layers`` matmul layers, each ending in a ``torch.distributed`` all-reduce captured in the
+CUDA graph),
 its own `DecodeRunner` and fence, and its own scheduler (`OverlapLoop`) writing its own shared
 tables on its own schedule stream. Before capturing, every rank compiles its policy from the
 registry and its environment and runs the cross-rank consistency check
@@ -20,26 +22,26 @@ to every rank). Ranks' reports are gathered, so every rank returns the same comb
 Launch: ``run_overlap_tp(tp=N)`` runs one rank in this process (N = 1) or spawns N processes
 over 127.0.0.1; under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) it runs this
 process's rank. NCCL on CUDA (rank r on ``cuda:LOCAL_RANK``); gloo on the simulated device
-(``device="fake"``: tiny, host-timed, numbers meaningless, the code path exercised on CPU).
+(``device="sim"``, alias ``fake``: tiny, host-timed, numbers meaningless, the code path
+exercised on CPU). The CLI runs it as ``warpolicy bench overlap --tp N``.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
-from warpolicy.bench.overlap import (SCHED_KINDS, CudaProbe, HostProbe, calibrate_rows, copy_work,
-                                     spin_work)
+from warpolicy.bench.overlap import SCHED_KINDS, OverlapBench, PrepOnly, SchedulePlan
+from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work,
+                                    spin_work)
 from warpolicy.distributed import all_gather_json, compile_consistent, guard_policy
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, WarReadDonePolicy
@@ -53,13 +55,6 @@ VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
 )
 SIM_DEVICES = ("fake", "sim")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
-
-
-def _models() -> Any:
-    """The benchmark models (deferred: they import torch). The one line to change when they move."""
-    from warpolicy.testing import models
-
-    return models
 
 
 def _positive(instance: Any, attribute: Any, value: Any) -> None:
@@ -93,7 +88,7 @@ class TpConfig:
     sched_kind: str = attrs.field(default="copy", validator=_sched_kind)
     backend: str = "fa3"  # the registry backend whose compiled policy the check compares
     spec: str = "none"
-    device: str = "cuda"  # "cuda" (NCCL) or "fake" (the simulated platform, gloo)
+    device: str = "cuda"  # "cuda" (NCCL) or "sim"/"fake" (the simulated platform, gloo)
     mismatch_rank: Optional[int] = None  # this rank gets ``mismatch_env`` on top of its env
     mismatch_env: str = attrs.field(default="WARPOLICY_FORCE_COARSE=1", validator=_env_assignment)
     strict: bool = False  # a mismatch raises on every rank instead of falling back
@@ -108,47 +103,16 @@ class TpConfig:
 
 # -- the model ------------------------------------------------------------------------------
 
-class TensorParallelDecodeModel:
-    """The synthetic decode model with every layer ending in an all-reduce (row-parallel TP).
+def tensor_parallel_model(cfg: Any, device: Any, group: Any = None) -> Any:
+    """The synthetic model with a shared batch index and every layer ending in an all-reduce
+    (the partial outputs of a row-parallel layer, summed over the ranks)."""
+    import torch.distributed as dist  # deferred: importing the benchmark does not need torch
 
-    Everything but ``forward`` (buckets, preps, shared buffers, ``write_step``) is the wrapped
-    model's; the forward is its layer loop with the all-reduce that ends a row-parallel layer.
-    """
+    from warpolicy.audit.synthetic_model import Layout, SyntheticModel
 
-    def __init__(self, model: Any, group: Any = None) -> None:
-        self.model = model
-        self.group = group
-        self.shared_buffers = model.shared_buffers
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-    def forward(self, bucket: int) -> Any:
-        import torch  # deferred: importing the benchmark does not need torch
-        import torch.distributed as dist
-
-        m = self.model
-        m.act[: m.batch].copy_(m.emb[m.tokens].mean(1))
-        x = m.act
-        for w in m.weights:
-            x = torch.tanh(x @ w)
-            dist.all_reduce(x, group=self.group)  # the layer's partial outputs, summed over ranks
-        m.out.copy_(x[: m.batch])
-        return m.out
-
-
-class _PrepOnly:
-    """The model cut after its in-graph prep: replaying it times the ideal release point."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.shared_buffers = model.shared_buffers
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def forward(self, bucket: int) -> Any:
-        return self._model.tokens
+    model = SyntheticModel(Layout(), attrs.evolve(cfg, shared_index=True), device)
+    model.after_layer = lambda h: dist.all_reduce(h, group=group)
+    return model
 
 
 # -- measurements (pure; the CPU tests feed them hand-made marks) ----------------------------
@@ -211,66 +175,6 @@ def combine_ranks(config: dict, reports: list[dict]) -> dict:
 
 # -- one rank ------------------------------------------------------------------------------------
 
-class _RankBench:
-    """One rank's model, scheduler bookkeeping, platform and probes."""
-
-    def __init__(self, platform: Any, model: Any, bookkeeping: Callable[[], None],
-                 config: TpConfig, warmup: int, probe_factory: Callable[[], Any]) -> None:
-        self.platform, self.model, self.bookkeeping = platform, model, bookkeeping
-        self.steps, self.warmup, self.probe_factory = config.steps, warmup, probe_factory
-
-    def runner(self, policy: Any, name: str, model: Any = None) -> Any:
-        from warpolicy.runners import DecodeRunner
-
-        runner = DecodeRunner(model or self.model, policy, self.platform, name=name)
-        runner.capture()
-        return runner
-
-    def reference(self, runner: Any) -> list[Any]:
-        """Sequential: writes, then the step, on one stream: no overlap, no race."""
-        outs = []
-        for k in range(self.steps):
-            self.model.write_step(k)
-            self.bookkeeping()
-            outs.append(runner.run(k).clone())
-            runner.fence.take()
-        self.platform.synchronize()
-        return outs
-
-    def overlapped(self, runner: Any, skip_barrier: bool) -> tuple[list[Any], dict]:
-        from warpolicy.runners import OverlapLoop
-
-        p, m = self.platform, self.model
-        m.write_step(0)
-        p.synchronize()
-        probe = self.probe_factory()
-        loop = OverlapLoop(runner, p, probe=probe, unsafe_skip_barrier=skip_barrier)
-        outs = []
-        for k in range(self.steps):
-            def write_next(k: int = k) -> None:
-                if k + 1 < self.steps:
-                    m.write_step(k + 1)
-                self.bookkeeping()
-            outs.append(loop.step(k, write_next).clone())
-        loop.drain()
-        return outs, probe.times_us()
-
-    def ideal_us(self) -> float:
-        """Launch to the end of the in-graph prep, replaying a prep-only graph back to back."""
-        runner = self.runner(_models().fixed_policy(NONE), "prep_only", _PrepOnly(self.model))
-        p, probe = self.platform, self.probe_factory()
-        fwd = p.current_stream()
-        for k in range(self.steps):
-            probe.mark("launch", fwd)
-            runner.run(k)
-            runner.fence.take()
-            probe.mark("launched", fwd)
-        p.synchronize()
-        t = probe.times_us()
-        ks = range(min(self.warmup, self.steps - 1), self.steps)
-        return _median([t["launched"][k] - t["launch"][k] for k in ks])
-
-
 def _lookup(policy: Any, mode: ForwardMode) -> WarReadDonePolicy:
     """A policy's answer for a captured graph with the node planted."""
     return WarReadDonePolicy(getattr(policy, "lookup", policy)(mode, False, True))
@@ -288,13 +192,16 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     """Run every variant on this rank (inside an initialised process group); its report."""
     import torch  # deferred: importing the benchmark does not need torch
 
+    from warpolicy.bench.models import fixed_policy
     from warpolicy.engine import PolicyEngine
     from warpolicy.platform import Platform
 
-    models = _models()
+    from warpolicy.audit.synthetic_model import SyntheticConfig
+
     fake = config.simulated
-    platform = Platform.for_device("fake" if fake else device)
+    platform = Platform.for_device("sim" if fake else device)
     gather_dev = None if fake else device
+    sched_rows = 0
     if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
         layers, batch, steps, repeats, hidden = min(config.layers, 2), min(config.batch, 4), \
             min(config.steps, 8), 1, 16
@@ -302,7 +209,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
                               hidden=hidden)
         layer_rows = 8
         probe_factory: Callable[[], Any] = HostProbe
-        bookkeeping: Callable[[], None] = models.matmul_work(8, hidden, device)
+        bookkeeping: Callable[[], None] = matmul_work(8, hidden, device)
     else:
         # every rank must all-reduce the same shape: rank 0's calibration decides
         mine = calibrate_rows(config.layer_us, config.hidden, device, tanh=True)
@@ -310,8 +217,8 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         probe_factory = CudaProbe
         if config.sched_kind == "matmul":
             sched_rows = calibrate_rows(config.sched_us, config.hidden, device)
-            bookkeeping = models.matmul_work(int(all_gather_json(sched_rows, None, gather_dev)[0]),
-                                             config.hidden, device)
+            bookkeeping = matmul_work(int(all_gather_json(sched_rows, None, gather_dev)[0]),
+                                      config.hidden, device)
         elif config.sched_kind == "latency":
             bookkeeping = spin_work(config.sched_us, device)
         else:
@@ -324,16 +231,19 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         external_events=platform.external_events_supported(), strict=config.strict,
         device=gather_dev, pm=platform.pm)
 
-    inner = models.SyntheticDecodeModel(layers=config.layers, batch=config.batch,
-                                        steps=config.steps, hidden=config.hidden,
-                                        layer_rows=layer_rows, device=device, seed=rank)
-    model = TensorParallelDecodeModel(inner)
-    bench = _RankBench(platform, model, bookkeeping, config, warmup, probe_factory)
+    cfg = SyntheticConfig(reqs=2 * config.batch, ctx=64, swa_slots=1024, hidden=config.hidden,
+                          layers=config.layers, seed=rank,
+                          buckets={ForwardMode.DECODE: (config.batch,)}, layer_rows=layer_rows,
+                          dtype=torch.bfloat16 if torch.device(device).type == "cuda"
+                          else torch.float32)
+    model = tensor_parallel_model(cfg, device)
+    plan = SchedulePlan(model, config.steps, config.batch, seed=1 + rank)
+    bench = OverlapBench(platform, model, plan, bookkeeping, config.steps, warmup, probe_factory)
     ideal = bench.ideal_us()
     rows: list[dict[str, Any]] = []
     checksum: Optional[float] = None
     for name, policy, is_sound, skip in VARIANTS:
-        runner = bench.runner(guard_policy(models.fixed_policy(policy), consistency), name)
+        runner = bench.runner(guard_policy(fixed_policy(policy), consistency), name)
         per_run, corrupted = [], 0
         for _ in range(config.repeats):
             ref = bench.reference(runner)
@@ -383,7 +293,7 @@ def run_rank(rank: int, world_size: int, config: TpConfig, *, init_method: str =
     else:
         if not torch.cuda.is_available():
             raise CudaUnavailableError("the tensor-parallel overlap benchmark needs CUDA "
-                                       "(or device 'fake')")
+                                       "(or device 'sim')")
         local = rank if local_rank is None else local_rank
         if local >= torch.cuda.device_count():
             raise CudaUnavailableError(f"rank {rank} needs cuda:{local}, but only "
@@ -511,45 +421,3 @@ def format_overlap_tp(result: dict, fmt: str = "text") -> str:
     if ranks[0]["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)
-
-
-# -- launcher ------------------------------------------------------------------------------------
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m warpolicy.bench.overlap_tp`` (also what each torchrun rank runs)."""
-    ap = argparse.ArgumentParser(prog="python -m warpolicy.bench.overlap_tp",
-                                 description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--tp", type=int, default=1, help="ranks (one GPU each)")
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sched-kind", choices=SCHED_KINDS, default="copy")
-    ap.add_argument("--backend", default="fa3")
-    ap.add_argument("--device", choices=("cuda",) + SIM_DEVICES, default="cuda")
-    ap.add_argument("--mismatch-rank", type=int, default=None,
-                    help="give this rank --mismatch-env (every rank must end coarse)")
-    ap.add_argument("--mismatch-env", default="WARPOLICY_FORCE_COARSE=1", metavar="NAME=VALUE")
-    ap.add_argument("--strict", action="store_true", help="a mismatch raises on every rank")
-    ap.add_argument("--format", choices=("text", "json"), default="text")
-    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON result here")
-    args = ap.parse_args(argv)
-    try:
-        result = run_overlap_tp(args.tp, layers=args.layers, batch=args.batch, steps=args.steps,
-                                repeats=args.repeats, sched_kind=args.sched_kind,
-                                backend=args.backend, device=args.device,
-                                mismatch_rank=args.mismatch_rank, mismatch_env=args.mismatch_env,
-                                strict=args.strict)
-    except WarpolicyError as exc:
-        print(f"warpolicy: {exc}", file=sys.stderr)
-        return 2
-    if result is None:  # torchrun rank > 0: rank 0 prints
-        return 0
-    print(format_overlap_tp(result, args.format))
-    if args.json_out:
-        Path(args.json_out).write_text(format_overlap_tp(result, "json"), encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - torchrun / python -m entry
-    raise SystemExit(main())

@@ -229,7 +229,9 @@ class SpecStep:
         except Exception:  # noqa: BLE001 - a fence that cannot be read is a failed phase
             return None, runner.last_step, False
         info = runner.last_step
-        decided = info.policy if info is not None else NONE
+        # what the runner decided for this step's graph (``info.policy`` is what its fence
+        # really published: NONE after a failed publish, which must not pass as a choice)
+        decided = runner.policy_for(info.bucket) if info is not None else NONE
         return read_done, info, decided == NONE or read_done is not None
 
     def _record(self, batch: Any, infos: list[Optional[StepInfo]],
