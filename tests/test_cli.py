@@ -518,7 +518,9 @@ def test_gpu_commands_without_cuda_are_one_line():
 
     if torch.cuda.is_available():
         pytest.skip("has CUDA")
-    for argv in (["bench", "overlap", "--steps", "1"], ["audit", "--synthetic", "all"]):
+    for argv in (["bench", "overlap", "--steps", "1"], ["audit", "--synthetic", "all"],
+                 ["bench", "fence", "--iterations", "10"], ["bench", "overlap", "--tp", "1"],
+                 ["bench", "overlap", "--spec-step"]):
         proc = run_process(*argv)
         assert proc.returncode == ExitCode.USAGE, proc.stderr
         assert "CUDA" in one_line(proc.stderr)
@@ -549,3 +551,67 @@ def test_explain_markdown_for_pull_requests(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "query", "--backend", "w", "--mode", "decode",
                            "--capabilities", str(caps), "--format", "markdown")
     assert code == ExitCode.OK and out.startswith("**post_replay** for `w`")
+
+
+# -- bench wiring: simulated device, observer plugins, --tp and --spec-step -------------------------
+
+@pytest.fixture
+def metrics_importable(monkeypatch):
+    pytest.importorskip("prometheus_client")
+    monkeypatch.syspath_prepend(os.path.join(REPO, "plugins", "warpolicy-metrics"))
+
+
+def test_bench_fence_on_sim_times_the_metrics_and_nvtx_observers(capsys, metrics_importable):
+    code, out, err = run_cli(capsys, "bench", "fence", "--device", "sim", "--iterations", "60",
+                             "--metrics", "--nvtx", "--format", "json")
+    assert code == ExitCode.OK, err
+    doc = json.loads(out)
+    assert doc["platform"] == "sim"
+    for row in doc["overhead"]["per_policy"].values():
+        assert set(row["plugins"]) == {"metrics", "nvtx"}
+        noop = row["with_observer_us_median"]
+        for plugin in row["plugins"].values():
+            assert plugin["extra_over_noop_us"] == pytest.approx(plugin["us_median"] - noop)
+    code, out, _ = run_cli(capsys, "bench", "fence", "--device", "sim", "--iterations", "60",
+                           "--metrics")
+    assert code == ExitCode.OK and "with metrics:" in out and "over the no-op observer" in out
+
+
+def test_bench_fence_metrics_without_the_plugin_is_one_line(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "warpolicy_metrics", None)  # import -> ImportError
+    code, out, err = run_cli(capsys, "bench", "fence", "--device", "sim", "--metrics")
+    assert code == ExitCode.USAGE and out == ""
+    assert "warpolicy-metrics plugin" in one_line(err)
+
+
+def test_bench_overlap_tp_on_sim(capsys):
+    code, out, err = run_cli(capsys, "bench", "overlap", "--tp", "1", "--device", "sim",
+                             "--format", "json")
+    assert code == ExitCode.OK, err
+    doc = json.loads(out)
+    assert doc["world_size"] == 1 and doc["targets"]["consistency_ok_every_rank"]
+    assert [r["resolved"] for r in doc["ranks"][0]["rows"]] == [
+        "none", "post_replay", "in_graph", "none"]
+
+
+def test_bench_overlap_spec_step_on_sim(capsys):
+    code, out, err = run_cli(capsys, "bench", "overlap", "--spec-step", "--device", "sim")
+    assert code == ExitCode.OK, err
+    assert "draft_extend" in out and "sound_runs_zero_corrupted=yes" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "1", "--window-us", "5"], "--window-us is not supported with --tp"),
+    (["--tp", "1", "--trace", "t.json"], "--trace is not supported with --tp"),
+    (["--tp", "1", "--spec-step"], "--spec-step is not supported with --tp"),
+    (["--strict"], "--strict only applies with --tp"),
+    (["--mismatch-rank", "1"], "--mismatch-rank only applies with --tp"),
+    (["--tp", "1", "--mismatch-rank", "3"], "mismatch rank 3"),
+    (["--tp", "2", "--mismatch-env", "NOEQUALS"], "NAME=VALUE"),
+])
+def test_bench_overlap_option_errors_are_one_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, "bench", "overlap", "--device", "sim", *argv)
+    assert code == ExitCode.USAGE and out == ""
+    assert message in one_line(err)

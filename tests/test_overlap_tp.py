@@ -8,7 +8,7 @@ import json
 import pytest
 
 from warpolicy.bench.overlap_tp import (TpConfig, combine_ranks, format_overlap_tp, gap_closed,
-                                        main, run_overlap_tp, run_rank, step_metrics)
+                                        run_overlap_tp, run_rank, step_metrics)
 from warpolicy.errors import InputError, WarpolicyError
 
 
@@ -101,7 +101,10 @@ class TestConfig:
             run_rank(0, 1, TpConfig(device="fake", mismatch_rank=0))
 
     def test_cli_reports_bad_input_in_one_line(self, capsys):
-        assert main(["--device", "fake", "--mismatch-rank", "3"]) == 2
+        from warpolicy.cli import main
+
+        assert main(["bench", "overlap", "--tp", "1", "--device", "sim",
+                     "--mismatch-rank", "3"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "mismatch rank 3" in err[0]
 

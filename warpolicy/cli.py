@@ -22,6 +22,8 @@ from warpolicy.report import FORMATS
 
 #: Formats of commands whose output is not a table (benchmarks, audit).
 DATA_FORMATS = tuple(f for f in FORMATS if f != "markdown")
+#: Devices of the GPU benchmarks: ``sim`` is the simulated platform (``fake``: its 0.1 name).
+BENCH_DEVICES = ("cuda", "sim", "fake")
 
 
 class ExitCode(enum.IntEnum):
@@ -146,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-us", type=float, default=None, metavar="US",
                    help="GPU stall inserted around each segment to widen the race window")
     p.add_argument("--device", default=None,
-                   help="cuda (default) or fake (a CPU simulation, for demos and tests)")
+                   help="cuda (default) or sim (the simulated platform, for demos and tests; "
+                        "fake is its 0.1 name)")
     p.add_argument("--allow-inconclusive", action="store_true",
                    help="exit 0 when nothing is unsafe even if some declaration stayed "
                         "inconclusive (a failed audit still exits 3)")
@@ -166,11 +169,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sched-kind", choices=("copy", "latency", "matmul"), default="copy",
                    help="scheduler GPU bookkeeping: a pinned host-to-device upload (default), "
                         "a one-SM spin kernel, or a matmul competing for every SM")
-    b.add_argument("--window-us", type=float, default=0.0, metavar="US",
+    b.add_argument("--window-us", type=float, default=None, metavar="US",
                    help="GPU work before the in-graph read (widens the race window)")
+    b.add_argument("--device", choices=BENCH_DEVICES, default=None,
+                   help="cuda (default) or sim: the simulated platform, tiny and host-timed "
+                        "(exercises the code path; numbers meaningless)")
+    b.add_argument("--tp", type=_positive_int, default=None, metavar="N",
+                   help="tensor parallel: N ranks (one GPU each), every layer ending in an "
+                        "all-reduce, with the cross-rank consistency check")
+    b.add_argument("--mismatch-rank", type=int, default=None, metavar="R",
+                   help="with --tp: give rank R --mismatch-env (every rank must end coarse)")
+    b.add_argument("--mismatch-env", default=None, metavar="NAME=VALUE",
+                   help="with --tp: the environment change of --mismatch-rank "
+                        "(default WARPOLICY_FORCE_COARSE=1)")
+    b.add_argument("--strict", action="store_true",
+                   help="with --tp: a cross-rank mismatch raises on every rank")
+    b.add_argument("--spec-step", action="store_true",
+                   help="the speculative-step variant (EAGLE-like and DFlash-like phase steps)")
     b.add_argument("--format", choices=DATA_FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
     b.add_argument("--iterations", type=_positive_int, default=3000)
+    b.add_argument("--device", choices=BENCH_DEVICES, default=None,
+                   help="cuda (default) or sim: the overhead part on the simulated platform")
+    b.add_argument("--metrics", action="store_true",
+                   help="also time a step with the warpolicy-metrics plugin registered")
+    b.add_argument("--nvtx", action="store_true",
+                   help="also time a step with the NVTX range observer registered")
     b.add_argument("--format", choices=DATA_FORMATS, default="text")
     return parser
 
@@ -398,19 +422,74 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         _out(format_decide(run_decide_bench(args.iterations), args.format))
     elif args.bench == "overlap":
-        _quiet_torch()
-        from warpolicy.bench.overlap import format_overlap, run_overlap_bench
-
-        result = run_overlap_bench(layers=args.layers, batch=args.batch, steps=args.steps,
-                                   trace=args.trace, sched_kind=args.sched_kind,
-                                   window_us=args.window_us)
-        _out(format_overlap(result, args.format))
+        _bench_overlap(args)
     else:
         _quiet_torch()
         from warpolicy.bench.fence import format_fence_bench, run_fence_bench
 
-        _out(format_fence_bench(run_fence_bench(iters=args.iterations), args.format))
+        result = run_fence_bench(iters=args.iterations, device=args.device,
+                                 observers=_fence_observers(args))
+        _out(format_fence_bench(result, args.format))
     return ExitCode.OK
+
+
+def _bench_overlap(args: argparse.Namespace) -> None:
+    """``bench overlap``: the single-GPU run, ``--tp N`` or ``--spec-step``."""
+    tp_only = [name for name, given in (("--mismatch-rank", args.mismatch_rank is not None),
+                                        ("--mismatch-env", args.mismatch_env is not None),
+                                        ("--strict", args.strict)) if given]
+    if args.tp is None and tp_only:
+        raise InputError(f"bench overlap: {', '.join(tp_only)} only applies with --tp N")
+    single_only = [name for name, given in (("--window-us", args.window_us is not None),
+                                            ("--trace", args.trace is not None)) if given]
+    if args.tp is not None and (single_only or args.spec_step):
+        raise InputError(f"bench overlap --tp: {', '.join(single_only or ['--spec-step'])} "
+                         "is not supported with --tp")
+    if args.spec_step and single_only:
+        raise InputError(f"bench overlap --spec-step: {', '.join(single_only)} is not "
+                         "supported with --spec-step")
+    _quiet_torch()
+    if args.tp is not None:
+        from warpolicy.bench.overlap_tp import format_overlap_tp, run_overlap_tp
+
+        extra = {} if args.mismatch_env is None else {"mismatch_env": args.mismatch_env}
+        result = run_overlap_tp(args.tp, layers=args.layers, batch=args.batch, steps=args.steps,
+                                sched_kind=args.sched_kind, device=args.device or "cuda",
+                                mismatch_rank=args.mismatch_rank, strict=args.strict, **extra)
+        if result is not None:  # under torchrun, ranks other than 0 print nothing
+            _out(format_overlap_tp(result, args.format))
+    elif args.spec_step:
+        from warpolicy.bench.overlap_spec import format_overlap_spec, run_overlap_spec_bench
+
+        result = run_overlap_spec_bench(batch=args.batch, steps=args.steps, device=args.device)
+        _out(format_overlap_spec(result, args.format))
+    else:
+        from warpolicy.bench.overlap import format_overlap, run_overlap_bench
+
+        result = run_overlap_bench(layers=args.layers, batch=args.batch, steps=args.steps,
+                                   trace=args.trace, sched_kind=args.sched_kind,
+                                   window_us=args.window_us or 0.0, device=args.device)
+        _out(format_overlap(result, args.format))
+
+
+def _fence_observers(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """The observer plugins ``bench fence`` times besides the no-op one (``--metrics``,
+    ``--nvtx``)."""
+    observers: list[tuple[str, object]] = []
+    if args.metrics:
+        try:  # a separate distribution (plugins/warpolicy-metrics); optional
+            import prometheus_client
+            import warpolicy_metrics
+        except ImportError as exc:
+            raise InputError(f"bench fence --metrics needs the warpolicy-metrics plugin "
+                             f"(pip install plugins/warpolicy-metrics): {exc}") from None
+        observers.append(("metrics", warpolicy_metrics.WarpolicyMetrics(
+            prometheus_client.CollectorRegistry())))
+    if args.nvtx:
+        from warpolicy.nvtx import NvtxPlugin
+
+        observers.append(("nvtx", NvtxPlugin()))
+    return observers
 
 
 COMMANDS = {"query": cmd_query, "explain": cmd_explain, "table": cmd_table,

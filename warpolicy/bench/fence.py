@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.fence import ReadDoneFence, SchedulerBarrier
@@ -76,7 +76,8 @@ def _raw_ops(platform: Platform) -> tuple[Callable[[EventHandle, StreamHandle], 
     return platform.impl.record, platform.impl.wait_event
 
 
-def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict[str, Any]:
+def _overhead(platform: Platform, fence: ReadDoneFence, iters: int,
+              observers: Sequence[tuple[str, object]] = ()) -> dict[str, Any]:
     fwd = platform.current_stream()
     sched = platform.new_stream()
     barrier = SchedulerBarrier(platform)
@@ -110,24 +111,38 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int) -> dict[str,
             for _ in range(BLOCK):
                 fn()
         hooks_s, raw_s, obs_s = [], [], []
+        plugin_s: dict[str, list[float]] = {label: [] for label, _ in observers}
         observer = _NoOpObserver()
         for _ in range(3):  # interleave so drift hits all variants alike
             hooks_s += _per_step_us(hooked, iters // 3, sync)
             raw_s += _per_step_us(raw, iters // 3, sync)
-            platform.pm.register(observer)
-            try:
-                obs_s += _per_step_us(hooked, iters // 3, sync)
-            finally:
-                platform.pm.unregister(observer)
+            obs_s += _observed(platform, observer, hooked, iters // 3, sync)
+            for label, plugin in observers:
+                plugin_s[label] += _observed(platform, plugin, hooked, iters // 3, sync)
         h, r, o = _median(hooks_s), _median(raw_s), _median(obs_s)
         result[name] = {"hooks_us_median": h, "raw_us_median": r, "ratio": h / r if r else None,
                         "with_observer_us_median": o, "extra_us": h - r,
-                        "observer_extra_us": o - h}
+                        "observer_extra_us": o - h,
+                        # a real observer plugin, against the no-op observer row
+                        "plugins": {label: {"us_median": _median(xs),
+                                            "extra_over_noop_us": _median(xs) - o}
+                                    for label, xs in plugin_s.items()}}
     sync()
     out = dict(result["in_graph" if "in_graph" in result else "post_replay"])
     out["policy"] = "in_graph" if "in_graph" in result else "post_replay"
     out["per_policy"] = result
     return out
+
+
+def _observed(platform: Platform, plugin: object, fn: Callable[[], None], iters: int,
+              sync: Callable[[], Any]) -> list[float]:
+    """`_per_step_us` of ``fn`` with ``plugin`` registered (the manager refreshes its cached
+    observer calls on register and unregister)."""
+    platform.pm.register(plugin)
+    try:
+        return _per_step_us(fn, iters, sync)
+    finally:
+        platform.pm.unregister(plugin)
 
 
 # -- release (CUDA) --------------------------------------------------------------------------------
@@ -189,9 +204,13 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
 # -- entry points ----------------------------------------------------------------------------------
 
 def run_fence_bench(iters: int = 3000, device: Optional[str] = None, *, replays: int = 50,
-                    spin_cycles: int = 2_000_000, matmuls: int = 20, size: int = 4096) -> dict[str, Any]:
+                    spin_cycles: int = 2_000_000, matmuls: int = 20, size: int = 4096,
+                    observers: Sequence[tuple[str, object]] = ()) -> dict[str, Any]:
     """Run the measurements on ``device``: None or ``"cuda[:N]"`` needs CUDA (else
-    `CudaUnavailableError`); ``"sim"`` runs the overhead part on the simulated platform."""
+    `CudaUnavailableError`); ``"sim"`` runs the overhead part on the simulated platform.
+
+    ``observers`` are (label, plugin) pairs, e.g. the metrics plugin or `NvtxPlugin`: each is
+    timed registered alone, and reported as extra microseconds over the no-op observer row."""
     if iters <= 0 or replays <= 0:
         raise InputError("fence bench: iterations and replays must be positive")
     wanted = "cuda" if device is None else str(device)
@@ -215,7 +234,7 @@ def run_fence_bench(iters: int = 3000, device: Optional[str] = None, *, replays:
         with platform.capture(platform.new_graph()):
             fence.plant()
         result["release"] = {"skipped": "needs CUDA"}
-    result["overhead"] = _overhead(platform, fence, iters)
+    result["overhead"] = _overhead(platform, fence, iters, observers)
     return result
 
 
@@ -239,6 +258,9 @@ def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
                      f"raw {row['raw_us_median']:.2f} us, ratio {row['ratio']:.2f}, "
                      f"extra {row['extra_us']:.2f} us; with a no-op observer "
                      f"{row['with_observer_us_median']:.2f} us (+{row['observer_extra_us']:.2f} us)")
+        for label, plugin in row.get("plugins", {}).items():
+            lines.append(f"  with {label}: {plugin['us_median']:.2f} us per step, "
+                         f"{plugin['extra_over_noop_us']:+.2f} us over the no-op observer")
     if result["platform"] != "cuda":
         lines.append("(simulated platform: raw = its own methods called directly; ratios are "
                      "indicative only)")

@@ -22,7 +22,7 @@ four points of each step (forward: launch, end; schedule stream: released, writt
   (measured by replaying a prep-only graph the same way);
 * corrupted: steps whose output differs (bitwise) from a sequential, single-stream reference.
 
-With ``device="fake"`` it runs a tiny config on the simulated platform (numbers are host times
+With ``device="sim"`` (alias ``fake``) it runs a tiny config on the simulated platform (numbers are host times
 and meaningless); otherwise it needs CUDA and raises `CudaUnavailableError` without it.
 """
 
@@ -221,11 +221,11 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
                          f"not {sched_kind!r}")
     if min(layers, batch, steps, repeats) <= 0:
         raise InputError("overlap bench: layers, batch, steps and repeats must be positive")
-    fake = str(device) == "fake"
+    fake = str(device) in ("sim", "fake")
     if not fake and not torch.cuda.is_available():
         raise CudaUnavailableError("the overlap benchmark needs a CUDA device "
                                    "(torch.cuda.is_available() is False)")
-    platform = Platform.for_device("fake" if fake else (device or "cuda"), pm=pm)
+    platform = Platform.for_device("sim" if fake else (device or "cuda"), pm=pm)
     if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
         layers, batch, steps, repeats, hidden = min(layers, 2), min(batch, 4), min(steps, 12), 1, 16
         warmup = 2
@@ -379,7 +379,7 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
     lines.append("targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}"
                                          for k, v in result["targets"].items()))
     if c["platform"] != "cuda":
-        lines.append("(fake platform: host timestamps, numbers are meaningless)")
+        lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     if "trace" in result:
         lines.append(f"trace written to {result['trace']}")
     return "\n".join(lines)
