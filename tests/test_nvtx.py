@@ -111,6 +111,29 @@ def test_on_with_the_cpu_torch_stub_is_no_plugin(caplog):
         assert wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "1"}) is None
 
 
+def test_a_non_boolean_value_is_off_with_one_log_line(nvtx, caplog):
+    with caplog.at_level("WARNING", logger="warpolicy"):
+        assert wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "maybe"}) is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "WARPOLICY_NVTX='maybe' is not a boolean" in line and nvtx.calls == []
+
+
+def test_the_plugin_manager_registers_the_nvtx_observer_when_asked(nvtx):
+    from warpolicy.plugins import describe_plugins, new_plugin_manager, observers_of
+
+    off = new_plugin_manager(load_entry_points=False, environ={})
+    assert off.get_plugin("nvtx") is None and not observers_of(off).on_publish
+    pm = new_plugin_manager(load_entry_points=False, environ={wnvtx.ENV: "1"})
+    plugin = pm.get_plugin("nvtx")
+    assert isinstance(plugin, wnvtx.NvtxPlugin)
+    assert pm.sources["nvtx"].source == "builtin"
+    assert any(r["name"] == "nvtx" and r["status"] == "active" for r in describe_plugins(pm))
+    assert observers_of(pm).on_publish  # the fence sees it as an observer
+    blocked = new_plugin_manager(load_entry_points=False,
+                                 environ={wnvtx.ENV: "1", "WARPOLICY_DISABLE_PLUGINS": "nvtx"})
+    assert blocked.get_plugin("nvtx") is None
+
+
 # -- ranges on a run -------------------------------------------------------------------------------
 
 def test_each_step_is_a_range_from_publish_to_the_release(nvtx):

@@ -1,4 +1,4 @@
-"""Parsers for operator-supplied values: booleans and positive counts.
+"""Parsers for operator-supplied values: booleans, environment switches and positive counts.
 
 One place for both, so an environment variable, a ``--flag NAME=VALUE``, a ``--iterations`` and
 an API argument accept and reject the same spellings. Depends only on `warpolicy.errors`, so any
@@ -6,6 +6,9 @@ layer may use it.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Mapping
 
 from warpolicy.errors import InputError
 
@@ -27,6 +30,20 @@ def parse_bool(text: object, what: str) -> bool:
     if key in FALSE_WORDS:
         return False
     raise InputError(f"{what}={text!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def env_switch(environ: Mapping[str, str], name: str) -> bool:
+    """An opt-in switch from the environment (tracing, NVTX ranges): `parse_bool` words; unset
+    or empty is off. A value that is not a boolean is off too, with one log line naming it: a
+    diagnostics switch must never stop the process that reads it."""
+    raw = environ.get(name, "")
+    if not raw.strip():
+        return False
+    try:
+        return parse_bool(raw, name)
+    except InputError as exc:
+        logging.getLogger("warpolicy").warning("warpolicy: %s; treated as off", exc)
+        return False
 
 
 def parse_positive_int(value: object, what: str) -> int:

@@ -28,6 +28,7 @@ import threading
 from typing import Any, Mapping, Optional, Protocol
 
 from warpolicy.hookspecs import hookimpl
+from warpolicy.inputs import env_switch
 
 log = logging.getLogger("warpolicy")
 
@@ -134,17 +135,13 @@ class NvtxPlugin:
         self._mark(f"warpolicy decide {where} {mode} {_label(getattr(decision, 'policy', decision))}")
 
 
-def _truthy(value: Optional[str]) -> bool:
-    return str(value or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> Optional[NvtxPlugin]:
     """The plugin when ``WARPOLICY_NVTX`` is set true, else None (nothing to register).
 
     Asked for but unusable (no torch, a torch without NVTX): None and one log line, so a
     profiling switch never stops an engine.
     """
-    if not _truthy(environ.get(ENV)):
+    if not env_switch(environ, ENV):
         return None
     try:
         nvtx = load_nvtx()

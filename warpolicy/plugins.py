@@ -28,7 +28,9 @@ import pluggy
 
 from warpolicy import __version__, hookspecs
 from warpolicy.errors import PluginError, Problem
+from warpolicy.inputs import env_switch
 from warpolicy.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
+from warpolicy.nvtx import nvtx_plugin_if_enabled
 from warpolicy.platforms import PlatformImpl, cuda
 from warpolicy.platforms.sim import SimPlugin
 
@@ -182,10 +184,6 @@ def _disabled(environ: Mapping[str, str]) -> list[str]:
     return [name.strip() for name in raw.split(",") if name.strip()]
 
 
-def _truthy(value: Optional[str]) -> bool:
-    return str(value or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def new_plugin_manager(*, load_entry_points: bool = True,
                        environ: Mapping[str, str] = os.environ) -> WarpolicyPluginManager:
     """A fresh manager: hookspecs, built-ins, then (optionally) the ``warpolicy`` entry points.
@@ -197,10 +195,14 @@ def new_plugin_manager(*, load_entry_points: bool = True,
     pm.add_hookspecs(hookspecs)
     for name in _disabled(environ):
         pm.set_blocked(name)
-    if _truthy(environ.get(TRACE_ENV)):
+    if env_switch(environ, TRACE_ENV):
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
     _register_builtins(pm)
+    nvtx = nvtx_plugin_if_enabled(environ)  # WARPOLICY_NVTX: Nsight ranges, off by default
+    if nvtx is not None:
+        pm.sources["nvtx"] = PluginSource("builtin", _builtin_version())
+        pm.register(nvtx, name="nvtx")
     if load_entry_points:
         load_entry_point_plugins(pm)
     _check_pending(pm)
