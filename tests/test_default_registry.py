@@ -24,8 +24,8 @@ SPECS = ["none", "eagle", "eagle3", "frozen_kv_mtp", "standalone", "ngram", "dfl
 #: Backends and wrappers added for SGLang 0.5.23 (REFERENCE.md §1b).
 NEW_BACKENDS = ["minimax_sparse_nvfp4", "minimax_sparse", "hybrid_linear", "hybrid_attention",
                 "dots_hybrid"]
-#: The last shared reader each algorithm is meant to declare once ``last_reader:`` exists in
-#: the registry format (the runtime ``SpecStep`` already takes it).
+#: The last shared reader each algorithm declares (``last_reader:``): the EAGLE family's draft
+#: extend rereads shared rows after verify; DFlash, DSpark, UNO and NGRAM read nothing after it.
 INTENDED_LAST_READERS = {
     "eagle": DRAFT_EXTEND, "eagle3": DRAFT_EXTEND, "frozen_kv_mtp": DRAFT_EXTEND,
     "standalone": DRAFT_EXTEND, "dflash": VERIFY, "dspark": VERIFY, "uno": VERIFY,
@@ -85,6 +85,14 @@ def test_spec_algorithms(reg):
     for name in ["eagle", "eagle3", "frozen_kv_mtp", "standalone"]:
         assert reg.spec(name).family == "eagle"
     assert "draft-extend" in reg.spec("eagle").doc
+
+
+def test_last_readers_are_declared(reg):
+    declared = {n: s.last_reader for n, s in reg.spec_algorithms.items()}
+    assert declared == {**INTENDED_LAST_READERS, "none": None}  # none: the only phase
+    # verify may publish exactly where verify is the last reader
+    for name, reader in INTENDED_LAST_READERS.items():
+        assert reg.spec(name).has("target_verify_read_done") == (reader is VERIFY), name
 
 
 def test_every_sglang_backend_keeps_the_base_contract(reg):

@@ -23,13 +23,17 @@ from warpolicy.bench.models import fixed_policy
 DECODE, VERIFY, DRAFT_EXTEND = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
                                 ForwardMode.DRAFT_EXTEND)
 
-#: The last shared reader each algorithm family is meant to declare (``last_reader:`` in
-#: capabilities.yaml once the registry field is merged): EAGLE's draft extend rereads shared
-#: rows after verify; the DFlash family and UNO read nothing after target verify.
-INTENDED_LAST_READERS = {
-    "eagle": DRAFT_EXTEND, "eagle3": DRAFT_EXTEND, "frozen_kv_mtp": DRAFT_EXTEND,
-    "standalone": DRAFT_EXTEND, "dflash": VERIFY, "dspark": VERIFY, "uno": VERIFY,
-}
+def _declared_last_readers() -> dict:
+    """Every spec algorithm of the default registry that declares ``last_reader:``."""
+    from warpolicy.loader import default_registry_path, load_registry
+
+    registry = load_registry([default_registry_path()])
+    return {n: s.last_reader for n, s in registry.spec_algorithms.items()
+            if s.last_reader is not None}
+
+
+#: The last shared reader each algorithm declares in capabilities.yaml.
+INTENDED_LAST_READERS = _declared_last_readers()
 
 
 class TableModel:
@@ -222,9 +226,16 @@ class TestLastReaderFromTheRegistry:
 
     @pytest.mark.parametrize("name,reader", sorted(INTENDED_LAST_READERS.items()))
     def test_for_algorithm_picks_the_declared_phase(self, platform, name, reader):
-        step = SpecStep.for_algorithm(three_phases(platform), SimpleNamespace(name=name,
-                                                                              last_reader=reader))
+        from warpolicy.loader import default_registry_path, load_registry
+
+        spec = load_registry([default_registry_path()]).spec(name)
+        step = SpecStep.for_algorithm(three_phases(platform), spec)
         assert step.reader.mode is reader and step.name == f"{name}_step"
+
+    def test_the_registry_covers_both_families(self):
+        assert set(INTENDED_LAST_READERS.values()) == {DRAFT_EXTEND, VERIFY}
+        assert INTENDED_LAST_READERS["eagle"] is DRAFT_EXTEND
+        assert INTENDED_LAST_READERS["dflash"] is VERIFY
 
 
 # -- failure of any phase -----------------------------------------------------------------------

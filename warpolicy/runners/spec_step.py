@@ -50,9 +50,7 @@ def last_reader_of(spec: Any) -> Optional[ForwardMode]:
 
     ``None`` means "the last phase the step runs" (the conservative default).
     """
-    # The registry's SpecAlgorithm gains ``last_reader``; until that lands, read it leniently.
-    # The lead removes this getattr after the merge.
-    reader = getattr(spec, "last_reader", None)
+    reader = spec.last_reader
     return None if reader is None else ForwardMode.parse(reader)
 
 
