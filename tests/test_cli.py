@@ -615,3 +615,14 @@ def test_bench_overlap_option_errors_are_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "bench", "overlap", "--device", "sim", *argv)
     assert code == ExitCode.USAGE and out == ""
     assert message in one_line(err)
+
+
+@pytest.mark.parametrize("spec, verify", [("eagle", "none"), ("dflash", "pre_replay")])
+def test_table_for_a_spec_shows_draft_extend(capsys, spec, verify):
+    """The EAGLE family's last reader is draft extend: a table per spec must show it."""
+    rows = table_json(capsys, "--spec", spec, "--backend", "minimax_sparse_nvfp4")
+    by_mode = {r["mode"]: r["policy"] for r in rows}
+    assert set(by_mode) == {"decode", "extend", "target_verify", "draft_extend"}
+    assert (by_mode["target_verify"], by_mode["draft_extend"]) == (verify, "pre_replay")
+    code, out, _ = run_cli(capsys, "table", "--spec", spec, "--backend", "fa3")
+    assert code == ExitCode.OK and "draft_extend" in out

@@ -10,6 +10,7 @@ from warpolicy.engine import (FORCE_COARSE_ID, SOUND_DEMOTION_ID, CompiledPolicy
                               PolicyEngine)
 from warpolicy.inputs import parse_bool
 from warpolicy.errors import InputError, RegistryError, UnknownNameError
+from warpolicy.policy import TABLE_MODES
 from warpolicy.policy import ForwardMode as M
 from warpolicy.policy import WarReadDonePolicy as P
 from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry, SpecAlgorithm
@@ -255,7 +256,8 @@ def test_explain_lists_every_gate(engine):
 def test_table_covers_every_combination(engine):
     rows = engine.table()
     assert {r.context.backend for r in rows} == {"fa3", "trtllm_mha", "dsv4"}  # base is abstract
-    assert len(rows) == 3 * 3 * 3
+    assert len(rows) == 3 * len(TABLE_MODES) * 3  # backends x modes (draft extend too) x specs
+    assert {r.context.mode for r in rows} == set(TABLE_MODES)
 
 
 @pytest.mark.parametrize("text, value", [("1", True), ("On", True), (" no ", False),

@@ -107,7 +107,7 @@ _MODE_ALIASES.update({
 
 #: The modes a table covers by default: the ones where any backend can publish early.
 TABLE_MODES: tuple[ForwardMode, ...] = (ForwardMode.DECODE, ForwardMode.EXTEND,
-                                        ForwardMode.TARGET_VERIFY)
+                                        ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
 
 def mode_names() -> list[str]:
