@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,6 +154,84 @@ class TestVerdict:
         runner.run([1.0])
         assert runner.policy_for(runner.buckets[0]) == WarReadDonePolicy.NONE
         assert runner.fence.take() is None
+
+
+# -- the runner option: process_group= ------------------------------------------------------------
+
+class _TwoRankStub:
+    """torch.distributed as rank 0 of a two-rank gloo group sees it (no processes needed)."""
+
+    group = SimpleNamespace(WORLD=None)
+
+    def is_initialized(self):
+        return True
+
+    def get_world_size(self, group=None):
+        return 2
+
+    def get_rank(self, group=None):
+        return 0
+
+    def get_backend(self, group=None):
+        return "gloo"
+
+
+class TestRunnerOption:
+    def runner(self, policy, **kw):
+        from test_runners import RecModel
+
+        from warpolicy.platform import sim_platform
+        from warpolicy.runners import DecodeRunner
+
+        return DecodeRunner(RecModel(), policy, sim_platform(), name="decode", **kw)
+
+    def peer(self, monkeypatch, peer_policy):
+        """Rank 1 answers with the fingerprint of ``peer_policy`` (on the same platform)."""
+        peer = policy_fingerprint(peer_policy, platform="sim", external_events=True)
+        monkeypatch.setattr(wd, "_distributed", lambda: _TwoRankStub())
+        monkeypatch.setattr(wd, "all_gather_bytes", lambda data, group, device, fixed=False: [
+            data, bytes.fromhex(peer.digest) if fixed else peer.to_bytes()])
+
+    def test_without_a_group_nothing_is_checked(self, monkeypatch):
+        _no_collectives(monkeypatch)
+        monkeypatch.setattr(wd, "all_gather_bytes", lambda *a, **k: pytest.fail("collective"))
+        runner = self.runner(engine().compile("fa3", platform="sim"))
+        runner.capture()
+        assert runner.consistency is None
+        assert runner.policy_for(runner.buckets[0]) == WarReadDonePolicy.IN_GRAPH
+
+    def test_a_mismatch_makes_every_cell_coarse(self, monkeypatch):
+        compiled = engine().compile("fa3", platform="sim")
+        self.peer(monkeypatch, engine({"WARPOLICY_FORCE_COARSE": "1"}).compile("fa3",
+                                                                             platform="sim"))
+        runner = self.runner(compiled, process_group=object())
+        with pytest.warns(RuntimeWarning, match="coarse"):
+            runner.capture()
+        assert runner.consistency is not None and runner.consistency.coarse
+        assert runner.consistency.where == "runner:decode"
+        assert {runner.policy_for(b) for b in runner.buckets} == {WarReadDonePolicy.NONE}
+        assert runner.policy_for(None) == WarReadDonePolicy.NONE  # eager too
+        runner.run([1.0])
+        assert runner.fence.take() is None  # nothing published: the scheduler goes coarse
+        runner.capture()  # a re-capture keeps the verdict (no second collective needed)
+        assert {runner.policy_for(b) for b in runner.buckets} == {WarReadDonePolicy.NONE}
+
+    def test_strict_raises(self, monkeypatch):
+        compiled = engine().compile("fa3", platform="sim")
+        self.peer(monkeypatch, engine({"WARPOLICY_FORCE_COARSE": "1"}).compile("fa3",
+                                                                             platform="sim"))
+        runner = self.runner(compiled, process_group=object(), consistency_strict=True)
+        with pytest.raises(RankMismatchError):
+            runner.capture()
+        assert not runner.captured
+
+    def test_agreement_keeps_the_policy(self, monkeypatch):
+        compiled = engine().compile("fa3", platform="sim")
+        self.peer(monkeypatch, engine().compile("fa3", platform="sim"))
+        runner = self.runner(compiled, process_group=object())
+        runner.capture()
+        assert runner.consistency is not None and runner.consistency.ok
+        assert runner.policy_for(runner.buckets[0]) == WarReadDonePolicy.IN_GRAPH
 
 
 # -- the check without peers -----------------------------------------------------------------------

@@ -19,6 +19,10 @@ planted)`` with what the capture really did (was the node planted?), and the buc
 event its own graph records: a publish never hands out another graph's event. A batch that fits no
 bucket runs eagerly with the eager policy (``eager=True, planted=False``), so a declared
 ``IN_GRAPH`` is soundly demoted to ``POST_REPLAY`` there.
+
+With ``process_group=`` (tensor parallelism) the runner compares its policy across the group's
+ranks before its first capture (`warpolicy.distributed.consistent_policy`); on any difference
+every rank runs every cell coarse, or raises with ``consistency_strict=True``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Protocol, Sequenc
 
 import attrs
 
+from warpolicy.distributed import ConsistencyResult, consistent_policy
 from warpolicy.engine import Context, Decision, Reason
 from warpolicy.errors import InputError
 from warpolicy.fence import ReadDoneFence
@@ -127,7 +132,8 @@ class GraphRunner:
     def __init__(self, model: ModelAdapter, policy: Union[PolicyFn, Any],
                  platform: Optional[Platform] = None, name: Optional[str] = None, *,
                  mode: Optional[ForwardMode] = None, ring_size: int = 4,
-                 keep_graphs: bool = False) -> None:
+                 keep_graphs: bool = False, process_group: Any = None,
+                 consistency_strict: bool = False) -> None:
         if mode is not None:
             self.mode = ForwardMode.parse(mode)
         self.model = model
@@ -135,8 +141,11 @@ class GraphRunner:
         self.platform = platform if platform is not None else Platform.for_device(None)
         self.fence = ReadDoneFence(self.platform, ring_size=ring_size, name=self.name)
         self._observers = observers_of(self.platform.pm)
-        self._policy_fn = resolve_policy_fn(policy)
-        self._explain = getattr(policy, "decision", None)  # a CompiledPolicy explains itself
+        self._set_policy(policy)
+        # the cross-rank check (tensor parallelism): off unless a process group is given
+        self.process_group = process_group
+        self.consistency_strict = consistency_strict
+        self.consistency: Optional[ConsistencyResult] = None
         self.keep_graphs = keep_graphs  # keep the raw graphs for the static audit
         self.buckets: tuple[int, ...] = self._check_buckets(model.bucket_sizes(self.mode))
         self._captured: dict[int, CapturedBucket] = {}
@@ -146,6 +155,23 @@ class GraphRunner:
         self._step = 0
         self._warned = False
         self.last_step: Optional[StepInfo] = None
+
+    def _set_policy(self, policy: Union[PolicyFn, Any]) -> None:
+        self._policy = policy
+        self._policy_fn = resolve_policy_fn(policy)
+        self._explain = getattr(policy, "decision", None)  # a CompiledPolicy explains itself
+
+    def _check_consistency(self) -> None:
+        """Before the first capture, with a process group: compare this runner's policy across
+        the group's ranks; on any difference every rank runs coarse (``consistency_strict``:
+        every rank raises). A collective: every rank captures its runner in the same order."""
+        p = self.platform
+        policy, self.consistency = consistent_policy(
+            self._policy, platform=p.name, external_events=p.external_events_supported(),
+            group=self.process_group, strict=self.consistency_strict, pm=p.pm,
+            where=f"runner:{self.name}")
+        self._set_policy(policy)
+        self._eager_policy = None  # resolved again from the checked policy
 
     # -- buckets -------------------------------------------------------------------------------
 
@@ -234,6 +260,8 @@ class GraphRunner:
         inside the capture with the capture stream current (REFERENCE.md §3).
         """
         p = self.platform
+        if self.process_group is not None and self.consistency is None:
+            self._check_consistency()
         for b in self.buckets:
             self.model.prepare_bucket(b)
         self._warm_up()
