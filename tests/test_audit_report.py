@@ -109,6 +109,7 @@ class TestFormat:
 
     def test_json_round_trips(self):
         data = json.loads(format_audit(_report(), "json"))
+        assert data["schema_version"] == 1
         assert data["exit_code"] == EXIT_UNSAFE and data["allow_inconclusive"] is False
         assert data["summary"] == {"safe": 1, "unsafe": 1, "inconclusive": 1}
         late = data["entries"][1]

@@ -342,7 +342,7 @@ def test_bench_decide_json(capsys):
     code, out, _ = run_cli(capsys, "bench", "decide", "--iterations", "2000", "--format", "json")
     data = json.loads(out)
     assert code == 0
-    assert {"engine_ns", "baseline_ns", "ratio"} <= set(data)
+    assert {"engine_ns", "baseline_ns", "ratio"} <= set(data) and data["schema_version"] == 1
     assert data["engine_ns"] > 0 and data["baseline_ns"] > 0
 
 
@@ -566,7 +566,7 @@ def test_bench_fence_on_sim_times_the_metrics_and_nvtx_observers(capsys, metrics
                              "--metrics", "--nvtx", "--format", "json")
     assert code == ExitCode.OK, err
     doc = json.loads(out)
-    assert doc["platform"] == "sim"
+    assert doc["platform"] == "sim" and doc["schema_version"] == 1
     for row in doc["overhead"]["per_policy"].values():
         assert set(row["plugins"]) == {"metrics", "nvtx"}
         noop = row["with_observer_us_median"]
@@ -592,6 +592,7 @@ def test_bench_overlap_tp_on_sim(capsys):
     assert code == ExitCode.OK, err
     doc = json.loads(out)
     assert doc["world_size"] == 1 and doc["targets"]["consistency_ok_every_rank"]
+    assert doc["schema_version"] == 1
     assert [r["resolved"] for r in doc["ranks"][0]["rows"]] == [
         "none", "post_replay", "in_graph", "none"]
 

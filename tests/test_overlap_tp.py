@@ -84,7 +84,7 @@ class TestReport:
         assert len(table) == 8
         assert "rank 1 given WARPOLICY_FORCE_COARSE=1" in text
         assert "mismatch_coarse_on_every_rank=yes" in text
-        assert json.loads(format_overlap_tp(result, "json")) == result
+        assert json.loads(format_overlap_tp(result, "json")) == {"schema_version": 1, **result}
         with pytest.raises(InputError):
             format_overlap_tp(result, "yaml")
 

@@ -479,7 +479,7 @@ def _fence_observers(args: argparse.Namespace) -> list[tuple[str, object]]:
     if args.metrics:
         try:  # a separate distribution (plugins/warpolicy-metrics); optional
             import prometheus_client
-            import warpolicy_metrics
+            import warpolicy_metrics  # type: ignore[import-not-found]
         except ImportError as exc:
             raise InputError(f"bench fence --metrics needs the warpolicy-metrics plugin "
                              f"(pip install plugins/warpolicy-metrics): {exc}") from None

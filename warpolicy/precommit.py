@@ -29,7 +29,7 @@ from typing import Optional, Sequence, TextIO
 from warpolicy.engine import PolicyEngine
 from warpolicy.errors import RegistryError, WarpolicyError
 from warpolicy.loader import Fragment, load_registry, registry_sources, validate_sources
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.policy import WarReadDonePolicy
 from warpolicy.compare import cell_space, diff_engines
 
 OK, CHECK_FAILED, INPUT_ERROR = 0, 1, 2

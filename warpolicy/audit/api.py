@@ -16,6 +16,7 @@ from warpolicy.audit.dynamic import SIMULATED, audit_mode
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
+from warpolicy.inputs import parse_positive_int
 from warpolicy.platform import Platform, cuda_available, device_type
 from warpolicy.policy import ForwardMode
 
@@ -38,7 +39,7 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
-    trials = _positive_int(trials, "--trials")
+    trials = parse_positive_int(trials, "--trials")
     stall_us = _non_negative(stall_us, "--stall-us")
     mode_list = parse_modes(modes)
     names = parse_synthetic(synthetic) if synthetic is not None else []
@@ -141,18 +142,6 @@ def call_factory(make: Callable[..., Any], text: str, platform: Any) -> list[Aud
         raise InputError(f"--factory {text!r} must return an AuditSubject or a list of them, "
                          f"got {', '.join(bad) or 'nothing'}")
     return subjects
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise InputError(f"{what} {value!r} is not an integer")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{what} {value!r} is not an integer") from None
-    if number < 1:
-        raise InputError(f"{what} must be a positive integer, got {value!r}")
-    return number
 
 
 def _non_negative(value: Any, what: str) -> float:

@@ -14,11 +14,11 @@ with, so the audit cannot pass by default:
 from __future__ import annotations
 
 import enum
-import json
 from typing import Any, Iterable, Optional, Sequence
 
 import attrs
 
+from warpolicy import report as report_formats
 from warpolicy.errors import InputError
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 
@@ -238,13 +238,15 @@ class AuditReport:
                 "static_blind_spots": STATIC_BLIND_SPOTS}
 
 
-FORMATS = ("text", "json")
+#: The audit's formats: the report's text and JSON (no markdown table of an audit).
+FORMATS = tuple(f for f in report_formats.FORMATS if f != "markdown")
 
 
 def format_audit(report: AuditReport, fmt: str = "text") -> str:
-    """Render a report as an aligned text table with reasons, or as JSON."""
+    """Render a report as an aligned text table with reasons, or as a JSON document (with
+    ``schema_version``, like every JSON output)."""
     if fmt == "json":
-        return json.dumps(report.to_json(), indent=2, default=str)
+        return report_formats.json_document(report.to_json())
     if fmt != "text":
         raise InputError(f"unknown audit format {fmt!r}; use one of: {', '.join(FORMATS)}")
     return _format_text(report)
@@ -258,7 +260,7 @@ def _format_text(report: AuditReport) -> str:
              e.dynamic.summary(), e.static.summary(), e.verdict.name] for e in report.entries]
     lines = [f"warpolicy audit on {report.device or '?'}: {report.trials} trials per "
              f"declaration, stall {report.stall_us:g} us"]
-    lines += _table(_COLUMNS, rows)
+    lines += report_formats.render_table(_COLUMNS, rows).splitlines()
     shared = _common_static_reason(report.entries)
     details = [(e, e.reasons(skip_static=shared)) for e in report.entries]
     details = [(e, r) for e, r in details if r]
@@ -284,12 +286,6 @@ def _common_static_reason(entries: Sequence[AuditEntry]) -> str:
     if len(entries) > 1 and len(reasons) == 1:
         return reasons.pop()
     return ""
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
 
 
 def _label(policy: Optional[WarReadDonePolicy]) -> str:

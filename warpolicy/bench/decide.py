@@ -8,11 +8,11 @@ on every step (docs/ARCHITECTURE.md, "Benchmarks"). Run it with ``warpolicy benc
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Callable, Sequence
 
+from warpolicy.report import json_document
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode, WarReadDonePolicy
 
 
@@ -174,7 +174,7 @@ def run_decide_bench(iterations: int = 200_000, repeats: int = 7) -> dict:
 
 def format_decide(result: dict, fmt: str = "text") -> str:
     if fmt == "json":
-        return json.dumps(result, indent=2)
+        return json_document(result)  # schema_version first, like every JSON output
     load = result["load"]
     return "\n".join([
         "decision latency (median ns per call, same process, same mode sequence)",

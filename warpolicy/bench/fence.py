@@ -20,11 +20,11 @@ raw calls are Python there, not driver calls). The CLI (``warpolicy bench fence`
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.hookspecs import hookimpl
@@ -241,7 +241,7 @@ def run_fence_bench(iters: int = 3000, device: Optional[str] = None, *, replays:
 def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
     """The result as text or JSON."""
     if fmt == "json":
-        return json.dumps(result, indent=2)
+        return json_document(result)  # schema_version first, like every JSON output
     if fmt != "text":
         raise InputError(f"unknown format {fmt!r}; use text or json")
     lines = [f"fence benchmark on {result['device']} (platform {result['platform']}, "

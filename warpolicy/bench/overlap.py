@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work,
                                     matmul_work, spin_work)
+from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 
@@ -138,7 +139,7 @@ class OverlapBench:
         self.platform, self.model, self.plan, self.bookkeeping = platform, model, plan, bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
 
-    def runner(self, policy: "WarReadDonePolicy | Callable[..., Any]", name: str,
+    def runner(self, policy: Any, name: str,
                model: Any = None) -> Any:
         """A captured `DecodeRunner` answering ``policy`` (a fixed policy, or a policy
         function such as a consistency-guarded one)."""
@@ -354,7 +355,7 @@ def _span(name: str, pid: int, tid: int, start: float, end: float) -> dict:
 def format_overlap(result: dict, fmt: str = "text") -> str:
     """The result as a table (``text``) or JSON (``json``)."""
     if fmt == "json":
-        return json.dumps(result, indent=2)
+        return json_document(result)  # schema_version first, like every JSON output
     if fmt != "text":
         raise InputError(f"unknown format {fmt!r}; use text or json")
     c = result["config"]

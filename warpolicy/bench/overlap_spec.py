@@ -24,12 +24,12 @@ meaningless). The CLI runs it as ``warpolicy bench overlap --spec-step``.
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any, Callable, Sequence
 
 from warpolicy.bench.overlap import SchedulePlan
 from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
+from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.policy import ForwardMode
 
@@ -185,7 +185,7 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
 def format_overlap_spec(result: dict, fmt: str = "text") -> str:
     """The result as a table (``text``) or JSON (``json``)."""
     if fmt == "json":
-        return json.dumps(result, indent=2)
+        return json_document(result)  # schema_version first, like every JSON output
     if fmt != "text":
         raise InputError(f"unknown format {fmt!r}; use text or json")
     c = result["config"]

@@ -39,10 +39,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
-from warpolicy.bench.overlap import SCHED_KINDS, OverlapBench, PrepOnly, SchedulePlan
+from warpolicy.bench.overlap import SCHED_KINDS, OverlapBench, SchedulePlan
 from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work,
                                     spin_work)
 from warpolicy.distributed import all_gather_json, compile_consistent, guard_policy
+from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, WarReadDonePolicy
 
@@ -382,7 +383,7 @@ def run_overlap_tp(tp: int = 1, *, init_method: Optional[str] = None,
 def format_overlap_tp(result: dict, fmt: str = "text") -> str:
     """The result as a per-rank table (``text``) or JSON (``json``)."""
     if fmt == "json":
-        return json.dumps(result, indent=2)
+        return json_document(result)  # schema_version first, like every JSON output
     if fmt != "text":
         raise InputError(f"unknown format {fmt!r}; use text or json")
     c, ranks = result["config"], result["ranks"]
