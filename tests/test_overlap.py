@@ -190,15 +190,15 @@ def test_overlap_bench_rejects_nonpositive_sizes():
         run_overlap_bench(device="fake", steps=0)
 
 
-def test_gap_closed_is_relative_to_coarse_and_bound():
-    from warpolicy.bench.overlap import _gap_closed
+def testgap_closed_is_relative_to_coarse_and_bound():
+    from warpolicy.bench.overlap import gap_closed
 
     rows = [{"name": "coarse", "step_us": 100.0}, {"name": "in_graph", "step_us": 91.0},
             {"name": "no_barrier", "step_us": 90.0}]
-    _gap_closed(rows)
+    gap_closed(rows)
     assert [r["gap_closed"] for r in rows] == [0.0, pytest.approx(0.9), 1.0]
     rows = [{"name": "coarse", "step_us": 100.0}, {"name": "no_barrier", "step_us": 99.9}]
-    _gap_closed(rows)
+    gap_closed(rows)
     assert rows[0]["gap_closed"] is None  # no gap to close: not a ratio of noise
 
 

@@ -54,19 +54,19 @@ SCHED_KINDS = ("copy", "latency", "matmul")
 
 # -- the runs ------------------------------------------------------------------------------------
 
-def _median(xs: Sequence[float]) -> float:
+def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def _metrics(t: dict[str, list[float]], warmup: int) -> dict[str, float]:
+def step_metrics(t: dict[str, list[float]], warmup: int) -> dict[str, float]:
     """Steady-state medians from one run's marks (microseconds)."""
     n = len(t["launch"])
     ks = range(min(warmup, max(n - 2, 0)), n - 1)
     L, D, R = t["launch"], t["launched"], t["released"]
     return {
-        "hold_us": _median([max(0.0, R[k] - L[k]) for k in ks]),
-        "step_us": _median([L[k + 1] - L[k] for k in ks]),
-        "idle_gap_us": _median([max(0.0, L[k + 1] - D[k]) for k in ks]),
+        "hold_us": median([max(0.0, R[k] - L[k]) for k in ks]),
+        "step_us": median([L[k + 1] - L[k] for k in ks]),
+        "idle_gap_us": median([max(0.0, L[k + 1] - D[k]) for k in ks]),
     }
 
 
@@ -194,7 +194,7 @@ class OverlapBench:
         p.synchronize()
         t = probe.times_us()
         ks = range(min(self.warmup, self.steps - 1), self.steps)
-        return _median([t["launched"][k] - t["launch"][k] for k in ks])
+        return median([t["launched"][k] - t["launch"][k] for k in ks])
 
 
 def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
@@ -262,16 +262,16 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
             ref = bench.reference(runner)
             outs, t = bench.overlapped(runner, skip)
             corrupted += sum(not torch.equal(a, b) for a, b in zip(outs, ref))
-            per_run.append(_metrics(t, warmup))
+            per_run.append(step_metrics(t, warmup))
             if r == 0:
                 traces[name] = t
-        row: dict[str, Any] = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
+        row: dict[str, Any] = {k: median([m[k] for m in per_run]) for k in per_run[0]}
         row.update(name=name, policy=policy.label, resolved=runner.policy_for(batch).label,
                    sound=is_sound, barrier=not skip, corrupted=corrupted,
                    checked=steps * repeats)
         rows.append(row)
 
-    _gap_closed(rows)
+    gap_closed(rows)
     ig = next(r for r in rows if r["name"] == "in_graph")
     ig["release_minus_ideal_us"] = ig["hold_us"] - ideal
     result = {
@@ -292,7 +292,7 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     return result
 
 
-def _gap_closed(rows: list[dict]) -> None:
+def gap_closed(rows: list[dict]) -> None:
     """Share of the coarse-to-no-barrier step-time gap each variant closes (None if no gap)."""
     by = {r["name"]: r for r in rows}
     coarse, bound = by["coarse"]["step_us"], by["no_barrier"]["step_us"]

@@ -32,14 +32,14 @@ import datetime
 import json
 import os
 import socket
-import statistics
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import attrs
 
-from warpolicy.bench.overlap import SCHED_KINDS, OverlapBench, SchedulePlan
+from warpolicy.bench.overlap import (SCHED_KINDS, OverlapBench, SchedulePlan, gap_closed, median,
+                                     step_metrics)
 from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work,
                                     spin_work)
 from warpolicy.distributed import all_gather_json, compile_consistent, guard_policy
@@ -116,33 +116,8 @@ def tensor_parallel_model(cfg: Any, device: Any, group: Any = None) -> Any:
     return model
 
 
-# -- measurements (pure; the CPU tests feed them hand-made marks) ----------------------------
-
-def _median(xs: Sequence[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
-def step_metrics(marks: dict[str, list[float]], warmup: int) -> dict[str, float]:
-    """Steady-state medians (us) from a run's marks: hold (launch to release), step, idle gap."""
-    n = len(marks["launch"])
-    ks = range(min(warmup, max(n - 2, 0)), n - 1)
-    launch, end, released = marks["launch"], marks["launched"], marks["released"]
-    return {
-        "hold_us": _median([max(0.0, released[k] - launch[k]) for k in ks]),
-        "step_us": _median([launch[k + 1] - launch[k] for k in ks]),
-        "idle_gap_us": _median([max(0.0, launch[k + 1] - end[k]) for k in ks]),
-    }
-
-
-def gap_closed(rows: list[dict]) -> None:
-    """Each row's share of the coarse-to-no-barrier step-time gap (None: no gap to close)."""
-    by = {r["name"]: r for r in rows}
-    coarse, bound = by["coarse"]["step_us"], by["no_barrier"]["step_us"]
-    gap = coarse - bound
-    for r in rows:
-        # a gap under 0.5% of the step is noise: the scheduler's work was already hidden
-        r["gap_closed"] = (coarse - r["step_us"]) / gap if gap > 0.005 * coarse else None
-
+# -- measurements (pure; the CPU tests feed them hand-made marks; `step_metrics` and
+#    `gap_closed` are the single-GPU benchmark's) -------------------------------------------------
 
 def combine_ranks(config: dict, reports: list[dict]) -> dict:
     """Every rank's report (index = rank) and the targets over all of them."""
@@ -253,7 +228,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
             outs, marks = bench.overlapped(runner, skip)
             corrupted += sum(not torch.equal(a, b) for a, b in zip(outs, ref, strict=True))
             per_run.append(step_metrics(marks, warmup))
-        row: dict[str, Any] = {k: _median([m[k] for m in per_run]) for k in per_run[0]}
+        row: dict[str, Any] = {k: median([m[k] for m in per_run]) for k in per_run[0]}
         row.update(name=name, policy=policy.label, resolved=runner.policy_for(config.batch).label,
                    sound=is_sound, barrier=not skip, corrupted=corrupted,
                    checked=config.steps * config.repeats)
