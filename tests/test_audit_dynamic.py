@@ -92,7 +92,7 @@ class TestWholeAudits:
     def test_static_audit_on_the_simulated_platform_is_unavailable(self):
         entry = audit_mode(table_subject(IN_GRAPH), DECODE, trials=2)
         assert entry.static.verdict is INCONCLUSIVE
-        assert entry.static.reason.startswith("static audit unavailable: platform 'fake'")
+        assert entry.static.reason.startswith("static audit unavailable: platform 'sim'")
 
     def test_failure_mid_trial_restores_shared_state(self):
         subject = table_subject(IN_GRAPH)

@@ -404,7 +404,7 @@ def test_a_registry_without_spec_algorithms_still_answers_for_spec_none(capsys, 
     rows = table_json(capsys, "--capabilities", str(mine))
     assert {(r["mode"], r["spec"], r["policy"]) for r in rows} == {
         ("decode", "none", "in_graph"), ("extend", "none", "pre_replay"),
-        ("target_verify", "none", "none")}
+        ("target_verify", "none", "none"), ("draft_extend", "none", "none")}
     code, _, err = run_cli(capsys, "query", *args, "--mode", "decode", "--spec", "eagle")
     assert code == ExitCode.USAGE and "unknown spec algorithm 'eagle'" in err
 

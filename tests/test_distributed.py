@@ -350,7 +350,7 @@ def _bench(rank: int, world: int) -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the mismatch warning, checked above
-        return run_rank(rank, world, TpConfig(device="fake", steps=6, mismatch_rank=2))
+        return run_rank(rank, world, TpConfig(device="sim", steps=6, mismatch_rank=2))
 
 
 def _rank_main(rank: int, world: int, store: str, outdir: str, extra: str) -> None:

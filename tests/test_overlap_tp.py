@@ -98,7 +98,7 @@ class TestConfig:
 
     def test_a_mismatch_needs_two_ranks(self):
         with pytest.raises(InputError, match="two ranks"):
-            run_rank(0, 1, TpConfig(device="fake", mismatch_rank=0))
+            run_rank(0, 1, TpConfig(device="sim", mismatch_rank=0))
 
     def test_cli_reports_bad_input_in_one_line(self, capsys):
         from warpolicy.cli import main
@@ -111,7 +111,7 @@ class TestConfig:
 
 class TestSimulated:
     def test_one_rank_in_process(self):
-        result = run_overlap_tp(1, device="fake")
+        result = run_overlap_tp(1, device="sim")
         assert result is not None and result["world_size"] == 1
         (rank,) = result["ranks"]
         assert rank["consistency"]["ok"]
@@ -138,9 +138,9 @@ class TestSimulated:
 
         monkeypatch.setattr(overlap_tp, "run_rank", fake_run_rank)
         monkeypatch.setattr(mp, "spawn", serial_spawn)
-        result = run_overlap_tp(3, device="fake", steps=7)
+        result = run_overlap_tp(3, device="sim", steps=7)
         assert result is not None
         assert (result["rank"], result["world"], result["steps"]) == (0, 3, 7)
         assert result["init"].startswith("tcp://127.0.0.1:")
         with pytest.raises(WarpolicyError, match="rank 0: strict says no"):
-            run_overlap_tp(2, device="fake", strict=True)
+            run_overlap_tp(2, device="sim", strict=True)

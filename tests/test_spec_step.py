@@ -346,7 +346,7 @@ class TestAudit:
 def test_overlap_spec_bench_runs_on_the_simulated_platform():
     from warpolicy.bench.overlap_spec import format_overlap_spec, run_overlap_spec_bench
 
-    result = run_overlap_spec_bench(device="fake")
+    result = run_overlap_spec_bench(device="sim")
     rows = {(r["shape"], r["run"]): r for r in result["rows"]}
     assert set(rows) == {(s, r) for s in ("eagle", "dflash")
                          for r in ("coarse", "step", "no_barrier")}
