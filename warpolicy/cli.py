@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-inconclusive", action="store_true",
                    help="exit 0 when nothing is unsafe even if some declaration stayed "
                         "inconclusive (a failed audit still exits 3)")
+    p.add_argument("--placement", choices=("declared", "marker", "derived"), default="declared",
+                   help="with --synthetic: where the read-done node goes (default: as declared; "
+                        "derived: after the last shared reader found in the captured graph)")
     p.add_argument("--format", choices=DATA_FORMATS, default="text")
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
@@ -381,7 +384,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     extra = {} if args.stall_us is None else {"stall_us": args.stall_us}
     report = run_audit(factory=args.factory, synthetic=args.synthetic, modes=args.modes,
                        trials=args.trials, device=args.device,
-                       allow_inconclusive=args.allow_inconclusive, **extra)
+                       allow_inconclusive=args.allow_inconclusive, placement=args.placement,
+                       **extra)
     _out(format_audit(report, args.format))
     return report.exit_code
 
