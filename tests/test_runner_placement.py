@@ -401,3 +401,22 @@ def test_engine_compiled_policy_drives_derived_placement():
     runner = DecodeRunner(model, compiled, platform)
     assert capture_quietly(runner) == []
     assert {cb.policy for cb in runner.captured.values()} == {P.IN_GRAPH}
+
+
+def test_explain_marks_a_derived_decision():
+    from warpolicy.policy import ForwardMode as M
+    from warpolicy.engine import Context
+    from warpolicy.report import format_explanation
+
+    engine = PolicyEngine(load_registry([Fragment("caps.yaml", DERIVED_YAML)]), environ={})
+    exp = engine.explain(Context("walked", M.DECODE))
+    assert exp.placement is Placement.DERIVED
+    text = format_explanation(exp)
+    assert "placement: derived (the node is planted after the last shared reader found in the " \
+           "captured graph; see docs/derived-placement.md" in text
+    assert "placement" in format_explanation(exp, "markdown") and "derived" in \
+        format_explanation(exp, "markdown")
+    assert '"placement": "derived"' in format_explanation(exp, "json")
+    marker = engine.explain(Context("walked", M.EXTEND))
+    assert marker.placement is Placement.MARKER
+    assert "placement: marker" in format_explanation(marker)
