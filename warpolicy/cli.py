@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a one-SM spin kernel, or a matmul competing for every SM")
     b.add_argument("--window-us", type=float, default=0.0, metavar="US",
                    help="GPU work before the in-graph read (widens the race window)")
+    b.add_argument("--model", choices=("in_graph", "first_layer_rebuild"), default="in_graph",
+                   help="the synthetic model: reads in the prep only (default), or a first "
+                        "layer that rebuilds the metadata from the live table")
     b.add_argument("--format", choices=DATA_FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
     b.add_argument("--iterations", type=_positive_int, default=3000)
@@ -401,7 +404,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result = run_overlap_bench(layers=args.layers, batch=args.batch, steps=args.steps,
                                    trace=args.trace, sched_kind=args.sched_kind,
-                                   window_us=args.window_us)
+                                   window_us=args.window_us, model_name=args.model)
         _out(format_overlap(result, args.format))
     else:
         _quiet_torch()

@@ -410,7 +410,9 @@ class GraphRunner:
             self.model.graph_prep(bucket)
             self._outputs[bucket] = self.model.forward(bucket)
 
-        graph = self.platform.new_graph(keep_graph=True)
+        walkable = self._walk_unavailable is None
+        kept = walkable or self.keep_graphs  # an old torch cannot keep graphs: do not ask it
+        graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         event = self.fence.event
         planted: Optional[EventHandle] = None
@@ -431,7 +433,7 @@ class GraphRunner:
         else:
             planted = event
             self._report(bucket, True, True, True, plant.total_ms, plant.describe())
-        if not self._instantiate(bucket, graph):
+        if kept and not self._instantiate(bucket, graph):
             planted = None
         return CapturedBucket(bucket, graph, self._outputs[bucket], planted,
                               self._resolve(eager=False, planted=planted is not None))
