@@ -146,6 +146,7 @@ class _Bench:
                  probe_factory: Callable[[], Any]) -> None:
         self.platform, self.model, self.plan, self.bookkeeping = platform, model, plan, bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
+        self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
 
     def runner(self, policy: WarReadDonePolicy, name: str, model: Any = None) -> Any:
         import warnings
@@ -159,7 +160,7 @@ class _Bench:
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
             runner.capture()
-        runner.capture_warnings = [str(w.message) for w in caught]
+        self.capture_warnings[name] = [str(w.message) for w in caught]
         return runner
 
     def reference(self, runner: Any) -> list[Any]:
@@ -275,7 +276,7 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
         if rebuild and name == "in_graph":
             is_sound = False  # the marker releases before the first layer's rebuild
         runner = bench.runner(policy, name)
-        captures[name] = _capture_costs(runner)
+        captures[name] = _capture_costs(runner, bench.capture_warnings.get(name, []))
         per_run, corrupted = [], 0
         for r in range(repeats):
             ref = bench.reference(runner)
@@ -325,9 +326,9 @@ def _gap_closed(rows: list[dict]) -> None:
         r["gap_closed"] = (coarse - r["step_us"]) / gap if gap > 0.005 * coarse else None
 
 
-def _capture_costs(runner: Any) -> dict:
+def _capture_costs(runner: Any, capture_warnings: list[str]) -> dict:
     """What the capture did per bucket: placement, planted, the walk's cost and outcome."""
-    return {"warnings": list(getattr(runner, "capture_warnings", [])),
+    return {"warnings": list(capture_warnings),
             "buckets": {str(b): {"placement": r.placement.value, "planted": r.planted,
                                  "walked": r.walked, "ok": r.ok, "walk_ms": r.walk_ms,
                                  "detail": r.detail}
