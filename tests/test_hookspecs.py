@@ -14,7 +14,7 @@ from warpolicy.plugins import new_plugin_manager
 SPECS = {name: fn for name, fn in vars(hookspecs).items()
          if callable(fn) and hasattr(fn, "warpolicy_spec")}
 OBSERVERS = {"warpolicy_on_decision", "warpolicy_on_publish", "warpolicy_on_barrier",
-             "warpolicy_on_fallback"}
+             "warpolicy_on_fallback", "warpolicy_on_demotion"}
 FRAGMENTS = {"warpolicy_capabilities"}
 
 

@@ -168,7 +168,7 @@ def test_overlap_bench_fake_reports_every_variant(tmp_path):
     trace = tmp_path / "t.json"
     result = run_overlap_bench(device="fake", trace=str(trace))
     names = [r["name"] for r in result["rows"]]
-    assert names == ["coarse", "post_replay", "in_graph", "pre_replay", "no_barrier"]
+    assert names == ["coarse", "post_replay", "in_graph", "derived", "pre_replay", "no_barrier"]
     by = {r["name"]: r for r in result["rows"]}
     assert by["in_graph"]["resolved"] == "in_graph"
     assert not by["pre_replay"]["sound"] and not by["no_barrier"]["barrier"]
@@ -181,6 +181,25 @@ def test_overlap_bench_fake_reports_every_variant(tmp_path):
     assert {e["args"]["name"] for e in events if e.get("name") == "process_name"} == set(names)
     with pytest.raises(InputError):
         format_overlap(result, "xml")
+
+
+def test_overlap_bench_fake_first_layer_rebuild_has_derived_targets():
+    from warpolicy.bench.overlap import format_overlap, run_overlap_bench
+
+    result = run_overlap_bench(device="fake", model_name="first_layer_rebuild")
+    by = {r["name"]: r for r in result["rows"]}
+    assert not by["in_graph"]["sound"] and by["derived"]["sound"]
+    assert set(result["targets"]) == {"derived_closes_90pct", "derived_zero_corrupted",
+                                      "post_replay_closes_under_10pct",
+                                      "sound_policies_zero_corrupted"}
+    # the simulated platform has no graph model here: derived cannot plant and says why
+    derived = result["capture"]["derived"]
+    assert derived["buckets"] and not any(b["planted"] for b in derived["buckets"].values())
+    assert by["derived"]["resolved"] == "post_replay"
+    text = format_overlap(result)
+    assert "model first_layer_rebuild" in text and "derived plant of the" in text
+    with pytest.raises(InputError, match="model must be one of"):
+        run_overlap_bench(device="fake", model_name="nope")
 
 
 def test_overlap_bench_rejects_nonpositive_sizes():

@@ -7,19 +7,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from warpolicy.audit import Verdict, run_audit
+from warpolicy.audit import Verdict, audit_mode, run_audit
 from warpolicy.engine import Context, PolicyEngine
-from warpolicy.errors import UnknownNameError
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.errors import InputError, UnknownNameError
+from warpolicy.graphwalk import Graph, Node, NodeKind
+from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.audit.synthetic import make_synthetic, synthetic_backend, synthetic_names
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-from warpolicy.platform import sim_platform
+from warpolicy.platform import sim_impl, sim_platform
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 PRE, IN = WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH
 
 UNSAFE_NAMES = ["late_swa_read", "late_kv_write", "pre_replay_reads_graph",
-                "plant_before_prep", "composite_late_child", "reread_after_replay"]
+                "plant_before_prep", "composite_late_child", "reread_after_replay",
+                "first_layer_rebuild"]
+#: made SAFE by derived placement: their late reads are in the captured graph
+DERIVED_SAFE = {"late_swa_read", "late_kv_write", "plant_before_prep", "composite_late_child",
+                "first_layer_rebuild"}
 
 
 def test_names_safe_first_and_complete():
@@ -103,7 +108,7 @@ def test_every_layout_computes_the_same_function_undisturbed():
     reference = _eager_output(Layout(), batch, bucket)
     for layout in (Layout(snapshot=True), Layout(late_swa=True), Layout(prep_in_forward=True),
                    Layout(split_prep=True), Layout(reread_after_replay=True),
-                   Layout(late_kv_write=True)):
+                   Layout(late_kv_write=True), Layout(first_layer_rebuild=True)):
         assert torch.equal(_eager_output(layout, batch, bucket)[0], reference[0]), layout
         assert torch.equal(_eager_output(layout, batch, bucket)[1], reference[1]), layout
 
@@ -162,3 +167,71 @@ def test_shared_state_restored_after_an_unsafe_audit():
     assert entry.verdict is Verdict.UNSAFE
     for name, tensor in subject.model.shared_buffers.items():
         assert torch.equal(tensor, before[name]), name
+
+
+# -- derived placement ------------------------------------------------------------------------
+
+def test_expected_with_derived_placement():
+    for name in synthetic_names():
+        backend = synthetic_backend(name)
+        derived = backend.expected_with(Placement.DERIVED)
+        assert derived is (Verdict.SAFE if name in DERIVED_SAFE or backend.expected is Verdict.SAFE
+                           else Verdict.UNSAFE), name
+        assert backend.expected_with(None) is backend.expected
+        assert backend.expected_with(Placement.MARKER) is backend.expected
+
+
+def test_first_layer_rebuild_reads_the_live_tables_in_the_forward():
+    model = SyntheticModel(Layout(first_layer_rebuild=True), SyntheticConfig(),
+                           torch.device("cpu"))
+    batch = model.make_batch(DECODE, 1)
+    model.prepare_bucket(8)
+    model.host_prep(batch, 8)
+    model.graph_prep(8)
+    model.req_to_token.copy_(model.req_to_token.flip(0))  # the scheduler writes after the prep
+    model.full_to_swa.zero_()
+    corrupted = model.forward(8).clone()
+    reference = _eager_output(Layout(), batch, 8)[0]
+    assert not torch.equal(corrupted, reference)  # the forward saw the new tables
+
+
+def _whole_forward_reads(subject):
+    """A graph model for the simulated platform: one kernel reading ``req_to_token`` (the
+    derived node then fires after the whole body, where the sim puts it)."""
+    ptr = subject.model.req_to_token.data_ptr()
+    return lambda graph: Graph([Node(0, NodeKind.KERNEL, "prep", words=(ptr,))])
+
+
+@pytest.mark.parametrize("name", synthetic_names())
+def test_derived_placement_on_the_fake(name):
+    platform = sim_platform()
+    subject = make_synthetic(name, platform=platform, placement="derived")
+    assert subject.name == f"{name}@derived"
+    sim_impl(platform).graph_model = _whole_forward_reads(subject)
+    expected = synthetic_backend(name).expected_with(Placement.DERIVED)
+    for mode in subject.runners:
+        entry = audit_mode(subject, mode, trials=4)
+        assert entry.verdict is expected, (mode, entry.dynamic)
+
+
+def test_derived_placement_without_a_walk_is_post_replay_and_never_corrupts():
+    platform = sim_platform()  # no graph model: derived placement cannot plant
+    subject = make_synthetic("late_swa_read", platform=platform, placement="derived")
+    with pytest.warns(RuntimeWarning, match="no graph model"):
+        entry = audit_mode(subject, DECODE, trials=2)
+    assert entry.policy is WarReadDonePolicy.POST_REPLAY
+    assert entry.verdict is not Verdict.UNSAFE and entry.dynamic.corrupted == 0
+
+
+def test_marker_placement_keeps_the_unsafe_shapes_unsafe():
+    report = run_audit(synthetic="first_layer_rebuild", trials=3, platform=sim_platform(),
+                       placement="marker")
+    assert {e.verdict for e in report.entries} == {Verdict.UNSAFE}
+
+
+def test_placement_usage_errors():
+    with pytest.raises(InputError, match="--placement must be one of"):
+        run_audit(synthetic="in_graph", trials=1, platform=sim_platform(), placement="early")
+    with pytest.raises(InputError, match="--synthetic only"):
+        run_audit(factory="tests.audit_subjects:table_subject", trials=1, platform=sim_platform(),
+                  placement="derived")

@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-inconclusive", action="store_true",
                    help="exit 0 when nothing is unsafe even if some declaration stayed "
                         "inconclusive (a failed audit still exits 3)")
+    p.add_argument("--placement", choices=("declared", "marker", "derived"), default="declared",
+                   help="with --synthetic: where the read-done node goes (default: as declared; "
+                        "derived: after the last shared reader found in the captured graph)")
     p.add_argument("--format", choices=DATA_FORMATS, default="text")
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
@@ -186,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --tp: a cross-rank mismatch raises on every rank")
     b.add_argument("--spec-step", action="store_true",
                    help="the speculative-step variant (EAGLE-like and DFlash-like phase steps)")
+    b.add_argument("--model", choices=("in_graph", "first_layer_rebuild"), default="in_graph",
+                   help="the synthetic model: reads in the prep only (default), or a first "
+                        "layer that rebuilds the metadata from the live table")
     b.add_argument("--format", choices=DATA_FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
     b.add_argument("--iterations", type=_positive_int, default=3000)
@@ -411,7 +417,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     extra = {} if args.stall_us is None else {"stall_us": args.stall_us}
     report = run_audit(factory=args.factory, synthetic=args.synthetic, modes=args.modes,
                        trials=args.trials, device=args.device,
-                       allow_inconclusive=args.allow_inconclusive, **extra)
+                       allow_inconclusive=args.allow_inconclusive, placement=args.placement,
+                       **extra)
     _out(format_audit(report, args.format))
     return report.exit_code
 
@@ -468,7 +475,8 @@ def _bench_overlap(args: argparse.Namespace) -> None:
 
         result = run_overlap_bench(layers=args.layers, batch=args.batch, steps=args.steps,
                                    trace=args.trace, sched_kind=args.sched_kind,
-                                   window_us=args.window_us or 0.0, device=args.device)
+                                   window_us=args.window_us or 0.0, device=args.device,
+                                   model_name=args.model)
         _out(format_overlap(result, args.format))
 
 

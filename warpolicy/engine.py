@@ -186,14 +186,25 @@ class Explanation:
     demotion: Optional[Reason] = None
     declarations: tuple[Declaration, ...] = ()
     force_coarse: Optional[Reason] = None
+    placement: Placement = Placement.MARKER  # where a runner puts the node (top level only)
 
     @property
     def backend(self) -> str:
         return self.decision.context.backend
 
+    @property
+    def placement_text(self) -> str:
+        """One line saying where the read-done node goes and, for derived, what that means."""
+        if self.placement is Placement.DERIVED:
+            return ("derived (the node is planted after the last shared reader found in the "
+                    "captured graph; see docs/derived-placement.md for what the walk cannot see)")
+        return "marker (the runner records the event right after graph_prep)"
+
     def to_json(self) -> dict:
         """A JSON-ready dict; a child seen earlier in the walk is ``{"backend", "see_above"}``."""
-        return self._json(set())
+        out = self._json(set())
+        out["placement"] = self.placement.value  # the runner's placement for this cell
+        return out
 
     def _json(self, seen: set[str]) -> dict:
         seen.add(self.backend)
@@ -301,7 +312,11 @@ class PolicyEngine:
 
     def explain(self, ctx: Context) -> Explanation:
         """Evaluate ``ctx`` and keep everything considered. Raises on unknown names."""
-        return self._evaluation(ctx).explain(ctx.backend)
+        explanation = self._evaluation(ctx).explain(ctx.backend)
+        placement = self.placement(ctx.backend, ctx.mode)
+        if placement is not explanation.placement:
+            explanation = attrs.evolve(explanation, placement=placement)
+        return explanation
 
     def decision(self, ctx: Context) -> Decision:
         """The policy and the reasons that moved it. Raises on unknown names."""

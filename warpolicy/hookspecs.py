@@ -9,8 +9,8 @@ Three kinds of hooks:
   built for a device. A plugin claims the device by returning an object implementing
   `warpolicy.platforms.PlatformImpl`; from then on its methods are called directly, with no
   plugin dispatch per operation. Exactly one plugin may claim a device type.
-* **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier and
-  fallback, for logging, metrics and tracing. With none registered the runtime pays nothing;
+* **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier,
+  fallback and capture-time demotion, for logging, metrics and tracing. With none registered the runtime pays nothing;
   each registered one costs one direct call. An observer that raises is reported (a warning
   and `warpolicy_on_fallback`) and never changes what is published or when the scheduler is
   released.
@@ -58,6 +58,7 @@ OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = {
     "warpolicy_on_publish": ("runner", "step", "policy", "event"),
     "warpolicy_on_barrier": ("runner", "step", "kind", "reason"),
     "warpolicy_on_fallback": ("where", "error"),
+    "warpolicy_on_demotion": ("runner", "bucket", "reason"),
 }
 
 
@@ -133,4 +134,16 @@ def warpolicy_on_fallback(where: str, error: BaseException) -> None:
 
     :param where: the component and place, e.g. ``"fence 'decode':after_replay"``
     :param error: the exception absorbed
+    """
+
+
+@hookspec
+def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
+    """A captured bucket was demoted at capture time (fires once per bucket and capture): its
+    marker failed the self-check, or derived placement could not plant its node, so the bucket
+    publishes no earlier than ``post_replay``.
+
+    :param runner: the runner's name
+    :param bucket: the bucket's size
+    :param reason: one line naming what failed (for a failed self-check: kernel, buffer, bucket)
     """

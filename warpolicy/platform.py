@@ -16,6 +16,8 @@ from typing import Any, Callable, ContextManager, Optional
 import pluggy
 
 from warpolicy.errors import CudaUnavailableError, UnknownNameError
+from warpolicy.graphwalk import DerivedPlant, PlacementError, SelfCheck
+from warpolicy.graphwalk.plant import SharedBuffers
 from warpolicy.platforms import (EventHandle, GraphHandle, PlatformImpl, PoolHandle, StreamHandle,
                                  cuda_available, device_type)
 from warpolicy.platforms.sim import CallLog, SimPlatform
@@ -169,6 +171,55 @@ class Platform:
     def synchronize(self) -> None:
         """Block the host until the device is idle."""
         self.impl.synchronize()
+
+    # -- graph walk (derived placement, marker self-check) --------------------------------------
+
+    def graph_walk_unavailable(self) -> Optional[str]:
+        """None when this platform can walk its kept graphs, else one line saying why not."""
+        fn = getattr(self.impl, "graph_walk_unavailable", None)
+        if fn is None:
+            return f"platform {self._name!r} cannot walk its captured graphs"
+        try:
+            reason = fn()
+        except Exception as exc:  # noqa: BLE001 - a failing probe means "cannot walk"
+            return f"platform {self._name!r}: graph_walk_unavailable raised {exc!r}"
+        return None if reason is None else str(reason)
+
+    def plant_derived(self, graph: GraphHandle, shared_buffers: SharedBuffers,
+                      event: EventHandle) -> DerivedPlant:
+        """Add the read-done node recording ``event`` after the shared readers of the kept,
+        not yet instantiated ``graph``. Raises `PlacementError` (one line) on any failure."""
+        return self._walk("plant_derived", graph, shared_buffers, event)
+
+    def check_marker(self, graph: GraphHandle, shared_buffers: SharedBuffers,
+                     event: EventHandle) -> SelfCheck:
+        """The static check of the marker recording ``event`` in the kept ``graph``. Raises
+        `PlacementError` (one line) when it cannot be done."""
+        return self._walk("check_marker", graph, shared_buffers, event)
+
+    def instantiate(self, graph: GraphHandle) -> None:
+        """Build the executable graph of a kept graph before its first replay (a platform
+        without the method instantiates at replay)."""
+        fn = getattr(self.impl, "instantiate", None)
+        if fn is not None:
+            fn(graph)
+
+    def _walk(self, op: str, *args: Any) -> Any:
+        fn = getattr(self.impl, op, None)
+        if fn is None:
+            raise PlacementError(f"platform {self._name!r} cannot walk its captured graphs "
+                                 f"(no {op})")
+        try:
+            result = fn(*args)
+        except PlacementError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fail closed: the caller demotes the bucket
+            text = str(exc).strip().splitlines()
+            raise PlacementError(f"{op} failed: {type(exc).__name__}: "
+                                 f"{text[0] if text else ''}") from None
+        if result is None:
+            raise PlacementError(f"platform {self._name!r}: {op} returned None")
+        return result
 
     def _handle(self, result: Any, op: str) -> Any:
         if result is None:

@@ -69,13 +69,15 @@ class Observers:
     through pluggy instead, so the monitor sees it.
     """
 
-    __slots__ = ("on_decision", "on_publish", "on_barrier", "on_fallback", "plugin_of")
+    __slots__ = ("on_decision", "on_publish", "on_barrier", "on_fallback", "on_demotion",
+                 "plugin_of")
 
     def __init__(self) -> None:
         self.on_decision: tuple[ObserverCall, ...] = ()
         self.on_publish: tuple[ObserverCall, ...] = ()
         self.on_barrier: tuple[ObserverCall, ...] = ()
         self.on_fallback: tuple[ObserverCall, ...] = ()
+        self.on_demotion: tuple[ObserverCall, ...] = ()
         self.plugin_of: dict[ObserverCall, str] = {}  # for naming a failing observer
 
     def refresh(self, pm: pluggy.PluginManager, through_pluggy: bool) -> None:

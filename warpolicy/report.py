@@ -121,6 +121,8 @@ def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str
     lines = [f"{indent}{exp.decision.policy.label}"]
     lines += [f"{indent}  {name} {value}" if name in ("backend", "spec", "platform")
               else f"{indent}  {name}: {value}" for name, value in _context_lines(exp)]
+    if not indent:
+        lines.append(f"  placement: {exp.placement_text}")
     lines.append(f"{indent}  declared: {exp.declared.label}")
     lines += [f"{indent}    {step}" for step in exp.chain]
     lines += [f"{indent}    ({d.backend} declares {ctx.mode.label} at {d.origin})"
@@ -166,7 +168,8 @@ def _explanation_markdown(exp: Explanation) -> str:
     ctx = exp.decision.context
     parts = [f"### warpolicy: `{ctx.backend}` {ctx.mode.label} (spec `{ctx.spec}`) -> "
              f"**{exp.decision.policy.label}**", "",
-             render_table(("input", "value"), _context_lines(exp), "markdown"), "",
+             render_table(("input", "value"), _context_lines(exp) + [
+                 ("placement", exp.placement_text)], "markdown"), "",
              "**Reasons**", "",
              render_table(("reason", "at least", "message", "origin"),
                           [(r.id, r.policy.label, r.message, r.origin or "-")

@@ -28,14 +28,15 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
               modes: Union[None, str, Iterable[Union[str, ForwardMode]]] = None,
               trials: int = 50, stall_us: float = DEFAULT_STALL_US, device: Any = None, *,
               platform: Any = None, static: bool = True,
-              allow_inconclusive: bool = False) -> AuditReport:
+              allow_inconclusive: bool = False, placement: Optional[str] = None) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
     ``modes`` limits the modes (names, aliases or a comma-separated string); None audits every
     mode the subject has a runner for. ``device`` None means CUDA. ``platform`` (tests) skips
     the device lookup and is handed to the factory / synthetic backends as is.
     ``allow_inconclusive`` lets INCONCLUSIVE entries pass the report's exit code (a failed
-    audit still does not).
+    audit still does not). ``placement`` (``declared``, ``marker`` or ``derived``; synthetic
+    backends only) forces where the read-done node goes (see `warpolicy.audit.synthetic`).
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
@@ -44,6 +45,13 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
     mode_list = parse_modes(modes)
     names = parse_synthetic(synthetic) if synthetic is not None else []
     make = resolve_factory(factory) if factory is not None else None
+    if placement not in (None, "declared"):
+        if make is not None:
+            raise InputError("--placement applies to --synthetic only (a factory's runners "
+                             "choose their own placement)")
+        from warpolicy.audit.synthetic import parse_placement  # deferred: imports torch
+
+        parse_placement(placement)  # one line for a bad value, before any GPU work
     if platform is None:
         platform = _platform(device)
     if make is not None:
@@ -51,7 +59,7 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
     else:
         from warpolicy.audit.synthetic import make_synthetic  # deferred: imports torch
 
-        subjects = [make_synthetic(n, platform=platform) for n in names]
+        subjects = [make_synthetic(n, platform=platform, placement=placement) for n in names]
     entries: list[AuditEntry] = []
     for subject in subjects:
         for mode in mode_list if mode_list is not None else list(subject.runners):

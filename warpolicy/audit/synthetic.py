@@ -26,7 +26,23 @@ name                         declares                    reads shared state
                                                          plant
 ``reread_after_replay``      in_graph                    prep, then an eager kernel after
                                                          replay rereads ``req_to_token``
+``first_layer_rebuild``      in_graph                    prep, then the first layer rebuilds
+                                                         the metadata from the LIVE tables
+                                                         (DP padding, SGLang's dots-hybrid
+                                                         shape): a marker after the prep is
+                                                         unsafe, derived placement releases
+                                                         after the first layer
 ============================ =========================== ======================================
+
+Placement (``make_synthetic(..., placement=)``, ``warpolicy audit --placement``): ``declared``
+(the default) uses the registry's placement (the marker for every synthetic backend);
+``marker`` and ``derived`` force one. With derived placement the runner walks each captured
+graph and plants the node after the readers it finds, so every shape whose late reads are in
+the graph (``late_swa_read``, ``late_kv_write``, ``plant_before_prep``,
+``composite_late_child``, ``first_layer_rebuild``) is safe; ``expected_derived`` says so.
+Work the graph does not contain (``reread_after_replay``) or a ``pre_replay`` declaration
+(``pre_replay_reads_graph``) stays unsafe whatever the placement. The audit's runners do not
+self-check (``self_check="off"``): the audit judges the declaration itself.
 
 `make_synthetic(name, device)` returns an `AuditSubject` whose runners are built through
 `warpolicy.runners` with the policy compiled from that declaration by the real engine; its
@@ -45,8 +61,8 @@ from warpolicy.audit.dynamic import AuditSubject
 from warpolicy.audit.report import SAFE, UNSAFE, Verdict
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.engine import Context, PolicyEngine
-from warpolicy.errors import UnknownNameError
-from warpolicy.policy import IN_GRAPH, NONE, PRE_REPLAY, ForwardMode, WarReadDonePolicy
+from warpolicy.errors import InputError, UnknownNameError
+from warpolicy.policy import IN_GRAPH, NONE, PRE_REPLAY, ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.registry import Backend, Registry, SpecAlgorithm
 from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner
 
@@ -65,6 +81,13 @@ class SyntheticBackend:
     expected: Verdict = SAFE
     static_visible: bool = False  # the static audit can name the late reader
     offender_hint: str = ""  # a substring of the late reader's kernel name
+    expected_derived: Optional[Verdict] = None  # with derived placement (None: as ``expected``)
+
+    def expected_with(self, placement: Optional[Placement]) -> Verdict:
+        """What the audit must find with ``placement`` (None: the declared one, the marker)."""
+        if placement is Placement.DERIVED and self.expected_derived is not None:
+            return self.expected_derived
+        return self.expected
 
     def registry(self) -> Registry:
         """The declaration as registry entries (a composite takes the latest of its children)."""
@@ -87,28 +110,37 @@ _BACKENDS: tuple[SyntheticBackend, ...] = (
     SyntheticBackend("late_swa_read", "a late layer translates the KV location through the live "
                      "full-to-SWA mapping after the plant (the TRTLLM SWA bug shape)",
                      Layout(late_swa=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
-                     static_visible=True, offender_hint="index"),
+                     static_visible=True, offender_hint="index", expected_derived=SAFE),
     SyntheticBackend("late_kv_write", "the KV write re-reads its slots from the live "
                      "request-to-token table after the plant; only the KV pool shows it",
                      Layout(late_kv_write=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
-                     static_visible=True, offender_hint="index"),
+                     static_visible=True, offender_hint="index", expected_derived=SAFE),
     SyntheticBackend("pre_replay_reads_graph", "declares pre_replay but the graph's prep reads "
                      "shared state", Layout(), _PRE_REPLAY, expected=UNSAFE,
                      static_visible=True, offender_hint="index"),
     SyntheticBackend("plant_before_prep", "the read-done node is planted before the metadata "
                      "prep (the prep runs in the forward)", Layout(prep_in_forward=True),
                      _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE, static_visible=True,
-                     offender_hint="index"),
+                     offender_hint="index", expected_derived=SAFE),
     SyntheticBackend("composite_late_child", "a composite of two in_graph children whose tbo "
                      "child builds its micro-batch's metadata after the plant",
                      Layout(split_prep=True),
                      children={"composite_dense_child": _DECODE_VERIFY_IN_GRAPH,
                                "composite_tbo_child": _DECODE_VERIFY_IN_GRAPH},
-                     expected=UNSAFE, static_visible=True, offender_hint="index"),
+                     expected=UNSAFE, static_visible=True, offender_hint="index",
+                     expected_derived=SAFE),
     SyntheticBackend("reread_after_replay", "declares in_graph, but an eager kernel after replay "
                      "rereads req_to_token", Layout(reread_after_replay=True),
                      _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE),
+    SyntheticBackend("first_layer_rebuild", "the first layer rebuilds the metadata from the "
+                     "live tables (DP padding); a marker after the prep releases too early, "
+                     "derived placement after the first layer",
+                     Layout(first_layer_rebuild=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
+                     static_visible=True, offender_hint="index", expected_derived=SAFE),
 )
+
+#: ``--placement`` values: the registry's own placement, or one forced.
+PLACEMENT_CHOICES = ("declared", "marker", "derived")
 _BY_NAME = {b.name: b for b in _BACKENDS}
 
 
@@ -135,20 +167,37 @@ def _tensor_device(platform: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def parse_placement(text: Optional[str]) -> Optional[Placement]:
+    """``declared`` / None -> None (the registry's own); ``marker`` / ``derived`` -> forced."""
+    if text is None or text == "declared":
+        return None
+    if isinstance(text, Placement):
+        return text
+    if text not in PLACEMENT_CHOICES:
+        raise InputError(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, "
+                         f"not {text!r}")
+    return Placement(text)
+
+
 def _runner(mode: ForwardMode, policy: Any, platform: Any, name: str, cfg: SyntheticConfig,
-            model: Any) -> Any:
+            placement: Optional[Placement], model: Any) -> Any:
     label = f"{name}:{mode.label}"
+    # the audit judges the declaration: no self-check demotes it behind the audit's back
+    kw: dict[str, Any] = {"keep_graphs": True, "placement": placement, "self_check": "off"}
     if mode == VERIFY:
-        return VerifyRunner(model, policy, platform, label, draft_tokens=cfg.draft_tokens,
-                            keep_graphs=True)
+        return VerifyRunner(model, policy, platform, label, draft_tokens=cfg.draft_tokens, **kw)
     cls = PrefillRunner if mode == EXTEND else DecodeRunner
-    return cls(model, policy, platform, label, keep_graphs=True)
+    return cls(model, policy, platform, label, **kw)
 
 
 def make_synthetic(name: str, device: Any = None, *, platform: Any = None,
-                   config: Optional[SyntheticConfig] = None) -> AuditSubject:
-    """The audit subject of synthetic backend ``name`` on ``device`` (or ``platform``)."""
+                   config: Optional[SyntheticConfig] = None,
+                   placement: Optional[str] = None) -> AuditSubject:
+    """The audit subject of synthetic backend ``name`` on ``device`` (or ``platform``), with
+    ``placement`` ``declared`` (None), ``marker`` or ``derived``; a derived subject's name
+    ends in ``@derived``."""
     backend = synthetic_backend(name)
+    forced = parse_placement(placement)
     if platform is None:
         from warpolicy.platform import Platform
 
@@ -161,10 +210,11 @@ def make_synthetic(name: str, device: Any = None, *, platform: Any = None,
     # the declaration under audit: what the registry says with the node planted on CUDA
     declared = {m: engine.decide(Context(backend.name, m)) for m in (DECODE, EXTEND, VERIFY)}
     modes = [m for m, p in declared.items() if p != NONE]
+    label = backend.name + ("@derived" if forced is Placement.DERIVED else "")
     return AuditSubject(
-        name=backend.name,
+        name=label,
         model=model,
-        runners={m: functools.partial(_runner, m, policy, platform, backend.name, cfg)
+        runners={m: functools.partial(_runner, m, policy, platform, label, cfg, forced)
                  for m in modes},
         make_batch=model.make_batch,
         platform=platform,

@@ -65,6 +65,7 @@ class Layout:
     late_swa: bool = False  # a late layer translates through the live full_to_swa
     late_kv_write: bool = False  # the KV write re-reads its slots from the live req_to_token
     reread_after_replay: bool = False  # post_step rereads req_to_token eagerly
+    first_layer_rebuild: bool = False  # the first layer rebuilds the metadata from live tables
 
 
 class _BucketBuffers:
@@ -161,6 +162,8 @@ class SyntheticModel:
         h = s.act
         for i, w in enumerate(self.weights):
             h = torch.tanh(h @ w)
+            if i == 0 and lay.first_layer_rebuild:  # DP padding: metadata rebuilt in layer 0
+                self._prep(s, 0, bucket)
             if i == len(self.weights) - 1:
                 swa = (self.full_to_swa.index_select(0, s.loc) if lay.late_swa  # live map
                        else s.swa_loc)

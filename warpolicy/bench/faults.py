@@ -158,6 +158,10 @@ class _FaultyObservers:
     def warpolicy_on_fallback(self, where: str, error: BaseException) -> None:
         self._maybe_fail("warpolicy_on_fallback")
 
+    @hookimpl
+    def warpolicy_on_demotion(self, runner: str, bucket: int, reason: str) -> None:
+        self._maybe_fail("warpolicy_on_demotion")
+
 
 def _in_phase(state: _State, phase: str, fn: Callable[..., Any], after: Optional[str] = None
               ) -> Callable[..., Any]:

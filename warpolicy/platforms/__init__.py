@@ -84,6 +84,20 @@ class PlatformImpl(Protocol):
         """Block the host until all work on the device is done."""
 
 
+#: Optional `PlatformImpl` methods for derived placement and the marker self-check (a platform
+#: without them cannot walk its graphs; the runner then fails closed):
+#:
+#: * ``graph_walk_unavailable() -> Optional[str]``: None when captured graphs can be walked,
+#:   else one line saying why not (cuda-bindings missing, no graph model);
+#: * ``plant_derived(graph, shared_buffers, event) -> DerivedPlant``: add the read-done node
+#:   after the last shared readers of a kept, not yet instantiated graph;
+#: * ``check_marker(graph, shared_buffers, event) -> SelfCheck``: the static check of a marker;
+#: * ``instantiate(graph) -> None``: build the executable graph of a kept graph.
+#:
+#: The two walking methods raise ``warpolicy.graphwalk.PlacementError`` on any failure.
+GRAPH_WALK_METHODS = ("graph_walk_unavailable", "plant_derived", "check_marker", "instantiate")
+
+
 def device_type(device: Any) -> str:
     """The type part of a device: ``torch.device("cuda:0")`` and ``"cuda:0"`` give ``"cuda"``."""
     kind = getattr(device, "type", None)
@@ -101,5 +115,5 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-__all__ = ["EventHandle", "GraphHandle", "PlatformImpl", "PoolHandle", "StreamHandle",
-           "cuda_available", "device_type"]
+__all__ = ["GRAPH_WALK_METHODS", "EventHandle", "GraphHandle", "PlatformImpl", "PoolHandle",
+           "StreamHandle", "cuda_available", "device_type"]

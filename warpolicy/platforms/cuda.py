@@ -16,6 +16,9 @@ import functools
 import inspect
 from typing import Any, Callable, ContextManager, Optional
 
+from warpolicy.graphwalk import DerivedPlant, GraphWalkError, SelfCheck, check_marker, derive_and_plant
+from warpolicy.graphwalk.cuda import driver_module
+from warpolicy.graphwalk.plant import SharedBuffers, is_instantiated
 from warpolicy.hookspecs import hookimpl
 from warpolicy.platforms import cuda_available, device_type
 
@@ -104,6 +107,30 @@ class CudaPlatform:
 
     def synchronize(self) -> None:
         self._torch.cuda.synchronize(self._index)
+
+    # -- graph walk (derived placement, marker self-check) --------------------------------------
+
+    def graph_walk_unavailable(self) -> Optional[str]:
+        """None when kept graphs can be walked here (cuda-bindings and keep_graph), else why."""
+        if not hasattr(self._torch.cuda.CUDAGraph, "raw_cuda_graph"):
+            return f"torch {self._torch.__version__} lacks CUDAGraph.raw_cuda_graph (needs >= 2.8)"
+        try:
+            driver_module()
+        except GraphWalkError as exc:
+            return str(exc)
+        return None
+
+    def plant_derived(self, graph: Any, shared_buffers: SharedBuffers, event: Any) -> DerivedPlant:
+        return derive_and_plant(graph, shared_buffers, event)
+
+    def check_marker(self, graph: Any, shared_buffers: SharedBuffers, event: Any) -> SelfCheck:
+        return check_marker(graph, shared_buffers, event)
+
+    def instantiate(self, graph: Any) -> None:
+        """Build the executable graph of a kept graph (once; torch would otherwise do it at the
+        first replay, after a derived node could still be added)."""
+        if not is_instantiated(graph):
+            graph.instantiate()
 
 
 @hookimpl

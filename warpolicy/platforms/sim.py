@@ -39,6 +39,13 @@ Graph semantics, modelled on CUDA:
   (``is_capturing()`` True, ``replaying`` True), so a planted record fires at its place in the
   body; other records in the body made no node and are skipped. A graph captured with the
   context-manager form fires its planted nodes right after the replay entry.
+
+Graph walk (derived placement and the marker self-check): the simulated platform has no real
+graph to read, so it walks a hand-made `warpolicy.graphwalk.Graph` that ``graph_model(graph)``
+returns for each captured graph (set ``SimPlatform.graph_model``; without it the walk is
+unavailable and a runner fails closed). A derived node fires at each replay after the whole
+body (the sim cannot place it inside the body), on the launching stream; a test's graph model
+says which readers it found.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ from typing import Any, Callable, Iterator, Optional, TypeVar, Union, overload
 
 import attrs
 
+from warpolicy.graphwalk import (DerivedPlant, Graph, Outcome, PlacementError, SelfCheck,
+                                 derive_plan)
+from warpolicy.graphwalk.plant import SharedBuffers, check_walked, ranges_of
 from warpolicy.hookspecs import hookimpl
 from warpolicy.platforms import device_type
 
@@ -64,7 +74,8 @@ DEFAULT_LOG_CAP = 100_000
 #: The operations `SimPlatform.inject` can make fail (every `PlatformImpl` method).
 OPERATIONS = ("create_event", "record", "wait_event", "wait_stream", "is_capturing", "new_stream",
               "current_stream", "use_stream", "new_graph", "graph_pool", "capture",
-              "capture_callable", "replay", "synchronize")
+              "capture_callable", "replay", "synchronize", "plant_derived", "check_marker",
+              "instantiate")
 
 #: Fault modes accepted by `SimPlatform.inject`.
 FAULT_MODES = ("raise", "none", "act_then_raise")
@@ -113,6 +124,8 @@ class SimGraph:
     planted: list[SimEvent] = attrs.Factory(list)  # in plant order
     fn: Optional[Callable[[], Any]] = None
     replays: int = 0
+    derived: list[SimEvent] = attrs.Factory(list)  # derived nodes: fire after the whole body
+    instantiated: bool = False
 
     def planted_ids(self) -> set[int]:
         return {e.id for e in self.planted}
@@ -256,6 +269,8 @@ class SimPlatform:
         self._all_streams: weakref.WeakSet[SimStream] = weakref.WeakSet([self.default_stream])
         self._capturing: Optional[SimGraph] = None
         self._replaying: Optional[SimGraph] = None
+        #: ``graph_model(graph) -> Graph``: the hand-made graph the walk reads for ``graph``
+        self.graph_model: Optional[Callable[[SimGraph], Graph]] = None
 
     def __repr__(self) -> str:
         return f"SimPlatform(external_events={self.external_events_supported})"
@@ -426,6 +441,8 @@ class SimPlatform:
         # torch.cuda.graph captures on a side stream unless one is given
         graph.stream = stream if stream is not None else self._stream()
         graph.planted.clear()
+        graph.derived.clear()
+        graph.instantiated = False
         graph.captured = False
         graph.fn = None
         self.log.emit(("capture_begin", graph.id))
@@ -451,12 +468,17 @@ class SimPlatform:
         if graph.fn is None:
             for event in graph.planted:
                 self._fire_in_replay(graph, event, launch)
-            return
-        self._replaying = graph
-        try:
-            graph.fn()
-        finally:
-            self._replaying = None
+        else:
+            self._replaying = graph
+            try:
+                graph.fn()
+            finally:
+                self._replaying = None
+        for event in graph.derived:  # after the last reader: the end of the body
+            event.records += 1
+            event.invalid = False
+            event.clock = dict(launch.clock)
+            self.log.emit(("record", event.id, launch.id, "in_graph"))
 
     @_faultable
     def synchronize(self) -> None:
@@ -467,6 +489,64 @@ class SimPlatform:
         for stream in streams:  # work issued from now on is ordered after all of it
             _merge(stream.clock, everything)
         self.log.emit(("synchronize",))
+
+
+    # -- graph walk (on the hand-made graph model) ---------------------------------------------
+
+    def graph_walk_unavailable(self) -> Optional[str]:
+        if self.graph_model is None:
+            return "the simulated platform has no graph model to walk (SimPlatform.graph_model)"
+        return None
+
+    def _model_of(self, graph: SimGraph) -> Graph:
+        if self.graph_model is None:
+            raise PlacementError(self.graph_walk_unavailable() or "no graph model")
+        if not graph.captured:
+            raise PlacementError(f"sim graph {graph.id} was never captured")
+        model = self.graph_model(graph)
+        if not isinstance(model, Graph):
+            raise PlacementError(f"the graph model of sim graph {graph.id} is "
+                                 f"{type(model).__name__}, not a warpolicy.graphwalk.Graph")
+        return model
+
+    @_faultable
+    def plant_derived(self, graph: SimGraph, shared_buffers: SharedBuffers,
+                      event: SimEvent) -> DerivedPlant:
+        """Derive the read-done node on the graph model; the node fires after the body."""
+        if graph.instantiated:
+            raise PlacementError("the graph is already instantiated; plant before instantiate()")
+        if not isinstance(event, SimEvent) or event.records == 0:
+            raise PlacementError("the read-done event has no handle yet; record it once eagerly "
+                                 "before planting")
+        if any(e is event for e in graph.planted):
+            raise PlacementError("the graph already records the read-done event (a marker was "
+                                 "planted); derived placement captures without one")
+        model = self._model_of(graph)
+        ranges = ranges_of(shared_buffers)
+        if not ranges:
+            raise PlacementError("no non-empty shared buffers to look for")
+        plan = derive_plan(model, ranges)
+        if plan.outcome is Outcome.NO_READERS:
+            names = ", ".join(r.name for r in ranges)
+            raise PlacementError(f"no node of the {plan.nodes}-node graph was seen touching a "
+                                 f"shared buffer ({names}); no release point can be derived",
+                                 no_readers=True)
+        graph.derived.append(event)
+        by_index = {r.index: r for r in plan.readers}
+        return DerivedPlant(plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes,
+                            0.0, 0.0, 0.0)
+
+    @_faultable
+    def check_marker(self, graph: SimGraph, shared_buffers: SharedBuffers,
+                     event: SimEvent) -> SelfCheck:
+        """The marker self-check on the graph model (the marker node records ``event.id``)."""
+        if not isinstance(event, SimEvent):
+            raise PlacementError("the marker event has no handle; nothing to look for")
+        return check_walked(self._model_of(graph), ranges_of(shared_buffers), event.id)
+
+    @_faultable
+    def instantiate(self, graph: SimGraph) -> None:
+        graph.instantiated = True
 
 
 class SimPlugin:

@@ -14,6 +14,23 @@ Per step (DESIGN.md §5), on the current (forward) stream::
                                    IN_GRAPH hands out the event this bucket's graph records,
                                    POST_REPLAY records
 
+Where the read-done node goes is the mode's *placement* (``policy.placement(mode)`` of a
+`CompiledPolicy`, else the marker):
+
+* **marker**: the capture body is ``graph_prep -> plant -> forward``. Where the platform can
+  walk its graphs (CUDA with cuda-bindings; the simulated platform with a graph model), an
+  in_graph bucket's capture is **self-checked** before its first replay (``self_check=``
+  ``"warn"``, the default, ``"off"`` or ``"error"``): a shared reader that is not an ancestor
+  of the marker, or a check that cannot be done, leaves the bucket unplanted (so it publishes
+  as ``POST_REPLAY``), with one warning naming kernel, buffer and bucket, and a
+  ``warpolicy_on_demotion`` notification; ``"error"`` raises `SelfCheckError` instead.
+* **derived**: the body is ``graph_prep -> forward`` with no marker, captured into a kept
+  graph; `Platform.plant_derived` adds the node after the last shared readers it finds, then
+  the graph is instantiated. The bucket is planted only if that worked; otherwise it publishes
+  as ``POST_REPLAY``, with one warning saying why, and a ``warpolicy_on_demotion``.
+
+``runner.capture_report`` keeps per bucket what was done and what the walk cost.
+
 The policy of each bucket is resolved once, at capture time, from ``policy(mode, eager,
 planted)`` with what the capture really did (was the node planted?), and the bucket keeps the
 event its own graph records: a publish never hands out another graph's event. A batch that fits no
@@ -35,12 +52,14 @@ import attrs
 
 from warpolicy.distributed import ConsistencyResult, consistent_policy
 from warpolicy.engine import Context, Decision, Reason
-from warpolicy.errors import InputError
+from warpolicy.errors import InputError, WarpolicyError
 from warpolicy.fence import ReadDoneFence
+from warpolicy.graphwalk import PlacementError
 from warpolicy.platform import Platform
 from warpolicy.platforms import EventHandle, GraphHandle, PoolHandle, StreamHandle
 from warpolicy.plugins import observers_of
-from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, WarReadDonePolicy
+from warpolicy.policy import (IN_GRAPH, NONE, POST_REPLAY, ForwardMode, Placement,
+                              WarReadDonePolicy)
 
 #: ``policy(mode, eager, planted) -> WarReadDonePolicy``; a `CompiledPolicy` is one (``lookup``).
 PolicyFn = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
@@ -93,6 +112,33 @@ class CapturedBucket:
         return self.event is not None
 
 
+#: Values of the runner's ``self_check`` option.
+SELF_CHECK_MODES = ("warn", "off", "error")
+
+
+class SelfCheckError(WarpolicyError):
+    """``self_check="error"``: a captured marker failed the self-check (or it could not run)."""
+
+
+@attrs.frozen
+class CaptureReport:
+    """What the capture of one bucket did about its release point.
+
+    ``walked``: a graph walk ran (derived placement, or the marker self-check); ``ok``: it
+    succeeded and, for the self-check, found no late reader (None when no walk ran);
+    ``walk_ms``: what the walk cost (read + analysis + plant), 0 when none ran; ``detail``:
+    one line (the plant or check described, or why it failed or was skipped).
+    """
+
+    bucket: int
+    placement: Placement
+    planted: bool
+    walked: bool
+    ok: Optional[bool]
+    walk_ms: float
+    detail: str
+
+
 @attrs.frozen
 class StepInfo:
     """What the runner did for one step (``bucket`` None = eager)."""
@@ -133,9 +179,15 @@ class GraphRunner:
                  platform: Optional[Platform] = None, name: Optional[str] = None, *,
                  mode: Optional[ForwardMode] = None, ring_size: int = 4,
                  keep_graphs: bool = False, process_group: Any = None,
-                 consistency_strict: bool = False) -> None:
+                 consistency_strict: bool = False,
+                 placement: Optional[Union[Placement, str]] = None,
+                 self_check: str = "warn") -> None:
         if mode is not None:
             self.mode = ForwardMode.parse(mode)
+        if self_check not in SELF_CHECK_MODES:
+            raise InputError(f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, "
+                             f"not {self_check!r}")
+        self.self_check = self_check
         self.model = model
         self.name = name or self.mode.label
         self.platform = platform if platform is not None else Platform.for_device(None)
@@ -154,7 +206,11 @@ class GraphRunner:
         self._eager_policy: Optional[WarReadDonePolicy] = None
         self._step = 0
         self._warned = False
+        self._warned_keys: set[tuple[str, int]] = set()
         self.last_step: Optional[StepInfo] = None
+        self.placement = self._placement_of(policy, placement)
+        self._reports: dict[int, CaptureReport] = {}
+        self._walk_unavailable: Optional[str] = None
 
     def _set_policy(self, policy: Union[PolicyFn, Any]) -> None:
         self._policy = policy
@@ -204,6 +260,25 @@ class GraphRunner:
     @property
     def is_captured(self) -> bool:
         return bool(self._captured)
+
+    @property
+    def capture_report(self) -> Mapping[int, CaptureReport]:
+        """Per captured bucket: placement, planted, the walk's outcome and cost."""
+        return dict(self._reports)
+
+    def _placement_of(self, policy: Any, given: Optional[Union[Placement, str]]) -> Placement:
+        """The explicit ``placement=``, else the policy's ``placement(mode)``, else the marker;
+        a failing lookup is the marker (which the self-check then guards)."""
+        if given is not None:
+            return Placement(given)
+        lookup = getattr(policy, "placement", None)
+        if not callable(lookup):
+            return Placement.MARKER
+        try:
+            return Placement(lookup(self.mode))
+        except Exception as exc:  # noqa: BLE001 - the marker is the conservative default
+            self._warn(f"placement lookup failed ({exc!r}); planting the marker")
+            return Placement.MARKER
 
     # -- policy --------------------------------------------------------------------------------
 
@@ -266,14 +341,22 @@ class GraphRunner:
             self.model.prepare_bucket(b)
         self._warm_up()
         self.fence.prepare()  # persistent external event + one eager record, before capture
+        self._walk_unavailable = p.graph_walk_unavailable()
         pool = p.graph_pool()
         for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its pool
             self._captured.pop(b, None)  # a failed re-capture leaves the bucket eager, not stale
+            self._reports.pop(b, None)
             self._captured[b] = self._capture_bucket(b, pool)
         p.synchronize()
 
     def _capture_bucket(self, bucket: int, pool: PoolHandle) -> CapturedBucket:
-        """Capture ``graph_prep -> plant -> forward`` for one bucket.
+        """Capture one bucket with the mode's placement (marker or derived)."""
+        if self.placement is Placement.DERIVED:
+            return self._capture_derived(bucket, pool)
+        return self._capture_marker(bucket, pool)
+
+    def _capture_marker(self, bucket: int, pool: PoolHandle) -> CapturedBucket:
+        """Capture ``graph_prep -> plant -> forward``; self-check an in_graph bucket.
 
         The callable form lets the simulated platform re-run the body at each replay; the body
         keeps its latest output in ``self._outputs`` (the capture-time tensor on CUDA).
@@ -287,11 +370,128 @@ class GraphRunner:
                 planted.append(event)
             self._outputs[bucket] = self.model.forward(bucket)
 
-        graph = self.platform.new_graph(keep_graph=self.keep_graphs)
+        check = self._wants_self_check()
+        kept = self.keep_graphs or check
+        graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         event = planted[0] if planted else None
+        if event is not None and check and self._peek(planted=True) == IN_GRAPH:
+            event = self._self_check(bucket, graph, event)
+        else:
+            self._report(bucket, event is not None, False, None, 0.0,
+                         "marker after graph_prep" + ("" if event is not None else
+                                                      " (not planted)"))
+        if kept:
+            self._instantiate(bucket, graph)
         return CapturedBucket(bucket, graph, self._outputs[bucket], event,
                               self._resolve(eager=False, planted=event is not None))
+
+    def _wants_self_check(self) -> bool:
+        """Whether this capture self-checks its markers; reports once when it cannot on CUDA."""
+        if self.self_check == "off":
+            return False
+        reason = self._walk_unavailable
+        if reason is None:
+            return True
+        if self.self_check == "error":
+            raise SelfCheckError(f"{self.name} runner: self_check='error' but the marker "
+                                 f"self-check cannot run: {reason}")
+        if self.platform.name == "cuda":  # elsewhere no raw graph exists: skipped silently
+            self._warn_once_per("self-check-unavailable", 0,
+                                f"marker self-check skipped: {reason}")
+        return False
+
+    def _peek(self, planted: bool) -> Optional[WarReadDonePolicy]:
+        """The policy a captured bucket would get (no observers told); None on failure."""
+        try:
+            return sound(WarReadDonePolicy(self._policy_fn(self.mode, False, planted)),
+                         False, planted)
+        except Exception:  # noqa: BLE001 - _resolve reports the failure and goes coarse
+            return None
+
+    def _self_check(self, bucket: int, graph: GraphHandle,
+                    event: EventHandle) -> Optional[EventHandle]:
+        """Check the marker of ``bucket``; the event it keeps, or None (demoted)."""
+        try:
+            check = self.platform.check_marker(graph, self.model.shared_buffers, event)
+        except PlacementError as exc:
+            reason = f"bucket {bucket}: marker self-check could not run ({exc.reason})"
+            self._report(bucket, False, True, False, 0.0, reason)
+            self._fail_check(bucket, reason)
+            return None
+        detail = check.describe(bucket)
+        self._report(bucket, check.ok, True, check.ok, check.total_ms, detail)
+        if check.ok:
+            return event
+        self._fail_check(bucket, detail)
+        return None
+
+    def _fail_check(self, bucket: int, reason: str) -> None:
+        if self.self_check == "error":
+            raise SelfCheckError(f"{self.name} runner: {reason}")
+        self._demoted(bucket, f"{reason}; bucket {bucket} demoted to post_replay")
+
+    def _capture_derived(self, bucket: int, pool: PoolHandle) -> CapturedBucket:
+        """Capture ``graph_prep -> forward`` (no marker) into a kept graph, plant the read-done
+        node after the shared readers the walk finds, instantiate. Planted iff that worked."""
+
+        def body() -> None:
+            self.model.graph_prep(bucket)
+            self._outputs[bucket] = self.model.forward(bucket)
+
+        walkable = self._walk_unavailable is None
+        kept = walkable or self.keep_graphs  # an old torch cannot keep graphs: do not ask it
+        graph = self.platform.new_graph(keep_graph=kept)
+        self.platform.capture_callable(graph, body, pool=pool)
+        event = self.fence.event
+        planted: Optional[EventHandle] = None
+        try:
+            if event is None:
+                raise PlacementError("no read-done event (external events unavailable, or "
+                                     "creating it failed)")
+            if self._walk_unavailable is not None:
+                raise PlacementError(self._walk_unavailable)
+            plant = self.platform.plant_derived(graph, self.model.shared_buffers, event)
+        except PlacementError as exc:
+            why = ("suspicious: no shared reader found in the captured graph, " if exc.no_readers
+                   else "")
+            reason = (f"bucket {bucket}: derived placement left the bucket unplanted "
+                      f"({why}{exc.reason}); it publishes no earlier than post_replay")
+            self._report(bucket, False, True, False, 0.0, reason)
+            self._demoted(bucket, reason)
+        else:
+            planted = event
+            self._report(bucket, True, True, True, plant.total_ms, plant.describe())
+        if kept and not self._instantiate(bucket, graph):
+            planted = None
+        return CapturedBucket(bucket, graph, self._outputs[bucket], planted,
+                              self._resolve(eager=False, planted=planted is not None))
+
+    def _instantiate(self, bucket: int, graph: GraphHandle) -> bool:
+        """Instantiate a kept graph before its first replay; False (one warning) on failure."""
+        try:
+            self.platform.instantiate(graph)
+        except Exception as exc:  # noqa: BLE001 - the node cannot be trusted: unplanted
+            self._demoted(bucket, f"bucket {bucket}: instantiating the graph failed ({exc!r}); "
+                                  f"the bucket is treated as unplanted")
+            return False
+        return True
+
+    def _report(self, bucket: int, planted: bool, walked: bool, ok: Optional[bool],
+                walk_ms: float, detail: str) -> None:
+        self._reports[bucket] = CaptureReport(bucket, self.placement, planted, walked, ok,
+                                              walk_ms, detail)
+
+    def _demoted(self, bucket: int, reason: str) -> None:
+        """One warning per bucket, and the ``warpolicy_on_demotion`` observers."""
+        self._warn_once_per("demotion", bucket, reason)
+        for call in self._observers.on_demotion:
+            try:
+                call(self.name, bucket, reason)
+            except Exception as exc:  # noqa: BLE001 - an observer never changes the policy
+                plugin = self._observers.plugin_of.get(call, "?")
+                self._warn_once_per("observer", 0, f"observer plugin {plugin!r} raised in "
+                                                   f"warpolicy_on_demotion ({exc!r})")
 
     def _warm_up(self) -> None:
         """One eager pass per bucket on a side stream (as torch recommends before capture).
@@ -388,6 +588,13 @@ class GraphRunner:
     def _done(self, size: int, bucket: Optional[int], policy: WarReadDonePolicy) -> None:
         self.last_step = StepInfo(self._step, size, bucket, policy)
         self._step += 1
+
+    def _warn_once_per(self, kind: str, bucket: int, message: str) -> None:
+        """One warning per (kind, bucket) for the runner's lifetime."""
+        if (kind, bucket) not in self._warned_keys:
+            self._warned_keys.add((kind, bucket))
+            warnings.warn(f"warpolicy {self.name} runner: {message}", RuntimeWarning,
+                          stacklevel=4)
 
     def _warn(self, message: str) -> None:
         if not self._warned:

@@ -14,13 +14,17 @@ forward, so the only points a read-done event can mark are around the replay:
 
 Publishing before the replay while the graph still reads the rows is the race an anchor
 release shipped (an out-of-bounds gather); only a ``pre_replay`` declaration may do it.
+
+With derived placement (``plant: derived`` for ``draft_extend``) the runner captures the same
+body into a kept graph and adds the read-done node after the shared readers the walk finds
+(`GraphRunner`), so a declared ``in_graph`` can publish from inside the graph after all.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from warpolicy.policy import ForwardMode
+from warpolicy.policy import ForwardMode, Placement
 from warpolicy.runners.base import CapturedBucket, GraphRunner
 
 
@@ -31,7 +35,10 @@ class DraftExtendRunner(GraphRunner):
 
     def _capture_bucket(self, bucket: int, pool: Any) -> CapturedBucket:
         """Capture ``graph_prep -> forward`` with no marker; the policy is resolved with
-        ``planted=False``, so a declared in_graph publishes after the replay."""
+        ``planted=False``, so a declared in_graph publishes after the replay (derived
+        placement: see `GraphRunner`)."""
+        if self.placement is Placement.DERIVED:
+            return self._capture_derived(bucket, pool)
 
         def body() -> None:
             self.model.graph_prep(bucket)
