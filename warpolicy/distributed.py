@@ -57,7 +57,7 @@ _DIGEST_BYTES = 32  # sha256
 class RankMismatchError(WarpolicyError):
     """Ranks resolved their policies from different inputs (raised with ``strict=True``)."""
 
-    def __init__(self, result: "ConsistencyResult") -> None:
+    def __init__(self, result: ConsistencyResult) -> None:
         self.result = result
         super().__init__(result.message)
 
@@ -81,7 +81,7 @@ class PolicyFingerprint:
                           ensure_ascii=True).encode("ascii")
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PolicyFingerprint":
+    def from_bytes(cls, data: bytes) -> PolicyFingerprint:
         return cls(tuple((k, v) for k, v in json.loads(data.decode("ascii"))))
 
 
@@ -336,7 +336,7 @@ def _report(result: ConsistencyResult, strict: bool, pm: Any) -> None:
     if pm is not None:
         try:
             pm.hook.warpolicy_on_fallback(where=result.where, error=error)
-        except Exception:  # noqa: BLE001,S110 - an observer never changes the verdict
+        except Exception:  # noqa: BLE001 - an observer never changes the verdict
             pass
     if strict:
         raise error

@@ -183,7 +183,8 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
     rel, whole = _median(release_us), _median(whole_us)
     return {"release_us_median": rel, "whole_replay_us_median": whole,
             "ratio": rel / whole if whole else None, "replays": replays,
-            "graph": f"spin {spin_cycles} cycles, index_select, node, {matmuls} matmuls {size}x{size} bf16"}, graph
+            "graph": (f"spin {spin_cycles} cycles, index_select, node, "
+                      f"{matmuls} matmuls {size}x{size} bf16")}, graph
 
 
 # -- entry points ----------------------------------------------------------------------------------
