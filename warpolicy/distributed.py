@@ -64,12 +64,15 @@ class RankMismatchError(WarpolicyError):
 
 # -- fingerprint ---------------------------------------------------------------------------------
 
+def _str_cells(cells: Iterable[tuple[object, object]]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in cells)
+
+
 @attrs.frozen
 class PolicyFingerprint:
     """What decides one rank's policies, as ordered ``(key, value)`` cells."""
 
-    cells: tuple[tuple[str, str], ...] = attrs.field(
-        converter=lambda cells: tuple((str(k), str(v)) for k, v in cells))
+    cells: tuple[tuple[str, str], ...] = attrs.field(converter=_str_cells)
 
     @property
     def digest(self) -> str:
@@ -103,7 +106,7 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
             cells.append((f"policy.{attr}", value))
     if engine is not None:
         cells.extend((f"flag.{f.name}", _bool(f.value)) for f in engine.flag_values(flags))
-    lookup = getattr(policy, "lookup", policy)
+    lookup = policy.lookup if isinstance(policy, (CompiledPolicy, CoarsePolicy)) else policy
     for mode in ForwardMode:
         for eager in (False, True):
             for planted in (True, False):
@@ -116,7 +119,7 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
 
 def registry_cells(registry: Registry) -> list[tuple[str, str]]:
     """One cell per flag, spec algorithm, backend and gate: a short hash of its content."""
-    cells = []
+    cells: list[tuple[str, str]] = []
     for kind, entries in (("flag", registry.flags), ("spec", registry.spec_algorithms),
                           ("backend", registry.backends)):
         for name in sorted(entries):

@@ -47,7 +47,7 @@ class NvtxApi(Protocol):
 def load_nvtx() -> NvtxApi:
     """``torch.cuda.nvtx``. Imported here, not at module level: the registry, engine and CLI
     import without torch, and only a process that asked for ranges needs it."""
-    return importlib.import_module("torch.cuda.nvtx")  # type: ignore[return-value]
+    return importlib.import_module("torch.cuda.nvtx")
 
 
 def _label(value: Any) -> str:

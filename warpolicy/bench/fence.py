@@ -41,11 +41,13 @@ class _NoOpObserver:
     """The cheapest possible observer: measures the cost of observer dispatch itself."""
 
     @hookimpl
-    def warpolicy_on_publish(self, runner, step, policy, event):
+    def warpolicy_on_publish(self, runner: str, step: int, policy: P,
+                             event: Optional[EventHandle]) -> None:
         pass
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner, step, kind, reason):
+    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str,
+                             reason: str) -> None:
         pass
 
 
