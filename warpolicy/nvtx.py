@@ -81,8 +81,16 @@ class NvtxPlugin:
             self._off(exc)
 
     def _off(self, exc: BaseException) -> None:
-        self._nvtx = None
+        nvtx, self._nvtx = self._nvtx, None
         log.warning("warpolicy: NVTX ranges are off (%s: %s)", type(exc).__name__, exc)
+        # A failed mark must not strand this thread's open range: pop it once, now.
+        if nvtx is not None and getattr(self._local, "open", False):
+            self._local.open = False
+            try:
+                nvtx.range_pop()
+                self.popped += 1
+            except Exception:  # noqa: BLE001 - already off; the range is lost either way
+                pass
 
     def _mark(self, text: str) -> None:
         nvtx = self._nvtx
