@@ -27,8 +27,14 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
-from warpolicy.bench.models import (TinyConfig, TinyPagedModel, TinyState, TinyWeights,
-                                    TokenBatch, fixed_policy)
+from warpolicy.bench.models import (
+    TinyConfig,
+    TinyPagedModel,
+    TinyState,
+    TinyWeights,
+    TokenBatch,
+    fixed_policy,
+)
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, GraphRunner, OverlapLoop, PrefillRunner, VerifyRunner
 

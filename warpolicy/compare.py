@@ -242,16 +242,15 @@ class LayerChange:
     note: str = ""  # why a layer could not be compared, if it could not
 
 
-def earlier_layers(layers: Sequence["Source"], *, modes: Optional[Iterable[str]] = None,
+def earlier_layers(layers: Sequence[Source], *, modes: Optional[Iterable[str]] = None,
                    max_settings: int = MAX_SETTINGS) -> list[LayerChange]:
     """For each layer k > 0: the cells where ``layers[0..k]`` is earlier than ``layers[0..k-1]``.
 
     A prefix that does not load on its own (a fragment that refers to a later layer) is skipped
     with a note; the comparison resumes at the next prefix that loads.
     """
-    from warpolicy.loader import load_registry  # the loader sits below; imported where used
-
     from warpolicy.errors import WarpolicyError
+    from warpolicy.loader import load_registry  # the loader sits below; imported where used
 
     engines: list[tuple[str, Optional[PolicyEngine], str]] = []
     for k, source in enumerate(layers):

@@ -57,19 +57,22 @@ _DIGEST_BYTES = 32  # sha256
 class RankMismatchError(WarpolicyError):
     """Ranks resolved their policies from different inputs (raised with ``strict=True``)."""
 
-    def __init__(self, result: "ConsistencyResult") -> None:
+    def __init__(self, result: ConsistencyResult) -> None:
         self.result = result
         super().__init__(result.message)
 
 
 # -- fingerprint ---------------------------------------------------------------------------------
 
+def _str_cells(cells: Iterable[tuple[object, object]]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in cells)
+
+
 @attrs.frozen
 class PolicyFingerprint:
     """What decides one rank's policies, as ordered ``(key, value)`` cells."""
 
-    cells: tuple[tuple[str, str], ...] = attrs.field(
-        converter=lambda cells: tuple((str(k), str(v)) for k, v in cells))
+    cells: tuple[tuple[str, str], ...] = attrs.field(converter=_str_cells)
 
     @property
     def digest(self) -> str:
@@ -81,7 +84,7 @@ class PolicyFingerprint:
                           ensure_ascii=True).encode("ascii")
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PolicyFingerprint":
+    def from_bytes(cls, data: bytes) -> PolicyFingerprint:
         return cls(tuple((k, v) for k, v in json.loads(data.decode("ascii"))))
 
 
@@ -103,7 +106,7 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
             cells.append((f"policy.{attr}", value))
     if engine is not None:
         cells.extend((f"flag.{f.name}", _bool(f.value)) for f in engine.flag_values(flags))
-    lookup = getattr(policy, "lookup", policy)
+    lookup = policy.lookup if isinstance(policy, (CompiledPolicy, CoarsePolicy)) else policy
     for mode in ForwardMode:
         for eager in (False, True):
             for planted in (True, False):
@@ -116,7 +119,7 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
 
 def registry_cells(registry: Registry) -> list[tuple[str, str]]:
     """One cell per flag, spec algorithm, backend and gate: a short hash of its content."""
-    cells = []
+    cells: list[tuple[str, str]] = []
     for kind, entries in (("flag", registry.flags), ("spec", registry.spec_algorithms),
                           ("backend", registry.backends)):
         for name in sorted(entries):
@@ -336,7 +339,7 @@ def _report(result: ConsistencyResult, strict: bool, pm: Any) -> None:
     if pm is not None:
         try:
             pm.hook.warpolicy_on_fallback(where=result.where, error=error)
-        except Exception:  # noqa: BLE001,S110 - an observer never changes the verdict
+        except Exception:  # noqa: BLE001 - an observer never changes the verdict
             pass
     if strict:
         raise error

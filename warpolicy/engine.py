@@ -40,8 +40,15 @@ import attrs
 from warpolicy.errors import InputError
 from warpolicy.inputs import parse_bool
 from warpolicy.loader import Blame, Fragment, assemble_registry
-from warpolicy.policy import (IN_GRAPH, NONE, POST_REPLAY, TABLE_MODES, ForwardMode, Placement,
-                              WarReadDonePolicy)
+from warpolicy.policy import (
+    IN_GRAPH,
+    NONE,
+    POST_REPLAY,
+    TABLE_MODES,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
 from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry, SpecAlgorithm
 
 if TYPE_CHECKING:
@@ -165,7 +172,7 @@ class Declared:
     origin: Optional[str]
     chain: tuple[str, ...]
     declarations: tuple[Declaration, ...]
-    children: tuple["Explanation", ...]
+    children: tuple[Explanation, ...]
 
 
 @attrs.frozen
@@ -182,7 +189,7 @@ class Explanation:
     declared: WarReadDonePolicy
     chain: tuple[str, ...]  # how the declared read end was found
     gates: tuple[GateCheck, ...]
-    children: tuple["Explanation", ...] = ()
+    children: tuple[Explanation, ...] = ()
     demotion: Optional[Reason] = None
     declarations: tuple[Declaration, ...] = ()
     force_coarse: Optional[Reason] = None
@@ -238,7 +245,7 @@ class PolicyEngine:
     """
 
     def __init__(self, registry: Registry, environ: Optional[Mapping[str, str]] = None, *,
-                 layers: Optional[Sequence["Source"]] = None) -> None:
+                 layers: Optional[Sequence[Source]] = None) -> None:
         self.registry = registry
         env = os.environ if environ is None else environ
         self._environ: Mapping[str, str] = dict(env)
@@ -254,7 +261,7 @@ class PolicyEngine:
     def load(cls, files: Optional[Sequence[str]] = None, *,
              fragments: Sequence[Fragment] = (), blame: Optional[Blame] = None,
              environ: Optional[Mapping[str, str]] = None,
-             plugins: bool = False) -> "PolicyEngine":
+             plugins: bool = False) -> PolicyEngine:
         """Build an engine from registry files (``files``, else ``WARPOLICY_CAPABILITIES``, else
         the packaged default) plus plugin ``fragments`` the caller collected, e.g.::
 
@@ -333,7 +340,7 @@ class PolicyEngine:
     def compile(self, backend: str, spec: str = "none",
                 flags: Optional[Mapping[str, Union[bool, str]]] = None, *,
                 platform: str = "cuda", external_events: bool = True,
-                strict: bool = False) -> "CompiledPolicy":
+                strict: bool = False) -> CompiledPolicy:
         """Resolve everything but the mode and the runner facts once, for the per-step lookup.
 
         With ``strict=False`` (the runtime default) any error compiles to all-``NONE`` plus one
@@ -349,7 +356,7 @@ class PolicyEngine:
 
             placement = {mode: self.placement(backend, mode) for mode in ForwardMode}
             compiled = CompiledPolicy(backend, spec, table, explain_step, placement)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if strict:
                 raise
             self._warn_once(f"compile({backend!r}, {spec!r})", exc)
@@ -384,7 +391,7 @@ class PolicyEngine:
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def _evaluation(self, ctx: Context) -> "_Evaluation":
+    def _evaluation(self, ctx: Context) -> _Evaluation:
         flags = self.flag_values(ctx.flags)
         return _Evaluation(self, ctx, self.spec(ctx.spec), flags)
 
@@ -408,9 +415,8 @@ class PolicyEngine:
         """``(label, engine of layers[0..k])`` per layer; None where that prefix does not load
         on its own (e.g. a fragment that refers to a later layer)."""
         if self._layer_engines is None:
-            from warpolicy.loader import load_registry  # the loader sits below the engine
-
             from warpolicy.errors import WarpolicyError
+            from warpolicy.loader import load_registry  # the loader sits below the engine
 
             out: list[tuple[str, Optional[PolicyEngine]]] = []
             for k, source in enumerate(self._layers):

@@ -48,7 +48,7 @@ class NvtxApi(Protocol):
 def load_nvtx() -> NvtxApi:
     """``torch.cuda.nvtx``. Imported here, not at module level: the registry, engine and CLI
     import without torch, and only a process that asked for ranges needs it."""
-    return importlib.import_module("torch.cuda.nvtx")  # type: ignore[return-value]
+    return importlib.import_module("torch.cuda.nvtx")
 
 
 def _label(value: Any) -> str:
@@ -83,14 +83,15 @@ class NvtxPlugin:
 
     def _off(self, exc: BaseException) -> None:
         nvtx, self._nvtx = self._nvtx, None
+        log.warning("warpolicy: NVTX ranges are off (%s: %s)", type(exc).__name__, exc)
+        # A failed mark must not strand this thread's open range: pop it once, now.
         if nvtx is not None and getattr(self._local, "open", False):
-            self._local.open = False  # a failed mark must not leave this thread's range open
+            self._local.open = False
             try:
                 nvtx.range_pop()
                 self.popped += 1
-            except Exception:  # noqa: BLE001 - turning off anyway; nothing more to undo
+            except Exception:  # noqa: BLE001 - already off; the range is lost either way
                 pass
-        log.warning("warpolicy: NVTX ranges are off (%s: %s)", type(exc).__name__, exc)
 
     def _mark(self, text: str) -> None:
         nvtx = self._nvtx

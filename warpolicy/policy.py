@@ -25,7 +25,7 @@ class WarReadDonePolicy(enum.IntEnum):
         return self.name.lower()
 
     @classmethod
-    def parse(cls, name: str) -> "WarReadDonePolicy":
+    def parse(cls, name: str) -> WarReadDonePolicy:
         """Parse a lowercase (or uppercase) policy name; aliases ``coarse``/``unknown`` mean NONE."""
         key = str(name).strip().lower()
         if key in _POLICY_ALIASES:
@@ -87,7 +87,7 @@ class ForwardMode(str, enum.Enum):
         return self.value
 
     @classmethod
-    def parse(cls, name: "str | ForwardMode") -> "ForwardMode":
+    def parse(cls, name: str | ForwardMode) -> ForwardMode:
         """Parse a mode name or alias (``prefill`` -> extend, ``verify`` -> target_verify)."""
         if isinstance(name, ForwardMode):
             return name

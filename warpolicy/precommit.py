@@ -26,11 +26,11 @@ import subprocess
 import sys
 from typing import Optional, Sequence, TextIO
 
+from warpolicy.compare import cell_space, diff_engines
 from warpolicy.engine import PolicyEngine
 from warpolicy.errors import RegistryError, WarpolicyError
 from warpolicy.loader import Fragment, load_registry, registry_sources, validate_sources
 from warpolicy.policy import WarReadDonePolicy
-from warpolicy.compare import cell_space, diff_engines
 
 OK, CHECK_FAILED, INPUT_ERROR = 0, 1, 2
 DEFAULT_REF = "origin/main"
@@ -76,7 +76,8 @@ def old_version(ref: str, path: str) -> Optional[str]:
     file does not exist there. Raises `GitError` when git or the ref is unusable."""
     probe = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
     if probe.returncode != 0:
-        raise GitError(f"unknown git ref {ref!r} ({_first_line(probe.stderr) if probe.stderr else 'not found'}); "
+        why = _first_line(probe.stderr) if probe.stderr else "not found"
+        raise GitError(f"unknown git ref {ref!r} ({why}); "
                        "fetch it or pass --ref")
     spec = f"{ref}:./{path}"
     if _git(["cat-file", "-e", spec]).returncode != 0:
@@ -127,7 +128,8 @@ def diff_files(files: Sequence[str], ref: str = DEFAULT_REF, base: Sequence[str]
             lines = earlier_cells(bases + [Fragment(name=f"{ref}:{path}", data=text)], bases + [path])
         except RegistryError as exc:
             err.write("".join(f"{p}\n" for p in exc.problems))
-            err.write(f"warpolicy-diff: {path}: cannot compare with {ref} (invalid registry); failing closed\n")
+            err.write(f"warpolicy-diff: {path}: cannot compare with {ref} (invalid registry); "
+                      "failing closed\n")
             status = CHECK_FAILED
             continue
         except WarpolicyError as exc:
@@ -154,7 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.add_argument("--base", action="append", default=[], metavar="FILE",
                        help="registry files each FILE layers over ('default' = the packaged one)")
         if name == "diff":
-            p.add_argument("--ref", default=DEFAULT_REF, help=f"git ref to compare with (default {DEFAULT_REF})")
+            p.add_argument("--ref", default=DEFAULT_REF,
+                           help=f"git ref to compare with (default {DEFAULT_REF})")
     args = parser.parse_args(argv)
     try:
         if args.hook == "validate":

@@ -28,7 +28,7 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _gates(value: Iterable["Gate"]) -> tuple["Gate", ...]:
+def _gates(value: Iterable[Gate]) -> tuple[Gate, ...]:
     return tuple(value)
 
 
@@ -184,7 +184,8 @@ class Backend:
 def shape_problems(*, reads_end: Mapping[ForwardMode, object], inherits: Optional[str],
                    latest_of: tuple[str, ...], per_mode: Mapping[ForwardMode, str]
                    ) -> list[tuple[str, Optional[ForwardMode], str]]:
-    """Why a backend with these fields has no single shape, as ``(key, mode, message)`` (key ``""`` is the entry).
+    """Why a backend with these fields has no single shape, as ``(key, mode, message)``
+    (key ``""`` is the entry).
 
     Plain (``reads_end``, optionally ``inherits``), composite (``latest_of``, optionally with
     its own or inherited ``reads_end``: the engine takes the latest of all) or per-mode

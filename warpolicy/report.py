@@ -11,7 +11,7 @@ import json
 from typing import Mapping, Optional, Sequence
 
 from warpolicy.compare import CellSpace, DiffCell, LayerChange
-from warpolicy.engine import Decision, Explanation
+from warpolicy.engine import Decision, Explanation, GateCheck
 
 #: Every output format a command may offer.
 FORMATS = ("text", "json", "markdown")
@@ -101,7 +101,7 @@ def _context_lines(exp: Explanation) -> list[tuple[str, str]]:
     ]
 
 
-def _gate_mark(check) -> str:
+def _gate_mark(check: GateCheck) -> str:
     return "raised" if check.raised else ("matched, no effect" if check.matched else "skipped")
 
 

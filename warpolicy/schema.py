@@ -12,7 +12,7 @@ from typing import Mapping
 
 import attrs
 
-from warpolicy.policy import (  # noqa: PLC2701 - the spellings
+from warpolicy.policy import (
     _MODE_ALIASES,
     _POLICY_ALIASES,
     ForwardMode,

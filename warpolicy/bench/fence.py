@@ -41,11 +41,13 @@ class _NoOpObserver:
     """The cheapest possible observer: measures the cost of observer dispatch itself."""
 
     @hookimpl
-    def warpolicy_on_publish(self, runner, step, policy, event):
+    def warpolicy_on_publish(self, runner: str, step: int, policy: P,
+                             event: Optional[EventHandle]) -> None:
         pass
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner, step, kind, reason):
+    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str,
+                             reason: str) -> None:
         pass
 
 
@@ -198,7 +200,8 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
     rel, whole = _median(release_us), _median(whole_us)
     return {"release_us_median": rel, "whole_replay_us_median": whole,
             "ratio": rel / whole if whole else None, "replays": replays,
-            "graph": f"spin {spin_cycles} cycles, index_select, node, {matmuls} matmuls {size}x{size} bf16"}, graph
+            "graph": (f"spin {spin_cycles} cycles, index_select, node, "
+                      f"{matmuls} matmuls {size}x{size} bf16")}, graph
 
 
 # -- entry points ----------------------------------------------------------------------------------

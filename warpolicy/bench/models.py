@@ -28,7 +28,7 @@ from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners.base import PolicyFn, sound
 
 
-def fixed_policy(policy: "WarReadDonePolicy | str") -> PolicyFn:
+def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:
     """A policy callable that answers ``policy`` for every mode (soundly demoted for runners)."""
     if not isinstance(policy, WarReadDonePolicy):
         policy = WarReadDonePolicy.parse(policy)
@@ -75,7 +75,7 @@ class TokenBatch:
 
     @classmethod
     def of(cls, ids: Sequence[int], positions: Sequence[int], rows: Sequence[int],
-           locs: Sequence[int]) -> "TokenBatch":
+           locs: Sequence[int]) -> TokenBatch:
         t = lambda xs: torch.tensor(list(xs), dtype=torch.long)  # noqa: E731
         return cls(t(ids), t(positions), t(rows), t(locs))
 

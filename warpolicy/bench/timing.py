@@ -126,7 +126,7 @@ def copy_work(target_us: float, device: Any) -> Callable[[], None]:
     for _ in range(3):  # copy time is linear in bytes at these sizes
         src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        took = _time_us(lambda: dst.copy_(src, non_blocking=True))
+        took = _time_us(lambda: dst.copy_(src, non_blocking=True))  # noqa: B023 - called at once
         nbytes = max(int(nbytes * target_us / max(took, 1e-3)) // 4096 * 4096, 4096)
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)

@@ -3,8 +3,8 @@
 ``python -m warpolicy.graphwalk.bench [--nodes 1000] [--repeat 20]`` prints the median
 milliseconds of finding readers, deriving the plan and self-checking a marker, against the
 50 ms budget for a 1,000-node graph, and the reader frontier (linear) next to a naive baseline
-(one ancestor search per reader) on the same readers, in the same process. The CUDA walk itself is timed on the GPU
-(``tests/gpu/test_derived_cuda.py``).
+(one ancestor search per reader) on the same readers, in the same process. The CUDA walk
+itself is timed on the GPU (``tests/gpu/test_derived_cuda.py``).
 """
 
 from __future__ import annotations

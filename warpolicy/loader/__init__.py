@@ -187,7 +187,7 @@ def _read(source: Source, problems: list[Problem]) -> Document:
 
 def _load(sources: Sequence[Source]) -> tuple[Optional[Registry], list[Problem]]:
     if isinstance(sources, (str, bytes, os.PathLike, Fragment)):
-        sources = [sources]  # type: ignore[list-item]  # a lone path is an easy mistake
+        sources = [sources]  # a lone path is an easy mistake
     problems: list[Problem] = []
     merger = Merger(problems)
     names: list[str] = []

@@ -53,7 +53,7 @@ class Entry:
     source: int  # index of the source in layering order
     refs: tuple[Ref, ...] = ()
     #: a backend's scoped gates (they merge like any gate); a flag's env var origins
-    gates: tuple["Entry", ...] = ()
+    gates: tuple[Entry, ...] = ()
     env_origins: tuple[Origin, ...] = ()
 
 

@@ -19,7 +19,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from warpolicy import schema as S
 from warpolicy.errors import Problem, UnknownNameError
 from warpolicy.loader.reading import BOOL, FLOAT, INT, NULL, STR, TAG
-from warpolicy.policy import (  # noqa: PLC2701 - exact spellings
+from warpolicy.policy import (
     _MODE_ALIASES,
     _POLICY_ALIASES,
     ForwardMode,

@@ -8,8 +8,15 @@ scheduler side: barrier right after each launch, next-batch writes on the schedu
 hands the scheduler the event of the algorithm's last shared reader.
 """
 
-from warpolicy.runners.base import (CapturedBucket, GraphRunner, ModelAdapter, PolicyFn,
-                                    StepInfo, resolve_policy_fn, sound)
+from warpolicy.runners.base import (
+                                    CapturedBucket,
+                                    GraphRunner,
+                                    ModelAdapter,
+                                    PolicyFn,
+                                    StepInfo,
+                                    resolve_policy_fn,
+                                    sound,
+)
 from warpolicy.runners.decode import DecodeRunner
 from warpolicy.runners.draft_extend import DraftExtendRunner
 from warpolicy.runners.overlap import OverlapLoop, StepProbe
