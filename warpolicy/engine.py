@@ -474,24 +474,33 @@ class PolicyEngine:
         """Where a runner plants the in-graph node for ``backend`` in ``mode``: the first
         ``plant`` declaration along ``inherits``; else a per-mode wrapper's child for that mode;
         else, for a composite, derived only when every child is derived; else marker."""
-        return self._placement(backend, ForwardMode.parse(mode), ())
-
-    def _placement(self, name: str, mode: ForwardMode, stack: tuple[str, ...]) -> Placement:
-        if name in stack:  # the loader rejects cycles; never recurse forever at runtime
-            raise InputError(f"cycle through backend {name!r}")
-        backend = self.registry.backend(name)
-        for ancestor in self.registry.lineage(name):
-            declared = ancestor.plant.get(mode)
-            if declared is not None:
-                return declared
-        stack = stack + (name,)
-        delegate = backend.per_mode.get(mode)
-        if delegate is not None:
-            return self._placement(delegate, mode, stack)
-        if backend.latest_of and all(self._placement(c, mode, stack) is Placement.DERIVED
-                                     for c in backend.latest_of):
-            return Placement.DERIVED
-        return Placement.MARKER
+        mode = ForwardMode.parse(mode)
+        memo: dict[str, Placement] = {}
+        open_nodes: set[str] = set()
+        stack: list[tuple[str, bool]] = [(backend, False)]
+        while stack:  # children first, iteratively: composite chains can be thousands deep
+            name, expanded = stack.pop()
+            if name in memo:
+                continue
+            entry = self.registry.backend(name)
+            declared = next((a.plant[mode] for a in self.registry.lineage(name)
+                             if mode in a.plant), None)
+            delegate = entry.per_mode.get(mode)
+            children = (delegate,) if delegate is not None else entry.latest_of
+            if declared is not None or not children:
+                memo[name] = declared if declared is not None else Placement.MARKER
+                continue
+            if expanded:
+                open_nodes.discard(name)
+                every_derived = all(memo[c] is Placement.DERIVED for c in children)
+                memo[name] = Placement.DERIVED if every_derived else Placement.MARKER
+                continue
+            if name in open_nodes:  # the loader rejects cycles; never loop at runtime
+                raise InputError(f"cycle through backend {name!r}")
+            open_nodes.add(name)
+            stack.append((name, True))
+            stack.extend((c, False) for c in children if c not in memo)
+        return memo[backend]
 
     def _warn_once(self, where: str, exc: BaseException) -> None:
         key = f"{where}: {type(exc).__name__}: {exc}"

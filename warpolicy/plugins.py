@@ -135,7 +135,9 @@ class WarpolicyPluginManager(pluggy.PluginManager):
         plugin_name = name or self.get_canonical_name(plugin)
         if not self.is_blocked(plugin_name):
             for hook in hookspecs.REMOVED_PLATFORM_HOOKS:
-                if self.parse_hookimpl_opts(plugin, hook) is not None:
+                # hasattr first: older pluggy releases' parse_hookimpl_opts assumes the name
+                # exists on the plugin
+                if hasattr(plugin, hook) and self.parse_hookimpl_opts(plugin, hook) is not None:
                     raise PluginError(plugin_name, f"implements {hook}, a 0.1 platform hook removed "
                                       "in 0.2; implement warpolicy_platform(device) returning a "
                                       "PlatformImpl instead (CHANGELOG: Migrating from 0.1)")
