@@ -329,13 +329,13 @@ def test_release_lead_on_a_gpu_in_graph_before_post_replay():
             graph = platform.new_graph()
             with platform.capture(graph):
                 torch.cuda._sleep(1_000_000)
-                fence.plant()
+                planted = fence.plant()  # the event this graph records
                 torch.cuda._sleep(1_000_000)  # ~0.5 ms after the node
             barrier, sched = SchedulerBarrier(platform), platform.new_stream()
             for _ in range(6):
                 fence.before_replay(policy)
                 platform.replay(graph)
-                fence.after_replay(policy)
+                fence.after_replay(policy, planted)
                 barrier.apply(sched, platform.current_stream(), fence.take())
                 platform.synchronize()  # the previous sample is ready at the next publish
         finally:

@@ -250,15 +250,15 @@ def test_real_nvtx_binding_on_a_gpu():
     graph = platform.new_graph()
     with platform.capture(graph):
         torch.cuda._sleep(100_000)
-        fence.plant()
+        planted = fence.plant()  # the event this graph records
         torch.cuda._sleep(100_000)
-    policy = IN_GRAPH if fence.planted else POST_REPLAY
+    policy = IN_GRAPH if planted is not None else POST_REPLAY
     barrier, sched = SchedulerBarrier(platform), platform.new_stream()
     kinds = []
     for _ in range(5):
         fence.before_replay(policy)
         platform.replay(graph)
-        fence.after_replay(policy)
+        fence.after_replay(policy, planted)
         kinds.append(barrier.apply(sched, platform.current_stream(), fence.take()))
     platform.synchronize()
     assert kinds == ["event"] * 5

@@ -140,10 +140,13 @@ class ReadDoneFence:
         self._next = 0
         self._step = 0
         self._open = False  # a step has begun (before_replay) and not yet published
-        self._pending: Optional[EventHandle] = None  # PRE_REPLAY event recorded in before_replay
+        # the PRE_REPLAY event recorded in before_replay, with its step: a publish uses it only
+        # in that same step, so the IN_GRAPH hot path never has to clear it
+        self._pending: Optional[tuple[int, EventHandle]] = None
         self._ranges = _profile_ranges(profile_ranges)
         # What stands between this step and the fast path, as bits: 0 = none (the common case)
-        self._trouble = _RANGES if self._ranges else 0
+        self._trouble_init = _RANGES if self._ranges else 0  # the per-step reset, precomputed
+        self._trouble = self._trouble_init
         self._mailbox: Optional[ReadDone] = None
         self._published: WarReadDonePolicy = NONE
         self._notifier = _Notifier(platform, f"fence {name!r}")
@@ -236,15 +239,14 @@ class ReadDoneFence:
         self._step += 1
         self._open = True
         self._mailbox = None  # an untaken earlier publish is stale from now on
-        self._pending = None
-        self._trouble = _RANGES if self._ranges else 0
+        self._trouble = self._trouble_init
         if policy == PRE_REPLAY:
             try:
                 if self._ranges:
                     with _record_function("warpolicy.publish.pre_replay"):
-                        self._pending = self._record_ring(stream)
+                        self._pending = (self._step, self._record_ring(stream))
                 else:
-                    self._pending = self._record_ring(stream)
+                    self._pending = (self._step, self._record_ring(stream))
             except Exception as exc:  # noqa: BLE001
                 self._trouble |= _FAILED
                 self._notifier.fail("before_replay", exc)
@@ -302,9 +304,10 @@ class ReadDoneFence:
         if policy == POST_REPLAY:
             return self._record_ring(stream), POST_REPLAY
         if policy == PRE_REPLAY:
-            if self._pending is None:
+            pending, self._pending = self._pending, None
+            if pending is None or pending[0] != self._step:
                 raise FenceError("pre_replay publish without a record in before_replay")
-            return self._pending, PRE_REPLAY
+            return pending[1], PRE_REPLAY
         raise FenceError(f"unknown policy {policy!r}")
 
     def _record_ring(self, stream: Optional[StreamHandle]) -> EventHandle:

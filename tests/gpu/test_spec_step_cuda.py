@@ -175,9 +175,12 @@ def test_eagle_like_step_under_the_default_registry_is_coarse_and_clean(platform
 def test_dflash_like_step_releases_in_verify_graph(platform, engine, late_read):
     tables, index, table = state()
     compiled = engine.compile("fa3", "dflash")  # decode and verify in_graph under DFlash
+    # The positive control turns the capture self-check off: with it on, the runner itself
+    # demotes the late-reading verify bucket to post_replay (checked below).
     phases = [DecodeRunner(PhaseModel(table, index), compiled, platform, name="draft"),
               VerifyRunner(PhaseModel(table, index, tail_spin=SPIN_CYCLES, late_read=late_read),
-                           compiled, platform, name="verify", draft_tokens=1)]
+                           compiled, platform, name="verify", draft_tokens=1,
+                           self_check="off" if late_read else "warn")]
     step = SpecStep.for_algorithm(phases, engine.spec("dflash"))
     step.capture()
     assert all(cb.planted for cb in phases[1].captured.values())
@@ -187,6 +190,11 @@ def test_dflash_like_step_releases_in_verify_graph(platform, engine, late_read):
     assert kinds == {"event"} and sources == {("verify", IN_GRAPH)}
     if late_read:
         assert corrupted > 0  # the trial can fail
+        checked = VerifyRunner(PhaseModel(table, index, tail_spin=SPIN_CYCLES, late_read=True),
+                               compiled, platform, name="verify-checked", draft_tokens=1)
+        with pytest.warns(RuntimeWarning, match="demoted to post_replay"):
+            checked.capture()
+        assert checked.policy_for(BATCH) is POST_REPLAY  # the self-check caught the late read
     else:
         assert corrupted == 0
 
