@@ -39,8 +39,9 @@ from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, GraphRunner, OverlapLoop, PrefillRunner, VerifyRunner
 
 # A small config with buckets that leave room for eager fallback in every mode.
-EXAMPLE_CONFIG = TinyConfig(decode_buckets=(1, 2, 4, 6), prefill_buckets=(16, 32),
-                            verify_buckets=(2, 4, 8, 12))
+EXAMPLE_CONFIG = TinyConfig(
+    decode_buckets=(1, 2, 4, 6), prefill_buckets=(16, 32), verify_buckets=(2, 4, 8, 12)
+)
 
 
 @attrs.frozen
@@ -119,8 +120,9 @@ def build_schedule(cfg: TinyConfig, steps: int, *, seed: int = 0, spec: bool = T
     return out
 
 
-def _alloc(req: _Req, pos: int, free_slots: list[int], tokens: list, writes: list,
-           vocab: int) -> None:
+def _alloc(
+    req: _Req, pos: int, free_slots: list[int], tokens: list, writes: list, vocab: int
+) -> None:
     slot = free_slots.pop()
     req.slots.append(slot)
     tokens.append((token_id(req.rid, pos, vocab), pos, req.row, slot))
@@ -130,8 +132,15 @@ def _alloc(req: _Req, pos: int, free_slots: list[int], tokens: list, writes: lis
 class TinyEngine:
     """The three runners over one tiny model, one shared table and KV pool."""
 
-    def __init__(self, policy: Any, cfg: TinyConfig = EXAMPLE_CONFIG, *, device: Any = None,
-                 platform: Any = None, late_shared_read: bool = False) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        cfg: TinyConfig = EXAMPLE_CONFIG,
+        *,
+        device: Any = None,
+        platform: Any = None,
+        late_shared_read: bool = False,
+    ) -> None:
         from warpolicy.platform import Platform
 
         self.cfg = cfg
@@ -147,8 +156,9 @@ class TinyEngine:
         self.runners: dict[ForwardMode, GraphRunner] = {
             ForwardMode.DECODE: DecodeRunner(model(ForwardMode.DECODE), policy, p),
             ForwardMode.EXTEND: PrefillRunner(model(ForwardMode.EXTEND), policy, p),
-            ForwardMode.TARGET_VERIFY: VerifyRunner(model(ForwardMode.TARGET_VERIFY), policy, p,
-                                                    draft_tokens=cfg.draft_tokens),
+            ForwardMode.TARGET_VERIFY: VerifyRunner(
+                model(ForwardMode.TARGET_VERIFY), policy, p, draft_tokens=cfg.draft_tokens
+            ),
         }
 
     def capture(self) -> None:
@@ -158,12 +168,19 @@ class TinyEngine:
     def apply_writes(self, step: Step) -> None:
         """The scheduler's table writes for ``step``, on the current stream."""
         t = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
-        self.state.req_to_token.index_put_((t(step.write_rows), t(step.write_cols)),
-                                           t(step.write_slots))
+        self.state.req_to_token.index_put_(
+            (t(step.write_rows), t(step.write_cols)), t(step.write_slots)
+        )
 
-    def run(self, schedule: Sequence[Step], *, overlap: bool = True, force_coarse: bool = False,
-            unsafe_skip_barrier: bool = False,
-            on_step: Optional[Callable[[int, GraphRunner], None]] = None) -> list[torch.Tensor]:
+    def run(
+        self,
+        schedule: Sequence[Step],
+        *,
+        overlap: bool = True,
+        force_coarse: bool = False,
+        unsafe_skip_barrier: bool = False,
+        on_step: Optional[Callable[[int, GraphRunner], None]] = None,
+    ) -> list[torch.Tensor]:
         """Run the schedule from a clean state; returns each step's logits (on the CPU).
 
         ``overlap=False`` is the sequential reference: writes, then the step, on one stream.
@@ -215,18 +232,27 @@ def resolve_policy(name: str, platform: Any, backend: str, spec: str) -> Any:
         return fixed_policy(WarReadDonePolicy.parse(name))
     from warpolicy.engine import PolicyEngine
 
-    return PolicyEngine.load().compile(backend, spec=spec, platform=platform.name,
-                                       external_events=platform.external_events_supported())
+    return PolicyEngine.load().compile(
+        backend,
+        spec=spec,
+        platform=platform.name,
+        external_events=platform.external_events_supported(),
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default=None, help="cuda, cuda:N or fake (default: CUDA if present)")
+    ap.add_argument(
+        "--device", default=None, help="cuda, cuda:N or fake (default: CUDA if present)"
+    )
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policy", default="engine",
-                    help="engine (from the registry) or a fixed policy: in_graph, post_replay, "
-                         "none, pre_replay (unsound for this model)")
+    ap.add_argument(
+        "--policy",
+        default="engine",
+        help="engine (from the registry) or a fixed policy: in_graph, post_replay, "
+        "none, pre_replay (unsound for this model)",
+    )
     ap.add_argument("--backend", default="fa3")
     ap.add_argument("--spec", default="dflash", help="speculative algorithm (engine policy)")
     ap.add_argument("--no-spec", action="store_true", help="no verify steps")
@@ -249,8 +275,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"  {mode.label:14s} buckets {per_bucket}; eager: {runner.policy_for(None).label}")
     kinds: Counter = Counter()
     ref = engine.run(schedule, overlap=False)
-    outs = engine.run(schedule, on_step=lambda k, r: kinds.update(
-        [(r.mode.label, "graph" if r.last_step.bucket is not None else "eager")]))
+    outs = engine.run(
+        schedule,
+        on_step=lambda k, r: kinds.update(
+            [(r.mode.label, "graph" if r.last_step.bucket is not None else "eager")]
+        ),
+    )
     print("  steps: " + ", ".join(f"{m}/{how} {n}" for (m, how), n in sorted(kinds.items())))
     bad = compare(outs, ref)
     print(f"  steps differing from the sequential reference: {len(bad)} of {len(schedule)}")

@@ -13,9 +13,9 @@ import attrs
 import torch
 
 from warpolicy.audit import AuditSubject
+from warpolicy.platform import sim_platform
 from warpolicy.policy import IN_GRAPH, POST_REPLAY, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner
-from warpolicy.platform import sim_platform
 
 BUCKETS = (2, 4)
 
@@ -48,9 +48,14 @@ class TableModel:
         return int(batch.rows.numel())
 
     def prepare_bucket(self, bucket: int) -> None:
-        self.static.setdefault(bucket, {"rows": torch.zeros(bucket, dtype=torch.long),
-                                        "snap": torch.zeros(bucket, dtype=torch.long),
-                                        "out": torch.zeros(bucket)})
+        self.static.setdefault(
+            bucket,
+            {
+                "rows": torch.zeros(bucket, dtype=torch.long),
+                "snap": torch.zeros(bucket, dtype=torch.long),
+                "out": torch.zeros(bucket),
+            },
+        )
 
     def host_prep(self, batch: TrialBatch, bucket: int) -> None:
         s = self.static[bucket]
@@ -106,9 +111,17 @@ def fixed(policy: WarReadDonePolicy):
     return lambda mode, eager, planted: policy
 
 
-def table_subject(policy: WarReadDonePolicy = IN_GRAPH, *, late_from: Optional[int] = None,
-                  declared: Optional[WarReadDonePolicy] = None, fail: bool = False,
-                  platform=None, model=None, runner_cls=DecodeRunner, **extra) -> AuditSubject:
+def table_subject(
+    policy: WarReadDonePolicy = IN_GRAPH,
+    *,
+    late_from: Optional[int] = None,
+    declared: Optional[WarReadDonePolicy] = None,
+    fail: bool = False,
+    platform=None,
+    model=None,
+    runner_cls=DecodeRunner,
+    **extra,
+) -> AuditSubject:
     platform = platform or sim_platform()
     model = model or TableModel(fail=fail)
 
@@ -117,14 +130,19 @@ def table_subject(policy: WarReadDonePolicy = IN_GRAPH, *, late_from: Optional[i
 
     def post_step(mode, batch, out):
         if late_from is not None and batch.trial >= late_from:
-            return out + model.table[:out.shape[0]].float()  # reads the live table
+            return out + model.table[: out.shape[0]].float()  # reads the live table
         return out.clone()
 
     return AuditSubject(
-        name="table", model=model, platform=platform, make_batch=make_batch,
+        name="table",
+        model=model,
+        platform=platform,
+        make_batch=make_batch,
         runners={"decode": lambda m: runner_cls(m, fixed(policy), platform)},
         declared={"decode": declared if declared is not None else policy},
-        post_step=post_step, **extra)
+        post_step=post_step,
+        **extra,
+    )
 
 
 class RenamedPlatform:
@@ -152,5 +170,16 @@ class DroppingRunner(DecodeRunner):
         return out
 
 
-__all__ = ["BUCKETS", "CountingModel", "DroppingRunner", "KVModel", "POST_REPLAY",
-           "RenamedPlatform", "TableModel", "TrialBatch", "fixed", "table_subject", "trial_rows"]
+__all__ = [
+    "BUCKETS",
+    "CountingModel",
+    "DroppingRunner",
+    "KVModel",
+    "POST_REPLAY",
+    "RenamedPlatform",
+    "TableModel",
+    "TrialBatch",
+    "fixed",
+    "table_subject",
+    "trial_rows",
+]

@@ -9,14 +9,22 @@ import textwrap
 import pytest
 import torch
 
-from warpolicy.audit import (EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNSAFE, Verdict, parse_modes,
-                             parse_synthetic, resolve_factory, run_audit)
+from warpolicy.audit import (
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    EXIT_UNSAFE,
+    Verdict,
+    parse_modes,
+    parse_synthetic,
+    resolve_factory,
+    run_audit,
+)
 from warpolicy.audit.api import call_factory
 from warpolicy.audit.synthetic import synthetic_names
 from warpolicy.cli import main
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError
-from warpolicy.policy import ForwardMode
 from warpolicy.platform import sim_platform
+from warpolicy.policy import ForwardMode
 
 UNSAFE = Verdict.UNSAFE
 DECODE = ForwardMode.DECODE
@@ -66,15 +74,17 @@ def test_parse_modes():
     assert parse_modes("decode, prefill,decode") == [DECODE, ForwardMode.EXTEND]
     assert parse_modes(["verify"]) == [ForwardMode.TARGET_VERIFY]
     assert parse_modes(["decode,verify", ForwardMode.EXTEND]) == [
-        DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND]
+        DECODE,
+        ForwardMode.TARGET_VERIFY,
+        ForwardMode.EXTEND,
+    ]
     with pytest.raises(InputError):
         parse_modes(" , ")
 
 
 def test_parse_synthetic_all_and_lists():
     assert parse_synthetic("all") == synthetic_names()
-    assert parse_synthetic("late_swa_read,in_graph,late_swa_read") == ["late_swa_read",
-                                                                      "in_graph"]
+    assert parse_synthetic("late_swa_read,in_graph,late_swa_read") == ["late_swa_read", "in_graph"]
 
 
 def test_modes_filter_limits_entries():
@@ -82,14 +92,17 @@ def test_modes_filter_limits_entries():
     assert [e.mode for e in report.entries] == [ForwardMode.TARGET_VERIFY]
 
 
-@pytest.mark.parametrize("text, match", [
-    ("nocolon", "expected MODULE:CALLABLE"),
-    (":make", "expected MODULE:CALLABLE"),
-    ("json:", "expected MODULE:CALLABLE"),
-    ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
-    ("json:no_such_attr", "has no attribute 'no_such_attr'"),
-    ("json.decoder:__doc__", "is not callable"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("nocolon", "expected MODULE:CALLABLE"),
+        (":make", "expected MODULE:CALLABLE"),
+        ("json:", "expected MODULE:CALLABLE"),
+        ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+        ("json:no_such_attr", "has no attribute 'no_such_attr'"),
+        ("json.decoder:__doc__", "is not callable"),
+    ],
+)
 def test_resolve_factory_errors(text, match):
     with pytest.raises(InputError, match=match):
         resolve_factory(text)
@@ -103,7 +116,8 @@ def test_resolve_factory_dotted_attribute():
 def factory_module(tmp_path, monkeypatch):
     """An importable module holding audit factories (removed from sys.modules afterwards)."""
     name = "warpolicy_audit_factory_for_tests"
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent("""
         from warpolicy.audit.synthetic import make_synthetic
 
         def good(platform):
@@ -124,27 +138,32 @@ def factory_module(tmp_path, monkeypatch):
                 raise RuntimeError("forward exploded")
             subject.model.forward = boom
             return subject
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
 
 
 def test_factory_end_to_end(factory_module):
-    report = run_audit(factory=f"{factory_module}:good", modes="decode", trials=2,
-                       platform=sim_platform())
+    report = run_audit(
+        factory=f"{factory_module}:good", modes="decode", trials=2, platform=sim_platform()
+    )
     assert [(e.backend, e.verdict) for e in report.entries] == [("late_swa_read", UNSAFE)]
     assert report.exit_code == EXIT_UNSAFE
 
 
 def test_factory_returning_several_subjects(factory_module):
-    report = run_audit(factory=f"{factory_module}:several", modes="decode", trials=1,
-                       platform=sim_platform())
+    report = run_audit(
+        factory=f"{factory_module}:several", modes="decode", trials=1, platform=sim_platform()
+    )
     assert [e.backend for e in report.entries] == ["in_graph", "late_swa_read"]
 
 
-@pytest.mark.parametrize("attr, match", [("wrong", "must return an AuditSubject"),
-                                         ("broken", "failed: ValueError: cannot build")])
+@pytest.mark.parametrize(
+    "attr, match",
+    [("wrong", "must return an AuditSubject"), ("broken", "failed: ValueError: cannot build")],
+)
 def test_bad_factories_are_input_errors(factory_module, attr, match):
     with pytest.raises(InputError, match=match):
         run_audit(factory=f"{factory_module}:{attr}", platform=sim_platform())
@@ -159,6 +178,7 @@ def test_call_factory_lets_warpolicy_errors_through():
 
 
 # -- the command's exit codes -------------------------------------------------------------------
+
 
 def _audit(capsys, *argv):
     code = main(["audit", "--device", "fake", "--format", "json", *argv])
@@ -186,7 +206,8 @@ def test_cli_inconclusive_fails_unless_allowed(capsys):
 
 def test_cli_factory_crashing_in_every_mode_never_exits_0(capsys, factory_module):
     for extra in ((), ("--allow-inconclusive",)):
-        code, data = _audit(capsys, "--factory", f"{factory_module}:crashes", "--trials", "2",
-                            *extra)
+        code, data = _audit(
+            capsys, "--factory", f"{factory_module}:crashes", "--trials", "2", *extra
+        )
         assert code == EXIT_INCONCLUSIVE, extra
         assert all(e["dynamic"]["failed"] for e in data["entries"]) and data["entries"]

@@ -7,17 +7,26 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
-from audit_subjects import (CountingModel, DroppingRunner, KVModel, RenamedPlatform, TrialBatch,
-                            fixed, table_subject, trial_rows)
 
 import warpolicy.audit.dynamic as dynamic
 import warpolicy.audit.static as static
 from warpolicy.audit import MIN_TRIALS, AuditSubject, StalledModel, Verdict, run_audit
 from warpolicy.audit.dynamic import audit_mode
 from warpolicy.audit.poison import default_poison
+from warpolicy.platform import sim_platform
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
 from warpolicy.runners import DecodeRunner
-from warpolicy.platform import sim_platform
+
+from audit_subjects import (
+    CountingModel,
+    DroppingRunner,
+    KVModel,
+    RenamedPlatform,
+    TrialBatch,
+    fixed,
+    table_subject,
+    trial_rows,
+)
 
 SAFE, UNSAFE, INCONCLUSIVE = Verdict.SAFE, Verdict.UNSAFE, Verdict.INCONCLUSIVE
 DECODE = ForwardMode.DECODE
@@ -27,7 +36,7 @@ DECODE = ForwardMode.DECODE
 def gpu_path(monkeypatch):
     """A platform the audit treats as a real device, with a (no-op) stall: the GPU code path
     (head stall, take, barrier, poison on the schedule stream) in program order on CPU."""
-    monkeypatch.setattr(dynamic, "make_stall", lambda platform, us: (lambda: None))
+    monkeypatch.setattr(dynamic, "make_stall", lambda platform, us: lambda: None)
     return RenamedPlatform(sim_platform(), "gpu")
 
 
@@ -47,8 +56,9 @@ class TestWholeAudits:
         assert entry.dynamic.corrupted == 3  # trials 3, 4, 5
         assert entry.dynamic.first.output == "out" and entry.dynamic.first.index == (0,)
 
-    @pytest.mark.parametrize("policy, verdict", [(IN_GRAPH, SAFE), (POST_REPLAY, SAFE),
-                                                 (PRE_REPLAY, UNSAFE)])
+    @pytest.mark.parametrize(
+        "policy, verdict", [(IN_GRAPH, SAFE), (POST_REPLAY, SAFE), (PRE_REPLAY, UNSAFE)]
+    )
     def test_release_point_matters(self, policy, verdict):
         # the table is read in the in-graph prep: sound for in_graph, unsound for pre_replay
         assert audit_mode(table_subject(policy), DECODE, trials=2).verdict is verdict
@@ -65,16 +75,18 @@ class TestWholeAudits:
         assert "declared in_graph but the runner published post_replay" in entry.dynamic.reason
 
     def test_no_external_events_demotes_in_graph_and_says_so(self):
-        report = run_audit(synthetic="late_swa_read", trials=2,
-                           platform=sim_platform(external_events=False))
+        report = run_audit(
+            synthetic="late_swa_read", trials=2, platform=sim_platform(external_events=False)
+        )
         for entry in report.entries:
             assert entry.policy is POST_REPLAY and entry.verdict is INCONCLUSIVE
             assert "demoted" in entry.dynamic.reason
 
     def test_eager_step_is_noted(self):
         subject = table_subject(IN_GRAPH)
-        big = attrs.evolve(subject, make_batch=lambda mode, trial: TrialBatch(
-            trial, torch.arange(6) % 10))  # larger than every bucket: eager
+        big = attrs.evolve(
+            subject, make_batch=lambda mode, trial: TrialBatch(trial, torch.arange(6) % 10)
+        )  # larger than every bucket: eager
         entry = audit_mode(big, DECODE, trials=2)
         assert entry.verdict is INCONCLUSIVE
         assert "ran eagerly" in entry.dynamic.reason
@@ -141,10 +153,13 @@ class TestNeverSafeForWhatWasNotChecked:
         platform = sim_platform()
         model = CountingModel()
         subject = AuditSubject(
-            name="count", model=model, platform=platform,
+            name="count",
+            model=model,
+            platform=platform,
             make_batch=lambda mode, trial: TrialBatch(trial, trial_rows(trial)),
             runners={"decode": lambda m: DecodeRunner(m, fixed(POST_REPLAY), platform)},
-            declared={"decode": POST_REPLAY})
+            declared={"decode": POST_REPLAY},
+        )
         entry = audit_mode(subject, DECODE, trials=3)
         assert entry.verdict is SAFE, entry.dynamic  # no false alarm from the counter
         assert model.count.item() == 4  # as capture left it (2 warm-ups, 2 captures)
@@ -197,8 +212,7 @@ class TestExtraOutputs:
 
     def _subject(self, late: bool, extra: bool) -> AuditSubject:
         model = KVModel(late)
-        return table_subject(IN_GRAPH, model=model,
-                             extra_outputs={"kv": model.kv} if extra else {})
+        return table_subject(IN_GRAPH, model=model, extra_outputs={"kv": model.kv} if extra else {})
 
     def test_late_kv_write_is_unsafe_when_the_pool_is_compared(self):
         entry = audit_mode(self._subject(late=True, extra=True), DECODE, trials=4)
@@ -206,8 +220,7 @@ class TestExtraOutputs:
 
     def test_returned_outputs_alone_cannot_see_it(self):
         # the blind spot extra_outputs closes (and a positive control for the test above)
-        assert audit_mode(self._subject(late=True, extra=False), DECODE, trials=4).verdict \
-            is SAFE
+        assert audit_mode(self._subject(late=True, extra=False), DECODE, trials=4).verdict is SAFE
 
     def test_no_false_alarm_and_the_pool_is_put_back(self):
         model = KVModel(late=False)
@@ -218,8 +231,9 @@ class TestExtraOutputs:
                 super().capture()
                 after_capture.append(model.kv.clone())
 
-        subject = table_subject(IN_GRAPH, model=model, runner_cls=Recording,
-                                extra_outputs={"kv": model.kv})
+        subject = table_subject(
+            IN_GRAPH, model=model, runner_cls=Recording, extra_outputs={"kv": model.kv}
+        )
         entry = audit_mode(subject, DECODE, trials=4)
         assert entry.verdict is SAFE, entry.dynamic
         assert torch.equal(model.kv, after_capture[0])  # the trials' writes were undone
@@ -229,8 +243,10 @@ class TestExtraOutputs:
 
 class TestCoverage:
     def test_trials_must_replay_every_captured_bucket(self):
-        subject = attrs.evolve(table_subject(IN_GRAPH), make_batch=lambda mode, trial:
-                               TrialBatch(trial, torch.tensor([1, 2])))  # bucket 2 only
+        subject = attrs.evolve(
+            table_subject(IN_GRAPH),
+            make_batch=lambda mode, trial: TrialBatch(trial, torch.tensor([1, 2])),
+        )  # bucket 2 only
         entry = audit_mode(subject, DECODE, trials=5)
         assert entry.verdict is INCONCLUSIVE
         assert "no trial replayed captured bucket(s) 4" in entry.dynamic.reason
@@ -238,20 +254,28 @@ class TestCoverage:
     def test_static_audit_walks_every_captured_bucket(self, monkeypatch):
         walked = []
         real = static.audit_static
-        monkeypatch.setattr(static, "audit_static", lambda runner, bucket, *a, **k: (
-            walked.append(bucket), real(runner, bucket, *a, **k))[1])
-        subject = attrs.evolve(table_subject(IN_GRAPH), make_batch=lambda mode, trial:
-                               TrialBatch(trial, torch.tensor([1, 2])))  # replays bucket 2
+        monkeypatch.setattr(
+            static,
+            "audit_static",
+            lambda runner, bucket, *a, **k: (walked.append(bucket), real(runner, bucket, *a, **k))[
+                1
+            ],
+        )
+        subject = attrs.evolve(
+            table_subject(IN_GRAPH),
+            make_batch=lambda mode, trial: TrialBatch(trial, torch.tensor([1, 2])),
+        )  # replays bucket 2
         audit_mode(subject, DECODE, trials=2)
         assert walked == [2, 4]
 
     def test_minimum_trials_on_a_real_device(self, gpu_path):
         few = audit_mode(table_subject(IN_GRAPH, platform=gpu_path), DECODE, trials=4)
         assert few.verdict is INCONCLUSIVE
-        assert f"only 4 trial(s) checked; a SAFE verdict on a real device needs at least " \
-               f"{MIN_TRIALS}" in few.dynamic.reason
-        enough = audit_mode(table_subject(IN_GRAPH, platform=gpu_path), DECODE,
-                            trials=MIN_TRIALS)
+        assert (
+            f"only 4 trial(s) checked; a SAFE verdict on a real device needs at least "
+            f"{MIN_TRIALS}" in few.dynamic.reason
+        )
+        enough = audit_mode(table_subject(IN_GRAPH, platform=gpu_path), DECODE, trials=MIN_TRIALS)
         assert enough.verdict is SAFE, enough.dynamic
 
 
@@ -263,8 +287,10 @@ class TestSamePublication:
         subject = table_subject(IN_GRAPH, platform=gpu_path, runner_cls=DroppingRunner)
         entry = audit_mode(subject, DECODE, trials=MIN_TRIALS)
         assert entry.verdict is INCONCLUSIVE and entry.dynamic.trials == 0
-        assert "trial 0: the poisoned step published nothing (bucket 2), the reference step " \
-               "in_graph (bucket 2)" in entry.dynamic.reason
+        assert (
+            "trial 0: the poisoned step published nothing (bucket 2), the reference step "
+            "in_graph (bucket 2)" in entry.dynamic.reason
+        )
 
     def test_simulated_path(self):
         entry = audit_mode(table_subject(IN_GRAPH, runner_cls=DroppingRunner), DECODE, trials=4)

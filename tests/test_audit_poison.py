@@ -10,8 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.audit.poison import (default_poison, first_mismatch, flatten_outputs,
-                                    snapshot_outputs, unchanged_elements)
+from warpolicy.audit.poison import (
+    default_poison,
+    first_mismatch,
+    flatten_outputs,
+    snapshot_outputs,
+    unchanged_elements,
+)
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -20,9 +25,23 @@ INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 def _specials(dtype: torch.dtype) -> list[float]:
     """Values a careless poison leaves unchanged: x + 1 == x, infinities, NaN, signed zero."""
     info = torch.finfo(dtype)
-    big = 2.0 ** (info.bits - 8) if dtype == torch.bfloat16 else 2.0 ** 60  # x + 1 == x
-    return [0.0, -0.0, 1.0, -1.0, 0.5, big, -big, info.max, -info.max, info.tiny,
-            info.smallest_normal / 4, math.inf, -math.inf, math.nan]
+    big = 2.0 ** (info.bits - 8) if dtype == torch.bfloat16 else 2.0**60  # x + 1 == x
+    return [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        big,
+        -big,
+        info.max,
+        -info.max,
+        info.tiny,
+        info.smallest_normal / 4,
+        math.inf,
+        -math.inf,
+        math.nan,
+    ]
 
 
 class TestDefaultPoison:
@@ -40,8 +59,14 @@ class TestDefaultPoison:
     @pytest.mark.parametrize("dtype", INTS)
     def test_integers_change_every_element(self, dtype):
         info = torch.iinfo(dtype)
-        for values in ([0, 5, 7, 3], [0, 0, 0], [info.min, 0, info.max], [info.max],
-                       [info.min], [-1, 0, -1] if info.min < 0 else [1, 1]):
+        for values in (
+            [0, 5, 7, 3],
+            [0, 0, 0],
+            [info.min, 0, info.max],
+            [info.max],
+            [info.min],
+            [-1, 0, -1] if info.min < 0 else [1, 1],
+        ):
             t = torch.tensor(values, dtype=dtype)
             assert unchanged_elements(default_poison(t), t) == 0, values
 
@@ -58,9 +83,10 @@ class TestDefaultPoison:
         assert unchanged_elements(default_poison(c), c) == 0
 
     @settings(max_examples=60, deadline=None)
-    @given(st.sampled_from(FLOATS),
-           st.lists(st.floats(allow_nan=True, allow_infinity=True, width=16), min_size=1,
-                    max_size=16))
+    @given(
+        st.sampled_from(FLOATS),
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, width=16), min_size=1, max_size=16),
+    )
     def test_property_every_float_element_changes(self, dtype, values):
         t = torch.tensor(values, dtype=torch.float32).to(dtype)
         assert unchanged_elements(default_poison(t), t) == 0
@@ -89,7 +115,13 @@ class TestComparison:
         got = [("out", torch.tensor([[1.0, 2.0], [9.0, 8.0]]))]
         m = first_mismatch(ref, got, trial=7)
         assert (m.trial, m.output, m.index, m.expected, m.got, m.count) == (
-            7, "out", (1, 0), 3.0, 9.0, 2)
+            7,
+            "out",
+            (1, 0),
+            3.0,
+            9.0,
+            2,
+        )
         assert "trial 7" in m.describe() and "out[1, 0]" in m.describe()
 
     def test_none_when_equal_and_nan_equals_nan(self):

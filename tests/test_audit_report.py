@@ -5,16 +5,30 @@ from __future__ import annotations
 import json
 
 import pytest
-from audit_subjects import table_subject
 
-from warpolicy.audit import (EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNSAFE, AuditReport, Verdict,
-                             format_audit, run_audit)
+from warpolicy.audit import (
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    EXIT_UNSAFE,
+    AuditReport,
+    Verdict,
+    format_audit,
+    run_audit,
+)
 from warpolicy.audit.dynamic import audit_mode, dynamic_verdict
-from warpolicy.audit.report import (AuditEntry, DynamicResult, Mismatch, Offender,
-                                    StaticResult, combine)
+from warpolicy.audit.report import (
+    AuditEntry,
+    DynamicResult,
+    Mismatch,
+    Offender,
+    StaticResult,
+    combine,
+)
 from warpolicy.errors import InputError
-from warpolicy.policy import IN_GRAPH, NONE, ForwardMode
 from warpolicy.platform import sim_platform
+from warpolicy.policy import IN_GRAPH, NONE, ForwardMode
+
+from audit_subjects import table_subject
 
 SAFE, UNSAFE, INCONCLUSIVE = Verdict.SAFE, Verdict.UNSAFE, Verdict.INCONCLUSIVE
 DECODE = ForwardMode.DECODE
@@ -33,26 +47,48 @@ class TestVerdicts:
         assert dynamic_verdict(0, 0, None).verdict is INCONCLUSIVE  # nothing checked
         assert audit_mode(table_subject(), DECODE, trials=0).verdict is INCONCLUSIVE
 
-    @pytest.mark.parametrize("dyn, stat, want", [
-        (SAFE, SAFE, SAFE), (SAFE, INCONCLUSIVE, SAFE), (SAFE, UNSAFE, UNSAFE),
-        (UNSAFE, SAFE, UNSAFE), (INCONCLUSIVE, SAFE, INCONCLUSIVE),
-        (INCONCLUSIVE, UNSAFE, UNSAFE), (INCONCLUSIVE, INCONCLUSIVE, INCONCLUSIVE)])
+    @pytest.mark.parametrize(
+        "dyn, stat, want",
+        [
+            (SAFE, SAFE, SAFE),
+            (SAFE, INCONCLUSIVE, SAFE),
+            (SAFE, UNSAFE, UNSAFE),
+            (UNSAFE, SAFE, UNSAFE),
+            (INCONCLUSIVE, SAFE, INCONCLUSIVE),
+            (INCONCLUSIVE, UNSAFE, UNSAFE),
+            (INCONCLUSIVE, INCONCLUSIVE, INCONCLUSIVE),
+        ],
+    )
     def test_combine(self, dyn, stat, want):
         assert combine(dyn, stat) is want
 
 
 def _entry(dyn: Verdict, stat: Verdict = INCONCLUSIVE, failed: bool = False) -> AuditEntry:
-    return AuditEntry("b", DECODE, "none", IN_GRAPH, IN_GRAPH,
-                      DynamicResult(dyn, failed=failed), StaticResult(stat))
+    return AuditEntry(
+        "b",
+        DECODE,
+        "none",
+        IN_GRAPH,
+        IN_GRAPH,
+        DynamicResult(dyn, failed=failed),
+        StaticResult(stat),
+    )
 
 
 class TestExitCode:
     """The audit cannot pass by default: only an all-SAFE run exits 0."""
 
-    @pytest.mark.parametrize("verdicts, code", [
-        ([SAFE, SAFE], EXIT_OK), ([SAFE, UNSAFE], EXIT_UNSAFE),
-        ([INCONCLUSIVE], EXIT_INCONCLUSIVE), ([SAFE, INCONCLUSIVE], EXIT_INCONCLUSIVE),
-        ([INCONCLUSIVE, UNSAFE], EXIT_UNSAFE), ([], EXIT_INCONCLUSIVE)])
+    @pytest.mark.parametrize(
+        "verdicts, code",
+        [
+            ([SAFE, SAFE], EXIT_OK),
+            ([SAFE, UNSAFE], EXIT_UNSAFE),
+            ([INCONCLUSIVE], EXIT_INCONCLUSIVE),
+            ([SAFE, INCONCLUSIVE], EXIT_INCONCLUSIVE),
+            ([INCONCLUSIVE, UNSAFE], EXIT_UNSAFE),
+            ([], EXIT_INCONCLUSIVE),
+        ],
+    )
     def test_by_verdict(self, verdicts, code):
         assert AuditReport(tuple(_entry(v) for v in verdicts)).exit_code == code
 
@@ -74,16 +110,38 @@ class TestExitCode:
 
 
 def _report() -> AuditReport:
-    bad = AuditEntry("late", DECODE, "none", IN_GRAPH, IN_GRAPH,
-                     DynamicResult(UNSAFE, 50, 50, Mismatch(0, "out", (2, 1), 0.5, 0.75, 12)),
-                     StaticResult(UNSAFE, (Offender(7, "kernel", "indexSelectSmallIndex",
-                                                    ("full_to_swa",), bucket=8),),
-                                  nodes=20, readers=3))
-    good = AuditEntry("safe", DECODE, "none", IN_GRAPH, IN_GRAPH, DynamicResult(SAFE, 50),
-                      StaticResult(SAFE, nodes=20, readers=2))
-    vague = AuditEntry("coarse", ForwardMode.EXTEND, "none", None, NONE,
-                       DynamicResult(INCONCLUSIVE, reason="policy none: nothing to audit"),
-                       StaticResult(INCONCLUSIVE, reason="policy none"))
+    bad = AuditEntry(
+        "late",
+        DECODE,
+        "none",
+        IN_GRAPH,
+        IN_GRAPH,
+        DynamicResult(UNSAFE, 50, 50, Mismatch(0, "out", (2, 1), 0.5, 0.75, 12)),
+        StaticResult(
+            UNSAFE,
+            (Offender(7, "kernel", "indexSelectSmallIndex", ("full_to_swa",), bucket=8),),
+            nodes=20,
+            readers=3,
+        ),
+    )
+    good = AuditEntry(
+        "safe",
+        DECODE,
+        "none",
+        IN_GRAPH,
+        IN_GRAPH,
+        DynamicResult(SAFE, 50),
+        StaticResult(SAFE, nodes=20, readers=2),
+    )
+    vague = AuditEntry(
+        "coarse",
+        ForwardMode.EXTEND,
+        "none",
+        None,
+        NONE,
+        DynamicResult(INCONCLUSIVE, reason="policy none: nothing to audit"),
+        StaticResult(INCONCLUSIVE, reason="policy none"),
+    )
     return AuditReport((good, bad, vague), device="cuda (NVIDIA H200)", trials=50, stall_us=200)
 
 
@@ -91,14 +149,24 @@ class TestFormat:
     def test_text_table_and_details(self):
         lines = format_audit(_report(), "text").splitlines()
         assert lines[0].startswith("warpolicy audit on cuda (NVIDIA H200): 50 trials")
-        assert lines[1].split() == ["backend", "mode", "spec", "declared", "published",
-                                    "dynamic", "static", "verdict"]
+        assert lines[1].split() == [
+            "backend",
+            "mode",
+            "spec",
+            "declared",
+            "published",
+            "dynamic",
+            "static",
+            "verdict",
+        ]
         row = next(line for line in lines if line.startswith("late "))
         assert "unsafe 50/50" in row and "unsafe: indexSelectSmallIndex" in row
         assert row.split()[-1] == "UNSAFE"
         assert "  dynamic: trial 0: out[2, 1] = 0.75, expected 0.5 (12 elements differ)" in lines
-        assert any("indexSelectSmallIndex (bucket 8 node 7, kernel) touches full_to_swa" in line
-                   for line in lines)
+        assert any(
+            "indexSelectSmallIndex (bucket 8 node 7, kernel) touches full_to_swa" in line
+            for line in lines
+        )
         assert "1 safe, 1 unsafe, 1 inconclusive" in lines
         assert lines[-1].startswith("note: the static audit")
 

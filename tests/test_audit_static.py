@@ -18,9 +18,18 @@ from hypothesis import strategies as st
 
 from warpolicy.audit import Verdict
 from warpolicy.audit.cuda_graph import walk_cuda_graph
-from warpolicy.audit.graph import (BufferRange, GraphNode, analyze_graph, ancestors,
-                                   buffer_ranges, buffers_hit, buffers_overlapping,
-                                   short_kernel_name, tensor_range, words)
+from warpolicy.audit.graph import (
+    BufferRange,
+    GraphNode,
+    analyze_graph,
+    ancestors,
+    buffer_ranges,
+    buffers_hit,
+    buffers_overlapping,
+    short_kernel_name,
+    tensor_range,
+    words,
+)
 from warpolicy.audit.report import Offender, StaticResult
 from warpolicy.audit.static import audit_static, audit_static_buckets, combine_buckets
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY
@@ -32,23 +41,34 @@ IN, PRE, POST = IN_GRAPH, PRE_REPLAY, POST_REPLAY
 # Static analysis on hand-made graphs
 # ---------------------------------------------------------------------------------------------
 
+
 def _chain(kinds_and_buffers, planted_at):
     """A linear graph (one capture stream): node i depends on node i - 1."""
     nodes = []
     for i, (kind, bufs) in enumerate(kinds_and_buffers):
-        nodes.append(GraphNode(i, kind, f"k{i}", buffers=tuple(bufs),
-                               planted=(i == planted_at)))
+        nodes.append(GraphNode(i, kind, f"k{i}", buffers=tuple(bufs), planted=(i == planted_at)))
     edges = [(i - 1, i) for i in range(1, len(nodes))]
     return nodes, edges
 
 
 def test_in_graph_offenders_are_the_readers_after_the_plant():
-    nodes, edges = _chain([("kernel", ["t"]), ("memcpy", ["t"]), ("event_record", []),
-                           ("kernel", []), ("kernel", ["m"]), ("memset", ["t"])], planted_at=2)
+    nodes, edges = _chain(
+        [
+            ("kernel", ["t"]),
+            ("memcpy", ["t"]),
+            ("event_record", []),
+            ("kernel", []),
+            ("kernel", ["m"]),
+            ("memset", ["t"]),
+        ],
+        planted_at=2,
+    )
     result = analyze_graph(nodes, edges, IN)
     assert result.verdict is UNSAFE
     assert [(o.node, o.kind, o.buffers) for o in result.offenders] == [
-        (4, "kernel", ("m",)), (5, "memset", ("t",))]
+        (4, "kernel", ("m",)),
+        (5, "memset", ("t",)),
+    ]
     assert result.readers == 4 and result.nodes == 6
 
 
@@ -65,8 +85,11 @@ def test_in_graph_clean_graph_is_safe():
 
 def test_branch_not_ordered_before_the_plant_offends():
     # 0 -> 1(plant); 0 -> 2 reads t on a parallel branch: not an ancestor of the plant
-    nodes = [GraphNode(0, "kernel", "a"), GraphNode(1, "event_record", planted=True),
-             GraphNode(2, "kernel", "side", buffers=("t",))]
+    nodes = [
+        GraphNode(0, "kernel", "a"),
+        GraphNode(1, "event_record", planted=True),
+        GraphNode(2, "kernel", "side", buffers=("t",)),
+    ]
     result = analyze_graph(nodes, [(0, 1), (0, 2)], IN)
     assert [o.name for o in result.offenders] == ["side"]
 
@@ -97,9 +120,14 @@ def test_ancestors_diamond():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["kernel", "memcpy", "memset", "other"]),
-                          st.booleans()), min_size=1, max_size=12),
-       st.integers(min_value=0, max_value=12))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["kernel", "memcpy", "memset", "other"]), st.booleans()),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(min_value=0, max_value=12),
+)
 def test_later_release_never_has_more_offenders(spec, plant):
     """On a chain, in_graph offenders are exactly the readers after the plant, and a later
     release point never offends more: pre_replay >= in_graph >= post_replay."""
@@ -107,10 +135,10 @@ def test_later_release_never_has_more_offenders(spec, plant):
     items = [(k, ["t"] if r else []) for k, r in spec]
     items.insert(plant, ("event_record", []))
     nodes, edges = _chain(items, plant)
-    offend = {p: {o.node for o in analyze_graph(nodes, edges, p).offenders}
-              for p in (PRE, IN, POST)}
-    readers_after = {n.index for n in nodes
-                     if n.index > plant and n.buffers and n.kind != "other"}
+    offend = {
+        p: {o.node for o in analyze_graph(nodes, edges, p).offenders} for p in (PRE, IN, POST)
+    }
+    readers_after = {n.index for n in nodes if n.index > plant and n.buffers and n.kind != "other"}
     assert offend[IN] == readers_after
     assert offend[PRE] >= offend[IN] >= offend[POST] == set()
 
@@ -118,6 +146,7 @@ def test_later_release_never_has_more_offenders(spec, plant):
 # ---------------------------------------------------------------------------------------------
 # Address matching and names
 # ---------------------------------------------------------------------------------------------
+
 
 def test_words_little_endian_aligned():
     blob = (0x1122334455667788).to_bytes(8, "little") + (5).to_bytes(8, "little") + b"\x01\x02"
@@ -141,16 +170,24 @@ def test_tensor_range_contiguous_and_strided():
     assert rc.start == t.data_ptr() + 2 * 8 and rc.end == t.data_ptr() + (3 * 6 + 2 + 1) * 8
 
 
-@pytest.mark.parametrize("symbol, short", [
-    ("void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long, unsigned int, "
-     "2, 2, -2>(at::cuda::detail::TensorInfo<float, unsigned int>, long)", "indexSelectSmallIndex"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>, "
-     "std::array<char*, 1ul> >(int, at::native::FillFunctor<long>, std::array<char*, 1ul>)",
-     "vectorized_elementwise_kernel"),
-    ("_ZN2at6native21indexSelectLargeIndexIflLi2EEEvv", "indexSelectLargeIndex"),
-    ("my_triton_kernel", "my_triton_kernel"),
-    ("", "?"),
-])
+@pytest.mark.parametrize(
+    "symbol, short",
+    [
+        (
+            "void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long, unsigned int, "
+            "2, 2, -2>(at::cuda::detail::TensorInfo<float, unsigned int>, long)",
+            "indexSelectSmallIndex",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>, "
+            "std::array<char*, 1ul> >(int, at::native::FillFunctor<long>, std::array<char*, 1ul>)",
+            "vectorized_elementwise_kernel",
+        ),
+        ("_ZN2at6native21indexSelectLargeIndexIflLi2EEEvv", "indexSelectLargeIndex"),
+        ("my_triton_kernel", "my_triton_kernel"),
+        ("", "?"),
+    ],
+)
 def test_short_kernel_name(symbol, short):
     assert short_kernel_name(symbol) == short
 
@@ -158,6 +195,7 @@ def test_short_kernel_name(symbol, short):
 # ---------------------------------------------------------------------------------------------
 # The CUDA walk, against a stand-in for cuda.bindings.driver (real ctypes argument reading)
 # ---------------------------------------------------------------------------------------------
+
 
 class _Result(enum.IntEnum):
     CUDA_SUCCESS = 0
@@ -231,8 +269,9 @@ def _kernel(func, *args):
     """Kernel node params whose kernelParams point at real host buffers (kept alive)."""
     buffers = [ctypes.create_string_buffer(bytes(a), len(a)) for a in args]
     array = (ctypes.c_void_p * max(1, len(buffers)))(*[ctypes.addressof(b) for b in buffers])
-    params = types.SimpleNamespace(func=func, kern=None, kernelParams=ctypes.addressof(array),
-                                   extra=0, _keep=(buffers, array))
+    params = types.SimpleNamespace(
+        func=func, kern=None, kernelParams=ctypes.addressof(array), extra=0, _keep=(buffers, array)
+    )
     return params
 
 
@@ -247,21 +286,39 @@ def stand_in(monkeypatch):
     other = torch.zeros(8, dtype=torch.long)  # shared "other"
     private = torch.zeros(8)
     t0, o0, p0 = table.data_ptr(), other.data_ptr(), private.data_ptr()
-    kernels = {11: ("_ZN2at6native21indexSelectSmallIndexEv", [8, 4]),
-               12: ("_ZN3foo11late_gatherEv", [24, 4]),
-               13: ("_ZN3foo7privateEv", [8]),
-               14: ("_ZN3foo6opaqueEv", None)}
+    kernels = {
+        11: ("_ZN2at6native21indexSelectSmallIndexEv", [8, 4]),
+        12: ("_ZN3foo11late_gatherEv", [24, 4]),
+        13: ("_ZN3foo7privateEv", [8]),
+        14: ("_ZN3foo6opaqueEv", None),
+    }
     nodes = {
         101: (_NodeType.CU_GRAPH_NODE_TYPE_KERNEL, _kernel(11, _u64(t0), b"\0" * 4)),
         102: (_NodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD, None),
         # a struct by value whose second word points inside "table"
         103: (_NodeType.CU_GRAPH_NODE_TYPE_KERNEL, _kernel(12, _u64(7, t0 + 40, 3), b"\0" * 4)),
-        104: (_NodeType.CU_GRAPH_NODE_TYPE_MEMSET, types.SimpleNamespace(
-            dst=o0 + 8, pitch=0, elementSize=1, width=8, height=1)),
-        105: (_NodeType.CU_GRAPH_NODE_TYPE_MEMCPY, types.SimpleNamespace(
-            srcMemoryType=2, srcDevice=p0, srcXInBytes=0, srcPitch=0, srcHeight=0,
-            dstMemoryType=2, dstDevice=p0 + 16, dstXInBytes=0, dstPitch=0, dstHeight=0,
-            WidthInBytes=8, Height=1, Depth=1)),
+        104: (
+            _NodeType.CU_GRAPH_NODE_TYPE_MEMSET,
+            types.SimpleNamespace(dst=o0 + 8, pitch=0, elementSize=1, width=8, height=1),
+        ),
+        105: (
+            _NodeType.CU_GRAPH_NODE_TYPE_MEMCPY,
+            types.SimpleNamespace(
+                srcMemoryType=2,
+                srcDevice=p0,
+                srcXInBytes=0,
+                srcPitch=0,
+                srcHeight=0,
+                dstMemoryType=2,
+                dstDevice=p0 + 16,
+                dstXInBytes=0,
+                dstPitch=0,
+                dstHeight=0,
+                WidthInBytes=8,
+                Height=1,
+                Depth=1,
+            ),
+        ),
         106: (_NodeType.CU_GRAPH_NODE_TYPE_KERNEL, _kernel(13, _u64(p0))),
         107: (_NodeType.CU_GRAPH_NODE_TYPE_KERNEL, _kernel(14, _u64(t0))),
     }
@@ -287,15 +344,23 @@ def _cuda_runner(event_handle=777):
     return types.SimpleNamespace(
         platform=types.SimpleNamespace(name="cuda"),
         captured={4: types.SimpleNamespace(graph=_KeptGraph())},
-        fence=types.SimpleNamespace(event=types.SimpleNamespace(cuda_event=event_handle)))
+        fence=types.SimpleNamespace(event=types.SimpleNamespace(cuda_event=event_handle)),
+    )
 
 
 def test_walk_reads_arguments_ranges_names_and_the_planted_node(stand_in):
     shared, _ = stand_in
 
     nodes, edges = walk_cuda_graph(4242, 777, buffer_ranges(shared))
-    assert [n.kind for n in nodes] == ["kernel", "event_record", "kernel", "memset", "memcpy",
-                                       "kernel", "kernel"]
+    assert [n.kind for n in nodes] == [
+        "kernel",
+        "event_record",
+        "kernel",
+        "memset",
+        "memcpy",
+        "kernel",
+        "kernel",
+    ]
     assert [n.buffers for n in nodes] == [("table",), (), ("table",), ("other",), (), (), ()]
     assert nodes[0].name == "indexSelectSmallIndex" and nodes[2].name == "late_gather"
     assert [n.planted for n in nodes] == [False, True] + [False] * 5
@@ -307,8 +372,10 @@ def test_audit_static_end_to_end_on_the_stand_in(stand_in):
     shared, _ = stand_in
     result = audit_static(_cuda_runner(), 4, shared, IN)
     assert result.verdict is UNSAFE
-    assert [(o.name, o.buffers) for o in result.offenders] == [("late_gather", ("table",)),
-                                                              ("memset", ("other",))]
+    assert [(o.name, o.buffers) for o in result.offenders] == [
+        ("late_gather", ("table",)),
+        ("memset", ("other",)),
+    ]
     assert result.unreadable == 1 and result.readers == 3 and result.nodes == 7
     pre = audit_static(_cuda_runner(), 4, shared, PRE)
     assert [o.name for o in pre.offenders][0] == "indexSelectSmallIndex"
@@ -370,12 +437,15 @@ def test_audit_static_never_raises():
 # Every captured bucket
 # ---------------------------------------------------------------------------------------------
 
+
 class TestEveryBucket:
     def test_walks_each_bucket_with_the_policy_it_publishes(self, stand_in):
         shared, _ = stand_in
         runner = _cuda_runner()
-        runner.captured = {2: types.SimpleNamespace(graph=_KeptGraph(), policy=NONE),
-                           4: types.SimpleNamespace(graph=_KeptGraph(), policy=IN)}
+        runner.captured = {
+            2: types.SimpleNamespace(graph=_KeptGraph(), policy=NONE),
+            4: types.SimpleNamespace(graph=_KeptGraph(), policy=IN),
+        }
         result = audit_static_buckets(runner, shared)
         assert result.verdict is UNSAFE and result.buckets == (2, 4)
         assert {o.bucket for o in result.offenders} == {4}
@@ -383,17 +453,20 @@ class TestEveryBucket:
 
     def test_a_late_reader_in_any_bucket_is_unsafe(self):
         late = Offender(3, "kernel", "late", ("t",))
-        result = combine_buckets({2: StaticResult(SAFE, nodes=5),
-                                  8: StaticResult(UNSAFE, (late,), nodes=7)})
+        result = combine_buckets(
+            {2: StaticResult(SAFE, nodes=5), 8: StaticResult(UNSAFE, (late,), nodes=7)}
+        )
         assert result.verdict is UNSAFE and result.nodes == 12
         assert [o.bucket for o in result.offenders] == [8]
 
     def test_inconclusive_buckets_are_named(self):
-        result = combine_buckets({2: StaticResult(SAFE), 4: StaticResult(INCONCLUSIVE,
-                                                                         reason="opaque")})
+        result = combine_buckets(
+            {2: StaticResult(SAFE), 4: StaticResult(INCONCLUSIVE, reason="opaque")}
+        )
         assert result.verdict is INCONCLUSIVE and result.reason == "bucket(s) 4: opaque"
-        same = combine_buckets({2: StaticResult(INCONCLUSIVE, reason="x"),
-                                4: StaticResult(INCONCLUSIVE, reason="x")})
+        same = combine_buckets(
+            {2: StaticResult(INCONCLUSIVE, reason="x"), 4: StaticResult(INCONCLUSIVE, reason="x")}
+        )
         assert same.reason == "x"
         assert combine_buckets({2: StaticResult(SAFE), 4: StaticResult(SAFE)}).verdict is SAFE
 

@@ -15,20 +15,58 @@ DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND
 
 #: SGLang's registered attention backends (REFERENCE.md §1).
 SGLANG_BACKENDS = [
-    "flashinfer", "triton", "torch_native", "flex_attention", "fa3", "fa4", "flashmla",
-    "cutlass_mla", "trtllm_mla", "trtllm_mha", "tokenspeed_mla", "cutedsl_mla", "aiter", "wave",
-    "ascend", "dsa", "nsa", "dsv4", "hpc_ops", "intel_amx", "dual_chunk_flash_attn", "intel_xpu",
+    "flashinfer",
+    "triton",
+    "torch_native",
+    "flex_attention",
+    "fa3",
+    "fa4",
+    "flashmla",
+    "cutlass_mla",
+    "trtllm_mla",
+    "trtllm_mha",
+    "tokenspeed_mla",
+    "cutedsl_mla",
+    "aiter",
+    "wave",
+    "ascend",
+    "dsa",
+    "nsa",
+    "dsv4",
+    "hpc_ops",
+    "intel_amx",
+    "dual_chunk_flash_attn",
+    "intel_xpu",
 ]
-SPECS = ["none", "eagle", "eagle3", "frozen_kv_mtp", "standalone", "ngram", "dflash", "dspark",
-         "uno"]
+SPECS = [
+    "none",
+    "eagle",
+    "eagle3",
+    "frozen_kv_mtp",
+    "standalone",
+    "ngram",
+    "dflash",
+    "dspark",
+    "uno",
+]
 #: Backends and wrappers added for SGLang 0.5.23 (REFERENCE.md §1b).
-NEW_BACKENDS = ["minimax_sparse_nvfp4", "minimax_sparse", "hybrid_linear", "hybrid_attention",
-                "dots_hybrid"]
+NEW_BACKENDS = [
+    "minimax_sparse_nvfp4",
+    "minimax_sparse",
+    "hybrid_linear",
+    "hybrid_attention",
+    "dots_hybrid",
+]
 #: The last shared reader each algorithm declares (``last_reader:``): the EAGLE family's draft
 #: extend rereads shared rows after verify; DFlash, DSpark, UNO and NGRAM read nothing after it.
 INTENDED_LAST_READERS = {
-    "eagle": DRAFT_EXTEND, "eagle3": DRAFT_EXTEND, "frozen_kv_mtp": DRAFT_EXTEND,
-    "standalone": DRAFT_EXTEND, "dflash": VERIFY, "dspark": VERIFY, "uno": VERIFY,
+    "eagle": DRAFT_EXTEND,
+    "eagle3": DRAFT_EXTEND,
+    "frozen_kv_mtp": DRAFT_EXTEND,
+    "standalone": DRAFT_EXTEND,
+    "dflash": VERIFY,
+    "dspark": VERIFY,
+    "uno": VERIFY,
     "ngram": VERIFY,
 }
 
@@ -52,12 +90,23 @@ def test_every_entry_has_a_one_line_doc(reg):
 
 
 def test_flags(reg):
-    assert set(reg.flags) == {"prefill_read_done", "force_coarse", "hierarchical_cache",
-                              "hicache_storage", "lmcache", "context_parallel", "hisparse"}
-    assert reg.flag("prefill_read_done").env == ("WARPOLICY_PREFILL_READ_DONE",
-                                                 "SGLANG_ENABLE_PREFILL_WAR_READ_DONE")
-    assert reg.flag("force_coarse").env == ("WARPOLICY_FORCE_COARSE",
-                                            "SGLANG_FORCE_COARSE_WAR_BARRIER")
+    assert set(reg.flags) == {
+        "prefill_read_done",
+        "force_coarse",
+        "hierarchical_cache",
+        "hicache_storage",
+        "lmcache",
+        "context_parallel",
+        "hisparse",
+    }
+    assert reg.flag("prefill_read_done").env == (
+        "WARPOLICY_PREFILL_READ_DONE",
+        "SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
+    )
+    assert reg.flag("force_coarse").env == (
+        "WARPOLICY_FORCE_COARSE",
+        "SGLANG_FORCE_COARSE_WAR_BARRIER",
+    )
     assert reg.flag("hierarchical_cache").env == ("WARPOLICY_HIERARCHICAL_CACHE",)
     # no SGLang alias for the new flags: the anchor names none
     for name in ["hicache_storage", "lmcache", "context_parallel", "hisparse"]:
@@ -108,25 +157,40 @@ def test_every_sglang_backend_keeps_the_base_contract(reg):
 def test_backend_exceptions(reg):
     declared = {n: dict(reg.backend(n).reads_end) for n in SGLANG_BACKENDS}
     exceptions = {n: d for n, d in declared.items() if d}
-    assert exceptions == {"trtllm_mha": {EXTEND: P.PRE_REPLAY},
-                          "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY}}
+    assert exceptions == {
+        "trtllm_mha": {EXTEND: P.PRE_REPLAY},
+        "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY},
+    }
     assert "32460" in reg.backend("trtllm_mha").doc
     scoped = {n: {g.id for g in reg.backend(n).gates} for n in reg.backends if reg.backend(n).gates}
-    assert scoped == {"dsv4": {"dsv4-verify-rereads-segments", "dsv4-extend-context-parallel",
-                               "dsv4-extend-hisparse"},
-                      "dots_hybrid": {"dots-hybrid-extend-without-spec"}}
+    assert scoped == {
+        "dsv4": {
+            "dsv4-verify-rereads-segments",
+            "dsv4-extend-context-parallel",
+            "dsv4-extend-hisparse",
+        },
+        "dots_hybrid": {"dots-hybrid-extend-without-spec"},
+    }
 
 
 def test_wrappers(reg):
     composites = {n: b.latest_of for n, b in reg.backends.items() if b.latest_of}
     per_mode = {n: dict(b.per_mode) for n, b in reg.backends.items() if b.per_mode}
-    assert composites == {"tbo_fa3": ("fa3",), "minimax_sparse": ("fa3",),
-                          "hybrid_linear": ("fa3", "linear_attn")}
+    assert composites == {
+        "tbo_fa3": ("fa3",),
+        "minimax_sparse": ("fa3",),
+        "hybrid_linear": ("fa3", "linear_attn"),
+    }
     assert per_mode == {
         "hybrid_trtllm_mha_flashinfer": {EXTEND: "trtllm_mha", DECODE: "flashinfer"},
-        "hybrid_attention": {EXTEND: "trtllm_mha", DECODE: "flashinfer", VERIFY: "flashinfer",
-                             DRAFT_EXTEND: "flashinfer"},
-        "dots_hybrid": {m: "fa3" for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)}}
+        "hybrid_attention": {
+            EXTEND: "trtllm_mha",
+            DECODE: "flashinfer",
+            VERIFY: "flashinfer",
+            DRAFT_EXTEND: "flashinfer",
+        },
+        "dots_hybrid": {m: "fa3" for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)},
+    }
     for name in ["tbo_fa3", "hybrid_trtllm_mha_flashinfer"]:
         assert "llustrates" in reg.backend(name).doc
     for name in ["minimax_sparse", "hybrid_linear", "hybrid_attention", "dots_hybrid"]:
@@ -137,7 +201,9 @@ def test_wrappers(reg):
 
 def test_only_sglang_backends_and_wrappers_are_concrete(reg):
     assert set(reg.concrete_backends()) == set(SGLANG_BACKENDS) | set(NEW_BACKENDS) | {
-        "tbo_fa3", "hybrid_trtllm_mha_flashinfer"}
+        "tbo_fa3",
+        "hybrid_trtllm_mha_flashinfer",
+    }
 
 
 def test_draft_extend_is_declared_only_by_minimax_sparse_nvfp4(reg):
@@ -147,7 +213,8 @@ def test_draft_extend_is_declared_only_by_minimax_sparse_nvfp4(reg):
     for backend in reg.backends.values():
         assert set(backend.reads_end) <= {DECODE, EXTEND, VERIFY, DRAFT_EXTEND}, backend.name
     assert dict(reg.backend("minimax_sparse_nvfp4").reads_end) == {
-        m: P.PRE_REPLAY for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)}
+        m: P.PRE_REPLAY for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)
+    }
 
 
 def gate(reg: Registry, gate_id: str):
@@ -157,22 +224,30 @@ def gate(reg: Registry, gate_id: str):
 
 def test_gates(reg):
     assert {g.id for g in reg.gates} == {
-        "force-coarse", "target-verify-needs-capability", "prefill-opt-in",
-        "prefill-needs-capability", "prefill-hierarchical-cache", "prefill-hicache-storage",
-        "prefill-lmcache"}
+        "force-coarse",
+        "target-verify-needs-capability",
+        "prefill-opt-in",
+        "prefill-needs-capability",
+        "prefill-hierarchical-cache",
+        "prefill-hicache-storage",
+        "prefill-lmcache",
+    }
     assert all(g.at_least is P.NONE and g.scope is None for g in reg.gates)
     assert gate(reg, "force-coarse").when == Conditions(flags={"force_coarse": True})
     assert gate(reg, "target-verify-needs-capability").when == Conditions(
-        mode=frozenset({VERIFY}), spec_lacks=frozenset({"target_verify_read_done"}))
+        mode=frozenset({VERIFY}), spec_lacks=frozenset({"target_verify_read_done"})
+    )
     assert gate(reg, "prefill-opt-in").when == Conditions(
-        mode=frozenset({EXTEND}), flags={"prefill_read_done": False})
+        mode=frozenset({EXTEND}), flags={"prefill_read_done": False}
+    )
     assert gate(reg, "prefill-needs-capability").when == Conditions(
-        mode=frozenset({EXTEND}), spec_lacks=frozenset({"prefill_read_done"}))
+        mode=frozenset({EXTEND}), spec_lacks=frozenset({"prefill_read_done"})
+    )
     for flag in ["hierarchical_cache", "hicache_storage", "lmcache"]:
         gate_id = {"hierarchical_cache": "prefill-hierarchical-cache"}.get(
-            flag, "prefill-" + flag.replace("_", "-"))
-        assert gate(reg, gate_id).when == Conditions(mode=frozenset({EXTEND}),
-                                                     flags={flag: True})
+            flag, "prefill-" + flag.replace("_", "-")
+        )
+        assert gate(reg, gate_id).when == Conditions(mode=frozenset({EXTEND}), flags={flag: True})
 
 
 def test_sound_demotion_is_not_a_gate_in_the_file(reg):
@@ -184,14 +259,14 @@ def test_sound_demotion_is_not_a_gate_in_the_file(reg):
 
 # -- decisions of the cells added for SGLang 0.5.23 ------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def engine(reg) -> PolicyEngine:
     return PolicyEngine(reg, environ={})
 
 
 def decide(engine, backend, mode, spec="none", eager=False, planted=True, **flags):
-    return engine.decision(Context(backend, mode, spec, flags, eager=eager,
-                                   planted=planted)).policy
+    return engine.decision(Context(backend, mode, spec, flags, eager=eager, planted=planted)).policy
 
 
 ON = {"prefill_read_done": True}
@@ -252,9 +327,11 @@ CELLS = [
 ]
 
 
-@pytest.mark.parametrize("backend,mode,spec,flags,expected", CELLS,
-                         ids=[f"{b}-{m.label}-{s}-{'+'.join(f) or 'default'}"
-                              for b, m, s, f, _ in CELLS])
+@pytest.mark.parametrize(
+    "backend,mode,spec,flags,expected",
+    CELLS,
+    ids=[f"{b}-{m.label}-{s}-{'+'.join(f) or 'default'}" for b, m, s, f, _ in CELLS],
+)
 def test_new_cells(engine, backend, mode, spec, flags, expected):
     assert decide(engine, backend, mode, spec, **flags) is expected
 
@@ -281,16 +358,24 @@ def test_prefill_flag_default_off_with_the_sglang_alias(reg):
     assert decide(PolicyEngine(reg, environ={}), "trtllm_mha", EXTEND) is P.NONE
 
 
-@pytest.mark.parametrize("capabilities,expected", [
-    ("{}", P.NONE), ("{prefill_read_done: false}", P.NONE),
-    ("{prefill_read_done: true}", P.PRE_REPLAY)])
+@pytest.mark.parametrize(
+    "capabilities,expected",
+    [
+        ("{}", P.NONE),
+        ("{prefill_read_done: false}", P.NONE),
+        ("{prefill_read_done: true}", P.PRE_REPLAY),
+    ],
+)
 def test_plugin_spec_algorithms_must_opt_in_to_prefill(capabilities, expected):
-    fragment = Fragment("plugin:myspec", f"""version: 1
+    fragment = Fragment(
+        "plugin:myspec",
+        f"""version: 1
 spec_algorithms:
   myspec:
     capabilities: {capabilities}
     doc: a plugin algorithm
-""")
+""",
+    )
     registry = load_registry([default_registry_path(), fragment])
     engine = PolicyEngine(registry, environ={})
     assert decide(engine, "trtllm_mha", EXTEND, "myspec", **ON) is expected

@@ -19,9 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warpolicy import distributed as wd
-from warpolicy.distributed import (CoarsePolicy, ConsistencyResult, PolicyFingerprint,
-                                   RankMismatchError, check_consistency, compare_fingerprints,
-                                   compile_consistent, guard_policy, policy_fingerprint)
+from warpolicy.distributed import (
+    CoarsePolicy,
+    ConsistencyResult,
+    PolicyFingerprint,
+    RankMismatchError,
+    check_consistency,
+    compare_fingerprints,
+    compile_consistent,
+    guard_policy,
+    policy_fingerprint,
+)
 from warpolicy.engine import PolicyEngine
 from warpolicy.errors import WarpolicyError
 from warpolicy.hookspecs import hookimpl
@@ -50,11 +58,16 @@ def fingerprint(environ=None, files=None, **facts) -> PolicyFingerprint:
 
 def all_cells(policy):
     lookup = getattr(policy, "lookup", policy)
-    return {(m, e, p): lookup(m, e, p) for m in ForwardMode for e in (False, True)
-            for p in (False, True)}
+    return {
+        (m, e, p): lookup(m, e, p)
+        for m in ForwardMode
+        for e in (False, True)
+        for p in (False, True)
+    }
 
 
 # -- fingerprints ------------------------------------------------------------------------------
+
 
 class TestFingerprint:
     def test_same_content_loaded_from_elsewhere_agrees(self, tmp_path):
@@ -62,11 +75,14 @@ class TestFingerprint:
         copy.write_text(default_registry_path().read_text(encoding="utf-8"), encoding="utf-8")
         assert fingerprint(files=[str(copy)]).digest == fingerprint().digest
 
-    @pytest.mark.parametrize("environ, key", [
-        ({"WARPOLICY_FORCE_COARSE": "1"}, "flag.force_coarse"),
-        ({"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"}, "flag.force_coarse"),  # the alias too
-        ({"WARPOLICY_PREFILL_READ_DONE": "1"}, "flag.prefill_read_done"),
-    ])
+    @pytest.mark.parametrize(
+        "environ, key",
+        [
+            ({"WARPOLICY_FORCE_COARSE": "1"}, "flag.force_coarse"),
+            ({"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"}, "flag.force_coarse"),  # the alias too
+            ({"WARPOLICY_PREFILL_READ_DONE": "1"}, "flag.prefill_read_done"),
+        ],
+    )
     def test_an_environment_flag_is_the_first_differing_cell(self, environ, key):
         result = compare_fingerprints([fingerprint(), fingerprint(environ)], 0)
         assert not result.ok and result.coarse
@@ -77,16 +93,18 @@ class TestFingerprint:
         extra.write_text(EXTRA_YAML, encoding="utf-8")
         base, more = fingerprint(), fingerprint(files=["default", str(extra)])
         # fa3's table is the same: only the registry cells can tell them apart
-        assert {k: v for k, v in base.cells if k.startswith("table.")} == \
-               {k: v for k, v in more.cells if k.startswith("table.")}
+        assert {k: v for k, v in base.cells if k.startswith("table.")} == {
+            k: v for k, v in more.cells if k.startswith("table.")
+        }
         diff = compare_fingerprints([base, more, base], 0).first_difference
         assert diff is not None
         assert diff.key == f"registry.backend.{EXTRA_BACKEND}"
         assert diff.values[0] is None and diff.values[1] is not None
 
     def test_platform_facts_are_cells(self):
-        diff = compare_fingerprints([fingerprint(), fingerprint(external_events=False)],
-                                    1).first_difference
+        diff = compare_fingerprints(
+            [fingerprint(), fingerprint(external_events=False)], 1
+        ).first_difference
         assert diff is not None and diff.key == "platform.external_events"
 
     def test_a_bare_callable_is_fingerprinted_by_its_table(self):
@@ -102,8 +120,11 @@ class TestFingerprint:
 
 # -- verdicts ------------------------------------------------------------------------------------
 
-POOL = [PolicyFingerprint((("platform", "cuda"), ("flag.x", v), ("table.t", t)))
-        for v in ("false", "true") for t in ("in_graph", "none")]
+POOL = [
+    PolicyFingerprint((("platform", "cuda"), ("flag.x", v), ("table.t", t)))
+    for v in ("false", "true")
+    for t in ("in_graph", "none")
+]
 
 
 class TestVerdict:
@@ -121,8 +142,9 @@ class TestVerdict:
             digests = [fp.digest for fp in fps]
             kept = [r for r in range(len(fps)) if r not in differing]
             assert len({digests[r] for r in kept}) == 1  # the majority holds one digest
-            assert all(digests.count(digests[r]) <= digests.count(digests[kept[0]])
-                       for r in differing)
+            assert all(
+                digests.count(digests[r]) <= digests.count(digests[kept[0]]) for r in differing
+            )
 
     def test_ties_keep_the_lowest_rank_as_reference(self):
         result = compare_fingerprints([POOL[0], POOL[1]], 1)
@@ -142,14 +164,15 @@ class TestVerdict:
         assert guard_policy(compiled, compare_fingerprints([POOL[2]] * 3, 2)) is compiled
 
     def test_a_runner_with_the_coarse_policy_publishes_nothing(self):
+        from warpolicy.platform import sim_platform
+        from warpolicy.runners import DecodeRunner
+
         from test_runners import RecModel
 
-        from warpolicy.runners import DecodeRunner
-        from warpolicy.platform import sim_platform
-
         result = compare_fingerprints([POOL[0], POOL[1], POOL[1]], 2)
-        runner = DecodeRunner(RecModel(), guard_policy(engine().compile("fa3"), result),
-                              sim_platform())
+        runner = DecodeRunner(
+            RecModel(), guard_policy(engine().compile("fa3"), result), sim_platform()
+        )
         runner.capture()
         runner.run([1.0])
         assert runner.policy_for(runner.buckets[0]) == WarReadDonePolicy.NONE
@@ -157,6 +180,7 @@ class TestVerdict:
 
 
 # -- the runner option: process_group= ------------------------------------------------------------
+
 
 class _TwoRankStub:
     """torch.distributed as rank 0 of a two-rank gloo group sees it (no processes needed)."""
@@ -178,10 +202,10 @@ class _TwoRankStub:
 
 class TestRunnerOption:
     def runner(self, policy, **kw):
-        from test_runners import RecModel
-
         from warpolicy.platform import sim_platform
         from warpolicy.runners import DecodeRunner
+
+        from test_runners import RecModel
 
         return DecodeRunner(RecModel(), policy, sim_platform(), name="decode", **kw)
 
@@ -189,8 +213,14 @@ class TestRunnerOption:
         """Rank 1 answers with the fingerprint of ``peer_policy`` (on the same platform)."""
         peer = policy_fingerprint(peer_policy, platform="sim", external_events=True)
         monkeypatch.setattr(wd, "_distributed", lambda: _TwoRankStub())
-        monkeypatch.setattr(wd, "all_gather_bytes", lambda data, group, device, fixed=False: [
-            data, bytes.fromhex(peer.digest) if fixed else peer.to_bytes()])
+        monkeypatch.setattr(
+            wd,
+            "all_gather_bytes",
+            lambda data, group, device, fixed=False: [
+                data,
+                bytes.fromhex(peer.digest) if fixed else peer.to_bytes(),
+            ],
+        )
 
     def test_without_a_group_nothing_is_checked(self, monkeypatch):
         _no_collectives(monkeypatch)
@@ -202,8 +232,9 @@ class TestRunnerOption:
 
     def test_a_mismatch_makes_every_cell_coarse(self, monkeypatch):
         compiled = engine().compile("fa3", platform="sim")
-        self.peer(monkeypatch, engine({"WARPOLICY_FORCE_COARSE": "1"}).compile("fa3",
-                                                                             platform="sim"))
+        self.peer(
+            monkeypatch, engine({"WARPOLICY_FORCE_COARSE": "1"}).compile("fa3", platform="sim")
+        )
         runner = self.runner(compiled, process_group=object())
         with pytest.warns(RuntimeWarning, match="coarse"):
             runner.capture()
@@ -218,8 +249,9 @@ class TestRunnerOption:
 
     def test_strict_raises(self, monkeypatch):
         compiled = engine().compile("fa3", platform="sim")
-        self.peer(monkeypatch, engine({"WARPOLICY_FORCE_COARSE": "1"}).compile("fa3",
-                                                                             platform="sim"))
+        self.peer(
+            monkeypatch, engine({"WARPOLICY_FORCE_COARSE": "1"}).compile("fa3", platform="sim")
+        )
         runner = self.runner(compiled, process_group=object(), consistency_strict=True)
         with pytest.raises(RankMismatchError):
             runner.capture()
@@ -236,6 +268,7 @@ class TestRunnerOption:
 
 # -- the check without peers -----------------------------------------------------------------------
 
+
 def _no_collectives(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a collective ran")
@@ -251,8 +284,9 @@ class TestNoPeers:
         assert result.ok and not result.checked and result.world_size == 1
 
     def test_world_size_one_is_ok_without_a_collective(self, tmp_path, monkeypatch):
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+        )
         try:
             _no_collectives(monkeypatch)
             policy, result = compile_consistent(engine(), "fa3")
@@ -261,8 +295,9 @@ class TestNoPeers:
         finally:
             dist.destroy_process_group()
 
-    def test_a_failing_check_is_coarse_with_one_warning_and_tells_observers(self, monkeypatch,
-                                                                           pm, register):
+    def test_a_failing_check_is_coarse_with_one_warning_and_tells_observers(
+        self, monkeypatch, pm, register
+    ):
         class Stub:
             group = None
 
@@ -314,33 +349,45 @@ class TestNoPeers:
             wd.consistent_policy(compiled, strict=True)
 
     def test_imports_and_passes_without_torch(self):
-        code = ("import sys; sys.modules['torch'] = None\n"
-                "from warpolicy.distributed import check_consistency, policy_fingerprint\n"
-                "r = check_consistency(policy_fingerprint(lambda m, e, p: 3))\n"
-                "print(r.ok, r.checked)\n")
+        code = (
+            "import sys; sys.modules['torch'] = None\n"
+            "from warpolicy.distributed import check_consistency, policy_fingerprint\n"
+            "r = check_consistency(policy_fingerprint(lambda m, e, p: 3))\n"
+            "print(r.ok, r.checked)\n"
+        )
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=env, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == ["True", "False"]
 
 
 # -- several processes, gloo ---------------------------------------------------------------------
 
-def _scenario(rank: int, environ: dict, files=None, *, strict=False, group=None,
-              backend="fa3") -> dict:
+
+def _scenario(
+    rank: int, environ: dict, files=None, *, strict=False, group=None, backend="fa3"
+) -> dict:
     """One check on this rank; what it returned, warned or raised."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            policy, result = compile_consistent(engine(environ, files), backend, group=group,
-                                                strict=strict)
+            policy, result = compile_consistent(
+                engine(environ, files), backend, group=group, strict=strict
+            )
         except WarpolicyError as exc:
-            return {"raised": f"{type(exc).__name__}: {exc}",
-                    "warnings": [str(w.message) for w in caught]}
+            return {
+                "raised": f"{type(exc).__name__}: {exc}",
+                "warnings": [str(w.message) for w in caught],
+            }
     cells = {v.label for v in all_cells(policy).values()}
-    return {"raised": None, "result": result.to_json(), "policies": sorted(cells),
-            "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}
+    return {
+        "raised": None,
+        "result": result.to_json(),
+        "policies": sorted(cells),
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    }
 
 
 def _bench(rank: int, world: int) -> dict:
@@ -360,17 +407,22 @@ def _rank_main(rank: int, world: int, store: str, outdir: str, extra: str) -> No
     try:
         out["agree"] = _scenario(rank, {})
         out["force_coarse_on_2"] = _scenario(
-            rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 2 else {})
+            rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 2 else {}
+        )
         out["prefill_on_0"] = _scenario(
-            rank, {"WARPOLICY_PREFILL_READ_DONE": "1"} if rank == 0 else {})
+            rank, {"WARPOLICY_PREFILL_READ_DONE": "1"} if rank == 0 else {}
+        )
         out["extra_file_on_1"] = _scenario(rank, {}, ["default", extra] if rank == 1 else None)
-        out["strict"] = _scenario(rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 2 else {},
-                                  strict=True)
+        out["strict"] = _scenario(
+            rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 2 else {}, strict=True
+        )
         out["unknown_backend_on_1_strict"] = _scenario(
-            rank, {}, strict=True, backend="no_such_backend" if rank == 1 else "fa3")
+            rank, {}, strict=True, backend="no_such_backend" if rank == 1 else "fa3"
+        )
         pair = dist.new_group([0, 1])  # every rank creates it; rank 2 is not a member
-        out["subgroup"] = _scenario(rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 1 else {},
-                                    group=pair)
+        out["subgroup"] = _scenario(
+            rank, {"WARPOLICY_FORCE_COARSE": "1"} if rank == 1 else {}, group=pair
+        )
         out["bench"] = _bench(rank, world)
     finally:
         dist.destroy_process_group()
@@ -429,7 +481,8 @@ class TestGloo:
             assert run["raised"] is not None and "rank 2" in run["raised"]
 
     def test_a_compile_error_on_one_rank_with_strict_raises_everywhere_without_a_hang(
-            self, gloo_runs):
+        self, gloo_runs
+    ):
         raised = [run["raised"] for run in gloo_runs["unknown_backend_on_1_strict"]]
         assert raised[1] is not None and raised[1].startswith("UnknownNameError")
         for rank in (0, 2):

@@ -6,10 +6,15 @@ import warnings
 
 import pytest
 
-from warpolicy.engine import (FORCE_COARSE_ID, SOUND_DEMOTION_ID, CompiledPolicy, Context,
-                              PolicyEngine)
-from warpolicy.inputs import parse_bool
+from warpolicy.engine import (
+    FORCE_COARSE_ID,
+    SOUND_DEMOTION_ID,
+    CompiledPolicy,
+    Context,
+    PolicyEngine,
+)
 from warpolicy.errors import InputError, RegistryError, UnknownNameError
+from warpolicy.inputs import parse_bool
 from warpolicy.policy import TABLE_MODES
 from warpolicy.policy import ForwardMode as M
 from warpolicy.policy import WarReadDonePolicy as P
@@ -18,8 +23,12 @@ from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry
 
 def make_registry(extra_backends=(), gates=()) -> Registry:
     backends = {
-        "base": Backend("base", {M.DECODE: P.IN_GRAPH, M.TARGET_VERIFY: P.IN_GRAPH},
-                        abstract=True, origin=Origin("caps.yaml", 10, 3)),
+        "base": Backend(
+            "base",
+            {M.DECODE: P.IN_GRAPH, M.TARGET_VERIFY: P.IN_GRAPH},
+            abstract=True,
+            origin=Origin("caps.yaml", 10, 3),
+        ),
         "fa3": Backend("fa3", inherits="base"),
         "trtllm_mha": Backend("trtllm_mha", {M.EXTEND: P.PRE_REPLAY}, inherits="base"),
         "dsv4": Backend("dsv4", {M.TARGET_VERIFY: P.POST_REPLAY}, inherits="base"),
@@ -27,31 +36,56 @@ def make_registry(extra_backends=(), gates=()) -> Registry:
     for b in extra_backends:
         backends[b.name] = b
     return Registry(
-        flags={"force_coarse": Flag("force_coarse", False, ("WARPOLICY_FORCE_COARSE",
-                                                            "SGLANG_FORCE_COARSE_WAR_BARRIER")),
-               "prefill_read_done": Flag("prefill_read_done", False,
-                                         ("WARPOLICY_PREFILL_READ_DONE",
-                                          "SGLANG_ENABLE_PREFILL_WAR_READ_DONE"))},
+        flags={
+            "force_coarse": Flag(
+                "force_coarse", False, ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER")
+            ),
+            "prefill_read_done": Flag(
+                "prefill_read_done",
+                False,
+                ("WARPOLICY_PREFILL_READ_DONE", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE"),
+            ),
+        },
         spec_algorithms={
-            "none": SpecAlgorithm("none", capabilities={"prefill_read_done": True,
-                                                        "target_verify_read_done": False}),
-            "eagle": SpecAlgorithm("eagle", family="eagle",
-                                   capabilities={"prefill_read_done": False,
-                                                 "target_verify_read_done": False}),
-            "dflash": SpecAlgorithm("dflash", family="dflash",
-                                    capabilities={"prefill_read_done": True,
-                                                  "target_verify_read_done": True}),
+            "none": SpecAlgorithm(
+                "none", capabilities={"prefill_read_done": True, "target_verify_read_done": False}
+            ),
+            "eagle": SpecAlgorithm(
+                "eagle",
+                family="eagle",
+                capabilities={"prefill_read_done": False, "target_verify_read_done": False},
+            ),
+            "dflash": SpecAlgorithm(
+                "dflash",
+                family="dflash",
+                capabilities={"prefill_read_done": True, "target_verify_read_done": True},
+            ),
         },
         backends=backends,
-        gates=gates or (
-            Gate("force-coarse", Conditions(flags={"force_coarse": True}), P.NONE, "forced",
-                 Origin("caps.yaml", 40, 5)),
-            Gate("verify-needs-read-done", Conditions(mode=frozenset({M.TARGET_VERIFY}),
-                                                      spec_lacks=frozenset({"target_verify_read_done"})),
-                 P.NONE, "no verify read-done"),
-            Gate("prefill-opt-in", Conditions(mode=frozenset({M.EXTEND}),
-                                              flags={"prefill_read_done": False}),
-                 P.NONE, "prefill is opt-in"),
+        gates=gates
+        or (
+            Gate(
+                "force-coarse",
+                Conditions(flags={"force_coarse": True}),
+                P.NONE,
+                "forced",
+                Origin("caps.yaml", 40, 5),
+            ),
+            Gate(
+                "verify-needs-read-done",
+                Conditions(
+                    mode=frozenset({M.TARGET_VERIFY}),
+                    spec_lacks=frozenset({"target_verify_read_done"}),
+                ),
+                P.NONE,
+                "no verify read-done",
+            ),
+            Gate(
+                "prefill-opt-in",
+                Conditions(mode=frozenset({M.EXTEND}), flags={"prefill_read_done": False}),
+                P.NONE,
+                "prefill is opt-in",
+            ),
         ),
     )
 
@@ -106,8 +140,9 @@ def test_primary_env_name_wins_over_alias_and_empty_does_not_shadow():
     empty = {"WARPOLICY_PREFILL_READ_DONE": " ", "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"}
     engine = PolicyEngine(reg, environ=empty)
     assert engine.decide(ctx) is P.PRE_REPLAY
-    assert {f.name: f.source for f in engine.flag_values()}["prefill_read_done"] == \
-        "env SGLANG_ENABLE_PREFILL_WAR_READ_DONE"
+    assert {f.name: f.source for f in engine.flag_values()}[
+        "prefill_read_done"
+    ] == "env SGLANG_ENABLE_PREFILL_WAR_READ_DONE"
 
 
 def test_bad_env_value_is_input_error():
@@ -120,13 +155,16 @@ def bare_registry(**kw) -> Registry:
     return Registry(backends={"fa3": Backend("fa3", {M.DECODE: P.IN_GRAPH})}, **kw)
 
 
-@pytest.mark.parametrize("environ", [
-    {"WARPOLICY_FORCE_COARSE": "1"},
-    {"SGLANG_FORCE_COARSE_WAR_BARRIER": "yes"},
-    {"WARPOLICY_FORCE_COARSE": "", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # empty: unset
-    {"WARPOLICY_FORCE_COARSE": "0", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # any name wins
-    {"WARPOLICY_FORCE_COARSE": "maybe"},  # unparsable: fail closed
-])
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"WARPOLICY_FORCE_COARSE": "1"},
+        {"SGLANG_FORCE_COARSE_WAR_BARRIER": "yes"},
+        {"WARPOLICY_FORCE_COARSE": "", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # empty: unset
+        {"WARPOLICY_FORCE_COARSE": "0", "SGLANG_FORCE_COARSE_WAR_BARRIER": "1"},  # any name wins
+        {"WARPOLICY_FORCE_COARSE": "maybe"},  # unparsable: fail closed
+    ],
+)
 def test_force_coarse_is_built_in(environ):
     engine = PolicyEngine(bare_registry(), environ=environ)
     d = engine.decision(Context("fa3", M.DECODE))
@@ -139,8 +177,9 @@ def test_force_coarse_is_built_in(environ):
 def test_force_coarse_cannot_be_narrowed_or_renamed_by_a_registry():
     """A layer that redeclares the flag with other env names, or an override that says off."""
     renamed = {"force_coarse": Flag("force_coarse", False, ("MY_COARSE",))}
-    engine = PolicyEngine(bare_registry(flags=renamed),
-                          environ={"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"})
+    engine = PolicyEngine(
+        bare_registry(flags=renamed), environ={"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"}
+    )
     assert engine.decide(Context("fa3", M.DECODE)) is P.NONE
     assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": False})) is P.NONE
     engine = PolicyEngine(bare_registry(flags=renamed), environ={"MY_COARSE": "1"})
@@ -150,11 +189,14 @@ def test_force_coarse_cannot_be_narrowed_or_renamed_by_a_registry():
     assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": "0"})) is P.IN_GRAPH
 
 
-@pytest.mark.parametrize("facts, why", [
-    (dict(planted=False), "not planted"),
-    (dict(external_events=False), "no external events"),
-    (dict(eager=True), "eagerly"),
-])
+@pytest.mark.parametrize(
+    "facts, why",
+    [
+        (dict(planted=False), "not planted"),
+        (dict(external_events=False), "no external events"),
+        (dict(eager=True), "eagerly"),
+    ],
+)
 def test_sound_demotion_is_post_replay(engine, facts, why):
     d = engine.decision(Context("fa3", M.DECODE, **facts))
     assert d.policy is P.POST_REPLAY
@@ -186,10 +228,16 @@ def test_per_mode_delegates():
 
 
 def test_scoped_gate_applies_to_heirs_only():
-    gate = Gate("fa3-no-verify", Conditions(mode=frozenset({M.TARGET_VERIFY})), P.POST_REPLAY,
-                "scoped", scope="fa3")
-    reg = make_registry([Backend("fa3", inherits="base", gates=(gate,)),
-                         Backend("fa3_child", inherits="fa3")])
+    gate = Gate(
+        "fa3-no-verify",
+        Conditions(mode=frozenset({M.TARGET_VERIFY})),
+        P.POST_REPLAY,
+        "scoped",
+        scope="fa3",
+    )
+    reg = make_registry(
+        [Backend("fa3", inherits="base", gates=(gate,)), Backend("fa3_child", inherits="fa3")]
+    )
     engine = PolicyEngine(reg, environ={})
     assert engine.decide(Context("fa3", M.TARGET_VERIFY, "dflash")) is P.POST_REPLAY
     assert engine.decide(Context("fa3_child", M.TARGET_VERIFY, "dflash")) is P.POST_REPLAY
@@ -260,8 +308,9 @@ def test_table_covers_every_combination(engine):
     assert {r.context.mode for r in rows} == set(TABLE_MODES)
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("On", True), (" no ", False),
-                                         ("off", False)])
+@pytest.mark.parametrize(
+    "text, value", [("1", True), ("On", True), (" no ", False), ("off", False)]
+)
 def test_parse_bool(text, value):
     assert parse_bool(text, "X") is value
 
@@ -272,31 +321,40 @@ def test_parse_bool_rejects_empty_and_junk(text):
         parse_bool(text, "X")
 
 
-@pytest.mark.parametrize("wrapper", [
-    Backend("w", latest_of=("early", "fa3")),
-    Backend("w", per_mode={M.DECODE: "fa3"}),
-])
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        Backend("w", latest_of=("early", "fa3")),
+        Backend("w", per_mode={M.DECODE: "fa3"}),
+    ],
+)
 def test_gate_on_a_child_never_makes_a_wrapper_earlier(wrapper):
     """``declared:`` tests the declaration, which no gate changes: a gate that delays a child
     must not stop the wrapper's ``declared: in_graph`` gate from matching (NONE -> POST_REPLAY)."""
     early = Backend("early", {M.DECODE: P.PRE_REPLAY})
-    wrapper_gate = Gate("w-in-graph-coarse", Conditions(backend=frozenset({"w"}),
-                                                        declared=frozenset({P.IN_GRAPH})),
-                        P.NONE, "wrapper")
-    child_gate = Gate("delay-children", Conditions(backend=frozenset({"early", "fa3"})),
-                      P.POST_REPLAY, "children")
+    wrapper_gate = Gate(
+        "w-in-graph-coarse",
+        Conditions(backend=frozenset({"w"}), declared=frozenset({P.IN_GRAPH})),
+        P.NONE,
+        "wrapper",
+    )
+    child_gate = Gate(
+        "delay-children", Conditions(backend=frozenset({"early", "fa3"})), P.POST_REPLAY, "children"
+    )
     ctx = Context("w", M.DECODE)
     before = PolicyEngine(make_registry([early, wrapper], gates=(wrapper_gate,)), environ={})
-    after = PolicyEngine(make_registry([early, wrapper], gates=(wrapper_gate, child_gate)),
-                         environ={})
+    after = PolicyEngine(
+        make_registry([early, wrapper], gates=(wrapper_gate, child_gate)), environ={}
+    )
     assert before.decide(ctx) is P.NONE
     assert after.decide(ctx) is P.NONE
     assert after.explain(ctx).declared is P.IN_GRAPH
 
 
 def test_wrapper_reasons_name_what_moved_a_child():
-    reg = make_registry([Backend("tbo", latest_of=("fa3",)),
-                         Backend("hybrid", per_mode={M.DECODE: "fa3"})])
+    reg = make_registry(
+        [Backend("tbo", latest_of=("fa3",)), Backend("hybrid", per_mode={M.DECODE: "fa3"})]
+    )
     engine = PolicyEngine(reg, environ={})
     d = engine.decision(Context("tbo", M.TARGET_VERIFY, "eagle"))
     assert d.policy is P.NONE
@@ -322,10 +380,13 @@ def test_inherits_plus_per_mode_is_refused():
         Backend("w", inherits="slow_base", per_mode={M.DECODE: "fa3"})
 
 
-@pytest.mark.parametrize("child_extra", [
-    dict(reads_end={M.DECODE: P.IN_GRAPH}),          # a child cannot make its base earlier
-    dict(latest_of=("trtllm_mha",)),                  # nor can running another backend
-])
+@pytest.mark.parametrize(
+    "child_extra",
+    [
+        dict(reads_end={M.DECODE: P.IN_GRAPH}),  # a child cannot make its base earlier
+        dict(latest_of=("trtllm_mha",)),  # nor can running another backend
+    ],
+)
 def test_inheritance_never_makes_a_mode_earlier(child_extra):
     slow = Backend("slow_base", {M.DECODE: P.POST_REPLAY})
     child = Backend("c", inherits="slow_base", **child_extra)
@@ -352,14 +413,19 @@ def test_long_chains_and_shared_dags_visit_each_backend_once(monkeypatch):
     chain += [Backend(f"h{i}", inherits=f"h{i - 1}" if i else "c0") for i in range(4000)]
     diamond = [Backend("d0", {M.DECODE: P.PRE_REPLAY})]
     for i in range(1, 31):
-        diamond += [Backend(f"l{i}", latest_of=(f"d{i - 1}",)),
-                    Backend(f"r{i}", per_mode={M.DECODE: f"d{i - 1}"}),
-                    Backend(f"d{i}", latest_of=(f"l{i}", f"r{i}"))]
+        diamond += [
+            Backend(f"l{i}", latest_of=(f"d{i - 1}",)),
+            Backend(f"r{i}", per_mode={M.DECODE: f"d{i - 1}"}),
+            Backend(f"d{i}", latest_of=(f"l{i}", f"r{i}")),
+        ]
     engine = PolicyEngine(make_registry(chain + diamond), environ={})
     visits = []
     original = engine_mod._Evaluation._explain_node
-    monkeypatch.setattr(engine_mod._Evaluation, "_explain_node",
-                        lambda self, name: visits.append(name) or original(self, name))
+    monkeypatch.setattr(
+        engine_mod._Evaluation,
+        "_explain_node",
+        lambda self, name: visits.append(name) or original(self, name),
+    )
     assert engine.decide(Context("c3999", M.DECODE)) is P.IN_GRAPH
     assert len(visits) == 4000
     visits.clear()
@@ -376,16 +442,26 @@ def test_compile_warns_once_naming_a_layer_that_makes_a_cell_earlier(tmp_path):
     from warpolicy.loader import Fragment, load_registry
 
     base = tmp_path / "base.yaml"
-    base.write_text("version: 1\nbackends:\n  fa3:\n    reads_end: {decode: post_replay}\n"
-                    "    doc: audited late\n")
-    plugin = Fragment("plugin:speedy", "version: 1\nbackends:\n  fa3:\n    override: true\n"
-                      "    reads_end: {decode: in_graph}\n    doc: claims earlier\n")
-    later = Fragment("plugin:careful", "version: 1\nbackends:\n  x:\n"
-                     "    reads_end: {decode: none}\n    doc: harmless\n")
+    base.write_text(
+        "version: 1\nbackends:\n  fa3:\n    reads_end: {decode: post_replay}\n"
+        "    doc: audited late\n"
+    )
+    plugin = Fragment(
+        "plugin:speedy",
+        "version: 1\nbackends:\n  fa3:\n    override: true\n"
+        "    reads_end: {decode: in_graph}\n    doc: claims earlier\n",
+    )
+    later = Fragment(
+        "plugin:careful",
+        "version: 1\nbackends:\n  x:\n    reads_end: {decode: none}\n    doc: harmless\n",
+    )
     layers = [base, plugin, later]
     engine = PolicyEngine(load_registry(layers), environ={}, layers=layers)
-    with pytest.warns(RuntimeWarning, match=r"layer plugin:speedy .*fa3 decode.*"
-                                            r"post_replay -> in_graph") as caught:
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"layer plugin:speedy .*fa3 decode.*"
+        r"post_replay -> in_graph",
+    ) as caught:
         assert engine.compile("fa3").lookup(M.DECODE) is P.IN_GRAPH
         engine.compile("fa3")
     assert len([w for w in caught if "layer" in str(w.message)]) == 1

@@ -42,8 +42,7 @@ conditions = st.builds(
 @st.composite
 def gates(draw, prefix="g"):
     n = draw(st.integers(0, 5))
-    return [Gate(f"{prefix}{i}", draw(conditions), draw(policies), "because")
-            for i in range(n)]
+    return [Gate(f"{prefix}{i}", draw(conditions), draw(policies), "because") for i in range(n)]
 
 
 @st.composite
@@ -64,22 +63,26 @@ def registries(draw):
         # latest_of combine freely.
         plain = [b for b in earlier if not backends[b].is_wrapper]
         if earlier and draw(st.booleans()):
-            kw["per_mode"] = draw(st.dictionaries(modes, st.sampled_from(earlier), min_size=1,
-                                                  max_size=3))
+            kw["per_mode"] = draw(
+                st.dictionaries(modes, st.sampled_from(earlier), min_size=1, max_size=3)
+            )
             reads_end = {m: p for m, p in reads_end.items() if m not in kw["per_mode"]}
         else:
             if plain and draw(st.booleans()):
                 kw["inherits"] = draw(st.sampled_from(plain))
             if earlier and draw(st.booleans()):
-                kw["latest_of"] = tuple(draw(st.lists(st.sampled_from(earlier), min_size=1,
-                                                      max_size=3, unique=True)))
+                kw["latest_of"] = tuple(
+                    draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=3, unique=True))
+                )
         scoped = tuple(attrs.evolve(g, scope=name) for g in draw(gates(prefix=f"{name}g")))
         backends[name] = Backend(name, reads_end, gates=scoped, **kw)
-    specs = {s: SpecAlgorithm(s, capabilities={c: draw(st.booleans()) for c in CAPS})
-             for s in SPECS}
+    specs = {
+        s: SpecAlgorithm(s, capabilities={c: draw(st.booleans()) for c in CAPS}) for s in SPECS
+    }
     flags = {f: Flag(f, draw(st.booleans())) for f in FLAGS}
-    return Registry(flags=flags, spec_algorithms=specs, backends=backends,
-                    gates=tuple(draw(gates())))
+    return Registry(
+        flags=flags, spec_algorithms=specs, backends=backends, gates=tuple(draw(gates()))
+    )
 
 
 contexts = st.builds(
@@ -97,13 +100,20 @@ SETTINGS = settings(max_examples=100, deadline=None)
 
 
 @SETTINGS
-@given(registries(), gates(prefix="extra"), gates(prefix="scoped"),
-       st.sampled_from([f"b{i}" for i in range(6)]), contexts)
+@given(
+    registries(),
+    gates(prefix="extra"),
+    gates(prefix="scoped"),
+    st.sampled_from([f"b{i}" for i in range(6)]),
+    contexts,
+)
 def test_adding_gates_never_makes_a_decision_earlier(registry, extra, scoped, owner, ctx):
     before = PolicyEngine(registry, environ={}).decide(ctx)
     backends = dict(registry.backends)
-    backends[owner] = attrs.evolve(backends[owner], gates=backends[owner].gates + tuple(
-        attrs.evolve(g, scope=owner) for g in scoped))
+    backends[owner] = attrs.evolve(
+        backends[owner],
+        gates=backends[owner].gates + tuple(attrs.evolve(g, scope=owner) for g in scoped),
+    )
     more = attrs.evolve(registry, gates=registry.gates + tuple(extra), backends=backends)
     after = PolicyEngine(more, environ={}).decide(ctx)
     assert after >= before
@@ -114,8 +124,10 @@ def test_adding_gates_never_makes_a_decision_earlier(registry, extra, scoped, ow
 def test_result_does_not_depend_on_gate_order(registry, ctx, rnd):
     shuffled = list(registry.gates)
     rnd.shuffle(shuffled)
-    backends = {n: attrs.evolve(b, gates=tuple(rnd.sample(b.gates, len(b.gates))))
-                for n, b in registry.backends.items()}
+    backends = {
+        n: attrs.evolve(b, gates=tuple(rnd.sample(b.gates, len(b.gates))))
+        for n, b in registry.backends.items()
+    }
     other = attrs.evolve(registry, gates=tuple(shuffled), backends=backends)
     a = PolicyEngine(registry, environ={}).decision(ctx)
     b = PolicyEngine(other, environ={}).decision(ctx)
@@ -226,6 +238,12 @@ def test_never_earlier_than_declared_or_a_matching_gate(registry, ctx):
 @given(registries(), contexts)
 def test_compiled_lookup_equals_decide(registry, ctx):
     engine = PolicyEngine(registry, environ={})
-    compiled = engine.compile(ctx.backend, ctx.spec, ctx.flags, platform=ctx.platform,
-                              external_events=ctx.external_events, strict=True)
+    compiled = engine.compile(
+        ctx.backend,
+        ctx.spec,
+        ctx.flags,
+        platform=ctx.platform,
+        external_events=ctx.external_events,
+        strict=True,
+    )
     assert compiled.lookup(ctx.mode, ctx.eager, ctx.planted) is engine.decide(ctx)

@@ -20,7 +20,7 @@ ALL_CASES = list(faults.cases())
 TARGETS = sorted({c.target for c in ALL_CASES})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def results_for(target):
     return faults.run_fault_matrix([c for c in ALL_CASES if c.target == target]).results
 
@@ -44,22 +44,44 @@ def test_no_fault_releases_early_or_reads_stale_and_every_fired_fault_surfaces(t
 
 
 def test_the_per_step_operations_and_observers_are_really_exercised():
-    fired = {r.case.target for target in TARGETS for r in results_for(target)
-             if r.fired and r.case.policy in (IN_GRAPH, POST_REPLAY)}
-    assert {"record", "wait_event", "wait_stream", "replay", "is_capturing", "current_stream",
-            "use_stream", "capture_callable", "warpolicy_on_publish", "warpolicy_on_barrier",
-            "warpolicy_on_decision"} <= fired
+    fired = {
+        r.case.target
+        for target in TARGETS
+        for r in results_for(target)
+        if r.fired and r.case.policy in (IN_GRAPH, POST_REPLAY)
+    }
+    assert {
+        "record",
+        "wait_event",
+        "wait_stream",
+        "replay",
+        "is_capturing",
+        "current_stream",
+        "use_stream",
+        "capture_callable",
+        "warpolicy_on_publish",
+        "warpolicy_on_barrier",
+        "warpolicy_on_decision",
+    } <= fired
 
 
 def test_the_table_lists_every_target_and_a_total():
     table = faults.format_fault_matrix(faults.run_fault_matrix(ALL_CASES[:3]))
     lines = table.splitlines()
-    assert lines[0].split() == ["target", "cases", "fired", "early_releases", "stale_reads",
-                                "surfaced", "silent"]
+    assert lines[0].split() == [
+        "target",
+        "cases",
+        "fired",
+        "early_releases",
+        "stale_reads",
+        "surfaced",
+        "silent",
+    ]
     assert lines[-1].split()[:2] == ["total", "3"]
 
 
 # -- positive controls: the checker catches what 0.1 got wrong ------------------------------------
+
 
 def test_control_a_barrier_that_does_not_wait_is_caught(monkeypatch):
     monkeypatch.setattr(SchedulerBarrier, "apply", lambda self, *a: "event")
@@ -68,7 +90,9 @@ def test_control_a_barrier_that_does_not_wait_is_caught(monkeypatch):
 
 
 def test_control_an_in_graph_publish_after_a_failed_replay_plant_is_caught(monkeypatch):
-    def plant_01(self):  # 0.1: a failed plant inside a replay is swallowed, in_graph still published
+    def plant_01(
+        self,
+    ):  # 0.1: a failed plant inside a replay is swallowed, in_graph still published
         try:
             if self.platform.is_capturing():
                 self._record(self._event)

@@ -8,7 +8,8 @@ import inspect
 import warnings
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warpolicy.fence import ReadDone, ReadDoneFence, SchedulerBarrier
 from warpolicy.hookspecs import hookimpl
@@ -63,6 +64,7 @@ def register(platform):
 
 # -- capture time ----------------------------------------------------------------------------------
 
+
 def test_prepare_seeds_persistent_external_event_then_plant_records_in_capture(platform):
     fence = ReadDoneFence(platform, ring_size=2)
     assert fence.prepare() is True
@@ -72,7 +74,8 @@ def test_prepare_seeds_persistent_external_event_then_plant_records_in_capture(p
         assert fence.plant() is ev
     assert fence.planted
     assert platform.log == [
-        ("create_event", 1, False), ("create_event", 2, False),  # the ring
+        ("create_event", 1, False),
+        ("create_event", 2, False),  # the ring
         ("create_event", ev.id, True),
         ("record", ev.id, 0, False),  # the eager seed, on the current stream
         ("capture_begin", graph.id),
@@ -114,6 +117,7 @@ def test_ring_size_must_cover_two_steps(platform):
 
 
 # -- per-step call sequences -------------------------------------------------------------------------
+
 
 def test_pre_replay_records_before_replay(platform):
     fence, graph, _ = captured_fence(platform)
@@ -183,13 +187,16 @@ def test_explicit_stream_is_used_for_host_records(platform):
 def test_force_coarse_ignores_the_event(platform):
     fence, graph, _ = captured_fence(platform)
     sched = platform.new_stream()
-    rd, kind = step(platform, fence, graph, P.IN_GRAPH, SchedulerBarrier(platform, force_coarse=True), sched)
+    rd, kind = step(
+        platform, fence, graph, P.IN_GRAPH, SchedulerBarrier(platform, force_coarse=True), sched
+    )
     assert rd is not None and kind == "coarse"
     assert platform.log[-1] == ("wait_stream", sched.id, 0)
     assert not platform.log.of("wait_event")
 
 
 # -- mailbox, step counter, ring ----------------------------------------------------------------------
+
 
 def test_take_is_consume_once(platform):
     fence, graph, _ = captured_fence(platform)
@@ -230,8 +237,10 @@ def test_after_replay_without_before_replay_starts_a_step(platform):
 
 
 @settings(max_examples=150, deadline=None)
-@given(ring_size=st.integers(2, 6),
-       policies=st.lists(st.sampled_from(list(P)), min_size=1, max_size=40))
+@given(
+    ring_size=st.integers(2, 6),
+    policies=st.lists(st.sampled_from(list(P)), min_size=1, max_size=40),
+)
 def test_ring_never_rerecords_an_event_of_the_last_ring_size_minus_one_steps(ring_size, policies):
     platform = sim_platform()
     fence, graph, _ = captured_fence(platform, ring_size=ring_size)
@@ -252,6 +261,7 @@ def test_ring_never_rerecords_an_event_of_the_last_ring_size_minus_one_steps(rin
 
 
 # -- publishes tied to their own graph -----------------------------------------------------------------
+
 
 def test_planted_is_required_where_it_decides():
     param = inspect.signature(ReadDoneFence.after_replay).parameters["planted"]
@@ -300,8 +310,9 @@ def test_each_capture_hands_out_the_event_its_own_graph_records(platform):
     assert rd.event is second
 
 
-@pytest.mark.parametrize("fault", [("record", "raise"), ("is_capturing", "raise"),
-                                   ("is_capturing", "none")])
+@pytest.mark.parametrize(
+    "fault", [("record", "raise"), ("is_capturing", "raise"), ("is_capturing", "none")]
+)
 def test_a_failed_plant_during_a_rerun_replay_makes_that_step_post_replay(platform, fault):
     fence = ReadDoneFence(platform)
     fence.prepare()
@@ -325,13 +336,13 @@ def test_a_failed_capture_state_query_is_a_failed_plant(platform, mode):
     fence = ReadDoneFence(platform)
     fence.prepare()
     platform.impl.inject("is_capturing", mode)
-    with pytest.warns(RuntimeWarning, match="plant failed"):
-        with platform.capture(platform.new_graph()):
-            assert fence.plant() is None
+    with pytest.warns(RuntimeWarning, match="plant failed"), platform.capture(platform.new_graph()):
+        assert fence.plant() is None
     assert not fence.planted
 
 
 # -- fail closed ---------------------------------------------------------------------------------------
+
 
 def test_record_failure_before_replay_publishes_nothing(platform):
     fence, graph, _ = captured_fence(platform)
@@ -356,9 +367,8 @@ def test_plant_failure_returns_none(platform):
     fence = ReadDoneFence(platform)
     fence.prepare()
     platform.impl.inject("record", "raise")
-    with pytest.warns(RuntimeWarning, match="plant failed"):
-        with platform.capture(platform.new_graph()):
-            assert fence.plant() is None
+    with pytest.warns(RuntimeWarning, match="plant failed"), platform.capture(platform.new_graph()):
+        assert fence.plant() is None
     assert not fence.planted
 
 
@@ -385,7 +395,9 @@ def test_wait_event_failure_falls_back_to_coarse(platform, mode):
 def test_coarse_failure_falls_back_to_synchronize(platform):
     platform.impl.inject("wait_stream", "raise")
     with pytest.warns(RuntimeWarning, match="wait_stream failed"):
-        kind = SchedulerBarrier(platform).apply(platform.new_stream(), platform.current_stream(), None)
+        kind = SchedulerBarrier(platform).apply(
+            platform.new_stream(), platform.current_stream(), None
+        )
     assert kind == "coarse"
     assert platform.log[-1] == ("synchronize",)
 
@@ -401,6 +413,7 @@ def test_warns_once_per_place_over_many_steps(platform):
 
 
 # -- observers -----------------------------------------------------------------------------------------
+
 
 class Recorder:
     def __init__(self):
@@ -443,8 +456,10 @@ def test_observers_see_fallbacks_and_the_policy_really_published(platform, regis
     platform.impl.inject("record", "raise")
     with pytest.warns(RuntimeWarning):
         step(platform, fence, graph, P.POST_REPLAY)
-    assert rec.calls == [("fallback", "fence 'decode':after_replay", "InjectedFault"),
-                         ("publish", "decode", 1, P.NONE, False)]
+    assert rec.calls == [
+        ("fallback", "fence 'decode':after_replay", "InjectedFault"),
+        ("publish", "decode", 1, P.NONE, False),
+    ]
 
 
 class Bad:
@@ -466,7 +481,8 @@ def test_a_raising_observer_changes_neither_the_publish_nor_the_barrier(platform
         rd, kind = step(platform, fence, graph, P.IN_GRAPH, SchedulerBarrier(platform), sched)
     assert sorted(str(w.message).split(": ", 1)[1] for w in caught) == [
         "observer plugin 'bad' raised in warpolicy_on_barrier (ValueError('observer bug')); ignored",
-        "observer plugin 'bad' raised in warpolicy_on_publish (ValueError('observer bug')); ignored"]
+        "observer plugin 'bad' raised in warpolicy_on_publish (ValueError('observer bug')); ignored",
+    ]
     assert rd.event is event and kind == "event"
     assert platform.log[-1] == ("wait_event", sched.id, event.id)
     assert ("fallback", "fence 'decode':warpolicy_on_publish:bad", "ValueError") in rec.calls
@@ -488,6 +504,7 @@ def test_observers_cost_nothing_when_none_is_registered(platform, monkeypatch):
 
 # -- profiler ranges -----------------------------------------------------------------------------------
 
+
 def test_publish_and_barrier_show_up_in_torch_profiler_when_asked(platform):
     torch = pytest.importorskip("torch")
     _, graph, event = captured_fence(platform)
@@ -508,6 +525,7 @@ def test_profiler_ranges_follow_the_environment(platform, monkeypatch):
 
 
 # -- benchmark smoke (simulated platform, few iterations) ---------------------------------------------
+
 
 def test_fence_bench_runs_on_the_simulated_platform():
     import json
@@ -539,6 +557,7 @@ def test_fence_bench_without_cuda_is_a_one_line_error():
 
 # -- the safe wait comes before any warning can raise --------------------------------------------------
 
+
 @pytest.mark.parametrize("inject", ["wait_event", "wait_stream"])
 def test_barrier_applies_the_safe_wait_before_a_warning_can_raise(platform, inject):
     """With warnings turned into errors, the warning may raise out of apply(); the coarse wait
@@ -551,7 +570,8 @@ def test_barrier_applies_the_safe_wait_before_a_warning_can_raise(platform, inje
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(RuntimeWarning):
-            SchedulerBarrier(platform).apply(sched, platform.current_stream(),
-                                             None if inject == "wait_stream" else read_done)
+            SchedulerBarrier(platform).apply(
+                sched, platform.current_stream(), None if inject == "wait_stream" else read_done
+            )
     expected = {"wait_event": ("wait_stream", sched.id, 0), "wait_stream": ("synchronize",)}[inject]
     assert platform.log[-1] == expected and len(platform.log) > n

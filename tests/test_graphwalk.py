@@ -68,6 +68,7 @@ def marker(i, deps=()):
 # Model
 # ---------------------------------------------------------------------------------------------
 
+
 class TestModel:
     def test_graph_rejects_bad_dependencies(self):
         with pytest.raises(ValueError, match="depends on 5"):
@@ -106,21 +107,34 @@ class TestModel:
 # Readers
 # ---------------------------------------------------------------------------------------------
 
+
 class TestReaders:
     def test_pointer_at_the_edges_of_a_buffer(self):
         first, last, past, before = TABLE.start, TABLE.end - 1, TABLE.end, TABLE.start - 1
-        g = Graph((kernel(0, words=(first,)), kernel(1, deps=(0,), words=(last,)),
-                   kernel(2, deps=(1,), words=(past,)), kernel(3, deps=(2,), words=(before,))))
+        g = Graph(
+            (
+                kernel(0, words=(first,)),
+                kernel(1, deps=(0,), words=(last,)),
+                kernel(2, deps=(1,), words=(past,)),
+                kernel(3, deps=(2,), words=(before,)),
+            )
+        )
         assert [r.index for r in find_readers(g, RANGES)] == [0, 1]
 
     def test_memset_and_memcpy_spans(self):
-        g = Graph((Node(0, "memset", spans=((TABLE.end, TABLE.end + 64),)),  # just after
-                   Node(1, "memset", deps=(0,), spans=((0x0F00, TABLE.start),)),  # just before
-                   Node(2, "memset", deps=(1,), spans=((0x0F00, TABLE.start + 1),)),
-                   Node(3, "memcpy", deps=(2,), spans=((0x50, 0x60), (MAP.end - 1, MAP.end)))))
+        g = Graph(
+            (
+                Node(0, "memset", spans=((TABLE.end, TABLE.end + 64),)),  # just after
+                Node(1, "memset", deps=(0,), spans=((0x0F00, TABLE.start),)),  # just before
+                Node(2, "memset", deps=(1,), spans=((0x0F00, TABLE.start + 1),)),
+                Node(3, "memcpy", deps=(2,), spans=((0x50, 0x60), (MAP.end - 1, MAP.end))),
+            )
+        )
         readers = find_readers(g, RANGES)
-        assert [(r.index, r.buffers) for r in readers] == [(2, ("req_to_token",)),
-                                                           (3, ("swa_map",))]
+        assert [(r.index, r.buffers) for r in readers] == [
+            (2, ("req_to_token",)),
+            (3, ("swa_map",)),
+        ]
 
     def test_overlapping_buffers_both_named(self):
         whole = BufferRange("kv_pool", 0x1000, 0x3000)
@@ -131,8 +145,21 @@ class TestReaders:
         assert readers[1].buffers == ("kv_pool",)
 
     def test_opaque_nodes_count_inert_nodes_do_not(self):
-        g = chain(["kernel", "host", "child_graph", "conditional", "unknown", "event_record",
-                   "empty", "event_wait", "mem_alloc", "mem_free", "semaphore"])
+        g = chain(
+            [
+                "kernel",
+                "host",
+                "child_graph",
+                "conditional",
+                "unknown",
+                "event_record",
+                "empty",
+                "event_wait",
+                "mem_alloc",
+                "mem_free",
+                "semaphore",
+            ]
+        )
         readers = find_readers(g, RANGES)
         assert [r.index for r in readers] == [1, 2, 3, 4]
         assert all(r.opaque and not r.buffers for r in readers)
@@ -147,10 +174,13 @@ class TestReaders:
 # Ordering and derived placement
 # ---------------------------------------------------------------------------------------------
 
+
 def diamond(reader_at):
     """0 -> {1, 2} -> 3; nodes in ``reader_at`` read the table."""
+
     def node(i, deps):
         return kernel(i, deps, words=(TABLE.start,)) if i in reader_at else plain(i, deps)
+
     return Graph((node(0, ()), node(1, (0,)), node(2, (0,)), node(3, (1, 2))))
 
 
@@ -162,8 +192,15 @@ class TestDerived:
         assert [r.name for r in plan.seen] == ["k1"]
 
     def test_late_reader_moves_the_node(self):
-        g = Graph((kernel(0, (), (TABLE.start,)), plain(1, (0,)), plain(2, (1,)),
-                   kernel(3, (2,), (MAP.start,)), plain(4, (3,))))
+        g = Graph(
+            (
+                kernel(0, (), (TABLE.start,)),
+                plain(1, (0,)),
+                plain(2, (1,)),
+                kernel(3, (2,), (MAP.start,)),
+                plain(4, (3,)),
+            )
+        )
         plan = derive_plan(g, RANGES)
         assert plan.frontier == (3,)  # 0 is an ancestor of 3
         assert {r.index for r in plan.readers} == {0, 3}
@@ -174,8 +211,15 @@ class TestDerived:
         assert derive_plan(diamond({0}), RANGES).frontier == (0,)
 
     def test_parallel_readers_all_depended_on(self):
-        g = Graph((plain(0), kernel(1, (0,), (TABLE.start,)), kernel(2, (0,), (MAP.start,)),
-                   kernel(3, (0,), (TABLE.start,)), plain(4, (1,))))
+        g = Graph(
+            (
+                plain(0),
+                kernel(1, (0,), (TABLE.start,)),
+                kernel(2, (0,), (MAP.start,)),
+                kernel(3, (0,), (TABLE.start,)),
+                plain(4, (1,)),
+            )
+        )
         assert derive_plan(g, RANGES).frontier == (1, 2, 3)
 
     def test_opaque_node_after_the_reader_moves_the_node(self):
@@ -230,11 +274,16 @@ def test_frontier_covers_every_reader_and_is_minimal(case):
 # Self-check
 # ---------------------------------------------------------------------------------------------
 
+
 class TestSelfCheck:
     def graph(self, marker_after):
         """prep reader #0 -> work #1 -> late map reader #2 -> work #3, marker after a node."""
-        nodes = [kernel(0, (), (TABLE.start,), "gather"), plain(1, (0,)),
-                 kernel(2, (1,), (MAP.start + 4,), "swa_index"), plain(3, (2,))]
+        nodes = [
+            kernel(0, (), (TABLE.start,), "gather"),
+            plain(1, (0,)),
+            kernel(2, (1,), (MAP.start + 4,), "swa_index"),
+            plain(3, (2,)),
+        ]
         nodes.append(marker(4, (marker_after,)))
         return Graph(tuple(nodes))
 
@@ -268,6 +317,7 @@ class TestSelfCheck:
 # ---------------------------------------------------------------------------------------------
 # The cuda-bindings adapter, driven by a fake driver module
 # ---------------------------------------------------------------------------------------------
+
 
 class CUresult(enum.IntEnum):
     CUDA_SUCCESS = 0
@@ -311,46 +361,52 @@ class FakeDriver(types.SimpleNamespace):
         self._keep = []
 
     # handle constructors
-    def CUgraph(self, raw):  # noqa: N802 - driver spelling
+    def CUgraph(self, raw):
         return Handle(raw)
 
-    def CUevent(self, raw):  # noqa: N802
+    def CUevent(self, raw):
         return Handle(raw)
 
-    def cuGetErrorString(self, err):  # noqa: N802
+    def cuGetErrorString(self, err):
         return CUresult.CUDA_SUCCESS, b"invalid argument"
 
-    def cuGraphGetNodes(self, graph, count=0):  # noqa: N802
+    def cuGraphGetNodes(self, graph, count=0):
         if not count:
             return CUresult.CUDA_SUCCESS, [], len(self.nodes)
         return CUresult.CUDA_SUCCESS, [Handle(100 + i) for i in range(count)], count
 
-    def cuGraphGetEdges(self, graph, count=0):  # noqa: N802
+    def cuGraphGetEdges(self, graph, count=0):
         if not count:
             return CUresult.CUDA_SUCCESS, [], [], [], len(self.edges)
         data = [Edge(1) if k in self.weak else Edge() for k in range(len(self.edges))]
-        return (CUresult.CUDA_SUCCESS, [Handle(100 + a) for a, _ in self.edges],
-                [Handle(100 + b) for _, b in self.edges], data, len(self.edges))
+        return (
+            CUresult.CUDA_SUCCESS,
+            [Handle(100 + a) for a, _ in self.edges],
+            [Handle(100 + b) for _, b in self.edges],
+            data,
+            len(self.edges),
+        )
 
     def _node(self, handle):
         return self.nodes[int(handle) - 100]
 
-    def cuGraphNodeGetType(self, handle):  # noqa: N802
+    def cuGraphNodeGetType(self, handle):
         return CUresult.CUDA_SUCCESS, self._node(handle)["type"]
 
-    def cuGraphKernelNodeGetParams(self, handle):  # noqa: N802
+    def cuGraphKernelNodeGetParams(self, handle):
         node = self._node(handle)
         args = [ctypes.create_string_buffer(bytes(a), len(a)) for a in node["args"]]
         array = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         self._keep += [args, array]
-        params = types.SimpleNamespace(func=Handle(node["func"]), kern=Handle(0),
-                                       kernelParams=ctypes.addressof(array), extra=0)
+        params = types.SimpleNamespace(
+            func=Handle(node["func"]), kern=Handle(0), kernelParams=ctypes.addressof(array), extra=0
+        )
         return CUresult.CUDA_SUCCESS, params
 
-    def cuFuncGetName(self, func):  # noqa: N802
+    def cuFuncGetName(self, func):
         return CUresult.CUDA_SUCCESS, b"_ZN2at6native21indexSelectSmallIndexEv"
 
-    def cuFuncGetParamInfo(self, func, k):  # noqa: N802
+    def cuFuncGetParamInfo(self, func, k):
         node = next(n for n in self.nodes if n.get("func") == int(func))
         if node.get("no_info"):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
@@ -358,21 +414,23 @@ class FakeDriver(types.SimpleNamespace):
             return CUresult.CUDA_ERROR_INVALID_VALUE, 0, 0
         return CUresult.CUDA_SUCCESS, 8 * k, len(node["args"][k])
 
-    def cuGraphMemsetNodeGetParams(self, handle):  # noqa: N802
+    def cuGraphMemsetNodeGetParams(self, handle):
         dst, width = self._node(handle)["span"]
         return CUresult.CUDA_SUCCESS, types.SimpleNamespace(
-            dst=dst, width=width, elementSize=1, height=1, pitch=0)
+            dst=dst, width=width, elementSize=1, height=1, pitch=0
+        )
 
-    def cuGraphEventRecordNodeGetEvent(self, handle):  # noqa: N802
+    def cuGraphEventRecordNodeGetEvent(self, handle):
         return CUresult.CUDA_SUCCESS, Handle(self._node(handle)["event"])
 
-    def cuGraphAddEventRecordNode(self, graph, deps, count, event):  # noqa: N802
+    def cuGraphAddEventRecordNode(self, graph, deps, count, event):
         if count != len(deps) or not all(isinstance(d, Handle) for d in deps):
             return CUresult.CUDA_ERROR_INVALID_VALUE, None
         self.added.append(([int(d) - 100 for d in deps], int(event)))
         if not self.drop_added:
-            self.nodes.append({"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD,
-                               "event": int(event)})
+            self.nodes.append(
+                {"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD, "event": int(event)}
+            )
             self.edges += [(int(d) - 100, len(self.nodes) - 1) for d in deps]
         return CUresult.CUDA_SUCCESS, Handle(100 + len(self.nodes) - 1)
 
@@ -386,8 +444,11 @@ def fake_forward(marker_after=None):
     a host node (#4) that only a weak edge orders after #3, optionally a marker."""
     struct_arg = arg(4) + arg(MAP.start + 16) + arg(7)  # pointer inside a by-value struct
     nodes = [
-        {"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL, "func": 11,
-         "args": [arg(TABLE.start), arg(3, 4)]},
+        {
+            "type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL,
+            "func": 11,
+            "args": [arg(TABLE.start), arg(3, 4)],
+        },
         {"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL, "func": 12, "args": [arg(0x77)]},
         {"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL, "func": 13, "args": [struct_arg]},
         {"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMSET, "span": (0x9000, 64)},
@@ -405,6 +466,7 @@ def fake_driver(monkeypatch):
         driver = FakeDriver(nodes, edges, weak)
         monkeypatch.setattr(gcuda, "driver_module", lambda: driver)
         return driver
+
     return install
 
 
@@ -417,8 +479,10 @@ class FakeTorchGraph:
 
     def raw_cuda_graph_exec(self):
         if not self.instantiated:
-            raise RuntimeError("You cannot access the raw cudaGraphExec_t instance until "
-                               "instantiate() has been called")
+            raise RuntimeError(
+                "You cannot access the raw cudaGraphExec_t instance until "
+                "instantiate() has been called"
+            )
         return 0xEEE
 
 
@@ -432,8 +496,10 @@ class TestCudaAdapter:
         fake_driver(*fake_forward(marker_after=0))
         walked = gcuda.read_graph(0xABC)
         g = walked.graph
-        assert [n.kind for n in g.nodes] == [NodeKind.KERNEL] * 3 + [NodeKind.MEMSET,
-                                                                      NodeKind.EVENT_RECORD]
+        assert [n.kind for n in g.nodes] == [NodeKind.KERNEL] * 3 + [
+            NodeKind.MEMSET,
+            NodeKind.EVENT_RECORD,
+        ]
         assert g.nodes[0].name == "indexSelectSmallIndex"
         assert TABLE.start in g.nodes[0].words and MAP.start + 16 in g.nodes[2].words
         assert g.nodes[3].spans == ((0x9000, 0x9040),) and g.nodes[4].event == EVENT
@@ -442,8 +508,9 @@ class TestCudaAdapter:
 
     def test_weak_edges_do_not_order(self, fake_driver):
         nodes, edges = fake_forward()
-        nodes.append({"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL, "func": 15,
-                      "args": [arg(0)]})
+        nodes.append(
+            {"type": CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL, "func": 15, "args": [arg(0)]}
+        )
         edges.append((2, 4))
         fake_driver(nodes, edges, weak={3})
         walked = gcuda.read_graph(0xABC)
@@ -467,8 +534,11 @@ class TestCudaAdapter:
         driver = FakeDriver([], [])
         driver.cuBad = lambda: (CUresult.CUDA_ERROR_INVALID_VALUE,)
         driver.cuOdd = lambda: None
-        with pytest.raises(CudaCallError, match=r"^cuBad failed: CUDA_ERROR_INVALID_VALUE "
-                                                r"\(invalid argument\)$"):
+        with pytest.raises(
+            CudaCallError,
+            match=r"^cuBad failed: CUDA_ERROR_INVALID_VALUE "
+            r"\(invalid argument\)$",
+        ):
             gcuda.call(driver, "cuBad")
         with pytest.raises(CudaCallError, match="cuOdd failed: unexpected answer"):
             gcuda.call(driver, "cuOdd")
@@ -477,11 +547,15 @@ class TestCudaAdapter:
         assert gcuda.call(driver, "cuGraphGetNodes", Handle(1)) == ([], 0)
 
     def test_short_kernel_names(self):
-        assert gcuda.short_kernel_name(
-            "void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long>(int)") \
+        assert (
+            gcuda.short_kernel_name(
+                "void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long>(int)"
+            )
             == "indexSelectSmallIndex"
-        assert gcuda.short_kernel_name("_ZN2at6native18elementwise_kernelEv") == \
-            "elementwise_kernel"
+        )
+        assert (
+            gcuda.short_kernel_name("_ZN2at6native18elementwise_kernelEv") == "elementwise_kernel"
+        )
         assert gcuda.short_kernel_name("") == "?"
         assert gcuda.words_of(arg(5) + arg(6) + b"\x01\x02") == (5, 6)
 
@@ -498,8 +572,9 @@ class TestPlant:
     def test_no_readers_is_a_placement_error(self, fake_driver):
         driver = fake_driver(*fake_forward())
         with pytest.raises(PlacementError, match="no node of the 4-node graph") as info:
-            derive_and_plant(FakeTorchGraph(), (BufferRange("elsewhere", 0x50_0000, 0x50_1000),),
-                             FakeEvent())
+            derive_and_plant(
+                FakeTorchGraph(), (BufferRange("elsewhere", 0x50_0000, 0x50_1000),), FakeEvent()
+            )
         assert info.value.no_readers and driver.added == []
 
     def test_refusals_are_one_line(self, fake_driver):
@@ -534,8 +609,9 @@ class TestPlant:
     def test_api_error_becomes_placement_error(self, fake_driver):
         driver = fake_driver(*fake_forward())
         driver.cuGraphAddEventRecordNode = lambda *a: (CUresult.CUDA_ERROR_INVALID_VALUE, None)
-        with pytest.raises(PlacementError, match="cuGraphAddEventRecordNode failed: "
-                                                 "CUDA_ERROR_INVALID_VALUE"):
+        with pytest.raises(
+            PlacementError, match="cuGraphAddEventRecordNode failed: CUDA_ERROR_INVALID_VALUE"
+        ):
             derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent())
 
     def test_check_marker_names_the_late_reader(self, fake_driver):
@@ -561,6 +637,7 @@ class TestPlant:
     def test_errors_are_warpolicy_errors(self):
         assert issubclass(PlacementError, GraphWalkError)
         from warpolicy.errors import WarpolicyError
+
         assert issubclass(GraphWalkError, WarpolicyError)
 
     def test_helpers(self):

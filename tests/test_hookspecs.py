@@ -11,10 +11,18 @@ from warpolicy import hookspecs
 from warpolicy.hookspecs import hookimpl
 from warpolicy.plugins import new_plugin_manager
 
-SPECS = {name: fn for name, fn in vars(hookspecs).items()
-         if callable(fn) and hasattr(fn, "warpolicy_spec")}
-OBSERVERS = {"warpolicy_on_decision", "warpolicy_on_publish", "warpolicy_on_barrier",
-             "warpolicy_on_fallback", "warpolicy_on_demotion"}
+SPECS = {
+    name: fn
+    for name, fn in vars(hookspecs).items()
+    if callable(fn) and hasattr(fn, "warpolicy_spec")
+}
+OBSERVERS = {
+    "warpolicy_on_decision",
+    "warpolicy_on_publish",
+    "warpolicy_on_barrier",
+    "warpolicy_on_fallback",
+    "warpolicy_on_demotion",
+}
 FRAGMENTS = {"warpolicy_capabilities"}
 
 

@@ -58,7 +58,8 @@ class TestFiles:
         (problem,) = validate_sources([big])
         assert problem.unreadable and "larger than 4 MiB" in problem.message
         assert validate_sources([Fragment("t", "#" * (MAX_BYTES + 1))])[0].message.startswith(
-            "larger than")
+            "larger than"
+        )
 
     def test_every_file_is_reported_and_the_error_is_a_usage_error(self, tmp_path):
         bad = tmp_path / "bad.yaml"
@@ -110,40 +111,56 @@ class TestHints:
     def test_a_repeated_unknown_name_is_searched_once(self, monkeypatch):
         calls = []
         real = merge.difflib.get_close_matches
-        monkeypatch.setattr(merge.difflib, "get_close_matches",
-                            lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+        monkeypatch.setattr(
+            merge.difflib, "get_close_matches", lambda *a, **k: calls.append(a[0]) or real(*a, **k)
+        )
         text = "version: 1\nbackends:\n  fa3: {}\n" + "".join(
-            f"  w{i}: {{inherits: fa4}}\n" for i in range(50))
+            f"  w{i}: {{inherits: fa4}}\n" for i in range(50)
+        )
         found = validate_sources([Fragment("f.yaml", text)])
         assert len(found) == 50 and all("did you mean 'fa3'" in p.message for p in found)
         assert calls == ["fa4"]
 
 
 class TestStrict:
-    @pytest.mark.parametrize("text, expected", [
-        ("version: 1\ngates: [{id: g, at_least: none, because: x, when: }]\n",
-         "gates[0].when: expected a when mapping, got null"),
-        ("version: 1\nbackends: {a: }\n", "backends.a: expected a backend mapping, got null"),
-        ("version: 1\nbackends: {a: {reads_end: }}\n", "backends.a.reads_end: expected a mapping"),
-        ("version: 1\nflags: {1: {doc: x}}\n", "flags: keys must be names, got the integer 1"),
-        ("version: 1\nflags: {? !!str f : {doc: x}}\n", "YAML tags (!!str)"),
-        ("version: 1\nflags: {f: {doc: x, default: !!bool 'no'}}\n", "YAML tags (!!bool)"),
-        ('version: 1\nbackends: {"fa3\\n": {}}\n', "is not a valid backend name"),
-        ('version: 1\nflags: {f: {doc: x, env: ["A\\n"]}}\n', "is not an environment variable"),
-        ("version: 1\nbackends: {a: {reads_end: {Decode: none}}}\n", "unknown mode 'Decode'"),
-        ("version: 1\nbackends: {a: {reads_end: {decode: ' none'}}}\n", "unknown policy ' none'"),
-        ("version: 1\nflags: {f: {doc: '   '}}\n", "flags.f.doc: expected a non-empty string"),
-    ])
+    @pytest.mark.parametrize(
+        "text, expected",
+        [
+            (
+                "version: 1\ngates: [{id: g, at_least: none, because: x, when: }]\n",
+                "gates[0].when: expected a when mapping, got null",
+            ),
+            ("version: 1\nbackends: {a: }\n", "backends.a: expected a backend mapping, got null"),
+            (
+                "version: 1\nbackends: {a: {reads_end: }}\n",
+                "backends.a.reads_end: expected a mapping",
+            ),
+            ("version: 1\nflags: {1: {doc: x}}\n", "flags: keys must be names, got the integer 1"),
+            ("version: 1\nflags: {? !!str f : {doc: x}}\n", "YAML tags (!!str)"),
+            ("version: 1\nflags: {f: {doc: x, default: !!bool 'no'}}\n", "YAML tags (!!bool)"),
+            ('version: 1\nbackends: {"fa3\\n": {}}\n', "is not a valid backend name"),
+            ('version: 1\nflags: {f: {doc: x, env: ["A\\n"]}}\n', "is not an environment variable"),
+            ("version: 1\nbackends: {a: {reads_end: {Decode: none}}}\n", "unknown mode 'Decode'"),
+            (
+                "version: 1\nbackends: {a: {reads_end: {decode: ' none'}}}\n",
+                "unknown policy ' none'",
+            ),
+            ("version: 1\nflags: {f: {doc: '   '}}\n", "flags.f.doc: expected a non-empty string"),
+        ],
+    )
     def test_refused(self, text, expected):
         msgs = messages(text)
         assert any(expected in m for m in msgs), msgs
 
     def test_override_of_a_name_nobody_defines_is_an_error(self):
         (msg,) = messages("version: 1\nbackends: {fa3: {override: true}}\n")
-        assert msg == ("f.yaml:2:12: backends.fa3: override: true, but no earlier source "
-                       "defines backend 'fa3'; remove override to add it")
-        (msg,) = messages("version: 1\ngates: [{id: g, override: true, at_least: none, "
-                          "because: x}]\n")
+        assert msg == (
+            "f.yaml:2:12: backends.fa3: override: true, but no earlier source "
+            "defines backend 'fa3'; remove override to add it"
+        )
+        (msg,) = messages(
+            "version: 1\ngates: [{id: g, override: true, at_least: none, because: x}]\n"
+        )
         assert "no earlier source defines gate id 'g'" in msg
 
 
@@ -160,10 +177,13 @@ class TestShapes:
 
     @pytest.mark.parametrize("parent", ["{latest_of: [x]}", "{per_mode: {decode: x}}"])
     def test_inheriting_from_a_wrapper_is_located(self, parent):
-        (msg,) = messages(f"version: 1\nbackends:\n  x: {{}}\n  w: {parent}\n"
-                          "  c: {inherits: w}\n")
-        assert msg == ("f.yaml:5:17: backends.c.inherits: 'w' is a composite or per-mode "
-                       "wrapper; inherit from a plain backend")
+        (msg,) = messages(
+            f"version: 1\nbackends:\n  x: {{}}\n  w: {parent}\n  c: {{inherits: w}}\n"
+        )
+        assert msg == (
+            "f.yaml:5:17: backends.c.inherits: 'w' is a composite or per-mode "
+            "wrapper; inherit from a plain backend"
+        )
 
     def test_a_registry_built_in_python_is_checked(self):
         with pytest.raises(RegistryError, match="a per-mode wrapper cannot inherit"):
@@ -171,11 +191,17 @@ class TestShapes:
         with pytest.raises(RegistryError, match="unknown backend 'nope'"):
             Registry(backends={"a": Backend("a", inherits="nope")})
         with pytest.raises(RegistryError, match="cycle: a -> b -> a"):
-            Registry(backends={"a": Backend("a", latest_of=("b",)),
-                               "b": Backend("b", inherits="a")})
+            Registry(
+                backends={"a": Backend("a", latest_of=("b",)), "b": Backend("b", inherits="a")}
+            )
         with pytest.raises(RegistryError, match="inherit from a plain backend"):
-            Registry(backends={"x": Backend("x"), "w": Backend("w", latest_of=("x",)),
-                               "c": Backend("c", inherits="w")})
+            Registry(
+                backends={
+                    "x": Backend("x"),
+                    "w": Backend("w", latest_of=("x",)),
+                    "c": Backend("c", inherits="w"),
+                }
+            )
         gate = Gate("g", Conditions(), WarReadDonePolicy.NONE, "x")
         with pytest.raises(RegistryError, match="gate id 'g' is defined twice"):
             Registry(gates=(gate, gate))
@@ -209,25 +235,37 @@ class TestPlacement:
         assert reg.spec("dflash").last_reader is VERIFY
         assert reg.spec("plain").last_reader is None
 
-    @pytest.mark.parametrize("backend, mode, expected", [
-        ("base", DECODE, Placement.DERIVED), ("base", EXTEND, Placement.MARKER),
-        ("child", DECODE, Placement.DERIVED), ("child", EXTEND, Placement.DERIVED),
-        ("marker", DECODE, Placement.MARKER), ("both", DECODE, Placement.DERIVED),
-        ("both", EXTEND, Placement.MARKER), ("mixed", DECODE, Placement.MARKER),
-        ("wrap", DECODE, Placement.MARKER), ("wrap", EXTEND, Placement.DERIVED),
-    ])
+    @pytest.mark.parametrize(
+        "backend, mode, expected",
+        [
+            ("base", DECODE, Placement.DERIVED),
+            ("base", EXTEND, Placement.MARKER),
+            ("child", DECODE, Placement.DERIVED),
+            ("child", EXTEND, Placement.DERIVED),
+            ("marker", DECODE, Placement.MARKER),
+            ("both", DECODE, Placement.DERIVED),
+            ("both", EXTEND, Placement.MARKER),
+            ("mixed", DECODE, Placement.MARKER),
+            ("wrap", DECODE, Placement.MARKER),
+            ("wrap", EXTEND, Placement.DERIVED),
+        ],
+    )
     def test_engine_placement(self, backend, mode, expected):
-        engine = PolicyEngine(load_registry([Fragment("f.yaml", textwrap.dedent(self.TEXT))]),
-                              environ={})
+        engine = PolicyEngine(
+            load_registry([Fragment("f.yaml", textwrap.dedent(self.TEXT))]), environ={}
+        )
         assert engine.placement(backend, mode) is expected
         assert engine.compile(backend, "plain").placement(mode) is expected
 
-    @pytest.mark.parametrize("text, expected", [
-        ("backends: {a: {plant: later}}", "unknown placement 'later'"),
-        ("backends: {a: {plant: {decode: x}}}", "unknown placement 'x'"),
-        ("backends: {a: {plant: {decode: derived, decod: marker}}}", "unknown mode 'decod'"),
-        ("spec_algorithms: {s: {last_reader: decode}}", "unknown last reader 'decode'"),
-    ])
+    @pytest.mark.parametrize(
+        "text, expected",
+        [
+            ("backends: {a: {plant: later}}", "unknown placement 'later'"),
+            ("backends: {a: {plant: {decode: x}}}", "unknown placement 'x'"),
+            ("backends: {a: {plant: {decode: derived, decod: marker}}}", "unknown mode 'decod'"),
+            ("spec_algorithms: {s: {last_reader: decode}}", "unknown last reader 'decode'"),
+        ],
+    )
     def test_bad_values_are_located(self, text, expected):
         msgs = messages(f"version: 1\n{text}\n")
         assert any(expected in m for m in msgs), msgs
@@ -238,9 +276,10 @@ class TestAssembly:
         mine = tmp_path / "mine.yaml"
         mine.write_text("version: 1\nbackends: {mine: {reads_end: {decode: in_graph}}}\n")
         frag = Fragment("plugin:p", "version: 1\nbackends: {p: {inherits: nope}}\n")
-        blame = functools.partial(lambda tag, ps: [p.__class__(p.file, p.line, p.col,
-                                                                tag + p.message) for p in ps],
-                                  "BLAMED ")
+        blame = functools.partial(
+            lambda tag, ps: [p.__class__(p.file, p.line, p.col, tag + p.message) for p in ps],
+            "BLAMED ",
+        )
         assembly = assemble_registry([str(mine)], [frag], blame=blame, environ={})
         assert assembly.sources == (str(mine), "plugin:p") and assembly.registry is None
         (problem,) = assembly.problems
@@ -255,17 +294,32 @@ class TestAssembly:
             PolicyEngine.load(plugins=True, environ={})
 
     def test_env_flag_problems(self):
-        reg = load_registry([Fragment("f.yaml", "version: 1\nflags:\n"
-                                      "  a: {doc: x, env: [A1, A2]}\n  b: {doc: y, env: [B]}\n")])
+        reg = load_registry(
+            [
+                Fragment(
+                    "f.yaml",
+                    "version: 1\nflags:\n  a: {doc: x, env: [A1, A2]}\n  b: {doc: y, env: [B]}\n",
+                )
+            ]
+        )
         found = env_flag_problems(reg, {"A1": "1", "A2": "maybe", "B": "", "C": "x"})
-        assert [str(p) for p in found] == [(
-            "f.yaml:3:3: flags.a: environment A2='maybe' is not a boolean (use 1/0, "
-            "true/false, yes/no, on/off)")]
+        assert [str(p) for p in found] == [
+            (
+                "f.yaml:3:3: flags.a: environment A2='maybe' is not a boolean (use 1/0, "
+                "true/false, yes/no, on/off)"
+            )
+        ]
 
 
 def test_load_cost_is_measured_for_the_bench():
     result = measure_load(backends=50, gates=10, repeats=1)
-    assert set(result) == {"large", "alias_fanout", "shared_gates", "alias_within_limit",
-                           "composite_chain", "unknown_names"}
+    assert set(result) == {
+        "large",
+        "alias_fanout",
+        "shared_gates",
+        "alias_within_limit",
+        "composite_chain",
+        "unknown_names",
+    }
     assert result["large"]["problems"] == 0 and result["alias_fanout"]["problems"] == 1
     assert "load large" in format_load_cost(result)

@@ -22,8 +22,11 @@ from warpolicy.policy import mode_names, policy_names
 from warpolicy.schema import registry_json_schema
 
 VALIDATOR = jsonschema.Draft202012Validator(registry_json_schema())
-DIFF = settings(max_examples=200, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+DIFF = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 NAMES = ["fa3", "base", "none", "eagle", "dflash", "g1", "f0", "x.y+z", "a-b"]
 BAD_NAMES = ["", "a b", "x=y", "fa3\n", " fa3", "é", "-"]
@@ -46,12 +49,15 @@ def agree(doc: object) -> None:
     if ours != theirs:
         why = [str(p) for p in document_problems(Fragment("doc.yaml", yaml.safe_dump(doc)))]
         errors = [e.message for e in VALIDATOR.iter_errors(doc)][:3]
-        pytest.fail(f"loader {'accepts' if ours else 'rejects'}, schema "
-                    f"{'accepts' if theirs else 'rejects'}: {doc!r}\nloader: {why}\n"
-                    f"schema: {errors}")
+        pytest.fail(
+            f"loader {'accepts' if ours else 'rejects'}, schema "
+            f"{'accepts' if theirs else 'rejects'}: {doc!r}\nloader: {why}\n"
+            f"schema: {errors}"
+        )
 
 
 # -- generators: mostly valid pieces, with a fair share of near misses ----------------------
+
 
 def names(bad: bool = True):
     return st.sampled_from(NAMES + (BAD_NAMES if bad else []))
@@ -62,8 +68,16 @@ def one_or_many(item):
 
 
 def junk():
-    return st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.just(1.0),
-                     st.text(max_size=4), st.just([]), st.just({}), st.just("  "))
+    return st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-2, 2),
+        st.just(1.0),
+        st.text(max_size=4),
+        st.just([]),
+        st.just({}),
+        st.just("  "),
+    )
 
 
 def maybe(valid):
@@ -77,6 +91,7 @@ def mode_map(values):
 
 def section(fields: dict):
     """A mapping with some of ``fields`` (each a strategy), sometimes an unknown key."""
+
     @st.composite
     def build(draw):
         out = {}
@@ -86,33 +101,74 @@ def section(fields: dict):
         if draw(st.integers(0, 9)) == 0:
             out[draw(st.sampled_from(["colour", "when", "doc", "Doc"]))] = "x"
         return out
+
     return build()
 
 
 TEXT = st.sampled_from(["a reason", "two\nlines", "  padded  ", "", " ", "\t"])
-FLAG = section({"default": st.booleans(), "doc": TEXT, "override": st.booleans(),
-                "env": one_or_many(st.sampled_from(["WARPOLICY_X", "SGLANG_X", "A-B", "X\n",
-                                                    "1X", "WARPOLICY_X"]))})
-SPEC = section({"family": names(), "doc": TEXT, "override": st.booleans(),
-                "capabilities": st.dictionaries(names(), maybe(st.booleans()), max_size=2),
-                "last_reader": st.sampled_from(["draft_extend", "target_verify", "decode",
-                                                "verify", "Draft_extend"])})
-WHEN = section({"mode": one_or_many(st.sampled_from(MODES)), "backend": one_or_many(names()),
-                "spec": one_or_many(names()), "spec_family": one_or_many(names()),
-                "spec_has": one_or_many(names()), "spec_lacks": one_or_many(names()),
-                "flags": st.dictionaries(names(), maybe(st.booleans()), max_size=2),
-                "declared": one_or_many(st.sampled_from(POLICIES)),
-                "platform": one_or_many(names()), "eager": st.booleans(),
-                "planted": st.booleans(), "external_events": st.booleans()})
-GATE = section({"id": names(), "when": WHEN, "at_least": st.sampled_from(POLICIES),
-                "because": TEXT, "doc": TEXT, "override": st.booleans()})
-BACKEND = section({"reads_end": mode_map(st.sampled_from(POLICIES)), "inherits": names(),
-                   "latest_of": st.lists(names(), max_size=3),
-                   "per_mode": mode_map(names()),
-                   "plant": st.one_of(st.sampled_from(["marker", "derived", "Derived"]),
-                                      mode_map(st.sampled_from(["marker", "derived", "x"]))),
-                   "gates": st.one_of(st.none(), st.lists(GATE, max_size=2)),
-                   "abstract": st.booleans(), "doc": TEXT, "override": st.booleans()})
+FLAG = section(
+    {
+        "default": st.booleans(),
+        "doc": TEXT,
+        "override": st.booleans(),
+        "env": one_or_many(
+            st.sampled_from(["WARPOLICY_X", "SGLANG_X", "A-B", "X\n", "1X", "WARPOLICY_X"])
+        ),
+    }
+)
+SPEC = section(
+    {
+        "family": names(),
+        "doc": TEXT,
+        "override": st.booleans(),
+        "capabilities": st.dictionaries(names(), maybe(st.booleans()), max_size=2),
+        "last_reader": st.sampled_from(
+            ["draft_extend", "target_verify", "decode", "verify", "Draft_extend"]
+        ),
+    }
+)
+WHEN = section(
+    {
+        "mode": one_or_many(st.sampled_from(MODES)),
+        "backend": one_or_many(names()),
+        "spec": one_or_many(names()),
+        "spec_family": one_or_many(names()),
+        "spec_has": one_or_many(names()),
+        "spec_lacks": one_or_many(names()),
+        "flags": st.dictionaries(names(), maybe(st.booleans()), max_size=2),
+        "declared": one_or_many(st.sampled_from(POLICIES)),
+        "platform": one_or_many(names()),
+        "eager": st.booleans(),
+        "planted": st.booleans(),
+        "external_events": st.booleans(),
+    }
+)
+GATE = section(
+    {
+        "id": names(),
+        "when": WHEN,
+        "at_least": st.sampled_from(POLICIES),
+        "because": TEXT,
+        "doc": TEXT,
+        "override": st.booleans(),
+    }
+)
+BACKEND = section(
+    {
+        "reads_end": mode_map(st.sampled_from(POLICIES)),
+        "inherits": names(),
+        "latest_of": st.lists(names(), max_size=3),
+        "per_mode": mode_map(names()),
+        "plant": st.one_of(
+            st.sampled_from(["marker", "derived", "Derived"]),
+            mode_map(st.sampled_from(["marker", "derived", "x"])),
+        ),
+        "gates": st.one_of(st.none(), st.lists(GATE, max_size=2)),
+        "abstract": st.booleans(),
+        "doc": TEXT,
+        "override": st.booleans(),
+    }
+)
 
 
 @st.composite
@@ -135,6 +191,7 @@ def test_random_documents(doc):
 
 
 # -- mutations of valid documents -------------------------------------------------------------
+
 
 def _paths(value: object, prefix: tuple = ()) -> list[tuple]:
     out = [prefix]
@@ -161,8 +218,7 @@ def mutated(draw) -> object:
         for step in path[:-1]:
             parent = parent[step]
         last = path[-1]
-        op = draw(st.sampled_from(["junk", "null", "wrap", "newline", "case", "delete",
-                                   "int_key"]))
+        op = draw(st.sampled_from(["junk", "null", "wrap", "newline", "case", "delete", "int_key"]))
         value = parent[last]
         if op == "junk":
             parent[last] = draw(junk())
@@ -198,6 +254,7 @@ def yaml_level_extras(text: str) -> bool:
     for parsed in yaml.parse(text, Loader=yaml.SafeLoader):
         if getattr(parsed, "tag", None) is not None:
             return True
+
     def walk(node) -> bool:
         if isinstance(node, yaml.MappingNode):
             keys = [k.value for k, _ in node.value]
@@ -207,6 +264,7 @@ def yaml_level_extras(text: str) -> bool:
         if isinstance(node, yaml.SequenceNode):
             return any(walk(v) for v in node.value)
         return False
+
     return walk(yaml.compose(text, Loader=yaml.SafeLoader))
 
 
@@ -216,9 +274,26 @@ def mutated_text(draw) -> str:
     for _ in range(draw(st.integers(1, 3))):
         i = draw(st.integers(0, len(lines) - 1))
         k = draw(st.integers(0, len(lines[i])))
-        junk_text = draw(st.sampled_from(["~", "null", "!!bool ", "!!str ", "<<: ", "[]", "{}",
-                                          " ", "1", "yes", "\"\"", "DECODE", "- "]))
-        lines[i] = lines[i][:k] + junk_text + lines[i][k + draw(st.integers(0, 4)):]
+        junk_text = draw(
+            st.sampled_from(
+                [
+                    "~",
+                    "null",
+                    "!!bool ",
+                    "!!str ",
+                    "<<: ",
+                    "[]",
+                    "{}",
+                    " ",
+                    "1",
+                    "yes",
+                    '""',
+                    "DECODE",
+                    "- ",
+                ]
+            )
+        )
+        lines[i] = lines[i][:k] + junk_text + lines[i][k + draw(st.integers(0, 4)) :]
     return "".join(lines)
 
 
@@ -242,26 +317,31 @@ def test_mutated_default_text(text):
 
 # -- positive controls: the comparison can fail ----------------------------------------------
 
+
 def test_a_gate_with_null_when_is_rejected_by_both():
-    doc = {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "x",
-                                    "when": None}]}
+    doc = {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "x", "when": None}]}
     assert not loader_accepts(doc) and not schema_accepts(doc)
 
 
-@pytest.mark.parametrize("doc", [
-    {"version": 1, "backends": {"fa3\n": {}}},
-    {"version": 1, "flags": {"f": {"doc": "x", "env": ["A\n"]}}},
-    {"version": 1, "backends": {"a": {"reads_end": {"Decode": "none"}}}},
-    {"version": 1, "backends": {"a": {"reads_end": {"decode": "In_Graph"}}}},
-    {"version": 1, "backends": {"a": {"reads_end": {"decode": "none"},
-                                      "per_mode": {"decode": "b"}}}},
-    {"version": 1, "backends": {"a": {"inherits": "b", "per_mode": {"decode": "b"}}}},
-    {"version": 1, "backends": {"a": {"reads_end": {"extend": "none", "prefill": "none"}}}},
-    {"version": 1, "backends": {"a": None}},
-    {"version": 1, "flags": {1: {"doc": "x"}}},
-    {"version": 1, "flags": {"f": {"doc": "x", "env": ["A", "A"]}}},
-    {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "   "}]},
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"version": 1, "backends": {"fa3\n": {}}},
+        {"version": 1, "flags": {"f": {"doc": "x", "env": ["A\n"]}}},
+        {"version": 1, "backends": {"a": {"reads_end": {"Decode": "none"}}}},
+        {"version": 1, "backends": {"a": {"reads_end": {"decode": "In_Graph"}}}},
+        {
+            "version": 1,
+            "backends": {"a": {"reads_end": {"decode": "none"}, "per_mode": {"decode": "b"}}},
+        },
+        {"version": 1, "backends": {"a": {"inherits": "b", "per_mode": {"decode": "b"}}}},
+        {"version": 1, "backends": {"a": {"reads_end": {"extend": "none", "prefill": "none"}}}},
+        {"version": 1, "backends": {"a": None}},
+        {"version": 1, "flags": {1: {"doc": "x"}}},
+        {"version": 1, "flags": {"f": {"doc": "x", "env": ["A", "A"]}}},
+        {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "   "}]},
+    ],
+)
 def test_near_misses_are_rejected_by_both(doc):
     assert not loader_accepts(doc), doc
     assert not schema_accepts(doc), doc

@@ -13,14 +13,35 @@ from warpolicy.schema import SECTIONS
 
 DEFAULT_TEXT = default_registry_path().read_text()
 DEFAULT_LINES = DEFAULT_TEXT.splitlines(keepends=True)
-FUZZ = settings(max_examples=150, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 
 #: Words that steer random documents into the registry's own vocabulary.
 KEYS = sorted({k.name for keys in SECTIONS.values() for k in keys})
-WORDS = KEYS + ["fa3", "base", "none", "eagle", "decode", "extend", "prefill", "in_graph",
-                "pre_replay", "post_replay", "force_coarse", "g1", "WARPOLICY_X", "1", "true"]
+WORDS = KEYS + [
+    "fa3",
+    "base",
+    "none",
+    "eagle",
+    "decode",
+    "extend",
+    "prefill",
+    "in_graph",
+    "pre_replay",
+    "post_replay",
+    "force_coarse",
+    "g1",
+    "WARPOLICY_X",
+    "1",
+    "true",
+]
 
 
 def outcome(sources, marked: bool = True):
@@ -38,9 +59,6 @@ def outcome(sources, marked: bool = True):
             else:
                 assert (problem.line, problem.col) == (0, 0), problem
         return exc
-
-
-
 
 
 @FUZZ
@@ -63,8 +81,11 @@ def mutated_default(draw) -> str:
     lines = list(DEFAULT_LINES)
     for _ in range(draw(st.integers(1, 4))):
         i = draw(st.integers(0, len(lines) - 1))
-        op = draw(st.sampled_from(["delete", "duplicate", "swap", "indent", "dedent", "chars",
-                                   "word", "truncate"]))
+        op = draw(
+            st.sampled_from(
+                ["delete", "duplicate", "swap", "indent", "dedent", "chars", "word", "truncate"]
+            )
+        )
         if op == "delete" and len(lines) > 1:
             del lines[i]
         elif op == "duplicate":
@@ -79,12 +100,13 @@ def mutated_default(draw) -> str:
         elif op == "chars":
             k = draw(st.integers(0, len(lines[i])))
             junk = draw(st.text(alphabet=":-[]{},#&*!|>'\"%@` \t\n\x00aZ9é", max_size=5))
-            lines[i] = lines[i][:k] + junk + lines[i][k + draw(st.integers(0, 3)):]
+            lines[i] = lines[i][:k] + junk + lines[i][k + draw(st.integers(0, 3)) :]
         elif op == "word":
-            lines[i] = lines[i].replace(draw(st.sampled_from(WORDS)),
-                                        draw(st.sampled_from(WORDS)), 1)
+            lines[i] = lines[i].replace(
+                draw(st.sampled_from(WORDS)), draw(st.sampled_from(WORDS)), 1
+            )
         elif op == "truncate":
-            lines = lines[:i + 1]
+            lines = lines[: i + 1]
     return "".join(lines)
 
 
@@ -97,15 +119,21 @@ def test_mutated_default_registry(composer, text):
 
 
 def scalars():
-    return st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(WORDS),
-                     st.text(max_size=8))
+    return st.one_of(
+        st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(WORDS), st.text(max_size=8)
+    )
 
 
 def documents():
     """Random nested data biased toward registry keys."""
     keys = st.one_of(st.sampled_from(WORDS), st.text(max_size=6))
-    return st.recursive(scalars(), lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=5)), max_leaves=25)
+    return st.recursive(
+        scalars(),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=5)
+        ),
+        max_leaves=25,
+    )
 
 
 @st.composite
@@ -159,8 +187,9 @@ def test_alias_fanout_stays_polynomial(width, depth, nesting):
     text = "version: 1\nx: &a [" + ", ".join(["1"] * width) + "]\n"
     text += "l0: &l0 [decod, decod]\n"
     text += "".join(f"l{i}: &l{i} [*l{i - 1}, *l{i - 1}]\n" for i in range(1, nesting))
-    text += "gates:\n" + "".join(f"  - {{id: g{i}, at_least: none, because: x, "
-                                 f"when: {{mode: *a}}}}\n" for i in range(depth))
+    text += "gates:\n" + "".join(
+        f"  - {{id: g{i}, at_least: none, because: x, when: {{mode: *a}}}}\n" for i in range(depth)
+    )
     text += f"  - {{id: deep, at_least: none, because: x, when: {{mode: *l{nesting - 1}}}}}\n"
     result = outcome([Fragment("alias.yaml", text)])
     assert isinstance(result, RegistryError)

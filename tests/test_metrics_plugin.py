@@ -21,14 +21,13 @@ if str(PLUGIN_ROOT) not in sys.path:  # the plugin's source tree, as an editable
     sys.path.insert(0, str(PLUGIN_ROOT))
 
 import warpolicy_metrics  # noqa: E402
-from warpolicy_metrics import WarpolicyMetrics  # noqa: E402
-
+from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.hookspecs import hookimpl  # noqa: E402
+from warpolicy.platform import sim_platform  # noqa: E402
 from warpolicy.plugins import describe_plugins, new_plugin_manager, reset_plugin_manager  # noqa: E402
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY  # noqa: E402
 from warpolicy.runners import DecodeRunner, OverlapLoop  # noqa: E402
-from warpolicy.platform import sim_platform  # noqa: E402
-from warpolicy.bench.models import fixed_policy  # noqa: E402
+from warpolicy_metrics import WarpolicyMetrics  # noqa: E402
 
 from test_runners import RecModel  # noqa: E402
 
@@ -36,8 +35,11 @@ from test_runners import RecModel  # noqa: E402
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
     """Parse the registry's exposition text: (sample name, labels) -> value."""
     text = generate_latest(registry).decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels: str) -> float | None:
@@ -66,41 +68,91 @@ def _forget_module_metrics():
 
 # -- counters and gauges after a run ---------------------------------------------------------------
 
+
 def test_in_graph_run_counts_publishes_barriers_and_the_resolved_policy():
     registry, _, loop = run_loop("in_graph", 7)
     samples = scrape(registry)
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph") == 7
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="none") is None
-    assert value(samples, "warpolicy_barriers_total", runner="decode", kind="event", reason="in_graph") == 7
-    assert value(samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="captured") == 1
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph")
+        == 7
+    )
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="none")
+        is None
+    )
+    assert (
+        value(samples, "warpolicy_barriers_total", runner="decode", kind="event", reason="in_graph")
+        == 7
+    )
+    assert (
+        value(
+            samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="captured"
+        )
+        == 1
+    )
     assert loop.last_barrier == "event"
 
 
 def test_none_policy_counts_coarse_barriers_with_their_reason():
     registry, _, _ = run_loop("none", 3)
     samples = scrape(registry)
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="none") == 3
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="none") == 3
+    )
     # nothing was taken, so the barrier reports under the scheduler's own name
-    assert value(samples, "warpolicy_barriers_total", runner="scheduler", kind="coarse",
-                 reason="no read-done event") == 3
-    assert value(samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="captured") == 3
+    assert (
+        value(
+            samples,
+            "warpolicy_barriers_total",
+            runner="scheduler",
+            kind="coarse",
+            reason="no read-done event",
+        )
+        == 3
+    )
+    assert (
+        value(
+            samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="captured"
+        )
+        == 3
+    )
 
 
 def test_forced_coarse_is_its_own_reason():
     registry, _, _ = run_loop("in_graph", 4, force_coarse=True)
     samples = scrape(registry)
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph") == 4
-    assert value(samples, "warpolicy_barriers_total", runner="decode", kind="coarse", reason="forced") == 4
-    assert value(samples, "warpolicy_barriers_total", runner="decode", kind="event", reason="in_graph") is None
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph")
+        == 4
+    )
+    assert (
+        value(samples, "warpolicy_barriers_total", runner="decode", kind="coarse", reason="forced")
+        == 4
+    )
+    assert (
+        value(samples, "warpolicy_barriers_total", runner="decode", kind="event", reason="in_graph")
+        is None
+    )
 
 
 def test_eager_steps_resolve_their_own_gauge():
     registry, _, loop = run_loop("in_graph", 1)
     loop.step([1.0] * 9, None)  # larger than every bucket: eager, demoted to post_replay
     samples = scrape(registry)
-    assert value(samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="eager") == 2
-    assert value(samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="captured") == 1
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="post_replay") == 1
+    assert (
+        value(samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="eager")
+        == 2
+    )
+    assert (
+        value(
+            samples, "warpolicy_resolved_policy", runner="decode", mode="decode", graph="captured"
+        )
+        == 1
+    )
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="post_replay")
+        == 1
+    )
 
 
 class RaisingObserver:
@@ -118,11 +170,20 @@ def test_fallback_is_counted_by_place():
     with pytest.warns(RuntimeWarning, match="'broken' raised in warpolicy_on_publish"):
         registry, _, loop = run_loop("in_graph", 2, platform=platform)
     samples = scrape(registry)
-    assert value(samples, "warpolicy_fallbacks_total",
-                 where="fence 'decode':warpolicy_on_publish:broken") == 2
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph") == 2
-    assert value(samples, "warpolicy_barriers_total", runner="decode", kind="event",
-                 reason="in_graph") == 2
+    assert (
+        value(
+            samples, "warpolicy_fallbacks_total", where="fence 'decode':warpolicy_on_publish:broken"
+        )
+        == 2
+    )
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph")
+        == 2
+    )
+    assert (
+        value(samples, "warpolicy_barriers_total", runner="decode", kind="event", reason="in_graph")
+        == 2
+    )
     assert loop.last_barrier == "event"
 
 
@@ -142,11 +203,25 @@ def test_a_second_instance_on_one_registry_is_refused_and_changes_nothing():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.one_of(
-    st.tuples(st.just("publish"), st.sampled_from(["decode", "verify"]), st.sampled_from([IN_GRAPH, POST_REPLAY, NONE])),
-    st.tuples(st.just("barrier"), st.sampled_from(["decode", "scheduler"]), st.sampled_from(
-        [("event", "in_graph"), ("coarse", "forced"), ("coarse", "no read-done event")])),
-), max_size=60))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("publish"),
+                st.sampled_from(["decode", "verify"]),
+                st.sampled_from([IN_GRAPH, POST_REPLAY, NONE]),
+            ),
+            st.tuples(
+                st.just("barrier"),
+                st.sampled_from(["decode", "scheduler"]),
+                st.sampled_from(
+                    [("event", "in_graph"), ("coarse", "forced"), ("coarse", "no read-done event")]
+                ),
+            ),
+        ),
+        max_size=60,
+    )
+)
 def test_counts_equal_the_hook_calls(calls):
     registry = CollectorRegistry()
     pm = new_plugin_manager(load_entry_points=False, environ={})
@@ -155,23 +230,39 @@ def test_counts_equal_the_hook_calls(calls):
     for step, (what, runner, arg) in enumerate(calls, 1):
         if what == "publish":
             pm.hook.warpolicy_on_publish(runner=runner, step=step, policy=arg, event=None)
-            expected[("warpolicy_read_done_publishes_total", frozenset({"runner": runner, "policy": arg.label}.items()))] += 1
+            expected[
+                (
+                    "warpolicy_read_done_publishes_total",
+                    frozenset({"runner": runner, "policy": arg.label}.items()),
+                )
+            ] += 1
         else:
             pm.hook.warpolicy_on_barrier(runner=runner, step=step, kind=arg[0], reason=arg[1])
-            expected[("warpolicy_barriers_total", frozenset({"runner": runner, "kind": arg[0], "reason": arg[1]}.items()))] += 1
-    got = {k: v for k, v in scrape(registry).items()
-           if k[0] in ("warpolicy_read_done_publishes_total", "warpolicy_barriers_total")}
+            expected[
+                (
+                    "warpolicy_barriers_total",
+                    frozenset({"runner": runner, "kind": arg[0], "reason": arg[1]}.items()),
+                )
+            ] += 1
+    got = {
+        k: v
+        for k, v in scrape(registry).items()
+        if k[0] in ("warpolicy_read_done_publishes_total", "warpolicy_barriers_total")
+    }
     assert got == dict(expected)
 
 
 # -- the module as the entry-point plugin ----------------------------------------------------------
+
 
 @pytest.fixture
 def metrics_dist(tmp_path, monkeypatch):
     """A dist-info on sys.path declaring the entry point ``metrics = warpolicy_metrics``."""
     info = tmp_path / "warpolicy_metrics_sim-0.2.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: warpolicy-metrics-sim\nVersion: 0.2\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: warpolicy-metrics-sim\nVersion: 0.2\n"
+    )
     (info / "entry_points.txt").write_text("[warpolicy]\nmetrics = warpolicy_metrics\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     reset_plugin_manager()
@@ -184,8 +275,12 @@ def test_entry_point_plugin_records_into_the_engines_registry(metrics_dist):
     assert pm.get_plugin("metrics") is warpolicy_metrics
     row = next(r for r in describe_plugins(pm) if r["name"] == "metrics")
     assert row["source"] == "distribution:warpolicy-metrics-sim"
-    assert row["hooks"] == ["warpolicy_on_barrier", "warpolicy_on_decision", "warpolicy_on_fallback",
-                            "warpolicy_on_publish"]
+    assert row["hooks"] == [
+        "warpolicy_on_barrier",
+        "warpolicy_on_decision",
+        "warpolicy_on_fallback",
+        "warpolicy_on_publish",
+    ]
     engine_registry = CollectorRegistry()
     warpolicy_metrics.configure(registry=engine_registry, sample_every=0)
     platform = sim_platform(pm=pm)
@@ -195,18 +290,45 @@ def test_entry_point_plugin_records_into_the_engines_registry(metrics_dist):
     for _ in range(5):
         loop.step([1.0], None)
     samples = scrape(engine_registry)
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph") == 5
-    assert value(scrape(prometheus_client.REGISTRY), "warpolicy_read_done_publishes_total",
-                 runner="decode", policy="in_graph") is None  # not on the default registry
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph")
+        == 5
+    )
+    assert (
+        value(
+            scrape(prometheus_client.REGISTRY),
+            "warpolicy_read_done_publishes_total",
+            runner="decode",
+            policy="in_graph",
+        )
+        is None
+    )  # not on the default registry
 
 
 def test_unconfigured_module_uses_the_default_registry_and_reset_removes_it():
-    warpolicy_metrics.warpolicy_on_publish(runner="default-reg-test", step=1, policy=IN_GRAPH, event=None)
+    warpolicy_metrics.warpolicy_on_publish(
+        runner="default-reg-test", step=1, policy=IN_GRAPH, event=None
+    )
     samples = scrape(prometheus_client.REGISTRY)
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="default-reg-test", policy="in_graph") == 1
+    assert (
+        value(
+            samples,
+            "warpolicy_read_done_publishes_total",
+            runner="default-reg-test",
+            policy="in_graph",
+        )
+        == 1
+    )
     warpolicy_metrics.reset()
-    assert value(scrape(prometheus_client.REGISTRY), "warpolicy_read_done_publishes_total",
-                 runner="default-reg-test", policy="in_graph") is None
+    assert (
+        value(
+            scrape(prometheus_client.REGISTRY),
+            "warpolicy_read_done_publishes_total",
+            runner="default-reg-test",
+            policy="in_graph",
+        )
+        is None
+    )
 
 
 def test_configure_moves_the_metrics_to_another_registry():
@@ -216,7 +338,12 @@ def test_configure_moves_the_metrics_to_another_registry():
     warpolicy_metrics.configure(second, sample_every=0)
     warpolicy_metrics.warpolicy_on_barrier(runner="d", step=2, kind="event", reason="in_graph")
     assert generate_latest(first) == b""
-    assert value(scrape(second), "warpolicy_barriers_total", runner="d", kind="event", reason="in_graph") == 1
+    assert (
+        value(
+            scrape(second), "warpolicy_barriers_total", runner="d", kind="event", reason="in_graph"
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize("raw, every", [("", 0), ("8", 8), ("0", 0), ("-3", 0), ("often", 0)])
@@ -225,6 +352,7 @@ def test_sample_every_from_the_environment(raw, every):
 
 
 # -- release sampling ------------------------------------------------------------------------------
+
 
 class StandInTiming:
     """A timing that needs no GPU: every sample is ready on the next poll and leads by 2 ms;
@@ -258,15 +386,21 @@ def test_release_sampling_every_n_steps_fills_the_histogram():
     assert len(timing.begun) == 3  # steps 4, 8, 12
     # samples finish on the next sampled step: 4 and 8 are observed, 12 is still in flight
     assert value(samples, "warpolicy_release_lead_seconds_count", runner="decode") == 2
-    assert value(samples, "warpolicy_release_lead_seconds_sum", runner="decode") == pytest.approx(0.004)
-    assert value(samples, "warpolicy_release_lead_seconds_bucket", runner="decode", le="0.0025") == 2
+    assert value(samples, "warpolicy_release_lead_seconds_sum", runner="decode") == pytest.approx(
+        0.004
+    )
+    assert (
+        value(samples, "warpolicy_release_lead_seconds_bucket", runner="decode", le="0.0025") == 2
+    )
     assert loop.last_barrier == "event"
 
 
 def test_release_sampling_is_off_by_default():
     timing = StandInTiming()
     registry = CollectorRegistry()
-    run_loop("in_graph", 8, registry=registry, plugin=WarpolicyMetrics(registry, timing=lambda: timing))
+    run_loop(
+        "in_graph", 8, registry=registry, plugin=WarpolicyMetrics(registry, timing=lambda: timing)
+    )
     assert timing.begun == []
     assert value(scrape(registry), "warpolicy_release_lead_seconds_count", runner="decode") is None
 
@@ -280,7 +414,10 @@ def test_release_sampling_degrades_to_off_without_gpu_timing(caplog):
     assert plugin.sample_every == 0
     assert len([r for r in caplog.records if "release sampling is off" in r.getMessage()]) == 1
     samples = scrape(registry)
-    assert value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph") == 5
+    assert (
+        value(samples, "warpolicy_read_done_publishes_total", runner="decode", policy="in_graph")
+        == 5
+    )
     assert loop.last_barrier == "event"
 
 
@@ -305,6 +442,7 @@ def test_cpu_benchmark_reports_both_observers_side_by_side(capsys):
 
 
 # -- GPU: real CUDA event timing -------------------------------------------------------------------
+
 
 @pytest.mark.cuda
 def test_release_lead_on_a_gpu_in_graph_before_post_replay():
@@ -343,7 +481,11 @@ def test_release_lead_on_a_gpu_in_graph_before_post_replay():
         samples = scrape(registry)
         count = value(samples, "warpolicy_release_lead_seconds_count", runner=policy.label)
         assert count == 5, samples
-        leads[policy] = value(samples, "warpolicy_release_lead_seconds_sum", runner=policy.label) / count
-    print(f"[metrics cuda] release lead in_graph {leads[IN_GRAPH] * 1e6:.1f} us, "
-          f"post_replay {leads[POST_REPLAY] * 1e6:.1f} us")
+        leads[policy] = (
+            value(samples, "warpolicy_release_lead_seconds_sum", runner=policy.label) / count
+        )
+    print(
+        f"[metrics cuda] release lead in_graph {leads[IN_GRAPH] * 1e6:.1f} us, "
+        f"post_replay {leads[POST_REPLAY] * 1e6:.1f} us"
+    )
     assert leads[IN_GRAPH] > 0 and leads[IN_GRAPH] > leads[POST_REPLAY]

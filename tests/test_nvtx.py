@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warpolicy import nvtx as wnvtx
+from warpolicy.bench.models import fixed_policy
 from warpolicy.hookspecs import hookimpl
+from warpolicy.platform import sim_platform
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runners import DecodeRunner, OverlapLoop
-from warpolicy.platform import sim_platform
-from warpolicy.bench.models import fixed_policy
 
 from test_runners import RecModel
 
@@ -82,6 +82,7 @@ def run(plugin, policy="in_graph", steps=3, extra=(), **loop_kw):
 
 # -- the switch ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", [None, "", "0", "false", "off"])
 def test_off_registers_nothing(value, nvtx):
     environ = {} if value is None else {wnvtx.ENV: value}
@@ -129,21 +130,25 @@ def test_the_plugin_manager_registers_the_nvtx_observer_when_asked(nvtx):
     assert pm.sources["nvtx"].source == "builtin"
     assert any(r["name"] == "nvtx" and r["status"] == "active" for r in describe_plugins(pm))
     assert observers_of(pm).on_publish  # the fence sees it as an observer
-    blocked = new_plugin_manager(load_entry_points=False,
-                                 environ={wnvtx.ENV: "1", "WARPOLICY_DISABLE_PLUGINS": "nvtx"})
+    blocked = new_plugin_manager(
+        load_entry_points=False, environ={wnvtx.ENV: "1", "WARPOLICY_DISABLE_PLUGINS": "nvtx"}
+    )
     assert blocked.get_plugin("nvtx") is None
 
 
 # -- ranges on a run -------------------------------------------------------------------------------
+
 
 def test_each_step_is_a_range_from_publish_to_the_release(nvtx):
     plugin = wnvtx.NvtxPlugin()
     run(plugin, "in_graph", steps=2)
     steps = [c for c in nvtx.calls if not c[1].startswith("warpolicy decide")]
     assert steps == [
-        ("push", "warpolicy decode step 1 in_graph"), ("pop", ""),
+        ("push", "warpolicy decode step 1 in_graph"),
+        ("pop", ""),
         ("mark", "warpolicy decode step 1 released: event (in_graph)"),
-        ("push", "warpolicy decode step 2 in_graph"), ("pop", ""),
+        ("push", "warpolicy decode step 2 in_graph"),
+        ("pop", ""),
         ("mark", "warpolicy decode step 2 released: event (in_graph)"),
     ]
     assert nvtx.depth == 0 and plugin.pushed == plugin.popped == 2
@@ -206,8 +211,14 @@ def test_a_failing_push_turns_ranges_off_not_the_step_coarse(nvtx, caplog):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["publish", "barrier", "fallback", "close", "decision"]),
-                          st.booleans()), max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["publish", "barrier", "fallback", "close", "decision"]), st.booleans()
+        ),
+        max_size=40,
+    )
+)
 def test_push_pop_balance_for_any_hook_sequence(script):
     """Whatever order the hooks come in (some skipped, some NVTX calls failing), no pop without
     a push, at most one open range, and none after close."""
@@ -216,11 +227,17 @@ def test_push_pop_balance_for_any_hook_sequence(script):
     for step, (what, fail) in enumerate(script, 1):
         rec.fail_push = rec.fail_mark = fail
         if what == "publish":
-            plugin.warpolicy_on_publish(runner="decode", step=step, policy=POST_REPLAY, event=object())
+            plugin.warpolicy_on_publish(
+                runner="decode", step=step, policy=POST_REPLAY, event=object()
+            )
         elif what == "barrier":
-            plugin.warpolicy_on_barrier(runner="decode", step=step, kind="event", reason="post_replay")
+            plugin.warpolicy_on_barrier(
+                runner="decode", step=step, kind="event", reason="post_replay"
+            )
         elif what == "fallback":
-            plugin.warpolicy_on_fallback(where="fence 'decode':after_replay", error=RuntimeError("x"))
+            plugin.warpolicy_on_fallback(
+                where="fence 'decode':after_replay", error=RuntimeError("x")
+            )
         elif what == "decision":
             plugin.warpolicy_on_decision(decision=NONE, where="engine")
         else:
@@ -231,6 +248,7 @@ def test_push_pop_balance_for_any_hook_sequence(script):
 
 
 # -- GPU: torch's real binding ---------------------------------------------------------------------
+
 
 @pytest.mark.cuda
 def test_real_nvtx_binding_on_a_gpu():

@@ -8,10 +8,10 @@ import warnings
 import pytest
 import torch
 
-from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.runners import DecodeRunner, OverlapLoop
-from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.bench.models import fixed_policy
+from warpolicy.errors import CudaUnavailableError, InputError
+from warpolicy.platform import sim_impl, sim_platform
+from warpolicy.runners import DecodeRunner, OverlapLoop
 
 from test_runners import RecModel
 
@@ -31,8 +31,11 @@ def setup(platform, policy="in_graph", **kw):
 
 
 def step_entries(log, start):
-    return [e for e in log[start:] if e[0] in ("replay", "wait_event", "wait_stream", "record")
-            or e[0] == "write"]
+    return [
+        e
+        for e in log[start:]
+        if e[0] in ("replay", "wait_event", "wait_stream", "record") or e[0] == "write"
+    ]
 
 
 def test_step_barrier_after_launch_then_writes_on_schedule_stream(platform):
@@ -82,8 +85,9 @@ def test_force_coarse_ignores_the_event(platform):
     runner, loop, log = setup(platform, force_coarse=True)
     start = len(log)
     loop.step([1.0], None)
-    assert [e for e in log[start:] if e[0] == "wait_event"
-            and e[1] == loop.schedule_stream.id] == []
+    assert [
+        e for e in log[start:] if e[0] == "wait_event" and e[1] == loop.schedule_stream.id
+    ] == []
     assert loop.last_barrier == "coarse"
 
 
@@ -153,6 +157,7 @@ def test_explicit_forward_stream_is_made_current(platform):
 
 # -- overlap benchmark (fake path) ---------------------------------------------------------------
 
+
 def test_overlap_bench_needs_cuda_without_fake():
     from warpolicy.bench.overlap import run_overlap_bench
 
@@ -189,9 +194,12 @@ def test_overlap_bench_fake_first_layer_rebuild_has_derived_targets():
     result = run_overlap_bench(device="fake", model_name="first_layer_rebuild")
     by = {r["name"]: r for r in result["rows"]}
     assert not by["in_graph"]["sound"] and by["derived"]["sound"]
-    assert set(result["targets"]) == {"derived_closes_90pct", "derived_zero_corrupted",
-                                      "post_replay_closes_under_10pct",
-                                      "sound_policies_zero_corrupted"}
+    assert set(result["targets"]) == {
+        "derived_closes_90pct",
+        "derived_zero_corrupted",
+        "post_replay_closes_under_10pct",
+        "sound_policies_zero_corrupted",
+    }
     # the simulated platform has no graph model here: derived cannot plant and says why
     derived = result["capture"]["derived"]
     assert derived["buckets"] and not any(b["planted"] for b in derived["buckets"].values())
@@ -212,8 +220,11 @@ def test_overlap_bench_rejects_nonpositive_sizes():
 def testgap_closed_is_relative_to_coarse_and_bound():
     from warpolicy.bench.overlap import gap_closed
 
-    rows = [{"name": "coarse", "step_us": 100.0}, {"name": "in_graph", "step_us": 91.0},
-            {"name": "no_barrier", "step_us": 90.0}]
+    rows = [
+        {"name": "coarse", "step_us": 100.0},
+        {"name": "in_graph", "step_us": 91.0},
+        {"name": "no_barrier", "step_us": 90.0},
+    ]
     gap_closed(rows)
     assert [r["gap_closed"] for r in rows] == [0.0, pytest.approx(0.9), 1.0]
     rows = [{"name": "coarse", "step_us": 100.0}, {"name": "no_barrier", "step_us": 99.9}]
@@ -239,6 +250,7 @@ def test_failing_write_next_still_orders_the_next_forward_after_its_writes(platf
 
 
 # -- ordered after failures ----------------------------------------------------------------------
+
 
 def test_a_failed_write_record_makes_the_next_forward_wait_for_the_whole_schedule_stream(platform):
     runner, loop, log = setup(platform)
@@ -274,8 +286,10 @@ def test_a_failed_wait_for_the_writes_falls_back_and_keeps_the_order(platform, f
     if fault == "wait_event+wait_stream":
         impl.inject("wait_stream", "raise", when=lambda: impl.current_stream() is fwd)
     # two warnings, both the product's: the barrier's own fallback, then the loop's
-    with pytest.warns(RuntimeWarning, match="falling back to the coarse barrier"), \
-            pytest.warns(RuntimeWarning, match="waiting for the last writes failed"):
+    with (
+        pytest.warns(RuntimeWarning, match="falling back to the coarse barrier"),
+        pytest.warns(RuntimeWarning, match="waiting for the last writes failed"),
+    ):
         loop.step([1.0], None)
     assert impl.happens_before(writes[-1], reads[-1])
 

@@ -7,32 +7,74 @@ import json
 
 import pytest
 
-from warpolicy.bench.overlap_tp import (TpConfig, combine_ranks, format_overlap_tp, gap_closed,
-                                        run_overlap_tp, run_rank, step_metrics)
+from warpolicy.bench.overlap_tp import (
+    TpConfig,
+    combine_ranks,
+    format_overlap_tp,
+    gap_closed,
+    run_overlap_tp,
+    run_rank,
+    step_metrics,
+)
 from warpolicy.errors import InputError, WarpolicyError
 
 
 def row(name, step, *, corrupted=0, resolved=None, hold=10.0, **extra):
     sound = name != "no_barrier"
-    policy = {"coarse": "none", "post_replay": "post_replay", "in_graph": "in_graph",
-              "no_barrier": "none"}[name]
-    return {"name": name, "policy": policy, "resolved": resolved or policy, "sound": sound,
-            "barrier": sound, "hold_us": hold, "step_us": step, "idle_gap_us": 0.0,
-            "corrupted": corrupted, "checked": 10, **extra}
+    policy = {
+        "coarse": "none",
+        "post_replay": "post_replay",
+        "in_graph": "in_graph",
+        "no_barrier": "none",
+    }[name]
+    return {
+        "name": name,
+        "policy": policy,
+        "resolved": resolved or policy,
+        "sound": sound,
+        "barrier": sound,
+        "hold_us": hold,
+        "step_us": step,
+        "idle_gap_us": 0.0,
+        "corrupted": corrupted,
+        "checked": 10,
+        **extra,
+    }
 
 
-def report(rank, *, steps=(3700.0, 3700.0, 3410.0, 3400.0), ok=True, resolved=None,
-           corrupted=0, release=1.0, checksum=1.5):
+def report(
+    rank,
+    *,
+    steps=(3700.0, 3700.0, 3410.0, 3400.0),
+    ok=True,
+    resolved=None,
+    corrupted=0,
+    release=1.0,
+    checksum=1.5,
+):
     names = ("coarse", "post_replay", "in_graph", "no_barrier")
-    rows = [row(n, s, resolved=None if n == "no_barrier" else resolved,
-                corrupted=corrupted if n == "in_graph" else 0)
-            for n, s in zip(names, steps, strict=True)]
+    rows = [
+        row(
+            n,
+            s,
+            resolved=None if n == "no_barrier" else resolved,
+            corrupted=corrupted if n == "in_graph" else 0,
+        )
+        for n, s in zip(names, steps, strict=True)
+    ]
     gap_closed(rows)
     rows[2]["release_minus_ideal_us"] = release
-    return {"rank": rank, "world_size": 2, "platform": "cuda", "device": "GPU",
-            "consistency": {"ok": ok, "coarse": not ok, "message": "m", "rank": rank},
-            "ideal_release_us": 5.0, "output_checksum": checksum, "rows": rows,
-            "effective": {"layers": 4, "batch": 8, "steps": 10, "repeats": 1}}
+    return {
+        "rank": rank,
+        "world_size": 2,
+        "platform": "cuda",
+        "device": "GPU",
+        "consistency": {"ok": ok, "coarse": not ok, "message": "m", "rank": rank},
+        "ideal_release_us": 5.0,
+        "output_checksum": checksum,
+        "rows": rows,
+        "effective": {"layers": 4, "batch": 8, "steps": 10, "repeats": 1},
+    }
 
 
 CONFIG = TpConfig(device="cuda").to_json()
@@ -40,16 +82,22 @@ CONFIG = TpConfig(device="cuda").to_json()
 
 class TestReport:
     def test_step_metrics_are_steady_state_medians(self):
-        marks = {"launch": [0.0, 100.0, 200.0, 310.0, 410.0],
-                 "launched": [90.0, 190.0, 290.0, 400.0, 500.0],
-                 "released": [5.0, 112.0, 210.0, 320.0, 420.0],
-                 "written": [50.0, 150.0, 250.0, 350.0, 450.0]}
+        marks = {
+            "launch": [0.0, 100.0, 200.0, 310.0, 410.0],
+            "launched": [90.0, 190.0, 290.0, 400.0, 500.0],
+            "released": [5.0, 112.0, 210.0, 320.0, 420.0],
+            "written": [50.0, 150.0, 250.0, 350.0, 450.0],
+        }
         m = step_metrics(marks, warmup=1)  # steps 1..3 (the last has no next launch)
         assert m == {"step_us": 100.0, "hold_us": 10.0, "idle_gap_us": 10.0}
 
     def test_gap_closed_is_relative_to_coarse_and_the_bound(self):
-        rows = [row("coarse", 400.0), row("post_replay", 400.0), row("in_graph", 310.0),
-                row("no_barrier", 300.0)]
+        rows = [
+            row("coarse", 400.0),
+            row("post_replay", 400.0),
+            row("in_graph", 310.0),
+            row("no_barrier", 300.0),
+        ]
         gap_closed(rows)
         assert [r["gap_closed"] for r in rows] == [0.0, 0.0, 0.9, 1.0]
         flat = [row("coarse", 400.0), row("in_graph", 399.5), row("no_barrier", 399.0)]
@@ -76,9 +124,10 @@ class TestReport:
         assert not combine_ranks(config, half)["targets"]["mismatch_coarse_on_every_rank"]
 
     def test_text_has_a_row_per_rank_and_variant_and_json_round_trips(self):
-        result = combine_ranks(dict(CONFIG, mismatch_rank=1),
-                               [report(0, ok=False, resolved="none"),
-                                report(1, ok=False, resolved="none")])
+        result = combine_ranks(
+            dict(CONFIG, mismatch_rank=1),
+            [report(0, ok=False, resolved="none"), report(1, ok=False, resolved="none")],
+        )
         text = format_overlap_tp(result)
         table = [ln for ln in text.splitlines() if ln[:4].strip() in ("0", "1")]
         assert len(table) == 8
@@ -90,8 +139,9 @@ class TestReport:
 
 
 class TestConfig:
-    @pytest.mark.parametrize("kwargs", [{"sched_kind": "warp"}, {"mismatch_env": "NOEQUALS"},
-                                        {"steps": 0}])
+    @pytest.mark.parametrize(
+        "kwargs", [{"sched_kind": "warp"}, {"mismatch_env": "NOEQUALS"}, {"steps": 0}]
+    )
     def test_bad_config_is_an_input_error(self, kwargs):
         with pytest.raises(InputError):
             TpConfig(**kwargs)
@@ -103,8 +153,9 @@ class TestConfig:
     def test_cli_reports_bad_input_in_one_line(self, capsys):
         from warpolicy.cli import main
 
-        assert main(["bench", "overlap", "--tp", "1", "--device", "sim",
-                     "--mismatch-rank", "3"]) == 2
+        assert (
+            main(["bench", "overlap", "--tp", "1", "--device", "sim", "--mismatch-rank", "3"]) == 2
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "mismatch rank 3" in err[0]
 

@@ -22,9 +22,15 @@ torch = pytest.importorskip("torch")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 
 
-@pytest.mark.parametrize("device, kind", [
-    ("cuda:1", "cuda"), ("sim", "sim"), ("CPU", "cpu"), (torch.device("cuda", 0), "cuda"),
-])
+@pytest.mark.parametrize(
+    "device, kind",
+    [
+        ("cuda:1", "cuda"),
+        ("sim", "sim"),
+        ("CPU", "cpu"),
+        (torch.device("cuda", 0), "cuda"),
+    ],
+)
 def test_device_type(device, kind):
     assert device_type(device) == kind
 
@@ -95,7 +101,9 @@ def test_a_later_plugin_does_not_change_a_built_platform(pm, register):
 @pytest.mark.parametrize("order", ["a-first", "b-first"])
 def test_two_claims_are_one_line_naming_both_plugins_whatever_the_order(pm, order):
     a, b = MiniPlugin(), MiniPlugin()
-    for plugin, name in ([(a, "alpha"), (b, "beta")] if order == "a-first" else [(b, "beta"), (a, "alpha")]):
+    for plugin, name in (
+        [(a, "alpha"), (b, "beta")] if order == "a-first" else [(b, "beta"), (a, "alpha")]
+    ):
         pm.register(plugin, name=name)
     with pytest.raises(PluginError) as info:
         Platform.for_device("mini", pm)
@@ -184,8 +192,12 @@ def test_cuda_platform_detects_external_events_from_the_signature():
 def test_no_private_pluggy_or_torch_access_in_the_package():
     root = pathlib.Path(__file__).resolve().parents[1] / "warpolicy"
     private = re.compile(r"\bpm\._|pluggy\._|_inner_hookexec|_multicall|_is_profiler_enabled")
-    offenders = [f"{path.relative_to(root)}:{n}" for path in root.rglob("*.py")
-                 for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for path in root.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
     assert offenders == []
 
 

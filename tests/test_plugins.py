@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-
 import pathlib
 
 import pytest
@@ -13,9 +12,15 @@ from warpolicy import hookspecs
 from warpolicy.errors import PluginError
 from warpolicy.hookspecs import hookimpl
 from warpolicy.loader import Fragment
-from warpolicy.plugins import (blame_plugins, collect_fragments, describe_plugins,
-                               get_plugin_manager, new_plugin_manager, observers_of,
-                               reset_plugin_manager)
+from warpolicy.plugins import (
+    blame_plugins,
+    collect_fragments,
+    describe_plugins,
+    get_plugin_manager,
+    new_plugin_manager,
+    observers_of,
+    reset_plugin_manager,
+)
 
 BACKEND_YAML = """\
 version: 1
@@ -45,7 +50,9 @@ def test_builtins_are_ordinary_named_plugins(pm):
 
 
 def test_disable_blocks_builtins_by_name():
-    pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_DISABLE_PLUGINS": " sim , nope"})
+    pm = new_plugin_manager(
+        load_entry_points=False, environ={"WARPOLICY_DISABLE_PLUGINS": " sim , nope"}
+    )
     assert pm.get_plugin("sim") is None and pm.is_blocked("sim")
     assert pm.get_plugin("cuda") is not None
     rows = {r["name"]: r for r in describe_plugins(pm)}
@@ -110,6 +117,7 @@ def test_typo_hook_is_a_plugin_error():
 
 # -- the removed 0.1 platform hooks -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("hook", hookspecs.REMOVED_PLATFORM_HOOKS)
 def test_a_plugin_with_a_removed_platform_hook_is_refused_naming_the_new_one(pm, hook):
     plugin = type("Old", (), {hook: hookimpl(lambda self, device: None)})()
@@ -132,6 +140,7 @@ def test_a_blocked_old_plugin_is_not_refused(pm):
 
 
 # -- observers: cached direct calls ------------------------------------------------------------------
+
 
 class Seen:
     def __init__(self):
@@ -173,6 +182,7 @@ def test_observers_are_called_in_pluggys_order(pm):
             @hookimpl(**opts)
             def warpolicy_on_fallback(self, where, error):
                 order.append(tag)
+
         return O()
 
     pm.register(observer("first-registered"))
@@ -206,7 +216,11 @@ def test_monitoring_and_wrappers_route_observers_through_pluggy(pm, capsys):
     pm.register(Wrapper())
     assert len(obs.on_publish) == 1
     obs.on_publish[0]("decode", 2, "p", None)
-    assert seen.calls == [("publish", "decode", 1, "p", None), ("publish", "decode", 2, "p", None), "wrapped"]
+    assert seen.calls == [
+        ("publish", "decode", 1, "p", None),
+        ("publish", "decode", 2, "p", None),
+        "wrapped",
+    ]
 
 
 def test_the_runtime_refuses_a_bare_pluggy_manager():
@@ -218,6 +232,7 @@ def test_the_runtime_refuses_a_bare_pluggy_manager():
 
 # -- fragments -------------------------------------------------------------------------------------
 
+
 def test_fragments_are_sorted_by_plugin_name_not_registration_order(pm, register):
     register(contributes("version: 1\nflags: {}\n"), "zeta")
     register(contributes({"version": 1, "flags": {}}), "alpha")
@@ -228,10 +243,17 @@ def test_fragments_are_sorted_by_plugin_name_not_registration_order(pm, register
 def test_fragment_kinds_path_text_mapping_and_lists(pm, register, tmp_path):
     path = tmp_path / "frag.yaml"
     path.write_text(BACKEND_YAML.format(name="from_file"))
-    register(contributes([path, BACKEND_YAML.format(name="from_text"), {"version": 1, "flags": {}}]), "multi")
+    register(
+        contributes([path, BACKEND_YAML.format(name="from_text"), {"version": 1, "flags": {}}]),
+        "multi",
+    )
     frags = collect_fragments(pm)
     assert all(isinstance(f, Fragment) for f in frags)
-    assert [f.name for f in frags] == [f"plugin:multi[0]:{path}", "plugin:multi[1]", "plugin:multi[2]"]
+    assert [f.name for f in frags] == [
+        f"plugin:multi[0]:{path}",
+        "plugin:multi[1]",
+        "plugin:multi[2]",
+    ]
     assert "from_file" in frags[0].data and "from_text" in frags[1].data
     assert frags[2].data == {"version": 1, "flags": {}}
 
@@ -255,14 +277,19 @@ def test_invalid_yaml_is_one_plugin_error_line(pm, register):
         collect_fragments(pm)
     text = str(info.value)
     assert "\n" not in text
-    assert "'broken'" in text and "invalid YAML" in text and "WARPOLICY_DISABLE_PLUGINS=broken" in text
+    assert (
+        "'broken'" in text and "invalid YAML" in text and "WARPOLICY_DISABLE_PLUGINS=broken" in text
+    )
 
 
-@pytest.mark.parametrize("value, match", [
-    (lambda: 42, "must return"),
-    (lambda: pathlib.Path("/nonexistent/warpolicy/frag.yaml"), "cannot read"),
-    (lambda: (_ for _ in ()).throw(ValueError("boom")), "raised ValueError: boom"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (lambda: 42, "must return"),
+        (lambda: pathlib.Path("/nonexistent/warpolicy/frag.yaml"), "cannot read"),
+        (lambda: (_ for _ in ()).throw(ValueError("boom")), "raised ValueError: boom"),
+    ],
+)
 def test_bad_fragment_results_name_the_plugin(pm, register, value, match):
     register(contributes(value), "bad")
     with pytest.raises(PluginError, match=match) as info:
@@ -276,8 +303,16 @@ def test_plugin_backend_becomes_queryable(pm, register):
 
     register(contributes(BACKEND_YAML.format(name="plugin_attn")), "onboard")
     engine = PolicyEngine.load(fragments=collect_fragments(pm), environ={})
-    ctx = Context(backend="plugin_attn", mode=ForwardMode.DECODE, spec="none", flags={},
-                  platform="cuda", external_events=True, eager=False, planted=True)
+    ctx = Context(
+        backend="plugin_attn",
+        mode=ForwardMode.DECODE,
+        spec="none",
+        flags={},
+        platform="cuda",
+        external_events=True,
+        eager=False,
+        planted=True,
+    )
     assert engine.decide(ctx) is WarReadDonePolicy.IN_GRAPH
 
 
@@ -297,8 +332,11 @@ def test_invalid_fragment_problems_name_the_plugin_and_how_to_disable_it():
     pm.register(plugin, name="badfrag")
     try:
         with pytest.raises(RegistryError) as info:
-            PolicyEngine.load(fragments=collect_fragments(pm),
-                              blame=functools.partial(blame_plugins, pm), environ={})
+            PolicyEngine.load(
+                fragments=collect_fragments(pm),
+                blame=functools.partial(blame_plugins, pm),
+                environ={},
+            )
     finally:
         pm.unregister(plugin)
     (problem,) = info.value.problems

@@ -39,8 +39,13 @@ REGISTRY = textwrap.dedent("""\
 
 
 def git(repo: pathlib.Path, *args: str) -> str:
-    done = subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-                          cwd=repo, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout
 
 
@@ -67,8 +72,14 @@ def hook(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     argv = entry.split()
     assert argv[0] == "python"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, *argv[1:], *args], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, *argv[1:], *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def edit(path: pathlib.Path, old: str, new: str) -> None:
@@ -79,6 +90,7 @@ def edit(path: pathlib.Path, old: str, new: str) -> None:
 
 # -- the manifest ----------------------------------------------------------------------------------
 
+
 def test_manifest_offers_both_hooks_on_registry_files():
     hooks = {h["id"]: h for h in yaml.safe_load(MANIFEST.read_text())}
     assert set(hooks) == {"warpolicy-validate", "warpolicy-diff"}
@@ -87,7 +99,9 @@ def test_manifest_offers_both_hooks_on_registry_files():
     for h in hooks.values():
         assert h["language"] == "python"
         pattern = re.compile(h["files"])
-        assert pattern.search("capabilities.yaml") and pattern.search("deploy/capabilities-prod.yml")
+        assert pattern.search("capabilities.yaml") and pattern.search(
+            "deploy/capabilities-prod.yml"
+        )
         assert not pattern.search("config.yaml") and not pattern.search("capabilities/other.yaml")
 
 
@@ -95,12 +109,14 @@ def test_pre_commit_accepts_the_manifest():
     exe = shutil.which("pre-commit")
     if exe is None:
         pytest.skip("pre-commit is not installed")
-    done = subprocess.run([exe, "validate-manifest", str(MANIFEST)], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        [exe, "validate-manifest", str(MANIFEST)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 # -- validate --------------------------------------------------------------------------------------
+
 
 def test_validate_passes_a_valid_file(repo):
     done = hook("warpolicy-validate", "capabilities.yaml")
@@ -121,18 +137,25 @@ def test_validate_reports_every_problem_with_its_place(repo):
 def test_validate_checks_each_file_on_its_own(repo):
     """Two complete registries in one batch (both define ``mine``): each is valid alone."""
     (repo / "capabilities-staging.yaml").write_text(REGISTRY)
-    assert hook("warpolicy-validate", "capabilities.yaml", "capabilities-staging.yaml").returncode == 0
+    assert (
+        hook("warpolicy-validate", "capabilities.yaml", "capabilities-staging.yaml").returncode == 0
+    )
 
 
 def test_validate_layers_each_file_over_base(repo):
     layer = repo / "capabilities-local.yaml"
-    layer.write_text("version: 1\nbackends:\n  ours:\n    inherits: base\n    doc: Ours, over the default.\n")
+    layer.write_text(
+        "version: 1\nbackends:\n  ours:\n    inherits: base\n    doc: Ours, over the default.\n"
+    )
     alone = hook("warpolicy-validate", "capabilities-local.yaml")
     assert alone.returncode == 1 and "base" in alone.stderr
-    assert hook("warpolicy-validate", "--base", "default", "capabilities-local.yaml").returncode == 0
+    assert (
+        hook("warpolicy-validate", "--base", "default", "capabilities-local.yaml").returncode == 0
+    )
 
 
 # -- diff ------------------------------------------------------------------------------------------
+
 
 def test_diff_unchanged_and_later_pass(repo):
     assert hook("warpolicy-diff", "capabilities.yaml").returncode == 0
@@ -145,8 +168,10 @@ def test_diff_fails_on_an_earlier_cell(repo):
     edit(repo / "capabilities.yaml", "decode: post_replay", "decode: in_graph")
     done = hook("warpolicy-diff", "capabilities.yaml")
     assert done.returncode == 1
-    assert "capabilities.yaml: backend mine, mode decode, spec none: post_replay -> in_graph (earlier)" \
+    assert (
+        "capabilities.yaml: backend mine, mode decode, spec none: post_replay -> in_graph (earlier)"
         in done.stderr.splitlines()
+    )
     assert "1 cell(s) release earlier than at origin/main" in done.stderr
 
 
@@ -155,8 +180,10 @@ def test_diff_finds_an_earlier_cell_behind_an_opt_in_flag(repo):
     edit(repo / "capabilities.yaml", "extend: post_replay", "extend: pre_replay")
     done = hook("warpolicy-diff", "capabilities.yaml")
     assert done.returncode == 1
-    assert ("capabilities.yaml: backend mine, mode extend, spec none when prefill_read_done=true: "
-            "post_replay -> pre_replay (earlier)") in done.stderr
+    assert (
+        "capabilities.yaml: backend mine, mode extend, spec none when prefill_read_done=true: "
+        "post_replay -> pre_replay (earlier)"
+    ) in done.stderr
 
 
 def test_diff_compares_with_a_configurable_ref(repo):
@@ -196,8 +223,10 @@ def test_diff_without_git_fails_closed_in_one_line(repo, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(repo / "no-such-dir"))
     assert precommit.main(["diff", "capabilities.yaml"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == ("warpolicy-diff: capabilities.yaml: cannot read the version at origin/main: "
-                    "git is not available; failing closed")
+    assert line == (
+        "warpolicy-diff: capabilities.yaml: cannot read the version at origin/main: "
+        "git is not available; failing closed"
+    )
 
 
 def test_diff_outside_a_repository_fails_closed(tmp_path, monkeypatch, capsys):
@@ -220,6 +249,7 @@ def test_diff_with_an_invalid_new_file_fails_with_its_problems(repo):
 
 # -- pre-commit itself -----------------------------------------------------------------------------
 
+
 def test_pre_commit_try_repo_runs_both_hooks(repo, tmp_path):
     """pre-commit installs this repository's HEAD into a hook environment and runs the hooks on
     the sample repository. Needs pre-commit, this checkout's git metadata and a package index
@@ -235,13 +265,21 @@ def test_pre_commit_try_repo_runs_both_hooks(repo, tmp_path):
     git(repo, "add", ".")
 
     def try_repo(hook_id: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([exe, "try-repo", str(ROOT), hook_id, "--files", "capabilities.yaml"],
-                              cwd=repo, capture_output=True, text=True, env=env, timeout=600,
-                              check=False)
+        return subprocess.run(
+            [exe, "try-repo", str(ROOT), hook_id, "--files", "capabilities.yaml"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            check=False,
+        )
 
     done = try_repo("warpolicy-validate")
-    if done.returncode != 0 and ("No matching distribution" in done.stdout + done.stderr
-                                 or "Could not find a version" in done.stdout + done.stderr):
+    if done.returncode != 0 and (
+        "No matching distribution" in done.stdout + done.stderr
+        or "Could not find a version" in done.stdout + done.stderr
+    ):
         pytest.skip("no package index to install the hook environment from")
     assert done.returncode == 0, done.stdout[-2000:]
     assert "warpolicy validate" in done.stdout and "Passed" in done.stdout

@@ -14,17 +14,17 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+from warpolicy.bench.models import fixed_policy
 from warpolicy.engine import PolicyEngine
 from warpolicy.errors import InputError
-from warpolicy.loader import Fragment, load_registry
 from warpolicy.graphwalk import Graph, Node, NodeKind
 from warpolicy.hookspecs import hookimpl
+from warpolicy.loader import Fragment, load_registry
 from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.platforms.sim import SimGraph
 from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, DraftExtendRunner
 from warpolicy.runners.base import SelfCheckError
-from warpolicy.bench.models import fixed_policy
 
 P = WarReadDonePolicy
 BUCKETS = (1, 2)
@@ -65,9 +65,11 @@ def marker_graph(model: Model, graph: SimGraph, *, late: Optional[NodeKind] = No
     """prep (reads table) -> marker -> forward (reads weight) [-> a late node]."""
     table, weight = model.table.data_ptr(), model.weight.data_ptr()
     marker_event = graph.planted[0].id if graph.planted else 0
-    nodes = [kernel(0, ptr=table, name="gather_prep"),
-             Node(1, NodeKind.EVENT_RECORD, deps=(0,), event=marker_event),
-             kernel(2, deps=(1,), ptr=weight, name="matmul")]
+    nodes = [
+        kernel(0, ptr=table, name="gather_prep"),
+        Node(1, NodeKind.EVENT_RECORD, deps=(0,), event=marker_event),
+        kernel(2, deps=(1,), ptr=weight, name="matmul"),
+    ]
     if late is NodeKind.KERNEL:
         nodes.append(kernel(3, deps=(2,), ptr=table + 8, name="swa_late_read"))
     elif late is not None:
@@ -75,13 +77,17 @@ def marker_graph(model: Model, graph: SimGraph, *, late: Optional[NodeKind] = No
     return Graph(nodes)
 
 
-def derived_graph(model: Model, *, readers: bool = True, opaque: Optional[NodeKind] = None) -> Graph:
+def derived_graph(
+    model: Model, *, readers: bool = True, opaque: Optional[NodeKind] = None
+) -> Graph:
     """prep -> layer 0 -> late read of table -> layer 1 (no marker) [+ an opaque node]."""
     table, weight = model.table.data_ptr(), model.weight.data_ptr()
-    nodes = [kernel(0, ptr=table if readers else weight, name="gather_prep"),
-             kernel(1, deps=(0,), ptr=weight, name="layer0"),
-             kernel(2, deps=(1,), ptr=table + 4 if readers else weight, name="late_read"),
-             kernel(3, deps=(2,), ptr=weight, name="layer1")]
+    nodes = [
+        kernel(0, ptr=table if readers else weight, name="gather_prep"),
+        kernel(1, deps=(0,), ptr=weight, name="layer0"),
+        kernel(2, deps=(1,), ptr=table + 4 if readers else weight, name="late_read"),
+        kernel(3, deps=(2,), ptr=weight, name="layer1"),
+    ]
     if opaque is not None:
         nodes.append(Node(4, opaque, deps=(3,)))
     return Graph(nodes)
@@ -96,8 +102,13 @@ class Demotions:
         self.seen.append((runner, bucket, reason))
 
 
-def setup(placement: str, graph_model: Optional[Callable[[Model, SimGraph], Graph]],
-          policy: str = "in_graph", cls=DecodeRunner, **kw):
+def setup(
+    placement: str,
+    graph_model: Optional[Callable[[Model, SimGraph], Graph]],
+    policy: str = "in_graph",
+    cls=DecodeRunner,
+    **kw,
+):
     platform = sim_platform()
     model = Model()
     if graph_model is not None:
@@ -123,6 +134,7 @@ def capture_quietly(runner) -> list[str]:
 
 
 # -- derived placement ----------------------------------------------------------------------------
+
 
 class TestDerived:
     def test_readers_found_plants_after_them_and_publishes_in_graph(self):
@@ -161,13 +173,15 @@ class TestDerived:
         assert runner.fence.take().policy == P.POST_REPLAY
 
     def test_opaque_nodes_alone_do_not_count_as_readers_found(self):
-        runner, _, _, _ = setup("derived",
-                                lambda m, g: derived_graph(m, readers=False, opaque=NodeKind.HOST))
+        runner, _, _, _ = setup(
+            "derived", lambda m, g: derived_graph(m, readers=False, opaque=NodeKind.HOST)
+        )
         assert all("suspicious" in m for m in capture_quietly(runner))
         assert not any(cb.planted for cb in runner.captured.values())
 
-    @pytest.mark.parametrize("opaque", [NodeKind.HOST, NodeKind.CHILD_GRAPH, NodeKind.CONDITIONAL,
-                                        NodeKind.UNKNOWN])
+    @pytest.mark.parametrize(
+        "opaque", [NodeKind.HOST, NodeKind.CHILD_GRAPH, NodeKind.CONDITIONAL, NodeKind.UNKNOWN]
+    )
     def test_a_node_it_cannot_see_after_the_readers_moves_the_release_after_it(self, opaque):
         runner, _, _, _ = setup("derived", lambda m, g: derived_graph(m, opaque=opaque))
         assert capture_quietly(runner) == []
@@ -233,6 +247,7 @@ class TestDerived:
 
 # -- the marker self-check ------------------------------------------------------------------------
 
+
 class TestSelfCheck:
     def test_a_safe_marker_is_not_demoted(self):
         runner, _, platform, demotions = setup("marker", lambda m, g: marker_graph(m, g))
@@ -244,12 +259,19 @@ class TestSelfCheck:
         assert all(cb.graph.instantiated for cb in runner.captured.values())
 
     def test_a_late_reader_demotes_the_bucket_naming_kernel_buffer_and_bucket(self):
-        runner, _, _, demotions = setup("marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL))
+        runner, _, _, demotions = setup(
+            "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL)
+        )
         messages = capture_quietly(runner)
         assert len(messages) == 2
         for bucket in BUCKETS:
-            assert any(f"bucket {bucket}:" in m and "swa_late_read" in m and "table" in m
-                       and "demoted to post_replay" in m for m in messages)
+            assert any(
+                f"bucket {bucket}:" in m
+                and "swa_late_read" in m
+                and "table" in m
+                and "demoted to post_replay" in m
+                for m in messages
+            )
         assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}
         assert not any(cb.planted for cb in runner.captured.values())
         assert sorted(b for _, b, _ in demotions.seen) == list(BUCKETS)
@@ -288,15 +310,17 @@ class TestSelfCheck:
 
     def test_off_skips_the_check(self):
         runner, _, platform, demotions = setup(
-            "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL), self_check="off")
+            "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL), self_check="off"
+        )
         assert capture_quietly(runner) == []
         assert {cb.policy for cb in runner.captured.values()} == {P.IN_GRAPH}
         assert platform.model_calls == [] and demotions.seen == []
         assert runner.capture_report[1].walked is False
 
     def test_error_raises_on_a_late_reader(self):
-        runner, _, _, _ = setup("marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL),
-                                self_check="error")
+        runner, _, _, _ = setup(
+            "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL), self_check="error"
+        )
         with pytest.raises(SelfCheckError, match="swa_late_read"):
             runner.capture()
 
@@ -318,14 +342,17 @@ class TestSelfCheck:
 
     @pytest.mark.parametrize("policy", ["post_replay", "pre_replay", "none"])
     def test_only_in_graph_buckets_are_checked(self, policy):
-        runner, _, platform, _ = setup("marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL),
-                                       policy=policy)
+        runner, _, platform, _ = setup(
+            "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL), policy=policy
+        )
         assert capture_quietly(runner) == []
         assert platform.model_calls == []
         assert {cb.policy for cb in runner.captured.values()} == {P.parse(policy)}
 
     def test_a_failing_demotion_observer_does_not_change_the_demotion(self):
-        runner, _, platform, _ = setup("marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL))
+        runner, _, platform, _ = setup(
+            "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL)
+        )
 
         class Broken:
             @hookimpl
@@ -339,6 +366,7 @@ class TestSelfCheck:
 
 
 # -- options and where placement comes from -----------------------------------------------------
+
 
 class CompiledLike:
     def __init__(self, placement: Placement) -> None:
@@ -404,18 +432,21 @@ def test_engine_compiled_policy_drives_derived_placement():
 
 
 def test_explain_marks_a_derived_decision():
-    from warpolicy.policy import ForwardMode as M
     from warpolicy.engine import Context
+    from warpolicy.policy import ForwardMode as M
     from warpolicy.report import format_explanation
 
     engine = PolicyEngine(load_registry([Fragment("caps.yaml", DERIVED_YAML)]), environ={})
     exp = engine.explain(Context("walked", M.DECODE))
     assert exp.placement is Placement.DERIVED
     text = format_explanation(exp)
-    assert "placement: derived (the node is planted after the last shared reader found in the " \
-           "captured graph; see docs/derived-placement.md" in text
-    assert "placement" in format_explanation(exp, "markdown") and "derived" in \
-        format_explanation(exp, "markdown")
+    assert (
+        "placement: derived (the node is planted after the last shared reader found in the "
+        "captured graph; see docs/derived-placement.md" in text
+    )
+    assert "placement" in format_explanation(exp, "markdown") and "derived" in format_explanation(
+        exp, "markdown"
+    )
     assert '"placement": "derived"' in format_explanation(exp, "json")
     marker = engine.explain(Context("walked", M.EXTEND))
     assert marker.placement is Placement.MARKER

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
+from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner, sound
-from warpolicy.platform import sim_impl, sim_platform
-from warpolicy.bench.models import fixed_policy
 
 P = WarReadDonePolicy
 
@@ -45,7 +45,7 @@ class RecModel:
         self.events.append(("host_prep", len(batch), bucket))
         x = self.x[bucket]
         x[: len(batch)] = torch.tensor(batch, dtype=x.dtype)
-        x[len(batch):] = -1.0  # padding
+        x[len(batch) :] = -1.0  # padding
 
     def graph_prep(self, bucket: int) -> None:
         self.events.append(("graph_prep", bucket))
@@ -65,8 +65,11 @@ def merged(platform, model: RecModel) -> list:
 
 
 def calls_after(events: list, start: int) -> list:
-    return [e for e in events[start:] if e[0] in ("host_prep", "record", "replay", "graph_prep",
-                                                  "forward")]
+    return [
+        e
+        for e in events[start:]
+        if e[0] in ("host_prep", "record", "replay", "graph_prep", "forward")
+    ]
 
 
 @pytest.fixture
@@ -82,6 +85,7 @@ def make(platform, policy="in_graph", buckets=(1, 2, 4, 8), cls=DecodeRunner, **
 
 
 # -- buckets --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("size, bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, None)])
 def test_bucket_selection_picks_smallest_that_fits(platform, size, bucket):
@@ -120,6 +124,7 @@ def test_empty_batch_is_an_input_error(platform):
 
 # -- capture ----------------------------------------------------------------------------------------
 
+
 def test_capture_warms_up_then_plants_after_graph_prep_in_every_bucket(platform):
     runner, model, events = make(platform, buckets=(2, 4))
     runner.capture()
@@ -127,7 +132,11 @@ def test_capture_warms_up_then_plants_after_graph_prep_in_every_bucket(platform)
     # warm-up: one eager prep + forward per bucket before any capture
     first_capture = kinds.index("capture_begin")
     assert [e for e in events[:first_capture] if e[0] in ("graph_prep", "forward")] == [
-        ("graph_prep", 2), ("forward", 2), ("graph_prep", 4), ("forward", 4)]
+        ("graph_prep", 2),
+        ("forward", 2),
+        ("graph_prep", 4),
+        ("forward", 4),
+    ]
     # the persistent event is seeded with one eager record before capture
     ext = [e for e in events if e[0] == "create_event" and e[2]]
     assert len(ext) == 1
@@ -135,9 +144,14 @@ def test_capture_warms_up_then_plants_after_graph_prep_in_every_bucket(platform)
     assert ("record", ev_id, 0, False) in events[:first_capture]
     # inside each capture: graph_prep, plant (record during capture), forward
     for bucket in (4, 2):
-        begin = events.index(next(e for e in events if e[0] == "capture_begin"
-                                  and events[events.index(e) + 1] == ("graph_prep", bucket)))
-        body = events[begin + 1: begin + 4]
+        begin = events.index(
+            next(
+                e
+                for e in events
+                if e[0] == "capture_begin" and events[events.index(e) + 1] == ("graph_prep", bucket)
+            )
+        )
+        body = events[begin + 1 : begin + 4]
         assert body[0] == ("graph_prep", bucket)
         assert body[1][0] == "record" and body[1][1] == ev_id and body[1][3] is True
         assert body[2] == ("forward", bucket)
@@ -152,6 +166,7 @@ def test_capture_keeps_raw_graphs_when_asked(platform):
 
 
 # -- replay sequencing per policy -------------------------------------------------------------------
+
 
 def test_pre_replay_records_after_host_prep_before_replay(platform):
     runner, _, events = make(platform, "pre_replay")
@@ -194,7 +209,8 @@ def test_none_publishes_nothing(platform):
     start = len(events)
     runner.run([1.0])
     assert [e for e in calls_after(events, start) if e[0] == "record"] == [
-        e for e in calls_after(events, start) if e[0] == "record" and e[3] == "in_graph"]
+        e for e in calls_after(events, start) if e[0] == "record" and e[3] == "in_graph"
+    ]
     assert runner.fence.take() is None
 
 
@@ -208,6 +224,7 @@ def test_take_is_consume_once(platform):
 
 # -- padding and outputs ----------------------------------------------------------------------------
 
+
 def test_batch_is_padded_to_its_bucket_and_output_is_the_buckets(platform):
     runner, model, _ = make(platform)
     runner.capture()
@@ -218,6 +235,7 @@ def test_batch_is_padded_to_its_bucket_and_output_is_the_buckets(platform):
 
 
 # -- eager fallback ---------------------------------------------------------------------------------
+
 
 def test_eager_fallback_when_no_bucket_fits(platform):
     runner, model, events = make(platform, "in_graph")
@@ -264,6 +282,7 @@ def test_unplanted_buckets_demote_in_graph():
 
 # -- policy resolution ------------------------------------------------------------------------------
 
+
 class RecordingPolicy:
     """A CompiledPolicy-like object: records every lookup."""
 
@@ -276,11 +295,14 @@ class RecordingPolicy:
         return self.answer
 
 
-@pytest.mark.parametrize("cls, mode, kw", [
-    (DecodeRunner, ForwardMode.DECODE, {}),
-    (PrefillRunner, ForwardMode.EXTEND, {}),
-    (VerifyRunner, ForwardMode.TARGET_VERIFY, {"draft_tokens": 1}),
-])
+@pytest.mark.parametrize(
+    "cls, mode, kw",
+    [
+        (DecodeRunner, ForwardMode.DECODE, {}),
+        (PrefillRunner, ForwardMode.EXTEND, {}),
+        (VerifyRunner, ForwardMode.TARGET_VERIFY, {"draft_tokens": 1}),
+    ],
+)
 def test_policy_is_resolved_per_mode_once_per_bucket_at_capture(platform, cls, mode, kw):
     policy = RecordingPolicy()
     runner, model, _ = make(platform, policy, cls=cls, **kw)
@@ -337,8 +359,11 @@ def test_failed_before_replay_is_not_followed_by_a_publish(platform, monkeypatch
     seen = []
     real_after = runner.fence.after_replay
     monkeypatch.setattr(runner.fence, "before_replay", lambda *a, **k: 1 / 0)
-    monkeypatch.setattr(runner.fence, "after_replay",
-                        lambda pol, planted, **k: (seen.append(pol), real_after(pol, planted, **k)))
+    monkeypatch.setattr(
+        runner.fence,
+        "after_replay",
+        lambda pol, planted, **k: (seen.append(pol), real_after(pol, planted, **k)),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runner.run([1.0])
@@ -347,6 +372,7 @@ def test_failed_before_replay_is_not_followed_by_a_publish(platform, monkeypatch
 
 
 # -- verify runner ----------------------------------------------------------------------------------
+
 
 def test_verify_buckets_must_be_multiples_of_draft_tokens(platform):
     with pytest.raises(InputError, match="multiples"):
@@ -376,6 +402,7 @@ def test_verify_publishes_only_what_the_policy_says_for_the_spec(platform):
 
 
 # -- prefill runner ---------------------------------------------------------------------------------
+
 
 def test_eager_prefill_snapshot_point_is_right_after_host_prep(platform):
     runner, _, events = make(platform, "pre_replay", cls=PrefillRunner, buckets=(16,))
@@ -440,9 +467,11 @@ def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
     runner.capture()
     seen = []
     real_after = runner.fence.after_replay
-    monkeypatch.setattr(runner.fence, "after_replay",
-                        lambda pol, planted, **k: (seen.append((pol, planted)),
-                                                   real_after(pol, planted, **k)))
+    monkeypatch.setattr(
+        runner.fence,
+        "after_replay",
+        lambda pol, planted, **k: (seen.append((pol, planted)), real_after(pol, planted, **k)),
+    )
     runner.run([1.0] * 9)  # no bucket fits
     runner.run([1.0])
     assert seen == [(P.POST_REPLAY, None), (P.IN_GRAPH, runner.captured[1].event)]
@@ -450,6 +479,7 @@ def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
 
 
 # -- publishes tied to their bucket's graph, failures during capture --------------------------------
+
 
 def test_each_bucket_keeps_the_event_its_own_graph_records(platform):
     runner, _, _ = make(platform, "in_graph", buckets=(2, 4))

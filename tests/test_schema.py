@@ -53,8 +53,9 @@ def test_schema_keys_are_the_loaders_keys(the_schema):
 
 
 def test_backend_shapes_exclude_each_other(the_schema):
-    assert the_schema["$defs"]["backend"]["not"] == {"anyOf": [
-        {"required": ["latest_of", "per_mode"]}, {"required": ["per_mode", "inherits"]}]}
+    assert the_schema["$defs"]["backend"]["not"] == {
+        "anyOf": [{"required": ["latest_of", "per_mode"]}, {"required": ["per_mode", "inherits"]}]
+    }
 
 
 def test_when_keys_are_the_condition_fields():
@@ -63,6 +64,7 @@ def test_when_keys_are_the_condition_fields():
 
 def attrs_fields(cls) -> list[str]:
     import attrs
+
     return [f.name for f in attrs.fields(cls)]
 
 
@@ -88,19 +90,27 @@ def test_default_registry_conforms(the_schema):
     assert check(data, the_schema, the_schema) == []
 
 
-@pytest.mark.parametrize("bad", [
-    {"version": 2},
-    {"version": 1, "backends": {"a": {"reads_end": {"decode": "soon"}}}},
-    {"version": 1, "backends": {"a": {"reads_end": {"decodes": "none"}}}},
-    {"version": 1, "backends": {"a b": {}}},
-    {"version": 1, "flags": {"f": {"default": False}}},
-    {"version": 1, "flags": {"f": {"doc": "x", "env": ["A-B"]}}},
-    {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "x", "when": {"x": 1}}]},
-    {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "x",
-                              "when": {"mode": []}}]},
-    {"version": 1, "backends": {"a": {"latest_of": ["b", "b"]}}},
-    {"flags": {}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"version": 2},
+        {"version": 1, "backends": {"a": {"reads_end": {"decode": "soon"}}}},
+        {"version": 1, "backends": {"a": {"reads_end": {"decodes": "none"}}}},
+        {"version": 1, "backends": {"a b": {}}},
+        {"version": 1, "flags": {"f": {"default": False}}},
+        {"version": 1, "flags": {"f": {"doc": "x", "env": ["A-B"]}}},
+        {
+            "version": 1,
+            "gates": [{"id": "g", "at_least": "none", "because": "x", "when": {"x": 1}}],
+        },
+        {
+            "version": 1,
+            "gates": [{"id": "g", "at_least": "none", "because": "x", "when": {"mode": []}}],
+        },
+        {"version": 1, "backends": {"a": {"latest_of": ["b", "b"]}}},
+        {"flags": {}},
+    ],
+)
 def test_the_checker_and_schema_reject_bad_documents(the_schema, bad):
     assert check(bad, the_schema, the_schema)
     text = yaml.safe_dump(bad)
@@ -108,9 +118,17 @@ def test_the_checker_and_schema_reject_bad_documents(the_schema, bad):
 
 
 def test_scalar_or_list_sets(the_schema):
-    good = {"version": 1, "gates": [{"id": "g", "at_least": "coarse", "because": "x",
-                                     "when": {"mode": "prefill", "backend": ["a"],
-                                              "declared": "in_graph"}}],
-            "backends": {"a": {}}}
+    good = {
+        "version": 1,
+        "gates": [
+            {
+                "id": "g",
+                "at_least": "coarse",
+                "because": "x",
+                "when": {"mode": "prefill", "backend": ["a"], "declared": "in_graph"},
+            }
+        ],
+        "backends": {"a": {}},
+    }
     assert check(good, the_schema, the_schema) == []
     assert validate_sources([Fragment("f", yaml.safe_dump(good))]) == []

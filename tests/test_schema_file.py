@@ -20,8 +20,9 @@ MODELINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
 def test_shipped_schema_is_what_warpolicy_schema_prints(capsys):
     assert main(["schema"]) == 0
     printed = capsys.readouterr().out
-    assert SCHEMA_FILE.read_text(encoding="utf-8") == printed, \
+    assert SCHEMA_FILE.read_text(encoding="utf-8") == printed, (
         "warpolicy/capabilities.schema.json is stale: run scripts/gen-schema"
+    )
 
 
 def test_default_registry_modeline_names_the_shipped_schema():

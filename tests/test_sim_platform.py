@@ -4,7 +4,8 @@ semantics, the happens-before model and fault injection."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warpolicy.errors import UnknownNameError
 from warpolicy.platform import Platform, sim_impl, sim_platform
@@ -109,7 +110,9 @@ def test_callable_capture_reruns_body_on_replay_with_record_in_place(platform):
     platform.replay(g)
     assert seen == [("prep", True, True), ("forward",)]
     fired = [m for m in marks if m[0][0] == "record"]
-    assert fired == [(("record", ev.id, platform.current_stream().id, "in_graph"), [("prep", True, True)])]
+    assert fired == [
+        (("record", ev.id, platform.current_stream().id, "in_graph"), [("prep", True, True)])
+    ]
 
 
 def test_callable_replay_skips_records_that_made_no_node(platform):
@@ -132,17 +135,15 @@ def test_replay_of_uncaptured_graph_and_nested_capture_raise(platform):
     g = platform.new_graph()
     with pytest.raises(RuntimeError, match="never captured"):
         platform.replay(g)
-    with platform.capture(g):
-        with pytest.raises(RuntimeError, match="nested"):
-            with platform.capture(platform.new_graph()):
-                pass
+    with platform.capture(g), pytest.raises(RuntimeError, match="nested"):
+        with platform.capture(platform.new_graph()):
+            pass
 
 
 def test_failed_capture_leaves_graph_uncaptured(platform):
     g = platform.new_graph()
-    with pytest.raises(ValueError):
-        with platform.capture(g):
-            raise ValueError("boom")
+    with pytest.raises(ValueError), platform.capture(g):
+        raise ValueError("boom")
     assert not g.captured and not platform.is_capturing()
     assert platform.log == [("capture_begin", g.id), ("capture_end", g.id)]
 
@@ -187,6 +188,7 @@ def test_plugin_ignores_other_devices():
 
 # -- the bounded log -----------------------------------------------------------------------------
 
+
 def test_log_keeps_the_last_entries_and_counts_the_dropped():
     p = sim_platform(log_cap=3)
     events = [p.create_event() for _ in range(5)]
@@ -202,6 +204,7 @@ def test_log_cap_must_be_positive():
 
 
 # -- happens-before ------------------------------------------------------------------------------
+
 
 def test_marks_on_one_stream_are_ordered_and_other_streams_are_not(platform):
     impl = sim_impl(platform)
@@ -275,8 +278,16 @@ def test_a_wait_on_a_never_recorded_event_orders_nothing(platform):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["mark", "record", "wait_event", "wait_stream", "sync"]),
-                          st.integers(0, 2), st.integers(0, 2)), max_size=25))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["mark", "record", "wait_event", "wait_stream", "sync"]),
+            st.integers(0, 2),
+            st.integers(0, 2),
+        ),
+        max_size=25,
+    )
+)
 def test_happens_before_is_transitive_and_respects_program_order(ops):
     p = sim_platform()
     impl = sim_impl(p)
@@ -306,8 +317,11 @@ def test_happens_before_is_transitive_and_respects_program_order(ops):
 
 # -- fault injection -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode, result, recorded", [
-    ("raise", InjectedFault, 0), ("none", None, 0), ("act_then_raise", InjectedFault, 1)])
+
+@pytest.mark.parametrize(
+    "mode, result, recorded",
+    [("raise", InjectedFault, 0), ("none", None, 0), ("act_then_raise", InjectedFault, 1)],
+)
 def test_injected_faults(platform, mode, result, recorded):
     impl = sim_impl(platform)
     ev = platform.create_event()

@@ -12,24 +12,36 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
+from warpolicy.platform import sim_impl, sim_platform
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
 from warpolicy.registry import SpecAlgorithm
-from warpolicy.runners import (DecodeRunner, DraftExtendRunner, OverlapLoop, Phase, SpecStep,
-                               VerifyRunner, last_reader_of)
-from warpolicy.platform import sim_impl, sim_platform
-from warpolicy.bench.models import fixed_policy
+from warpolicy.runners import (
+    DecodeRunner,
+    DraftExtendRunner,
+    OverlapLoop,
+    Phase,
+    SpecStep,
+    VerifyRunner,
+    last_reader_of,
+)
 
-DECODE, VERIFY, DRAFT_EXTEND = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
-                                ForwardMode.DRAFT_EXTEND)
+DECODE, VERIFY, DRAFT_EXTEND = (
+    ForwardMode.DECODE,
+    ForwardMode.TARGET_VERIFY,
+    ForwardMode.DRAFT_EXTEND,
+)
+
 
 def _declared_last_readers() -> dict:
     """Every spec algorithm of the default registry that declares ``last_reader:``."""
     from warpolicy.loader import default_registry_path, load_registry
 
     registry = load_registry([default_registry_path()])
-    return {n: s.last_reader for n, s in registry.spec_algorithms.items()
-            if s.last_reader is not None}
+    return {
+        n: s.last_reader for n, s in registry.spec_algorithms.items() if s.last_reader is not None
+    }
 
 
 #: The last shared reader each algorithm declares in capabilities.yaml.
@@ -40,8 +52,9 @@ class TableModel:
     """A phase's adapter: static input ``x``; the in-graph prep reads the shared ``table``;
     output ``x * scale + table[:bucket]``."""
 
-    def __init__(self, table: torch.Tensor, scale: float = 1.0, buckets=(1, 2, 4, 8),
-                 fail: bool = False) -> None:
+    def __init__(
+        self, table: torch.Tensor, scale: float = 1.0, buckets=(1, 2, 4, 8), fail: bool = False
+    ) -> None:
         self.table = table
         self.scale = scale
         self.buckets = tuple(buckets)
@@ -62,7 +75,7 @@ class TableModel:
     def host_prep(self, batch, bucket):
         x = self.x[bucket]
         x[: len(batch)] = torch.tensor(batch, dtype=x.dtype)
-        x[len(batch):] = 0.0
+        x[len(batch) :] = 0.0
 
     def graph_prep(self, bucket):
         self.seen[bucket].copy_(self.table[:bucket])
@@ -83,11 +96,15 @@ def platform():
 def three_phases(platform, draft="in_graph", verify="none", extend="post_replay", table=None):
     """An EAGLE-shaped step: draft decode, target verify, draft extend (each its own runner)."""
     table = table if table is not None else torch.arange(8, dtype=torch.float32)
-    return [DecodeRunner(TableModel(table, 1.0), fixed_policy(draft), platform, name="draft"),
-            VerifyRunner(TableModel(table, 2.0), fixed_policy(verify), platform, name="verify",
-                         draft_tokens=1),
-            DraftExtendRunner(TableModel(table, 3.0), fixed_policy(extend), platform,
-                              name="draft_extend")]
+    return [
+        DecodeRunner(TableModel(table, 1.0), fixed_policy(draft), platform, name="draft"),
+        VerifyRunner(
+            TableModel(table, 2.0), fixed_policy(verify), platform, name="verify", draft_tokens=1
+        ),
+        DraftExtendRunner(
+            TableModel(table, 3.0), fixed_policy(extend), platform, name="draft_extend"
+        ),
+    ]
 
 
 def captured_step(phases, **kw) -> SpecStep:
@@ -98,6 +115,7 @@ def captured_step(phases, **kw) -> SpecStep:
 
 # -- the draft-extend runner ---------------------------------------------------------------------
 
+
 class TestDraftExtendRunner:
     def run_once(self, platform, policy):
         model = TableModel(torch.arange(8, dtype=torch.float32))
@@ -106,8 +124,11 @@ class TestDraftExtendRunner:
         log = sim_impl(platform).log
         start = len(log)
         runner.run([1.0, 2.0])
-        kinds = [(e[0], e[3] if e[0] == "record" else None) for e in log[start:]
-                 if e[0] in ("record", "replay")]
+        kinds = [
+            (e[0], e[3] if e[0] == "record" else None)
+            for e in log[start:]
+            if e[0] in ("record", "replay")
+        ]
         return runner, kinds
 
     def test_mode_and_no_marker(self, platform):
@@ -144,6 +165,7 @@ class TestDraftExtendRunner:
 
 # -- the step's mailbox and the last reader ------------------------------------------------------
 
+
 class TestMailbox:
     def test_eagle_hands_the_draft_extend_event(self, platform):
         step = captured_step(three_phases(platform), last_reader=DRAFT_EXTEND)
@@ -157,8 +179,9 @@ class TestMailbox:
 
     def test_a_later_none_discards_an_earlier_event(self, platform):
         """Verify published in-graph, draft extend decided none: the step must be coarse."""
-        step = captured_step(three_phases(platform, verify="in_graph", extend="none"),
-                             last_reader=DRAFT_EXTEND)
+        step = captured_step(
+            three_phases(platform, verify="in_graph", extend="none"), last_reader=DRAFT_EXTEND
+        )
         step.run([1.0])
         assert step.phase_steps[1].policy is IN_GRAPH  # verify did publish ...
         assert step.fence.take() is None  # ... and the draft extend's none discarded it
@@ -207,8 +230,12 @@ class TestMailbox:
         other = sim_platform()
         table = torch.zeros(8)
         with pytest.raises(InputError, match="same platform"):
-            SpecStep([DecodeRunner(TableModel(table), fixed_policy("none"), platform),
-                      DraftExtendRunner(TableModel(table), fixed_policy("none"), other)])
+            SpecStep(
+                [
+                    DecodeRunner(TableModel(table), fixed_policy("none"), platform),
+                    DraftExtendRunner(TableModel(table), fixed_policy("none"), other),
+                ]
+            )
 
     def test_phase_inputs_see_earlier_outputs(self, platform):
         phases = three_phases(platform)
@@ -240,6 +267,7 @@ class TestLastReaderFromTheRegistry:
 
 # -- failure of any phase -----------------------------------------------------------------------
 
+
 class TestFailure:
     @pytest.mark.parametrize("failing", [0, 1, 2])
     def test_a_raising_phase_leaves_the_mailbox_empty(self, platform, failing):
@@ -261,10 +289,15 @@ class TestFailure:
         assert step.fence.take() is None and step.last_step.policy is NONE
 
     @settings(max_examples=60, deadline=None)
-    @given(policies=st.lists(st.sampled_from(["pre_replay", "in_graph", "post_replay", "none"]),
-                             min_size=3, max_size=3),
-           failed=st.lists(st.booleans(), min_size=3, max_size=3),
-           reader=st.sampled_from([None, DECODE, VERIFY, DRAFT_EXTEND]))
+    @given(
+        policies=st.lists(
+            st.sampled_from(["pre_replay", "in_graph", "post_replay", "none"]),
+            min_size=3,
+            max_size=3,
+        ),
+        failed=st.lists(st.booleans(), min_size=3, max_size=3),
+        reader=st.sampled_from([None, DECODE, VERIFY, DRAFT_EXTEND]),
+    )
     def test_handed_event_is_the_readers_or_nothing(self, policies, failed, reader):
         """The step hands the last reader's own event, and only when no phase failed."""
         platform = sim_platform()
@@ -289,6 +322,7 @@ class TestFailure:
 
 # -- the overlap loop and the audit -------------------------------------------------------------
 
+
 class TestOverlapLoop:
     def test_loop_waits_on_the_readers_event(self, platform):
         step = captured_step(three_phases(platform), last_reader=DRAFT_EXTEND)
@@ -302,8 +336,9 @@ class TestOverlapLoop:
         assert waits[-1][2] == loop.last_read_done.event.id
 
     def test_loop_is_coarse_when_the_reader_decides_none(self, platform):
-        step = captured_step(three_phases(platform, verify="in_graph", extend="none"),
-                             last_reader=DRAFT_EXTEND)
+        step = captured_step(
+            three_phases(platform, verify="in_graph", extend="none"), last_reader=DRAFT_EXTEND
+        )
         loop = OverlapLoop(step, platform)
         loop.step([1.0])
         loop.step([2.0])
@@ -322,22 +357,30 @@ class TestAudit:
             shared_buffers = {"table": table}
 
         def build(model):
-            return SpecStep(three_phases(platform, verify="in_graph", extend="post_replay",
-                                         table=table), last_reader=reader)
+            return SpecStep(
+                three_phases(platform, verify="in_graph", extend="post_replay", table=table),
+                last_reader=reader,
+            )
 
-        return AuditSubject(f"eagle_like_{reader.label}", Shared(), {reader: build},
-                            # trial t fills bucket 2**(t mod 4): 4 trials replay every bucket
-                            lambda mode, trial: [float(trial)] * (1 << (trial % 4)), platform,
-                            declared={reader: IN_GRAPH if reader is VERIFY else POST_REPLAY},
-                            spec="eagle")
+        return AuditSubject(
+            f"eagle_like_{reader.label}",
+            Shared(),
+            {reader: build},
+            # trial t fills bucket 2**(t mod 4): 4 trials replay every bucket
+            lambda mode, trial: [float(trial)] * (1 << (trial % 4)),
+            platform,
+            declared={reader: IN_GRAPH if reader is VERIFY else POST_REPLAY},
+            spec="eagle",
+        )
 
     def test_verify_release_is_refuted_and_draft_extend_release_is_safe(self, platform):
         from warpolicy.audit.dynamic import audit_mode
         from warpolicy.audit.report import SAFE, UNSAFE
 
         unsafe = audit_mode(self.subject(platform, VERIFY), VERIFY, trials=4, static=False)
-        safe = audit_mode(self.subject(platform, DRAFT_EXTEND), DRAFT_EXTEND, trials=4,
-                          static=False)
+        safe = audit_mode(
+            self.subject(platform, DRAFT_EXTEND), DRAFT_EXTEND, trials=4, static=False
+        )
         assert unsafe.dynamic.verdict == UNSAFE and unsafe.dynamic.corrupted == 4
         assert unsafe.dynamic.first.output == "out[2]"  # the draft extend's output
         assert safe.dynamic.verdict == SAFE and safe.dynamic.corrupted == 0
@@ -348,8 +391,9 @@ def test_overlap_spec_bench_runs_on_the_simulated_platform():
 
     result = run_overlap_spec_bench(device="sim")
     rows = {(r["shape"], r["run"]): r for r in result["rows"]}
-    assert set(rows) == {(s, r) for s in ("eagle", "dflash")
-                         for r in ("coarse", "step", "no_barrier")}
+    assert set(rows) == {
+        (s, r) for s in ("eagle", "dflash") for r in ("coarse", "step", "no_barrier")
+    }
     assert rows[("eagle", "step")]["reader"] == "draft_extend"
     assert rows[("dflash", "step")]["reader"] == "verify"
     assert result["targets"]["sound_runs_zero_corrupted"]

@@ -8,23 +8,34 @@ import pytest
 import torch
 
 from warpolicy.audit import Verdict, audit_mode, run_audit
+from warpolicy.audit.synthetic import make_synthetic, synthetic_backend, synthetic_names
+from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.engine import Context, PolicyEngine
 from warpolicy.errors import InputError, UnknownNameError
 from warpolicy.graphwalk import Graph, Node, NodeKind
-from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
-from warpolicy.audit.synthetic import make_synthetic, synthetic_backend, synthetic_names
-from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.platform import sim_impl, sim_platform
+from warpolicy.policy import ForwardMode, Placement, WarReadDonePolicy
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 PRE, IN = WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH
 
-UNSAFE_NAMES = ["late_swa_read", "late_kv_write", "pre_replay_reads_graph",
-                "plant_before_prep", "composite_late_child", "reread_after_replay",
-                "first_layer_rebuild"]
+UNSAFE_NAMES = [
+    "late_swa_read",
+    "late_kv_write",
+    "pre_replay_reads_graph",
+    "plant_before_prep",
+    "composite_late_child",
+    "reread_after_replay",
+    "first_layer_rebuild",
+]
 #: made SAFE by derived placement: their late reads are in the captured graph
-DERIVED_SAFE = {"late_swa_read", "late_kv_write", "plant_before_prep", "composite_late_child",
-                "first_layer_rebuild"}
+DERIVED_SAFE = {
+    "late_swa_read",
+    "late_kv_write",
+    "plant_before_prep",
+    "composite_late_child",
+    "first_layer_rebuild",
+}
 
 
 def test_names_safe_first_and_complete():
@@ -32,7 +43,8 @@ def test_names_safe_first_and_complete():
     assert names[:2] == ["in_graph", "pre_replay_snapshot"]
     assert sorted(names[2:]) == sorted(UNSAFE_NAMES)
     assert [synthetic_backend(n).expected for n in names] == (
-        [Verdict.SAFE] * 2 + [Verdict.UNSAFE] * len(UNSAFE_NAMES))
+        [Verdict.SAFE] * 2 + [Verdict.UNSAFE] * len(UNSAFE_NAMES)
+    )
 
 
 def test_unknown_name():
@@ -51,12 +63,15 @@ def test_composite_declares_the_latest_of_its_children():
     assert set(backend.children) == {"composite_dense_child", "composite_tbo_child"}
 
 
-@pytest.mark.parametrize("name, modes", [
-    ("in_graph", {DECODE: IN, VERIFY: IN}),
-    ("pre_replay_snapshot", {DECODE: PRE, EXTEND: PRE}),
-    ("pre_replay_reads_graph", {DECODE: PRE, EXTEND: PRE}),
-    ("reread_after_replay", {DECODE: IN, VERIFY: IN}),
-])
+@pytest.mark.parametrize(
+    "name, modes",
+    [
+        ("in_graph", {DECODE: IN, VERIFY: IN}),
+        ("pre_replay_snapshot", {DECODE: PRE, EXTEND: PRE}),
+        ("pre_replay_reads_graph", {DECODE: PRE, EXTEND: PRE}),
+        ("reread_after_replay", {DECODE: IN, VERIFY: IN}),
+    ],
+)
 def test_subject_declares_per_mode_and_builds_runners(name, modes):
     subject = make_synthetic(name, platform=sim_platform())
     assert dict(subject.declared) == modes
@@ -83,7 +98,7 @@ def test_make_batch_deterministic_and_fits(mode):
     assert max(sizes) <= max(model.bucket_sizes(mode)) and min(sizes) >= 1
     assert len(set(sizes)) > 1  # trials exercise several buckets
     buckets = sorted(model.bucket_sizes(mode))
-    fits = [min(b for b in buckets if b >= s) for s in sizes[:len(buckets)]]
+    fits = [min(b for b in buckets if b >= s) for s in sizes[: len(buckets)]]
     assert fits == buckets  # any len(buckets) consecutive trials replay every bucket
     if mode == VERIFY:
         assert all(s % model.cfg.draft_tokens == 0 for s in sizes)
@@ -91,8 +106,9 @@ def test_make_batch_deterministic_and_fits(mode):
     assert int(batch[:, 0].max()) < model.cfg.reqs and int(batch[:, 1].max()) < model.cfg.ctx
 
 
-def _eager_output(layout: Layout, batch: torch.Tensor, bucket: int,
-                  cfg: SyntheticConfig = SyntheticConfig()) -> tuple[torch.Tensor, torch.Tensor]:
+def _eager_output(
+    layout: Layout, batch: torch.Tensor, bucket: int, cfg: SyntheticConfig = SyntheticConfig()
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The output and the KV pool after one eager step."""
     model = SyntheticModel(layout, cfg, torch.device("cpu"))
     model.prepare_bucket(bucket)
@@ -106,9 +122,15 @@ def test_every_layout_computes_the_same_function_undisturbed():
     batch = SyntheticModel(Layout(), SyntheticConfig(), torch.device("cpu")).make_batch(DECODE, 1)
     bucket = 8
     reference = _eager_output(Layout(), batch, bucket)
-    for layout in (Layout(snapshot=True), Layout(late_swa=True), Layout(prep_in_forward=True),
-                   Layout(split_prep=True), Layout(reread_after_replay=True),
-                   Layout(late_kv_write=True), Layout(first_layer_rebuild=True)):
+    for layout in (
+        Layout(snapshot=True),
+        Layout(late_swa=True),
+        Layout(prep_in_forward=True),
+        Layout(split_prep=True),
+        Layout(reread_after_replay=True),
+        Layout(late_kv_write=True),
+        Layout(first_layer_rebuild=True),
+    ):
         assert torch.equal(_eager_output(layout, batch, bucket)[0], reference[0]), layout
         assert torch.equal(_eager_output(layout, batch, bucket)[1], reference[1]), layout
 
@@ -119,13 +141,13 @@ def test_wide_layers_and_window_keep_the_function():
     batch = SyntheticModel(Layout(), SyntheticConfig(), torch.device("cpu")).make_batch(DECODE, 1)
     plain = _eager_output(Layout(), batch, 8)
     wide = _eager_output(Layout(), batch, 8, SyntheticConfig(layer_rows=32, window_rows=4))
-    assert torch.allclose(wide[0], plain[0], atol=1e-6) and torch.allclose(wide[1], plain[1],
-                                                                           atol=1e-6)
+    assert torch.allclose(wide[0], plain[0], atol=1e-6) and torch.allclose(
+        wide[1], plain[1], atol=1e-6
+    )
 
 
 def test_reread_post_step_reads_the_live_table():
-    model = SyntheticModel(Layout(reread_after_replay=True), SyntheticConfig(),
-                           torch.device("cpu"))
+    model = SyntheticModel(Layout(reread_after_replay=True), SyntheticConfig(), torch.device("cpu"))
     batch = model.make_batch(DECODE, 2)
     model.prepare_bucket(8)
     model.host_prep(batch, 8)
@@ -152,8 +174,7 @@ def test_each_variant_gets_its_expected_verdict_on_the_fake(name):
 
 
 def test_late_kv_write_is_seen_only_in_the_kv_pool():
-    report = run_audit(synthetic="late_kv_write", modes="decode", trials=2,
-                       platform=sim_platform())
+    report = run_audit(synthetic="late_kv_write", modes="decode", trials=2, platform=sim_platform())
     assert report.entries[0].dynamic.first.output == "kv_pool"
 
 
@@ -171,19 +192,22 @@ def test_shared_state_restored_after_an_unsafe_audit():
 
 # -- derived placement ------------------------------------------------------------------------
 
+
 def test_expected_with_derived_placement():
     for name in synthetic_names():
         backend = synthetic_backend(name)
         derived = backend.expected_with(Placement.DERIVED)
-        assert derived is (Verdict.SAFE if name in DERIVED_SAFE or backend.expected is Verdict.SAFE
-                           else Verdict.UNSAFE), name
+        assert derived is (
+            Verdict.SAFE
+            if name in DERIVED_SAFE or backend.expected is Verdict.SAFE
+            else Verdict.UNSAFE
+        ), name
         assert backend.expected_with(None) is backend.expected
         assert backend.expected_with(Placement.MARKER) is backend.expected
 
 
 def test_first_layer_rebuild_reads_the_live_tables_in_the_forward():
-    model = SyntheticModel(Layout(first_layer_rebuild=True), SyntheticConfig(),
-                           torch.device("cpu"))
+    model = SyntheticModel(Layout(first_layer_rebuild=True), SyntheticConfig(), torch.device("cpu"))
     batch = model.make_batch(DECODE, 1)
     model.prepare_bucket(8)
     model.host_prep(batch, 8)
@@ -224,8 +248,9 @@ def test_derived_placement_without_a_walk_is_post_replay_and_never_corrupts():
 
 
 def test_marker_placement_keeps_the_unsafe_shapes_unsafe():
-    report = run_audit(synthetic="first_layer_rebuild", trials=3, platform=sim_platform(),
-                       placement="marker")
+    report = run_audit(
+        synthetic="first_layer_rebuild", trials=3, platform=sim_platform(), placement="marker"
+    )
     assert {e.verdict for e in report.entries} == {Verdict.UNSAFE}
 
 
@@ -233,5 +258,9 @@ def test_placement_usage_errors():
     with pytest.raises(InputError, match="--placement must be one of"):
         run_audit(synthetic="in_graph", trials=1, platform=sim_platform(), placement="early")
     with pytest.raises(InputError, match="--synthetic only"):
-        run_audit(factory="tests.audit_subjects:table_subject", trials=1, platform=sim_platform(),
-                  placement="derived")
+        run_audit(
+            factory="tests.audit_subjects:table_subject",
+            trials=1,
+            platform=sim_platform(),
+            placement="derived",
+        )

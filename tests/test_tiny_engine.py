@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from warpolicy.bench.models import TinyConfig, fixed_policy
-from warpolicy.policy import ForwardMode
 from warpolicy.platform import sim_impl, sim_platform
+from warpolicy.policy import ForwardMode
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_engine.py"
 
@@ -38,13 +38,18 @@ def schedule():
 
 # -- the schedule ----------------------------------------------------------------------------------
 
+
 def test_schedule_is_deterministic_and_uses_every_runner_path(schedule):
     again = te.build_schedule(te.EXAMPLE_CONFIG, 90)
-    assert [(s.mode, s.batch.ids.tolist(), s.write_slots) for s in schedule] == \
-        [(s.mode, s.batch.ids.tolist(), s.write_slots) for s in again]
+    assert [(s.mode, s.batch.ids.tolist(), s.write_slots) for s in schedule] == [
+        (s.mode, s.batch.ids.tolist(), s.write_slots) for s in again
+    ]
     cfg = te.EXAMPLE_CONFIG
-    caps = {ForwardMode.DECODE: max(cfg.decode_buckets), ForwardMode.EXTEND: max(cfg.prefill_buckets),
-            ForwardMode.TARGET_VERIFY: max(cfg.verify_buckets)}
+    caps = {
+        ForwardMode.DECODE: max(cfg.decode_buckets),
+        ForwardMode.EXTEND: max(cfg.prefill_buckets),
+        ForwardMode.TARGET_VERIFY: max(cfg.verify_buckets),
+    }
     paths = Counter((s.mode, len(s.batch) <= caps[s.mode]) for s in schedule)
     for mode in caps:
         assert paths[(mode, True)] > 0  # some steps replay a graph
@@ -65,13 +70,17 @@ def test_schedule_has_write_after_read_hazards(schedule):
     """Some step's writes rewrite a table entry the previous step reads (a reused row)."""
     hazards = 0
     for prev, nxt in zip(schedule, schedule[1:]):
-        read = {(int(r), c) for r, p in zip(prev.batch.rows, prev.batch.positions)
-                for c in range(int(p) + 1)}
+        read = {
+            (int(r), c)
+            for r, p in zip(prev.batch.rows, prev.batch.positions)
+            for c in range(int(p) + 1)
+        }
         hazards += sum((r, c) in read for r, c in zip(nxt.write_rows, nxt.write_cols))
     assert hazards > 0
 
 
 # -- the engine on the fake platform ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("policy", ["in_graph", "post_replay", "none"])
 def test_overlapped_run_matches_sequential_reference(schedule, policy):
@@ -148,8 +157,9 @@ def test_tiny_config_buckets_are_per_mode():
     from warpolicy.bench.models import TinyPagedModel, TinyState, TinyWeights
 
     cfg = TinyConfig()
-    model = TinyPagedModel(cfg, TinyWeights(cfg, torch.device("cpu")),
-                           TinyState(cfg, torch.device("cpu")), "verify")
+    model = TinyPagedModel(
+        cfg, TinyWeights(cfg, torch.device("cpu")), TinyState(cfg, torch.device("cpu")), "verify"
+    )
     assert tuple(model.bucket_sizes(ForwardMode.TARGET_VERIFY)) == cfg.verify_buckets
     assert tuple(model.bucket_sizes(ForwardMode.MIXED)) == ()
     assert list(model.shared_buffers) == ["req_to_token"]

@@ -13,14 +13,26 @@ import pytest
 from warpolicy.errors import PluginError
 from warpolicy.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.platform import Platform
-from warpolicy.plugins import collect_fragments, describe_plugins, new_plugin_manager, reset_plugin_manager
+from warpolicy.plugins import (
+    collect_fragments,
+    describe_plugins,
+    new_plugin_manager,
+    reset_plugin_manager,
+)
 from warpolicy.policy import WarReadDonePolicy as P
 
-TRACE_SRC = pathlib.Path(__file__).resolve().parents[1] / "plugins" / "warpolicy-trace" / "warpolicy_trace"
+TRACE_SRC = (
+    pathlib.Path(__file__).resolve().parents[1] / "plugins" / "warpolicy-trace" / "warpolicy_trace"
+)
 
 
-def add_distribution(root: pathlib.Path, dist: str, version: str, entry_points: dict[str, str],
-                     modules: dict[str, str] | None = None) -> None:
+def add_distribution(
+    root: pathlib.Path,
+    dist: str,
+    version: str,
+    entry_points: dict[str, str],
+    modules: dict[str, str] | None = None,
+) -> None:
     """Write ``<dist>-<version>.dist-info`` with METADATA and entry_points.txt under ``root``,
     plus the given top-level modules (name -> source)."""
     info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
@@ -64,8 +76,12 @@ def test_trace_distribution_is_loaded_and_described(trace_dist):
     assert row["source"] == "distribution:warpolicy-trace-sim"
     assert row["version"] == "0.1"
     assert row["entry_point"] == "warpolicy:trace = warpolicy_trace"
-    assert row["hooks"] == ["warpolicy_on_barrier", "warpolicy_on_decision", "warpolicy_on_fallback",
-                            "warpolicy_on_publish"]
+    assert row["hooks"] == [
+        "warpolicy_on_barrier",
+        "warpolicy_on_decision",
+        "warpolicy_on_fallback",
+        "warpolicy_on_publish",
+    ]
 
 
 def test_trace_plugin_writes_a_chrome_trace(trace_dist, tmp_path, monkeypatch):
@@ -90,7 +106,13 @@ def test_trace_plugin_writes_a_chrome_trace(trace_dist, tmp_path, monkeypatch):
     assert trace.flush() == str(out)
     doc = json.loads(out.read_text())
     names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "i"]
-    assert names == ["publish in_graph", "barrier event", "publish none", "barrier coarse", "decide in_graph"]
+    assert names == [
+        "publish in_graph",
+        "barrier event",
+        "publish none",
+        "barrier coarse",
+        "decide in_graph",
+    ]
     tracks = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
     assert tracks == {"runner:decode", "scheduler", "decisions:engine"}
 
@@ -124,7 +146,9 @@ def warpolicy_capabilities():
 
 
 def test_plugin_failing_to_import_is_one_clear_line(site):
-    add_distribution(site, "wp-broken", "1.0", {"broken": "wp_sim_broken"}, {"wp_sim_broken": BROKEN_IMPORT})
+    add_distribution(
+        site, "wp-broken", "1.0", {"broken": "wp_sim_broken"}, {"wp_sim_broken": BROKEN_IMPORT}
+    )
     with pytest.raises(PluginError) as info:
         new_plugin_manager(environ={})
     text = str(info.value)
@@ -136,16 +160,26 @@ def test_plugin_failing_to_import_is_one_clear_line(site):
 
 
 def test_disabled_broken_plugin_is_not_imported(site):
-    add_distribution(site, "wp-broken", "1.0", {"broken": "wp_sim_broken"}, {"wp_sim_broken": BROKEN_IMPORT})
+    add_distribution(
+        site, "wp-broken", "1.0", {"broken": "wp_sim_broken"}, {"wp_sim_broken": BROKEN_IMPORT}
+    )
     pm = new_plugin_manager(environ={"WARPOLICY_DISABLE_PLUGINS": "broken"})
     assert "wp_sim_broken" not in sys.modules
     row = next(r for r in describe_plugins(pm) if r["name"] == "broken")
-    assert row == {"name": "broken", "version": "1.0", "source": "distribution:wp-broken", "hooks": [],
-                   "entry_point": "warpolicy:broken = wp_sim_broken", "status": "disabled"}
+    assert row == {
+        "name": "broken",
+        "version": "1.0",
+        "source": "distribution:wp-broken",
+        "hooks": [],
+        "entry_point": "warpolicy:broken = wp_sim_broken",
+        "status": "disabled",
+    }
 
 
 def test_invalid_fragment_names_plugin_and_entry_point(site):
-    add_distribution(site, "wp-badfrag", "2.0", {"badfrag": "wp_sim_badfrag"}, {"wp_sim_badfrag": BAD_FRAGMENT})
+    add_distribution(
+        site, "wp-badfrag", "2.0", {"badfrag": "wp_sim_badfrag"}, {"wp_sim_badfrag": BAD_FRAGMENT}
+    )
     pm = new_plugin_manager(environ={})
     with pytest.raises(PluginError) as info:
         collect_fragments(pm)
@@ -159,7 +193,9 @@ def test_invalid_fragment_names_plugin_and_entry_point(site):
 def test_cli_exits_2_with_one_line_for_a_broken_plugin(site, capsys, monkeypatch):
     from warpolicy.cli import main
 
-    add_distribution(site, "wp-broken", "1.0", {"broken": "wp_sim_broken"}, {"wp_sim_broken": BROKEN_IMPORT})
+    add_distribution(
+        site, "wp-broken", "1.0", {"broken": "wp_sim_broken"}, {"wp_sim_broken": BROKEN_IMPORT}
+    )
     assert main(["plugins"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "WARPOLICY_DISABLE_PLUGINS=broken" in err
@@ -186,7 +222,9 @@ def warpolicy_on_publish(runner, bogus):
 
 def test_invalid_hook_implementation_is_one_line(site):
     # pluggy's validation message spans several lines; the error must still be one
-    add_distribution(site, "wp-badhook", "1.0", {"badhook": "wp_sim_badhook"}, {"wp_sim_badhook": INVALID_HOOK})
+    add_distribution(
+        site, "wp-badhook", "1.0", {"badhook": "wp_sim_badhook"}, {"wp_sim_badhook": INVALID_HOOK}
+    )
     with pytest.raises(PluginError) as info:
         new_plugin_manager(environ={})
     text = str(info.value)
@@ -195,26 +233,44 @@ def test_invalid_hook_implementation_is_one_line(site):
 
 
 def test_two_entry_points_naming_one_module_is_a_plugin_error(site):
-    add_distribution(site, "wp-twice", "1.0", {"one": "wp_sim_twice", "two": "wp_sim_twice"},
-                     {"wp_sim_twice": ""})
+    add_distribution(
+        site,
+        "wp-twice",
+        "1.0",
+        {"one": "wp_sim_twice", "two": "wp_sim_twice"},
+        {"wp_sim_twice": ""},
+    )
     with pytest.raises(PluginError) as info:  # was a ValueError traceback from pluggy
         new_plugin_manager(environ={})
     text = str(info.value)
     assert "\n" not in text and "plugin 'two'" in text and "already registered plugin 'one'" in text
-    assert new_plugin_manager(environ={"WARPOLICY_DISABLE_PLUGINS": "two"}).get_plugin("one") is not None
+    assert (
+        new_plugin_manager(environ={"WARPOLICY_DISABLE_PLUGINS": "two"}).get_plugin("one")
+        is not None
+    )
 
 
 def test_plugin_calling_sys_exit_on_import_is_a_plugin_error(site):
-    add_distribution(site, "wp-exit", "1.0", {"exits": "wp_sim_exit"}, {"wp_sim_exit": "raise SystemExit(3)\n"})
+    add_distribution(
+        site, "wp-exit", "1.0", {"exits": "wp_sim_exit"}, {"wp_sim_exit": "raise SystemExit(3)\n"}
+    )
     with pytest.raises(PluginError, match="failed to import: SystemExit: 3"):
         new_plugin_manager(environ={})
 
 
-@pytest.mark.parametrize("entry_points_txt, metadata", [
-    ("[warpolicy]\nnot an entry point\n", b"Metadata-Version: 2.1\nName: wp-junk\nVersion: 1\n"),
-    ("[warpolicy]\njunk = wp_sim_junk\n", b"\xff\xfe not utf-8"),
-])
-def test_distribution_with_unreadable_metadata_is_skipped_with_one_line(site, caplog, entry_points_txt, metadata):
+@pytest.mark.parametrize(
+    "entry_points_txt, metadata",
+    [
+        (
+            "[warpolicy]\nnot an entry point\n",
+            b"Metadata-Version: 2.1\nName: wp-junk\nVersion: 1\n",
+        ),
+        ("[warpolicy]\njunk = wp_sim_junk\n", b"\xff\xfe not utf-8"),
+    ],
+)
+def test_distribution_with_unreadable_metadata_is_skipped_with_one_line(
+    site, caplog, entry_points_txt, metadata
+):
     info = site / "wp_junk-1.dist-info"
     info.mkdir()
     (info / "METADATA").write_bytes(metadata)

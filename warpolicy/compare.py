@@ -34,8 +34,12 @@ if TYPE_CHECKING:
 
 MAX_SETTINGS = 256
 FACTS = ("external_events", "eager", "planted")
-FAST_PATH: Mapping[str, object] = {"platform": "cuda", "external_events": True, "eager": False,
-                                   "planted": True}
+FAST_PATH: Mapping[str, object] = {
+    "platform": "cuda",
+    "external_events": True,
+    "eager": False,
+    "planted": True,
+}
 #: Stands for every platform name no gate tests.
 OTHER_PLATFORM = "other"
 ABSENT = "absent"
@@ -52,8 +56,12 @@ class Setting:
     planted: bool
 
     def facts(self) -> dict[str, object]:
-        return {"platform": self.platform, "external_events": self.external_events,
-                "eager": self.eager, "planted": self.planted}
+        return {
+            "platform": self.platform,
+            "external_events": self.external_events,
+            "eager": self.eager,
+            "planted": self.planted,
+        }
 
     def assignments(self) -> dict[str, object]:
         return {**dict(self.flags), **self.facts()}
@@ -83,21 +91,33 @@ class CellSpace:
                 for fact_values in itertools.product((True, False), repeat=len(self.facts)):
                     chosen = dict(facts, platform=platform, **dict(zip(self.facts, fact_values)))
                     flags = dict(fixed_flags, **dict(zip(self.flags, flag_values)))
-                    out.append(Setting(tuple(sorted(flags.items())), str(chosen["platform"]),
-                                       bool(chosen["external_events"]), bool(chosen["eager"]),
-                                       bool(chosen["planted"])))
+                    out.append(
+                        Setting(
+                            tuple(sorted(flags.items())),
+                            str(chosen["platform"]),
+                            bool(chosen["external_events"]),
+                            bool(chosen["eager"]),
+                            bool(chosen["planted"]),
+                        )
+                    )
         return out
 
     def to_json(self) -> dict:
-        return {"modes": [m.label for m in self.modes], "flags": list(self.flags),
-                "platforms": list(self.platforms), "facts": list(self.facts),
-                "held": {name: why for name, why in self.held}}
+        return {
+            "modes": [m.label for m in self.modes],
+            "flags": list(self.flags),
+            "platforms": list(self.platforms),
+            "facts": list(self.facts),
+            "held": {name: why for name, why in self.held},
+        }
 
     def describe(self) -> list[str]:
         """Lines for a text report: what was compared and what was held fixed."""
         compared = ", ".join(self.axes) or "nothing beyond backend, mode and spec"
-        lines = [f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
-                 f"combination of: {compared} ({len(self.settings())} setting(s))"]
+        lines = [
+            f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
+            f"combination of: {compared} ({len(self.settings())} setting(s))"
+        ]
         lines += [f"held: {name} = {why}" for name, why in self.held]
         return lines
 
@@ -106,9 +126,13 @@ def _all_gates(registry: Registry) -> list[Gate]:
     return list(registry.gates) + [g for b in registry.backends.values() for g in b.gates]
 
 
-def cell_space(registries: Sequence[Registry], *, modes: Optional[Iterable[str]] = None,
-               fixed: Optional[Mapping[str, object]] = None,
-               max_settings: int = MAX_SETTINGS) -> CellSpace:
+def cell_space(
+    registries: Sequence[Registry],
+    *,
+    modes: Optional[Iterable[str]] = None,
+    fixed: Optional[Mapping[str, object]] = None,
+    max_settings: int = MAX_SETTINGS,
+) -> CellSpace:
     """The cells worth comparing across ``registries`` (see the module docstring).
 
     ``fixed`` holds flags (by name) or facts (``platform``, ``eager``, ``planted``,
@@ -125,8 +149,9 @@ def cell_space(registries: Sequence[Registry], *, modes: Optional[Iterable[str]]
         if name in fixed:
             held.append((name, f"{str(fixed[name]).lower()}: given"))
         elif name == FORCE_COARSE.name:
-            held.append((name, "false: the built-in kill switch makes every cell none on "
-                               "both sides"))
+            held.append(
+                (name, "false: the built-in kill switch makes every cell none on both sides")
+            )
         elif name in tested_flags:
             flags.append(name)
         else:
@@ -147,17 +172,28 @@ def cell_space(registries: Sequence[Registry], *, modes: Optional[Iterable[str]]
         elif any(getattr(g.when, fact) is not None for g in gates):
             facts.append(fact)
         else:
-            held.append((fact, f"{str(FAST_PATH[fact]).lower()}: no gate tests it; sound "
-                               "demotion applies alike to both sides"))
+            held.append(
+                (
+                    fact,
+                    f"{str(FAST_PATH[fact]).lower()}: no gate tests it; sound "
+                    "demotion applies alike to both sides",
+                )
+            )
     while flags and 2 ** len(flags) * len(platforms) * 2 ** len(facts) > max_settings:
         name = flags.pop()
-        held.append((name, f"default: more than {max_settings} combinations; give it with "
-                           f"--flag {name}=VALUE to compare the other value"))
+        held.append(
+            (
+                name,
+                f"default: more than {max_settings} combinations; give it with "
+                f"--flag {name}=VALUE to compare the other value",
+            )
+        )
     return CellSpace(mode_list, tuple(flags), platforms, tuple(facts), fixed, tuple(held))
 
 
-def cells(engine: PolicyEngine, backends: Sequence[str], specs: Sequence[str],
-          space: CellSpace) -> dict[tuple[str, ForwardMode, str, Setting], str]:
+def cells(
+    engine: PolicyEngine, backends: Sequence[str], specs: Sequence[str], space: CellSpace
+) -> dict[tuple[str, ForwardMode, str, Setting], str]:
     """The policy label of every cell, ``absent`` where the backend or spec is not declared."""
     present_b = [b for b in backends if b in engine.registry.backends]
     present_s = [s for s in specs if s in set(engine.spec_names())]
@@ -170,9 +206,16 @@ def cells(engine: PolicyEngine, backends: Sequence[str], specs: Sequence[str],
         if not present_b or not present_s:
             continue
         flags = {k: v for k, v in setting.flags if k in engine.registry.flags}
-        for d in engine.table(present_b, present_s, space.modes, flags,
-                              platform=setting.platform, external_events=setting.external_events,
-                              eager=setting.eager, planted=setting.planted):
+        for d in engine.table(
+            present_b,
+            present_s,
+            space.modes,
+            flags,
+            platform=setting.platform,
+            external_events=setting.external_events,
+            eager=setting.eager,
+            planted=setting.planted,
+        ):
             out[(d.context.backend, d.context.mode, d.context.spec, setting)] = d.policy.label
     return out
 
@@ -199,8 +242,9 @@ class DiffCell:
         return "earlier" if earlier else "later"
 
 
-def diff_engines(old: PolicyEngine, new: PolicyEngine, space: CellSpace,
-                 plugins: Optional[str] = None) -> list[DiffCell]:
+def diff_engines(
+    old: PolicyEngine, new: PolicyEngine, space: CellSpace, plugins: Optional[str] = None
+) -> list[DiffCell]:
     """Every cell of ``space`` whose policy differs between two engines."""
     backends = sorted(set(old.registry.concrete_backends()) | set(new.registry.concrete_backends()))
     specs = sorted(set(old.spec_names()) | set(new.spec_names()))
@@ -211,8 +255,12 @@ def diff_engines(old: PolicyEngine, new: PolicyEngine, space: CellSpace,
         if b[key] != was:
             groups.setdefault((key[0], key[1], key[2], was, b[key]), []).append(key[3])
     every = space.settings()
-    return [DiffCell(k[0], k[1], k[2], k[3], k[4], summarize(found, every, space), tuple(found),
-                     plugins) for k, found in groups.items()]
+    return [
+        DiffCell(
+            k[0], k[1], k[2], k[3], k[4], summarize(found, every, space), tuple(found), plugins
+        )
+        for k, found in groups.items()
+    ]
 
 
 def summarize(found: Sequence[Setting], every: Sequence[Setting], space: CellSpace) -> str:
@@ -229,8 +277,9 @@ def summarize(found: Sequence[Setting], every: Sequence[Setting], space: CellSpa
 
 
 def _assignments(values: Mapping[str, object]) -> str:
-    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                     for k, v in values.items())
+    return ", ".join(
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()
+    )
 
 
 @attrs.frozen
@@ -242,8 +291,12 @@ class LayerChange:
     note: str = ""  # why a layer could not be compared, if it could not
 
 
-def earlier_layers(layers: Sequence[Source], *, modes: Optional[Iterable[str]] = None,
-                   max_settings: int = MAX_SETTINGS) -> list[LayerChange]:
+def earlier_layers(
+    layers: Sequence[Source],
+    *,
+    modes: Optional[Iterable[str]] = None,
+    max_settings: int = MAX_SETTINGS,
+) -> list[LayerChange]:
     """For each layer k > 0: the cells where ``layers[0..k]`` is earlier than ``layers[0..k-1]``.
 
     A prefix that does not load on its own (a fragment that refers to a later layer) is skipped
@@ -255,21 +308,27 @@ def earlier_layers(layers: Sequence[Source], *, modes: Optional[Iterable[str]] =
     engines: list[tuple[str, Optional[PolicyEngine], str]] = []
     for k, source in enumerate(layers):
         try:
-            engines.append((layer_label(source),
-                            PolicyEngine(load_registry(list(layers[:k + 1])), environ={}), ""))
+            engines.append(
+                (
+                    layer_label(source),
+                    PolicyEngine(load_registry(list(layers[: k + 1])), environ={}),
+                    "",
+                )
+            )
         except WarpolicyError as exc:
             engines.append((layer_label(source), None, str(exc).splitlines()[0]))
     out: list[LayerChange] = []
     below: Optional[PolicyEngine] = None
     for label, engine, problem in engines:
         if engine is None:
-            out.append(LayerChange(label, (), f"cannot be loaded without the layers above it "
-                                              f"({problem})"))
+            out.append(
+                LayerChange(label, (), f"cannot be loaded without the layers above it ({problem})")
+            )
         elif below is not None:
-            space = cell_space([below.registry, engine.registry], modes=modes,
-                               max_settings=max_settings)
-            earlier = tuple(c for c in diff_engines(below, engine, space)
-                            if c.change == "earlier")
+            space = cell_space(
+                [below.registry, engine.registry], modes=modes, max_settings=max_settings
+            )
+            earlier = tuple(c for c in diff_engines(below, engine, space) if c.change == "earlier")
             if earlier:
                 out.append(LayerChange(label, earlier))
         below = engine

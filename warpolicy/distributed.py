@@ -64,6 +64,7 @@ class RankMismatchError(WarpolicyError):
 
 # -- fingerprint ---------------------------------------------------------------------------------
 
+
 def _str_cells(cells: Iterable[tuple[object, object]]) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), str(v)) for k, v in cells)
 
@@ -80,17 +81,23 @@ class PolicyFingerprint:
         return hashlib.sha256(self.to_bytes()).hexdigest()
 
     def to_bytes(self) -> bytes:
-        return json.dumps([list(c) for c in self.cells], separators=(",", ":"),
-                          ensure_ascii=True).encode("ascii")
+        return json.dumps(
+            [list(c) for c in self.cells], separators=(",", ":"), ensure_ascii=True
+        ).encode("ascii")
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PolicyFingerprint:
         return cls(tuple((k, v) for k, v in json.loads(data.decode("ascii"))))
 
 
-def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = None,
-                       platform: str = "cuda", external_events: bool = True,
-                       flags: Optional[Mapping[str, bool]] = None) -> PolicyFingerprint:
+def policy_fingerprint(
+    policy: PolicyLike,
+    *,
+    engine: Optional[PolicyEngine] = None,
+    platform: str = "cuda",
+    external_events: bool = True,
+    flags: Optional[Mapping[str, bool]] = None,
+) -> PolicyFingerprint:
     """The cells of ``policy`` (a `CompiledPolicy` or a ``(mode, eager, planted)`` callable).
 
     With ``engine`` the registry's entries and the resolved flags (``flags`` are the overrides
@@ -98,8 +105,10 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
     table are compared, which still catches every difference that changes a decision of this
     policy.
     """
-    cells: list[tuple[str, str]] = [("platform", platform),
-                                    ("platform.external_events", _bool(external_events))]
+    cells: list[tuple[str, str]] = [
+        ("platform", platform),
+        ("platform.external_events", _bool(external_events)),
+    ]
     for attr in ("backend", "spec"):
         value = getattr(policy, attr, None)
         if isinstance(value, str):
@@ -110,8 +119,9 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
     for mode in ForwardMode:
         for eager in (False, True):
             for planted in (True, False):
-                cells.append((_table_key(mode, eager, planted),
-                              _policy_label(lookup, mode, eager, planted)))
+                cells.append(
+                    (_table_key(mode, eager, planted), _policy_label(lookup, mode, eager, planted))
+                )
     if engine is not None:
         cells.extend(registry_cells(engine.registry))
     return PolicyFingerprint(tuple(cells))
@@ -120,8 +130,11 @@ def policy_fingerprint(policy: PolicyLike, *, engine: Optional[PolicyEngine] = N
 def registry_cells(registry: Registry) -> list[tuple[str, str]]:
     """One cell per flag, spec algorithm, backend and gate: a short hash of its content."""
     cells: list[tuple[str, str]] = []
-    for kind, entries in (("flag", registry.flags), ("spec", registry.spec_algorithms),
-                          ("backend", registry.backends)):
+    for kind, entries in (
+        ("flag", registry.flags),
+        ("spec", registry.spec_algorithms),
+        ("backend", registry.backends),
+    ):
         for name in sorted(entries):
             cells.append((f"registry.{kind}.{name}", _short_hash(entries[name])))
     seen: Counter[str] = Counter()
@@ -133,12 +146,13 @@ def registry_cells(registry: Registry) -> list[tuple[str, str]]:
 
 
 def _table_key(mode: ForwardMode, eager: bool, planted: bool) -> str:
-    return (f"table.{mode.value}.{'eager' if eager else 'graph'}."
-            f"{'planted' if planted else 'unplanted'}")
+    return (
+        f"table.{mode.value}.{'eager' if eager else 'graph'}."
+        f"{'planted' if planted else 'unplanted'}"
+    )
 
 
-def _policy_label(lookup: Callable[..., Any], mode: ForwardMode, eager: bool,
-                  planted: bool) -> str:
+def _policy_label(lookup: Callable[..., Any], mode: ForwardMode, eager: bool, planted: bool) -> str:
     try:
         return WarReadDonePolicy(lookup(mode, eager, planted)).label
     except Exception as exc:  # noqa: BLE001 - a failing cell is a fact to compare, not a crash
@@ -157,8 +171,11 @@ def _short_hash(entry: Any) -> str:
 def _canonical(value: Any) -> Any:
     """A JSON-able form of a registry value that is the same wherever it was loaded from."""
     if attrs.has(type(value)):
-        return {f.name: _canonical(getattr(value, f.name)) for f in attrs.fields(type(value))
-                if f.name not in _NOT_DECIDING}
+        return {
+            f.name: _canonical(getattr(value, f.name))
+            for f in attrs.fields(type(value))
+            if f.name not in _NOT_DECIDING
+        }
     if isinstance(value, enum.Enum):
         return value.name.lower()
     if isinstance(value, Mapping):
@@ -174,6 +191,7 @@ def _canonical(value: Any) -> Any:
 
 # -- result --------------------------------------------------------------------------------------
 
+
 @attrs.frozen
 class CellDifference:
     """The first cell on which the ranks disagree; ``values[r]`` is None where rank r lacks it."""
@@ -185,8 +203,9 @@ class CellDifference:
         by_value: dict[Optional[str], list[int]] = {}
         for rank, value in enumerate(self.values):
             by_value.setdefault(value, []).append(rank)
-        parts = [f"{'absent' if v is None else repr(v)} on {_ranks(rs)}"
-                 for v, rs in by_value.items()]
+        parts = [
+            f"{'absent' if v is None else repr(v)} on {_ranks(rs)}" for v, rs in by_value.items()
+        ]
         return f"{self.key}: " + ", ".join(parts)
 
 
@@ -214,33 +233,47 @@ class ConsistencyResult:
     def message(self) -> str:
         if self.ok:
             how = "checked" if self.checked else "nothing to compare"
-            return (f"warpolicy {self.where}: policies consistent on {self.world_size} rank(s) "
-                    f"({how}, digest {self.digest[:12]})")
+            return (
+                f"warpolicy {self.where}: policies consistent on {self.world_size} rank(s) "
+                f"({how}, digest {self.digest[:12]})"
+            )
         if self.error is not None:
             return f"warpolicy {self.where}: {self.error}; using the coarse barrier"
         cell = self.first_difference.describe() if self.first_difference else "(none found)"
-        return (f"warpolicy {self.where}: ranks disagree on what decides the read-done policy: "
-                f"{_ranks(self.differing_ranks)} (of {self.world_size}) "
-                f"{'differs' if len(self.differing_ranks) == 1 else 'differ'} from the majority; "
-                f"first differing cell {cell}; every rank uses the coarse barrier")
+        return (
+            f"warpolicy {self.where}: ranks disagree on what decides the read-done policy: "
+            f"{_ranks(self.differing_ranks)} (of {self.world_size}) "
+            f"{'differs' if len(self.differing_ranks) == 1 else 'differ'} from the majority; "
+            f"first differing cell {cell}; every rank uses the coarse barrier"
+        )
 
     def to_json(self) -> dict:
         diff = self.first_difference
-        return {"ok": self.ok, "coarse": self.coarse, "rank": self.rank,
-                "world_size": self.world_size, "digest": self.digest, "where": self.where,
-                "checked": self.checked, "digests": list(self.digests),
-                "differing_ranks": list(self.differing_ranks),
-                "first_difference": None if diff is None else {"key": diff.key,
-                                                               "values": list(diff.values)},
-                "error": self.error, "message": self.message}
+        return {
+            "ok": self.ok,
+            "coarse": self.coarse,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "digest": self.digest,
+            "where": self.where,
+            "checked": self.checked,
+            "digests": list(self.digests),
+            "differing_ranks": list(self.differing_ranks),
+            "first_difference": None
+            if diff is None
+            else {"key": diff.key, "values": list(diff.values)},
+            "error": self.error,
+            "message": self.message,
+        }
 
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
-def compare_fingerprints(fingerprints: Sequence[PolicyFingerprint], rank: int, *,
-                         where: str = "policy") -> ConsistencyResult:
+def compare_fingerprints(
+    fingerprints: Sequence[PolicyFingerprint], rank: int, *, where: str = "policy"
+) -> ConsistencyResult:
     """The verdict from every rank's fingerprint (index = rank); the same on every rank.
 
     The majority digest is the reference (ties: the one the lowest rank holds); the first
@@ -248,15 +281,23 @@ def compare_fingerprints(fingerprints: Sequence[PolicyFingerprint], rank: int, *
     value is not the same on every rank.
     """
     digests = tuple(fp.digest for fp in fingerprints)
-    base = dict(ok=True, rank=rank, world_size=len(fingerprints), digest=digests[rank],
-                where=where, checked=len(fingerprints) > 1, digests=digests)
+    base = dict(
+        ok=True,
+        rank=rank,
+        world_size=len(fingerprints),
+        digest=digests[rank],
+        where=where,
+        checked=len(fingerprints) > 1,
+        digests=digests,
+    )
     if len(set(digests)) <= 1:
         return ConsistencyResult(**base)  # type: ignore[arg-type]
     reference = _majority(digests)
     differing = tuple(r for r, d in enumerate(digests) if d != reference)
     first_rank = digests.index(reference)
-    order = [fingerprints[first_rank]] + [fp for r, fp in enumerate(fingerprints)
-                                          if r != first_rank]
+    order = [fingerprints[first_rank]] + [
+        fp for r, fp in enumerate(fingerprints) if r != first_rank
+    ]
     maps = [dict(fp.cells) for fp in fingerprints]
     diff = None
     for key in _ordered_keys(order):
@@ -284,9 +325,16 @@ def _ordered_keys(fingerprints: Iterable[PolicyFingerprint]) -> list[str]:
 
 # -- the check -----------------------------------------------------------------------------------
 
-def check_consistency(fingerprint: PolicyFingerprint, group: Any = None, *, strict: bool = False,
-                      device: Any = None, where: str = "policy",
-                      pm: Any = None) -> ConsistencyResult:
+
+def check_consistency(
+    fingerprint: PolicyFingerprint,
+    group: Any = None,
+    *,
+    strict: bool = False,
+    device: Any = None,
+    where: str = "policy",
+    pm: Any = None,
+) -> ConsistencyResult:
     """Compare ``fingerprint`` across the ranks of ``group`` (None: the default group).
 
     A collective: call it on every rank of the group, the same number of times, outside any
@@ -302,8 +350,9 @@ def check_consistency(fingerprint: PolicyFingerprint, group: Any = None, *, stri
     return result
 
 
-def _verdict(fingerprint: PolicyFingerprint, group: Any, device: Any,
-             where: str) -> ConsistencyResult:
+def _verdict(
+    fingerprint: PolicyFingerprint, group: Any, device: Any, where: str
+) -> ConsistencyResult:
     """The check without reporting: gather, compare, fail closed on any error."""
     dist = _distributed()
     digest = fingerprint.digest
@@ -315,23 +364,32 @@ def _verdict(fingerprint: PolicyFingerprint, group: Any, device: Any,
     try:
         return _gather_and_compare(dist, fingerprint, group, device, rank, where)
     except Exception as exc:  # noqa: BLE001 - a failed check is a mismatch: fail closed
-        return ConsistencyResult(False, rank, world, digest, where, checked=True,
-                                 error=f"the cross-rank policy check failed "
-                                       f"({type(exc).__name__}: {exc})")
+        return ConsistencyResult(
+            False,
+            rank,
+            world,
+            digest,
+            where,
+            checked=True,
+            error=f"the cross-rank policy check failed ({type(exc).__name__}: {exc})",
+        )
 
 
-def _gather_and_compare(dist: Any, fingerprint: PolicyFingerprint, group: Any, device: Any,
-                        rank: int, where: str) -> ConsistencyResult:
+def _gather_and_compare(
+    dist: Any, fingerprint: PolicyFingerprint, group: Any, device: Any, rank: int, where: str
+) -> ConsistencyResult:
     dev = _collective_device(dist, group, device)
     digests = all_gather_bytes(bytes.fromhex(fingerprint.digest), group, dev, fixed=True)
     if len(set(digests)) == 1:
         hexes = tuple(d.hex() for d in digests)
-        return ConsistencyResult(True, rank, len(digests), fingerprint.digest, where,
-                                 checked=True, digests=hexes)
+        return ConsistencyResult(
+            True, rank, len(digests), fingerprint.digest, where, checked=True, digests=hexes
+        )
     # every rank saw the same digests, so every rank takes this second round
     payloads = all_gather_bytes(fingerprint.to_bytes(), group, dev)
-    return compare_fingerprints([PolicyFingerprint.from_bytes(p) for p in payloads], rank,
-                                where=where)
+    return compare_fingerprints(
+        [PolicyFingerprint.from_bytes(p) for p in payloads], rank, where=where
+    )
 
 
 def _report(result: ConsistencyResult, strict: bool, pm: Any) -> None:
@@ -346,8 +404,9 @@ def _report(result: ConsistencyResult, strict: bool, pm: Any) -> None:
     warnings.warn(result.message, RuntimeWarning, stacklevel=3)
 
 
-def all_gather_bytes(payload: bytes, group: Any = None, device: Any = None, *,
-                     fixed: bool = False) -> list[bytes]:
+def all_gather_bytes(
+    payload: bytes, group: Any = None, device: Any = None, *, fixed: bool = False
+) -> list[bytes]:
     """Every rank's ``payload``, by rank, through tensor all-gathers (gloo or NCCL).
 
     ``fixed=True`` promises equal lengths on every rank (one collective instead of two).
@@ -410,6 +469,7 @@ def _distributed() -> Any:
 
 # -- policies that follow the verdict --------------------------------------------------------------
 
+
 class CoarsePolicy:
     """A policy that answers ``NONE`` (the coarse barrier) for every cell, and says why."""
 
@@ -418,15 +478,17 @@ class CoarsePolicy:
         self.backend = backend
         self.spec = spec
 
-    def lookup(self, mode: ForwardMode, eager: bool = False,
-               planted: bool = True) -> WarReadDonePolicy:
+    def lookup(
+        self, mode: ForwardMode, eager: bool = False, planted: bool = True
+    ) -> WarReadDonePolicy:
         return NONE
 
     __call__ = lookup
 
     def decision(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Decision:
-        ctx = Context(self.backend, ForwardMode.parse(mode), self.spec, eager=eager,
-                      planted=planted)
+        ctx = Context(
+            self.backend, ForwardMode.parse(mode), self.spec, eager=eager, planted=planted
+        )
         return Decision(NONE, ctx, (Reason(MISMATCH_ID, self.result.message, NONE, _ORIGIN),))
 
     def __repr__(self) -> str:
@@ -439,35 +501,54 @@ def guard_policy(policy: PolicyLike, result: ConsistencyResult) -> PolicyLike:
         return policy
     backend = getattr(policy, "backend", "?")
     spec = getattr(policy, "spec", "none")
-    return CoarsePolicy(result, backend if isinstance(backend, str) else "?",
-                        spec if isinstance(spec, str) else "none")
+    return CoarsePolicy(
+        result,
+        backend if isinstance(backend, str) else "?",
+        spec if isinstance(spec, str) else "none",
+    )
 
 
-def consistent_policy(policy: PolicyLike, *, engine: Optional[PolicyEngine] = None,
-                      platform: str = "cuda", external_events: bool = True,
-                      flags: Optional[Mapping[str, bool]] = None, group: Any = None,
-                      strict: bool = False, device: Any = None, where: str = "policy",
-                      pm: Any = None) -> tuple[PolicyLike, ConsistencyResult]:
+def consistent_policy(
+    policy: PolicyLike,
+    *,
+    engine: Optional[PolicyEngine] = None,
+    platform: str = "cuda",
+    external_events: bool = True,
+    flags: Optional[Mapping[str, bool]] = None,
+    group: Any = None,
+    strict: bool = False,
+    device: Any = None,
+    where: str = "policy",
+    pm: Any = None,
+) -> tuple[PolicyLike, ConsistencyResult]:
     """Fingerprint ``policy``, check it across ranks, and return what to run with.
 
     This is what a runner calls before its first capture (``where="runner:NAME"``). It is a
     collective: every rank of the group calls it, the same number of times, in the same order.
     """
     try:
-        fingerprint = policy_fingerprint(policy, engine=engine, platform=platform,
-                                         external_events=external_events, flags=flags)
+        fingerprint = policy_fingerprint(
+            policy, engine=engine, platform=platform, external_events=external_events, flags=flags
+        )
     except Exception as exc:  # noqa: BLE001 - still take part, or the peers would wait forever
         return _checked_failure(exc, group, strict, device, where, pm, policy)
-    result = check_consistency(fingerprint, group, strict=strict, device=device, where=where,
-                               pm=pm)
+    result = check_consistency(fingerprint, group, strict=strict, device=device, where=where, pm=pm)
     return guard_policy(policy, result), result
 
 
-def compile_consistent(engine: PolicyEngine, backend: str, spec: str = "none",
-                       flags: Optional[Mapping[str, bool]] = None, *, platform: str = "cuda",
-                       external_events: bool = True, group: Any = None, strict: bool = False,
-                       device: Any = None,
-                       pm: Any = None) -> tuple[PolicyLike, ConsistencyResult]:
+def compile_consistent(
+    engine: PolicyEngine,
+    backend: str,
+    spec: str = "none",
+    flags: Optional[Mapping[str, bool]] = None,
+    *,
+    platform: str = "cuda",
+    external_events: bool = True,
+    group: Any = None,
+    strict: bool = False,
+    device: Any = None,
+    pm: Any = None,
+) -> tuple[PolicyLike, ConsistencyResult]:
     """`PolicyEngine.compile`, then the cross-rank check: the engine's compile step for TP.
 
     A collective, like `consistent_policy`. With ``strict=True`` a compile error still takes
@@ -475,18 +556,36 @@ def compile_consistent(engine: PolicyEngine, backend: str, spec: str = "none",
     """
     where = f"compile:{backend}/{spec}"
     try:
-        compiled = engine.compile(backend, spec, flags, platform=platform,
-                                  external_events=external_events, strict=strict)
+        compiled = engine.compile(
+            backend, spec, flags, platform=platform, external_events=external_events, strict=strict
+        )
     except Exception as exc:  # noqa: BLE001 - only raised with strict=True
         return _checked_failure(exc, group, strict, device, where, pm, None, backend, spec)
-    return consistent_policy(compiled, engine=engine, platform=platform,
-                             external_events=external_events, flags=flags, group=group,
-                             strict=strict, device=device, where=where, pm=pm)
+    return consistent_policy(
+        compiled,
+        engine=engine,
+        platform=platform,
+        external_events=external_events,
+        flags=flags,
+        group=group,
+        strict=strict,
+        device=device,
+        where=where,
+        pm=pm,
+    )
 
 
-def _checked_failure(exc: Exception, group: Any, strict: bool, device: Any, where: str, pm: Any,
-                     policy: Optional[PolicyLike], backend: str = "?",
-                     spec: str = "none") -> tuple[PolicyLike, ConsistencyResult]:
+def _checked_failure(
+    exc: Exception,
+    group: Any,
+    strict: bool,
+    device: Any,
+    where: str,
+    pm: Any,
+    policy: Optional[PolicyLike],
+    backend: str = "?",
+    spec: str = "none",
+) -> tuple[PolicyLike, ConsistencyResult]:
     """This rank could not build its policy or fingerprint: take part in the check with a cell
     naming the failure (so every peer ends coarse too), then end coarse here (or raise)."""
     why = f"{type(exc).__name__}: {exc}"

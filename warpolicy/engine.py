@@ -54,14 +54,27 @@ from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry
 if TYPE_CHECKING:
     from warpolicy.loader import Source
 
-__all__ = ["Context", "CompiledPolicy", "Declaration", "Decision", "Explanation", "FlagValue",
-           "GateCheck", "PolicyEngine", "Reason", "parse_bool"]
+__all__ = [
+    "Context",
+    "CompiledPolicy",
+    "Declaration",
+    "Decision",
+    "Explanation",
+    "FlagValue",
+    "GateCheck",
+    "PolicyEngine",
+    "Reason",
+    "parse_bool",
+]
 
 BUILT_IN = "built-in (warpolicy.engine)"
 
 #: Used when a registry declares no ``none`` algorithm: no capabilities, so gates stay coarse.
-IMPLICIT_SPEC = SpecAlgorithm("none", doc="implicit: no speculative decoding, no capabilities "
-                              "declared", origin=Origin(BUILT_IN))
+IMPLICIT_SPEC = SpecAlgorithm(
+    "none",
+    doc="implicit: no speculative decoding, no capabilities declared",
+    origin=Origin(BUILT_IN),
+)
 
 #: Reason ids of the built-ins and of the declaration.
 SOUND_DEMOTION_ID = "sound-demotion"
@@ -70,10 +83,13 @@ DECLARED_ID = "declared"
 
 #: The operator's kill switch. Built in: it works with any registry, and a registry or plugin can
 #: add environment names to it (by declaring the flag) but never remove these.
-FORCE_COARSE = Flag("force_coarse", False, ("WARPOLICY_FORCE_COARSE",
-                                            "SGLANG_FORCE_COARSE_WAR_BARRIER"),
-                    doc="Always use the coarse barrier; built into the engine.",
-                    origin=Origin(BUILT_IN))
+FORCE_COARSE = Flag(
+    "force_coarse",
+    False,
+    ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER"),
+    doc="Always use the coarse barrier; built into the engine.",
+    origin=Origin(BUILT_IN),
+)
 
 
 def _mode(value: Union[str, ForwardMode]) -> ForwardMode:
@@ -113,8 +129,12 @@ class Reason:
     origin: Optional[str] = None
 
     def to_json(self) -> dict:
-        return {"id": self.id, "message": self.message, "policy": self.policy.label,
-                "origin": self.origin}
+        return {
+            "id": self.id,
+            "message": self.message,
+            "policy": self.policy.label,
+            "origin": self.origin,
+        }
 
 
 @attrs.frozen
@@ -126,9 +146,13 @@ class Decision:
     reasons: tuple[Reason, ...] = ()
 
     def to_json(self) -> dict:
-        return {"policy": self.policy.label, "backend": self.context.backend,
-                "mode": self.context.mode.label, "spec": self.context.spec,
-                "reasons": [r.to_json() for r in self.reasons]}
+        return {
+            "policy": self.policy.label,
+            "backend": self.context.backend,
+            "mode": self.context.mode.label,
+            "spec": self.context.spec,
+            "reasons": [r.to_json() for r in self.reasons],
+        }
 
 
 @attrs.frozen
@@ -203,8 +227,10 @@ class Explanation:
     def placement_text(self) -> str:
         """One line saying where the read-done node goes and, for derived, what that means."""
         if self.placement is Placement.DERIVED:
-            return ("derived (the node is planted after the last shared reader found in the "
-                    "captured graph; see docs/derived-placement.md for what the walk cannot see)")
+            return (
+                "derived (the node is planted after the last shared reader found in the "
+                "captured graph; see docs/derived-placement.md for what the walk cannot see)"
+            )
         return "marker (the runner records the event right after graph_prep)"
 
     def to_json(self) -> dict:
@@ -217,22 +243,47 @@ class Explanation:
         seen.add(self.backend)
         out = self.decision.to_json()
         ctx = self.decision.context
-        out.update({
-            "declared": self.declared.label,
-            "chain": list(self.chain),
-            "declarations": [{"backend": d.backend, "policy": d.policy.label,
-                              "origin": d.origin, "via": d.via} for d in self.declarations],
-            "flags": {f.name: {"value": f.value, "source": f.source} for f in self.flags},
-            "spec_family": self.spec.family,
-            "spec_capabilities": dict(self.spec.capabilities),
-            "platform": {"name": ctx.platform, "external_events": ctx.external_events,
-                         "eager": ctx.eager, "planted": ctx.planted},
-            "gates": [{"id": c.gate.id, "matched": c.matched, "raised": c.raised,
-                       "at_least": c.gate.at_least.label, "why": c.why,
-                       "origin": str(c.gate.origin)} for c in self.gates],
-            "children": [{"backend": c.backend, "see_above": True} if c.backend in seen
-                         else c._json(seen) for c in self.children],
-        })
+        out.update(
+            {
+                "declared": self.declared.label,
+                "chain": list(self.chain),
+                "declarations": [
+                    {
+                        "backend": d.backend,
+                        "policy": d.policy.label,
+                        "origin": d.origin,
+                        "via": d.via,
+                    }
+                    for d in self.declarations
+                ],
+                "flags": {f.name: {"value": f.value, "source": f.source} for f in self.flags},
+                "spec_family": self.spec.family,
+                "spec_capabilities": dict(self.spec.capabilities),
+                "platform": {
+                    "name": ctx.platform,
+                    "external_events": ctx.external_events,
+                    "eager": ctx.eager,
+                    "planted": ctx.planted,
+                },
+                "gates": [
+                    {
+                        "id": c.gate.id,
+                        "matched": c.matched,
+                        "raised": c.raised,
+                        "at_least": c.gate.at_least.label,
+                        "why": c.why,
+                        "origin": str(c.gate.origin),
+                    }
+                    for c in self.gates
+                ],
+                "children": [
+                    {"backend": c.backend, "see_above": True}
+                    if c.backend in seen
+                    else c._json(seen)
+                    for c in self.children
+                ],
+            }
+        )
         return out
 
 
@@ -244,8 +295,13 @@ class PolicyEngine:
     one, `compile` warns once when a layer makes a compiled cell earlier than the layers below it.
     """
 
-    def __init__(self, registry: Registry, environ: Optional[Mapping[str, str]] = None, *,
-                 layers: Optional[Sequence[Source]] = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        environ: Optional[Mapping[str, str]] = None,
+        *,
+        layers: Optional[Sequence[Source]] = None,
+    ) -> None:
         self.registry = registry
         env = os.environ if environ is None else environ
         self._environ: Mapping[str, str] = dict(env)
@@ -258,10 +314,15 @@ class PolicyEngine:
     # -- construction helpers -------------------------------------------------------------
 
     @classmethod
-    def load(cls, files: Optional[Sequence[str]] = None, *,
-             fragments: Sequence[Fragment] = (), blame: Optional[Blame] = None,
-             environ: Optional[Mapping[str, str]] = None,
-             plugins: bool = False) -> PolicyEngine:
+    def load(
+        cls,
+        files: Optional[Sequence[str]] = None,
+        *,
+        fragments: Sequence[Fragment] = (),
+        blame: Optional[Blame] = None,
+        environ: Optional[Mapping[str, str]] = None,
+        plugins: bool = False,
+    ) -> PolicyEngine:
         """Build an engine from registry files (``files``, else ``WARPOLICY_CAPABILITIES``, else
         the packaged default) plus plugin ``fragments`` the caller collected, e.g.::
 
@@ -273,16 +334,19 @@ class PolicyEngine:
         refused: the engine does not reach for a plugin manager itself.
         """
         if plugins:
-            raise InputError("PolicyEngine.load takes plugin fragments from its caller: pass "
-                             "fragments=warpolicy.plugins.collect_fragments(pm)")
+            raise InputError(
+                "PolicyEngine.load takes plugin fragments from its caller: pass "
+                "fragments=warpolicy.plugins.collect_fragments(pm)"
+            )
         env = os.environ if environ is None else environ
         assembly = assemble_registry(files, fragments, blame=blame, environ=env)
         return cls(assembly.checked(), environ=env, layers=list(assembly.layers))
 
     # -- flags --------------------------------------------------------------------------
 
-    def flag_values(self, overrides: Optional[Mapping[str, Union[bool, str]]] = None
-                    ) -> tuple[FlagValue, ...]:
+    def flag_values(
+        self, overrides: Optional[Mapping[str, Union[bool, str]]] = None
+    ) -> tuple[FlagValue, ...]:
         """Every flag's value: overrides beat the environment, which beats the default.
 
         The built-in ``force_coarse`` is always present; an override can switch it on but not
@@ -337,10 +401,16 @@ class PolicyEngine:
             self._warn_once(f"decide({ctx.backend!r}, {ctx.mode.label!r}, {ctx.spec!r})", exc)
             return NONE
 
-    def compile(self, backend: str, spec: str = "none",
-                flags: Optional[Mapping[str, Union[bool, str]]] = None, *,
-                platform: str = "cuda", external_events: bool = True,
-                strict: bool = False) -> CompiledPolicy:
+    def compile(
+        self,
+        backend: str,
+        spec: str = "none",
+        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        *,
+        platform: str = "cuda",
+        external_events: bool = True,
+        strict: bool = False,
+    ) -> CompiledPolicy:
         """Resolve everything but the mode and the runner facts once, for the per-step lookup.
 
         With ``strict=False`` (the runtime default) any error compiles to all-``NONE`` plus one
@@ -351,8 +421,11 @@ class PolicyEngine:
             table = self._compiled_table(backend, spec, flags, platform, external_events)
 
             def explain_step(mode: ForwardMode, eager: bool, planted: bool) -> Decision:
-                return self.decision(Context(backend, mode, spec, flags or {}, platform,
-                                             external_events, eager, planted))
+                return self.decision(
+                    Context(
+                        backend, mode, spec, flags or {}, platform, external_events, eager, planted
+                    )
+                )
 
             placement = {mode: self.placement(backend, mode) for mode in ForwardMode}
             compiled = CompiledPolicy(backend, spec, table, explain_step, placement)
@@ -364,11 +437,14 @@ class PolicyEngine:
         self._warn_earlier_layers(backend, spec, flags, platform, external_events, table)
         return compiled
 
-    def table(self, backends: Optional[Iterable[str]] = None,
-              specs: Optional[Iterable[str]] = None,
-              modes: Optional[Iterable[Union[str, ForwardMode]]] = None,
-              flags: Optional[Mapping[str, Union[bool, str]]] = None,
-              **facts: Union[str, bool]) -> list[Decision]:
+    def table(
+        self,
+        backends: Optional[Iterable[str]] = None,
+        specs: Optional[Iterable[str]] = None,
+        modes: Optional[Iterable[Union[str, ForwardMode]]] = None,
+        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        **facts: Union[str, bool],
+    ) -> list[Decision]:
         """The decision for every (backend, mode, spec) combination, in a stable order.
 
         One evaluation (and its memo) serves every backend of a (mode, spec), so a table over a
@@ -395,16 +471,22 @@ class PolicyEngine:
         flags = self.flag_values(ctx.flags)
         return _Evaluation(self, ctx, self.spec(ctx.spec), flags)
 
-    def _compiled_table(self, backend: str, spec: str,
-                        flags: Optional[Mapping[str, Union[bool, str]]], platform: str,
-                        external_events: bool) -> dict[ForwardMode, tuple[WarReadDonePolicy, ...]]:
+    def _compiled_table(
+        self,
+        backend: str,
+        spec: str,
+        flags: Optional[Mapping[str, Union[bool, str]]],
+        platform: str,
+        external_events: bool,
+    ) -> dict[ForwardMode, tuple[WarReadDonePolicy, ...]]:
         table = {}
         for mode in ForwardMode:
             row = []
             for eager in (False, True):
                 for planted in (False, True):
-                    ctx = Context(backend, mode, spec, flags or {}, platform, external_events,
-                                  eager, planted)
+                    ctx = Context(
+                        backend, mode, spec, flags or {}, platform, external_events, eager, planted
+                    )
                     row.append(self.decision(ctx).policy)
             table[mode] = tuple(row)
         return table
@@ -421,17 +503,22 @@ class PolicyEngine:
             out: list[tuple[str, Optional[PolicyEngine]]] = []
             for k, source in enumerate(self._layers):
                 try:
-                    registry = load_registry(list(self._layers[:k + 1]))
+                    registry = load_registry(list(self._layers[: k + 1]))
                     out.append((layer_label(source), PolicyEngine(registry, self._environ)))
                 except WarpolicyError:
                     out.append((layer_label(source), None))
             self._layer_engines = out
         return self._layer_engines
 
-    def _warn_earlier_layers(self, backend: str, spec: str,
-                             flags: Optional[Mapping[str, Union[bool, str]]], platform: str,
-                             external_events: bool,
-                             table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]]) -> None:
+    def _warn_earlier_layers(
+        self,
+        backend: str,
+        spec: str,
+        flags: Optional[Mapping[str, Union[bool, str]]],
+        platform: str,
+        external_events: bool,
+        table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
+    ) -> None:
         """Warn once per layer that makes one of ``table``'s cells earlier than those below."""
         if len(self._layers) < 2:
             return
@@ -450,10 +537,17 @@ class PolicyEngine:
                     for mode, row in here.items():
                         for index, (old, new) in enumerate(zip(below[mode], row)):
                             if new < old:
-                                facts = ("captured, not planted", "captured, planted",
-                                         "eager", "eager")[index]
-                                self._warn_layer(label, f"{backend} {mode.label} (spec {spec}, "
-                                                 f"{facts}): {old.label} -> {new.label}")
+                                facts = (
+                                    "captured, not planted",
+                                    "captured, planted",
+                                    "eager",
+                                    "eager",
+                                )[index]
+                                self._warn_layer(
+                                    label,
+                                    f"{backend} {mode.label} (spec {spec}, "
+                                    f"{facts}): {old.label} -> {new.label}",
+                                )
                                 break
                         else:
                             continue
@@ -467,8 +561,12 @@ class PolicyEngine:
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(f"warpolicy: layer {label} makes a cell earlier than the layers below it: "
-                      f"{cell}; audit it or disable the plugin", RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"warpolicy: layer {label} makes a cell earlier than the layers below it: "
+            f"{cell}; audit it or disable the plugin",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         """Where a runner plants the in-graph node for ``backend`` in ``mode``: the first
@@ -483,8 +581,9 @@ class PolicyEngine:
             if name in memo:
                 continue
             entry = self.registry.backend(name)
-            declared = next((a.plant[mode] for a in self.registry.lineage(name)
-                             if mode in a.plant), None)
+            declared = next(
+                (a.plant[mode] for a in self.registry.lineage(name) if mode in a.plant), None
+            )
             delegate = entry.per_mode.get(mode)
             children = (delegate,) if delegate is not None else entry.latest_of
             if declared is not None or not children:
@@ -507,15 +606,15 @@ class PolicyEngine:
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(f"warpolicy: {key}; using the coarse barrier", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"warpolicy: {key}; using the coarse barrier", RuntimeWarning, stacklevel=3)
 
 
 class _Evaluation:
     """One (mode, spec, flags, platform facts) evaluated over any backends, each visited once."""
 
-    def __init__(self, engine: PolicyEngine, ctx: Context, spec: SpecAlgorithm,
-                 flags: tuple[FlagValue, ...]) -> None:
+    def __init__(
+        self, engine: PolicyEngine, ctx: Context, spec: SpecAlgorithm, flags: tuple[FlagValue, ...]
+    ) -> None:
         self.registry = engine.registry
         self.global_gates = engine._global_gates
         self.ctx = ctx
@@ -591,8 +690,9 @@ class _Evaluation:
         checks = []
         scoped = tuple(g for b in lineage for g in b.gates)
         for gate in self.global_gates + scoped:
-            matched, why = _gate_matches(gate.when, ctx, self.spec, self.flag_map,
-                                         record.policy, names)
+            matched, why = _gate_matches(
+                gate.when, ctx, self.spec, self.flag_map, record.policy, names
+            )
             raised = matched and gate.at_least > record.floor
             checks.append(GateCheck(gate, matched, why, raised))
             if raised:
@@ -611,14 +711,28 @@ class _Evaluation:
             policy = max(policy, demotion.policy)
             reasons.append(demotion)
         decision = Decision(policy, ctx, tuple(reasons))
-        return Explanation(decision, self.flags, self.spec, record.policy, record.chain,
-                           tuple(checks), record.children, demotion, record.declarations, forced)
+        return Explanation(
+            decision,
+            self.flags,
+            self.spec,
+            record.policy,
+            record.chain,
+            tuple(checks),
+            record.children,
+            demotion,
+            record.declarations,
+            forced,
+        )
 
     def _force_coarse(self) -> Optional[Reason]:
         for flag in self.flags:
             if flag.name == FORCE_COARSE.name and flag.value:
-                return Reason(FORCE_COARSE_ID, f"the operator forced the coarse barrier "
-                              f"(force_coarse from {flag.source})", NONE, BUILT_IN)
+                return Reason(
+                    FORCE_COARSE_ID,
+                    f"the operator forced the coarse barrier (force_coarse from {flag.source})",
+                    NONE,
+                    BUILT_IN,
+                )
         return None
 
     def _declared(self, lineage: Sequence[Backend]) -> Declared:
@@ -633,16 +747,20 @@ class _Evaluation:
                 origin = str(entry.reads_end_origins.get(mode, entry.origin))
                 via = "own" if entry.name == name else f"inherited from {entry.name}"
                 declarations.append(Declaration(entry.name, policy, origin, via))
-                chain.append(f"{name} declares {mode.label}: {policy.label}"
-                             + ("" if via == "own" else f" ({via})"))
+                chain.append(
+                    f"{name} declares {mode.label}: {policy.label}"
+                    + ("" if via == "own" else f" ({via})")
+                )
         children = []
         parts = [f"{d.backend}={d.policy.label}" for d in declarations]
         for child_name, how in self._children(lineage):
             child = self.memo[child_name]
             children.append(child)
             parts.append(f"{child_name}={child.declared.label}")
-            chain.append(f"{name} runs {child_name} for {mode.label} ({how}): declared "
-                         f"{child.declared.label}, decided {child.decision.policy.label}")
+            chain.append(
+                f"{name} runs {child_name} for {mode.label} ({how}): declared "
+                f"{child.declared.label}, decided {child.decision.policy.label}"
+            )
         if not declarations and not children:
             chain.append(f"{name} does not declare {mode.label}: not audited, none")
             return Declared(NONE, NONE, str(lineage[0].origin), tuple(chain), (), ())
@@ -652,10 +770,11 @@ class _Evaluation:
         floor = max([declared] + [c.decision.policy for c in children])
         if len(candidates) > 1 or children:
             kind = "the latest of its children" if children else "the latest of its declarations"
-            chain.append(f"{name} is {kind}: declared {declared.label} ({', '.join(parts)}), "
-                         f"decided at least {floor.label}")
-        return Declared(declared, floor, origin, tuple(chain), tuple(declarations),
-                        tuple(children))
+            chain.append(
+                f"{name} is {kind}: declared {declared.label} ({', '.join(parts)}), "
+                f"decided at least {floor.label}"
+            )
+        return Declared(declared, floor, origin, tuple(chain), tuple(declarations), tuple(children))
 
 
 class CompiledPolicy:
@@ -667,32 +786,39 @@ class CompiledPolicy:
 
     __slots__ = ("backend", "spec", "_table", "_explain", "_placement")
 
-    def __init__(self, backend: str, spec: str,
-                 table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
-                 explain: Optional[Callable[[ForwardMode, bool, bool], Decision]] = None,
-                 placement: Optional[Mapping[ForwardMode, Placement]] = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        spec: str,
+        table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
+        explain: Optional[Callable[[ForwardMode, bool, bool], Decision]] = None,
+        placement: Optional[Mapping[ForwardMode, Placement]] = None,
+    ) -> None:
         self.backend = backend
         self.spec = spec
         self._table = dict(table)  # per mode: index ``eager * 2 + planted``
         self._explain = explain
         self._placement = dict(placement or {})
 
-    def lookup(self, mode: ForwardMode, eager: bool = False,
-               planted: bool = True) -> WarReadDonePolicy:
+    def lookup(
+        self, mode: ForwardMode, eager: bool = False, planted: bool = True
+    ) -> WarReadDonePolicy:
         """The policy for ``mode`` given the runner's facts; ``NONE`` for anything unknown."""
         row = self._table.get(mode)
         if row is None:
             return NONE
         return row[eager * 2 + planted]
 
-    def per_step(self, eager: bool = False,
-                 planted: bool = True) -> Callable[[ForwardMode], WarReadDonePolicy]:
+    def per_step(
+        self, eager: bool = False, planted: bool = True
+    ) -> Callable[[ForwardMode], WarReadDonePolicy]:
         """The hot-path callable for a runner whose facts are known: ``fn(mode) -> policy``.
 
         It is a bound ``dict.__getitem__`` (no Python frame per call); unknown keys give ``NONE``.
         """
-        return _ModeTable({m: row[eager * 2 + planted] for m, row in self._table.items()}
-                          ).__getitem__
+        return _ModeTable(
+            {m: row[eager * 2 + planted] for m, row in self._table.items()}
+        ).__getitem__
 
     def decision(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Decision:
         """The full `Decision` behind a lookup (for observers; not for the per-step path)."""
@@ -700,10 +826,8 @@ class CompiledPolicy:
         if self._explain is not None:
             return self._explain(mode, eager, planted)
         ctx = Context(self.backend, mode, self.spec, eager=eager, planted=planted)
-        reason = Reason("compile-failed", "the policy could not be compiled; coarse barrier",
-                        NONE)
+        reason = Reason("compile-failed", "the policy could not be compiled; coarse barrier", NONE)
         return Decision(self.lookup(mode, eager, planted), ctx, (reason,))
-
 
     def placement(self, mode: ForwardMode) -> Placement:
         """Where the runner plants the in-graph node in ``mode`` (marker when unknown)."""
@@ -721,11 +845,15 @@ class _ModeTable(dict):
 
 def layer_label(source: object) -> str:
     """How a layer is named in reports: a file's path or a plugin fragment's name."""
-    return str(getattr(source, "name", None) if not isinstance(source, (str, os.PathLike))
-               else os.fspath(source))
+    return str(
+        getattr(source, "name", None)
+        if not isinstance(source, (str, os.PathLike))
+        else os.fspath(source)
+    )
 
 
 # -- flags from the environment -----------------------------------------------------------------
+
 
 def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, FlagValue]:
     """Declared defaults and environment values, plus the built-in kill switch.
@@ -735,11 +863,15 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
     (built-in or declared) says so, when one cannot be parsed (fail closed), or when the registry's
     value is on: no variable, layer or plugin can switch it off.
     """
-    values = {flag.name: _flag_from_env(flag, environ) for flag in registry.flags.values()
-              if flag.name != FORCE_COARSE.name}
+    values = {
+        flag.name: _flag_from_env(flag, environ)
+        for flag in registry.flags.values()
+        if flag.name != FORCE_COARSE.name
+    }
     declared = registry.flags.get(FORCE_COARSE.name)
-    names = list(FORCE_COARSE.env) + [v for v in (declared.env if declared else ())
-                                      if v not in FORCE_COARSE.env]
+    names = list(FORCE_COARSE.env) + [
+        v for v in (declared.env if declared else ()) if v not in FORCE_COARSE.env
+    ]
     value = FlagValue(FORCE_COARSE.name, False, "default")
     if declared is not None and declared.default:
         value = FlagValue(FORCE_COARSE.name, True, f"default at {declared.origin}")
@@ -750,8 +882,11 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
         try:
             on = parse_bool(raw, var)
         except InputError:
-            value = FlagValue(FORCE_COARSE.name, True,
-                              f"env {var}={raw!r}, not a boolean: forced on (fail closed)")
+            value = FlagValue(
+                FORCE_COARSE.name,
+                True,
+                f"env {var}={raw!r}, not a boolean: forced on (fail closed)",
+            )
             break
         if on:
             value = FlagValue(FORCE_COARSE.name, True, f"env {var}")
@@ -783,9 +918,14 @@ def _sound_demotion(policy: WarReadDonePolicy, ctx: Context) -> Optional[Reason]
     return Reason(SOUND_DEMOTION_ID, f"{why}; demoted to post_replay", POST_REPLAY, BUILT_IN)
 
 
-def _gate_matches(when: Conditions, ctx: Context, spec: SpecAlgorithm,
-                  flags: Mapping[str, bool], declared: WarReadDonePolicy,
-                  lineage: frozenset[str]) -> tuple[bool, str]:
+def _gate_matches(
+    when: Conditions,
+    ctx: Context,
+    spec: SpecAlgorithm,
+    flags: Mapping[str, bool],
+    declared: WarReadDonePolicy,
+    lineage: frozenset[str],
+) -> tuple[bool, str]:
     """Whether every condition of ``when`` holds; ``why`` names the first that does not."""
     if when.mode is not None and ctx.mode not in when.mode:
         return False, f"mode is {ctx.mode.label}, not {_names(when.mode)}"

@@ -19,8 +19,13 @@ class WarpolicyError(Exception):
 class UnknownNameError(WarpolicyError, KeyError):
     """A backend, mode, spec algorithm, flag, policy or plugin name that does not exist."""
 
-    def __init__(self, kind: str, name: str, candidates: Iterable[str] = (),
-                 suggestions: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        candidates: Iterable[str] = (),
+        suggestions: Optional[Sequence[str]] = None,
+    ) -> None:
         self.kind = kind
         self.name = name
         self.candidates = sorted(set(candidates))
@@ -89,8 +94,7 @@ class PluginError(WarpolicyError):
         where = f"plugin {self.plugin!r}"
         if self.entry_point:
             where += f" (entry point {self.entry_point})"
-        return (f"{where}: {self.message}; disable it with "
-                f"WARPOLICY_DISABLE_PLUGINS={self.plugin}")
+        return f"{where}: {self.message}; disable it with WARPOLICY_DISABLE_PLUGINS={self.plugin}"
 
 
 class CudaUnavailableError(WarpolicyError):

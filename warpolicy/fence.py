@@ -95,21 +95,28 @@ class _Notifier:
     def fail(self, where: str, error: BaseException) -> None:
         """A runtime failure absorbed by failing closed (call after the safe state is in place:
         under ``-W error`` the warning raises)."""
-        self._warn(where, f"warpolicy {self._what}: {where} failed ({error!r}); "
-                          "falling back to the coarse barrier")
+        self._warn(
+            where,
+            f"warpolicy {self._what}: {where} failed ({error!r}); "
+            "falling back to the coarse barrier",
+        )
         for call in self._observers.on_fallback:
             try:
                 call(f"{self._what}:{where}", error)
             except Exception as exc:  # noqa: BLE001 - a failing observer changes nothing
                 self.observer_failed("warpolicy_on_fallback", call, exc, report=False)
 
-    def observer_failed(self, hook: str, call: ObserverCall, error: BaseException,
-                        report: bool = True) -> None:
+    def observer_failed(
+        self, hook: str, call: ObserverCall, error: BaseException, report: bool = True
+    ) -> None:
         """An observer raised: warn once per observer and tell the fallback observers; what
         was published and the barrier applied stay as they are."""
         plugin = self._observers.plugin_of.get(call, "?")
-        self._warn(f"{hook}:{plugin}", f"warpolicy {self._what}: observer plugin {plugin!r} raised "
-                                       f"in {hook} ({error!r}); ignored")
+        self._warn(
+            f"{hook}:{plugin}",
+            f"warpolicy {self._what}: observer plugin {plugin!r} raised "
+            f"in {hook} ({error!r}); ignored",
+        )
         if report:
             for fallback in self._observers.on_fallback:
                 try:
@@ -126,8 +133,14 @@ class ReadDoneFence:
     publish in a torch profiler range (None: the ``WARPOLICY_PROFILE_RANGES`` variable).
     """
 
-    def __init__(self, platform: Platform, ring_size: int = 4, name: str = "decode", *,
-                 profile_ranges: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        platform: Platform,
+        ring_size: int = 4,
+        name: str = "decode",
+        *,
+        profile_ranges: Optional[bool] = None,
+    ) -> None:
         if int(ring_size) < 2:
             raise ValueError(f"ring_size must be at least 2, got {ring_size}")
         self.platform = platform
@@ -233,7 +246,9 @@ class ReadDoneFence:
 
     # -- per step -------------------------------------------------------------------------------
 
-    def before_replay(self, policy: WarReadDonePolicy, stream: Optional[StreamHandle] = None) -> None:
+    def before_replay(
+        self, policy: WarReadDonePolicy, stream: Optional[StreamHandle] = None
+    ) -> None:
         """Begin a step. ``PRE_REPLAY`` records a ring event on ``stream`` (None = the current,
         forward, stream) now, before the replay is enqueued."""
         self._step += 1
@@ -251,8 +266,12 @@ class ReadDoneFence:
                 self._trouble |= _FAILED
                 self._notifier.fail("before_replay", exc)
 
-    def after_replay(self, policy: WarReadDonePolicy, planted: Optional[EventHandle],
-                     stream: Optional[StreamHandle] = None) -> None:
+    def after_replay(
+        self,
+        policy: WarReadDonePolicy,
+        planted: Optional[EventHandle],
+        stream: Optional[StreamHandle] = None,
+    ) -> None:
         """Publish this step's read-done event into the mailbox, after ``replay()`` is enqueued.
 
         ``planted`` is the event this step's graph records (what `plant` returned when the
@@ -271,8 +290,12 @@ class ReadDoneFence:
             return
         self._publish_step(policy, planted, stream)
 
-    def _publish_step(self, policy: WarReadDonePolicy, planted: Optional[EventHandle],
-                      stream: Optional[StreamHandle]) -> None:
+    def _publish_step(
+        self,
+        policy: WarReadDonePolicy,
+        planted: Optional[EventHandle],
+        stream: Optional[StreamHandle],
+    ) -> None:
         if not self._open:
             self.before_replay(NONE)  # a step must have a number even without before_replay
         self._open = False
@@ -295,8 +318,12 @@ class ReadDoneFence:
         if self._observers.on_publish:
             self._notify_publish(policy, event)
 
-    def _publish(self, policy: WarReadDonePolicy, planted: Optional[EventHandle],
-                 stream: Optional[StreamHandle]) -> tuple[EventHandle, WarReadDonePolicy]:
+    def _publish(
+        self,
+        policy: WarReadDonePolicy,
+        planted: Optional[EventHandle],
+        stream: Optional[StreamHandle],
+    ) -> tuple[EventHandle, WarReadDonePolicy]:
         if policy == IN_GRAPH:
             if planted is not None and not self._trouble & _PLANT_FAILED:
                 return planted, IN_GRAPH
@@ -343,14 +370,22 @@ class SchedulerBarrier:
     """The scheduler side: the schedule stream waits on the taken event, or on the whole
     forward stream (coarse) when there is none, when coarse is forced, or when the wait failed."""
 
-    def __init__(self, platform: Platform, force_coarse: bool = False, name: str = "scheduler", *,
-                 profile_ranges: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        platform: Platform,
+        force_coarse: bool = False,
+        name: str = "scheduler",
+        *,
+        profile_ranges: Optional[bool] = None,
+    ) -> None:
         self.platform = platform
         self.name = name
         self._wait_event = platform.wait_event  # the platform's own bound calls
         self._wait_stream = platform.wait_stream
         self._ranges = _profile_ranges(profile_ranges)
-        self.force_coarse = bool(force_coarse)  # also sets _slow (forced or ranged: off the fast path)
+        self.force_coarse = bool(
+            force_coarse
+        )  # also sets _slow (forced or ranged: off the fast path)
         self._notifier = _Notifier(platform, f"barrier {name!r}")
         self._observers = observers_of(platform.pm)
 
@@ -364,8 +399,12 @@ class SchedulerBarrier:
         self._force_coarse = bool(value)
         self._slow = self._force_coarse or self._ranges
 
-    def apply(self, schedule_stream: StreamHandle, forward_stream: StreamHandle,
-              read_done: Optional[ReadDone]) -> str:
+    def apply(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        read_done: Optional[ReadDone],
+    ) -> str:
         """Order ``schedule_stream`` after the forward's shared reads; returns ``"event"`` or
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
         if read_done is not None and not self._slow:  # the common case
@@ -381,8 +420,12 @@ class SchedulerBarrier:
                 return self._order(schedule_stream, forward_stream, read_done)
         return self._order(schedule_stream, forward_stream, read_done)
 
-    def _order(self, schedule_stream: StreamHandle, forward_stream: StreamHandle,
-               read_done: Optional[ReadDone]) -> str:
+    def _order(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        read_done: Optional[ReadDone],
+    ) -> str:
         # Every failure applies the safe (coarse) barrier *before* it is reported, so a warning
         # turned into an exception (``-W error``) can never leave the schedule stream unordered.
         if read_done is not None and not self._force_coarse:
@@ -395,11 +438,18 @@ class SchedulerBarrier:
             return "event"
         self._coarse(schedule_stream, forward_stream)
         if self._observers.on_barrier:
-            self._notify(read_done, "coarse", "forced" if self._force_coarse else "no read-done event")
+            self._notify(
+                read_done, "coarse", "forced" if self._force_coarse else "no read-done event"
+            )
         return "coarse"
 
-    def _wait_failed(self, schedule_stream: StreamHandle, forward_stream: StreamHandle,
-                     read_done: ReadDone, error: Exception) -> str:
+    def _wait_failed(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        read_done: ReadDone,
+        error: Exception,
+    ) -> str:
         self._coarse(schedule_stream, forward_stream)
         self._notifier.fail("wait_event", error)
         if self._observers.on_barrier:

@@ -39,17 +39,30 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: What `warpolicy_capabilities` may return: a file (``pathlib.Path``), YAML text (``str``),
 #: an already-parsed mapping, or a list of these.
-FragmentResult = Union[os.PathLike, str, Mapping[str, Any], Sequence[Union[os.PathLike, str, Mapping[str, Any]]]]
+FragmentResult = Union[
+    os.PathLike, str, Mapping[str, Any], Sequence[Union[os.PathLike, str, Mapping[str, Any]]]
+]
 
 #: The 0.1 per-operation platform hooks. A plugin still implementing one is refused at
 #: registration with an error naming `warpolicy_platform`.
 REMOVED_PLATFORM_HOOKS = (
-    "warpolicy_platform_name", "warpolicy_external_events_supported", "warpolicy_platform_log",
-    "warpolicy_create_event", "warpolicy_record_event", "warpolicy_wait_event",
-    "warpolicy_wait_stream", "warpolicy_is_capturing", "warpolicy_new_stream",
-    "warpolicy_current_stream", "warpolicy_use_stream", "warpolicy_new_graph",
-    "warpolicy_graph_pool", "warpolicy_capture", "warpolicy_capture_callable",
-    "warpolicy_replay", "warpolicy_synchronize",
+    "warpolicy_platform_name",
+    "warpolicy_external_events_supported",
+    "warpolicy_platform_log",
+    "warpolicy_create_event",
+    "warpolicy_record_event",
+    "warpolicy_wait_event",
+    "warpolicy_wait_stream",
+    "warpolicy_is_capturing",
+    "warpolicy_new_stream",
+    "warpolicy_current_stream",
+    "warpolicy_use_stream",
+    "warpolicy_new_graph",
+    "warpolicy_graph_pool",
+    "warpolicy_capture",
+    "warpolicy_capture_callable",
+    "warpolicy_replay",
+    "warpolicy_synchronize",
 )
 
 #: The observer hooks, in the order of their arguments as the runtime passes them.
@@ -63,6 +76,7 @@ OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = {
 
 
 # -- registry fragments ------------------------------------------------------------------------
+
 
 @hookspec
 def warpolicy_capabilities() -> Optional[FragmentResult]:
@@ -80,8 +94,9 @@ def warpolicy_capabilities() -> Optional[FragmentResult]:
 
 # -- platform ----------------------------------------------------------------------------------
 
+
 @hookspec
-def warpolicy_platform(device: str) -> Optional["PlatformImpl"]:
+def warpolicy_platform(device: str) -> Optional[PlatformImpl]:
     """Claim a device: return a `warpolicy.platforms.PlatformImpl` for ``device``, or None.
 
     Fires once each time a `Platform` is built (`Platform.for_device`). ``device`` is a
@@ -96,8 +111,9 @@ def warpolicy_platform(device: str) -> Optional["PlatformImpl"]:
 
 # -- observers ---------------------------------------------------------------------------------
 
+
 @hookspec
-def warpolicy_on_decision(decision: "Decision", where: str) -> None:
+def warpolicy_on_decision(decision: Decision, where: str) -> None:
     """A policy decision was made; fires when a runner resolves a bucket's policy at capture.
 
     :param decision: the `warpolicy.engine.Decision`, with every reason that moved it
@@ -106,8 +122,9 @@ def warpolicy_on_decision(decision: "Decision", where: str) -> None:
 
 
 @hookspec
-def warpolicy_on_publish(runner: str, step: int, policy: WarReadDonePolicy,
-                         event: Optional["EventHandle"]) -> None:
+def warpolicy_on_publish(
+    runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
+) -> None:
     """A fence published for one step; fires at the end of `ReadDoneFence.after_replay`.
 
     :param runner: the fence's (runner's) name

@@ -120,7 +120,9 @@ class NvtxPlugin:
         self._local.open = True
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
+    def warpolicy_on_barrier(
+        self, runner: str, step: Optional[int], kind: str, reason: str
+    ) -> None:
         self.close()
         self._mark(f"warpolicy {runner} step {step} released: {kind} ({reason})")
 
@@ -133,7 +135,9 @@ class NvtxPlugin:
     def warpolicy_on_decision(self, decision: Any, where: str) -> None:
         context = getattr(decision, "context", None)
         mode = getattr(getattr(context, "mode", None), "value", "?")
-        self._mark(f"warpolicy decide {where} {mode} {_label(getattr(decision, 'policy', decision))}")
+        self._mark(
+            f"warpolicy decide {where} {mode} {_label(getattr(decision, 'policy', decision))}"
+        )
 
 
 def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> Optional[NvtxPlugin]:
@@ -148,7 +152,11 @@ def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> Optional[NvtxPlugin]:
         nvtx = load_nvtx()
         nvtx.mark("warpolicy: NVTX ranges on")  # a CPU-only torch raises here
     except Exception as exc:  # noqa: BLE001 - ImportError, or the stub's RuntimeError
-        log.warning("warpolicy: %s is set but NVTX is unavailable (%s: %s); no ranges",
-                    ENV, type(exc).__name__, exc)
+        log.warning(
+            "warpolicy: %s is set but NVTX is unavailable (%s: %s); no ranges",
+            ENV,
+            type(exc).__name__,
+            exc,
+        )
         return None
     return NvtxPlugin(nvtx)

@@ -18,8 +18,15 @@ import pluggy
 from warpolicy.errors import CudaUnavailableError, UnknownNameError
 from warpolicy.graphwalk import DerivedPlant, PlacementError, SelfCheck
 from warpolicy.graphwalk.plant import SharedBuffers
-from warpolicy.platforms import (EventHandle, GraphHandle, PlatformImpl, PoolHandle, StreamHandle,
-                                 cuda_available, device_type)
+from warpolicy.platforms import (
+    EventHandle,
+    GraphHandle,
+    PlatformImpl,
+    PoolHandle,
+    StreamHandle,
+    cuda_available,
+    device_type,
+)
 from warpolicy.platforms.sim import CallLog, SimPlatform
 from warpolicy.plugins import claim_platform, get_plugin_manager, new_plugin_manager
 
@@ -71,7 +78,7 @@ class Platform:
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def for_device(cls, device: Any = None, pm: Optional[pluggy.PluginManager] = None) -> "Platform":
+    def for_device(cls, device: Any = None, pm: Optional[pluggy.PluginManager] = None) -> Platform:
         """The platform for ``device`` (``torch.device``, ``"cuda"``, ``"cuda:0"``, ``"sim"``,
         or None = CUDA if available, else the simulated platform).
 
@@ -84,7 +91,8 @@ class Platform:
         kind = device_type(wanted)
         if kind == "cuda" and not cuda_available():
             raise CudaUnavailableError(
-                f"device {wanted!r} needs CUDA, but torch.cuda.is_available() is False")
+                f"device {wanted!r} needs CUDA, but torch.cuda.is_available() is False"
+            )
         claim = claim_platform(pm, wanted)
         if claim is None:
             raise UnknownNameError("device type", kind, ["cuda", "sim"])
@@ -102,13 +110,19 @@ class Platform:
             if self._external:
                 log.info("warpolicy: CUDA external events available: in-graph read-done enabled")
             else:
-                log.info("warpolicy: CUDA external events unavailable (this torch has no "
-                         "torch.cuda.Event(external=...)): in-graph read-done disabled, "
-                         "in_graph demotes to post_replay")
+                log.info(
+                    "warpolicy: CUDA external events unavailable (this torch has no "
+                    "torch.cuda.Event(external=...)): in-graph read-done disabled, "
+                    "in_graph demotes to post_replay"
+                )
         else:
             state = "simulated" if self._external else "disabled"
-            log.info("warpolicy: platform %r on device %s: in-graph read-done %s",
-                     self._name, self.device, state)
+            log.info(
+                "warpolicy: platform %r on device %s: in-graph read-done %s",
+                self._name,
+                self.device,
+                state,
+            )
 
     def __repr__(self) -> str:
         return f"Platform(name={self._name!r}, device={self.device!r})"
@@ -158,13 +172,22 @@ class Platform:
         """A memory-pool handle several graphs can share (pass as ``pool=``)."""
         return self._handle(self.impl.graph_pool(), "graph_pool")
 
-    def capture(self, graph: GraphHandle, stream: Optional[StreamHandle] = None,
-                pool: Optional[PoolHandle] = None) -> ContextManager[Any]:
+    def capture(
+        self,
+        graph: GraphHandle,
+        stream: Optional[StreamHandle] = None,
+        pool: Optional[PoolHandle] = None,
+    ) -> ContextManager[Any]:
         """Context manager capturing its block into ``graph``."""
         return self._handle(self.impl.capture(graph, stream, pool), "capture")
 
-    def capture_callable(self, graph: GraphHandle, fn: Callable[[], Any],
-                         stream: Optional[StreamHandle] = None, pool: Optional[PoolHandle] = None) -> None:
+    def capture_callable(
+        self,
+        graph: GraphHandle,
+        fn: Callable[[], Any],
+        stream: Optional[StreamHandle] = None,
+        pool: Optional[PoolHandle] = None,
+    ) -> None:
         """Capture ``fn()`` into ``graph``. On the simulated platform each replay runs ``fn`` again."""
         self.impl.capture_callable(graph, fn, stream, pool)
 
@@ -185,14 +208,16 @@ class Platform:
             return f"platform {self._name!r}: graph_walk_unavailable raised {exc!r}"
         return None if reason is None else str(reason)
 
-    def plant_derived(self, graph: GraphHandle, shared_buffers: SharedBuffers,
-                      event: EventHandle) -> DerivedPlant:
+    def plant_derived(
+        self, graph: GraphHandle, shared_buffers: SharedBuffers, event: EventHandle
+    ) -> DerivedPlant:
         """Add the read-done node recording ``event`` after the shared readers of the kept,
         not yet instantiated ``graph``. Raises `PlacementError` (one line) on any failure."""
         return self._walk("plant_derived", graph, shared_buffers, event)
 
-    def check_marker(self, graph: GraphHandle, shared_buffers: SharedBuffers,
-                     event: EventHandle) -> SelfCheck:
+    def check_marker(
+        self, graph: GraphHandle, shared_buffers: SharedBuffers, event: EventHandle
+    ) -> SelfCheck:
         """The static check of the marker recording ``event`` in the kept ``graph``. Raises
         `PlacementError` (one line) when it cannot be done."""
         return self._walk("check_marker", graph, shared_buffers, event)
@@ -207,16 +232,18 @@ class Platform:
     def _walk(self, op: str, *args: Any) -> Any:
         fn = getattr(self.impl, op, None)
         if fn is None:
-            raise PlacementError(f"platform {self._name!r} cannot walk its captured graphs "
-                                 f"(no {op})")
+            raise PlacementError(
+                f"platform {self._name!r} cannot walk its captured graphs (no {op})"
+            )
         try:
             result = fn(*args)
         except PlacementError:
             raise
         except Exception as exc:  # noqa: BLE001 - fail closed: the caller demotes the bucket
             text = str(exc).strip().splitlines()
-            raise PlacementError(f"{op} failed: {type(exc).__name__}: "
-                                 f"{text[0] if text else ''}") from None
+            raise PlacementError(
+                f"{op} failed: {type(exc).__name__}: {text[0] if text else ''}"
+            ) from None
         if result is None:
             raise PlacementError(f"platform {self._name!r}: {op} returned None")
         return result
@@ -227,13 +254,21 @@ class Platform:
         return result
 
 
-def sim_platform(*, external_events: bool = True, pm: Optional[pluggy.PluginManager] = None,
-                 log_cap: Optional[int] = None) -> Platform:
+def sim_platform(
+    *,
+    external_events: bool = True,
+    pm: Optional[pluggy.PluginManager] = None,
+    log_cap: Optional[int] = None,
+) -> Platform:
     """A `Platform` on a fresh `SimPlatform` (its own log and clocks), on ``pm`` or a fresh
     plugin manager without entry points. ``platform.impl`` is the `SimPlatform`."""
     if pm is None:
         pm = new_plugin_manager(load_entry_points=False, environ={})
-    impl = SimPlatform(external_events) if log_cap is None else SimPlatform(external_events, log_cap=log_cap)
+    impl = (
+        SimPlatform(external_events)
+        if log_cap is None
+        else SimPlatform(external_events, log_cap=log_cap)
+    )
     return Platform(impl, pm)
 
 

@@ -41,10 +41,25 @@ DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
 TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
 
 #: The members `PlatformImpl` requires (checked on every claim, so a bad one is one line).
-_IMPL_MEMBERS = ("name", "device", "external_events_supported", "create_event", "record",
-                 "wait_event", "wait_stream", "is_capturing", "new_stream", "current_stream",
-                 "use_stream", "new_graph", "graph_pool", "capture", "capture_callable", "replay",
-                 "synchronize")
+_IMPL_MEMBERS = (
+    "name",
+    "device",
+    "external_events_supported",
+    "create_event",
+    "record",
+    "wait_event",
+    "wait_stream",
+    "is_capturing",
+    "new_stream",
+    "current_stream",
+    "use_stream",
+    "new_graph",
+    "graph_pool",
+    "capture",
+    "capture_callable",
+    "replay",
+    "synchronize",
+)
 
 
 @attrs.frozen
@@ -69,8 +84,14 @@ class Observers:
     through pluggy instead, so the monitor sees it.
     """
 
-    __slots__ = ("on_decision", "on_publish", "on_barrier", "on_fallback", "on_demotion",
-                 "plugin_of")
+    __slots__ = (
+        "on_decision",
+        "on_publish",
+        "on_barrier",
+        "on_fallback",
+        "on_demotion",
+        "plugin_of",
+    )
 
     def __init__(self) -> None:
         self.on_decision: tuple[ObserverCall, ...] = ()
@@ -92,16 +113,19 @@ class Observers:
                 calls = (call,)
             elif impls:
                 # pluggy calls the last registered first (tryfirst/trylast already sorted in)
-                calls = tuple(_direct(impl.function, tuple(impl.argnames), argnames)
-                              for impl in reversed(impls))
+                calls = tuple(
+                    _direct(impl.function, tuple(impl.argnames), argnames)
+                    for impl in reversed(impls)
+                )
                 for call, impl in zip(calls, reversed(impls)):
                     plugin_of[call] = impl.plugin_name
-            setattr(self, hook_name[len("warpolicy_"):], calls)
+            setattr(self, hook_name[len("warpolicy_") :], calls)
         self.plugin_of = plugin_of
 
 
-def _direct(function: Callable[..., Any], names: tuple[str, ...],
-            spec: tuple[str, ...]) -> ObserverCall:
+def _direct(
+    function: Callable[..., Any], names: tuple[str, ...], spec: tuple[str, ...]
+) -> ObserverCall:
     """``function`` called positionally; an implementation naming a subset (or another order)
     of the arguments gets exactly those, as pluggy would pass them."""
     if names == spec:
@@ -138,9 +162,12 @@ class WarpolicyPluginManager(pluggy.PluginManager):
                 # hasattr first: older pluggy releases' parse_hookimpl_opts assumes the name
                 # exists on the plugin
                 if hasattr(plugin, hook) and self.parse_hookimpl_opts(plugin, hook) is not None:
-                    raise PluginError(plugin_name, f"implements {hook}, a 0.1 platform hook removed "
-                                      "in 0.2; implement warpolicy_platform(device) returning a "
-                                      "PlatformImpl instead (CHANGELOG: Migrating from 0.1)")
+                    raise PluginError(
+                        plugin_name,
+                        f"implements {hook}, a 0.1 platform hook removed "
+                        "in 0.2; implement warpolicy_platform(device) returning a "
+                        "PlatformImpl instead (CHANGELOG: Migrating from 0.1)",
+                    )
         registered = super().register(plugin, name)
         self._refresh()
         return registered
@@ -174,8 +201,10 @@ def observers_of(pm: pluggy.PluginManager) -> Observers:
     """The manager's cached observer calls (the runtime needs a `WarpolicyPluginManager`)."""
     observers = getattr(pm, "observers", None)
     if not isinstance(observers, Observers):
-        raise TypeError("the warpolicy runtime needs a plugin manager from "
-                        "warpolicy.plugins.new_plugin_manager, not a bare pluggy.PluginManager")
+        raise TypeError(
+            "the warpolicy runtime needs a plugin manager from "
+            "warpolicy.plugins.new_plugin_manager, not a bare pluggy.PluginManager"
+        )
     return observers
 
 
@@ -188,8 +217,9 @@ def _disabled(environ: Mapping[str, str]) -> list[str]:
     return [name.strip() for name in raw.split(",") if name.strip()]
 
 
-def new_plugin_manager(*, load_entry_points: bool = True,
-                       environ: Mapping[str, str] = os.environ) -> WarpolicyPluginManager:
+def new_plugin_manager(
+    *, load_entry_points: bool = True, environ: Mapping[str, str] = os.environ
+) -> WarpolicyPluginManager:
     """A fresh manager: hookspecs, built-ins, then (optionally) the ``warpolicy`` entry points.
 
     Raises `PluginError` naming the plugin and its entry point when one fails to import or
@@ -234,8 +264,12 @@ def _entry_points() -> list[tuple[importlib.metadata.EntryPoint, str, str]]:
             # Broken metadata (unparseable entry_points.txt, non-UTF-8 METADATA) breaks that
             # distribution for every consumer; it must not stop warpolicy: one line, skip it.
             where = getattr(dist, "_path", None) or "a distribution"
-            log.warning("warpolicy: skipping %s: unreadable metadata (%s: %s)",
-                        where, type(exc).__name__, _one_line(str(exc)))
+            log.warning(
+                "warpolicy: skipping %s: unreadable metadata (%s: %s)",
+                where,
+                type(exc).__name__,
+                _one_line(str(exc)),
+            )
             continue
         for ep in eps:
             if ep.name not in found:
@@ -265,26 +299,38 @@ def load_entry_point_plugins(pm: WarpolicyPluginManager) -> list[str]:
             pm.sources.setdefault(ep.name, source)
             continue
         if ep.name in pm.sources:
-            raise PluginError(ep.name, f"its name clashes with the {pm.sources[ep.name].source} plugin "
-                                       f"{ep.name!r}; rename the entry point", entry_point=_ep_text(ep))
+            raise PluginError(
+                ep.name,
+                f"its name clashes with the {pm.sources[ep.name].source} plugin "
+                f"{ep.name!r}; rename the entry point",
+                entry_point=_ep_text(ep),
+            )
         try:
             plugin = ep.load()
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the plugin's
-            raise PluginError(ep.name, _one_line(f"failed to import: {type(exc).__name__}: {exc}"),
-                              entry_point=_ep_text(ep)) from exc
+        except (Exception, SystemExit) as exc:
+            raise PluginError(
+                ep.name,
+                _one_line(f"failed to import: {type(exc).__name__}: {exc}"),
+                entry_point=_ep_text(ep),
+            ) from exc
         try:
             pm.register(plugin, name=ep.name)
         except PluginError as exc:
             raise PluginError(ep.name, exc.message, entry_point=_ep_text(ep)) from exc
         except pluggy.PluginValidationError as exc:
-            raise PluginError(ep.name, _one_line(f"invalid hook implementation: {exc}"),
-                              entry_point=_ep_text(ep)) from exc
+            raise PluginError(
+                ep.name, _one_line(f"invalid hook implementation: {exc}"), entry_point=_ep_text(ep)
+            ) from exc
         except ValueError as exc:  # e.g. two entry points naming the same module
             other = pm.get_name(plugin)
-            why = (f"it is the same object as the already registered plugin {other!r}"
-                   if other is not None else str(exc))
-            raise PluginError(ep.name, _one_line(f"cannot be registered: {why}"),
-                              entry_point=_ep_text(ep)) from exc
+            why = (
+                f"it is the same object as the already registered plugin {other!r}"
+                if other is not None
+                else str(exc)
+            )
+            raise PluginError(
+                ep.name, _one_line(f"cannot be registered: {why}"), entry_point=_ep_text(ep)
+            ) from exc
         pm.sources[ep.name] = source
         loaded.append(ep.name)
     return loaded
@@ -297,7 +343,9 @@ def _check_pending(pm: WarpolicyPluginManager) -> None:
     except pluggy.PluginValidationError as exc:
         name = pm.get_name(exc.plugin) or repr(exc.plugin)
         source = _source_of(pm, name)
-        raise PluginError(name, _one_line(f"unknown hook: {exc}"), entry_point=source.entry_point) from exc
+        raise PluginError(
+            name, _one_line(f"unknown hook: {exc}"), entry_point=source.entry_point
+        ) from exc
 
 
 _DEFAULT: Optional[WarpolicyPluginManager] = None
@@ -322,6 +370,7 @@ def reset_plugin_manager() -> None:
 
 # -- platform claim --------------------------------------------------------------------------
 
+
 def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str, PlatformImpl]]:
     """Ask every plugin's `warpolicy_platform` for ``device`` once; (plugin name, impl) of the
     one claim, or None when nobody claims it.
@@ -337,24 +386,34 @@ def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str,
         name = impl.plugin_name
         try:
             result = impl.function(**({"device": device} if "device" in impl.argnames else {}))
-        except Exception as exc:  # noqa: BLE001 - any failure is the plugin's
-            raise _plugin_error(pm, name, f"warpolicy_platform({device!r}) raised "
-                                          f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            raise _plugin_error(
+                pm, name, f"warpolicy_platform({device!r}) raised {type(exc).__name__}: {exc}"
+            ) from exc
         if result is None:
             continue
         missing = [m for m in _IMPL_MEMBERS if not hasattr(result, m)]
         if missing:
-            raise _plugin_error(pm, name, f"warpolicy_platform({device!r}) returned a "
-                                          f"{type(result).__name__} without {', '.join(missing)}")
+            raise _plugin_error(
+                pm,
+                name,
+                f"warpolicy_platform({device!r}) returned a "
+                f"{type(result).__name__} without {', '.join(missing)}",
+            )
         claims.append((name, cast(PlatformImpl, result)))
     if len(claims) > 1:
         first, second = sorted(name for name, _ in claims)[:2]
-        raise _plugin_error(pm, first, f"claims device {device!r}, and so does plugin {second!r}; "
-                                       "exactly one plugin may claim a device type")
+        raise _plugin_error(
+            pm,
+            first,
+            f"claims device {device!r}, and so does plugin {second!r}; "
+            "exactly one plugin may claim a device type",
+        )
     return claims[0] if claims else None
 
 
 # -- fragments ---------------------------------------------------------------------------------
+
 
 def collect_fragments(pm: pluggy.PluginManager) -> list[Fragment]:
     """Every plugin's `warpolicy_capabilities` result as `warpolicy.loader.Fragment` objects,
@@ -372,8 +431,10 @@ def collect_fragments(pm: pluggy.PluginManager) -> list[Fragment]:
         name = impl.plugin_name
         try:
             result = impl.function()
-        except Exception as exc:  # noqa: BLE001
-            raise _plugin_error(pm, name, f"warpolicy_capabilities raised {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            raise _plugin_error(
+                pm, name, f"warpolicy_capabilities raised {type(exc).__name__}: {exc}"
+            ) from exc
         try:
             fragments.extend(plugin_fragments(name, result))
         except FragmentError as exc:
@@ -401,6 +462,7 @@ def _plugin_error(pm: pluggy.PluginManager, plugin: str, message: str) -> Plugin
 
 # -- description -------------------------------------------------------------------------------
 
+
 def _source_of(pm: pluggy.PluginManager, name: str) -> PluginSource:
     sources = getattr(pm, "sources", {})
     if name in sources:
@@ -419,14 +481,16 @@ def describe_plugins(pm: pluggy.PluginManager) -> list[dict]:
         source = _source_of(pm, name)
         blocked = plugin is None or pm.is_blocked(name)
         hooks = [] if blocked else sorted(c.name for c in (pm.get_hookcallers(plugin) or []))
-        rows.append({
-            "name": name,
-            "version": source.version,
-            "source": source.source,
-            "hooks": hooks,
-            "entry_point": source.entry_point,
-            "status": "disabled" if blocked else "active",
-        })
+        rows.append(
+            {
+                "name": name,
+                "version": source.version,
+                "source": source.source,
+                "hooks": hooks,
+                "entry_point": source.entry_point,
+                "status": "disabled" if blocked else "active",
+            }
+        )
     return rows
 
 

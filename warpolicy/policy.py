@@ -34,8 +34,13 @@ class WarReadDonePolicy(enum.IntEnum):
 
 
 _POLICY_ALIASES: dict[str, WarReadDonePolicy] = {p.label: p for p in WarReadDonePolicy}
-_POLICY_ALIASES.update({"coarse": WarReadDonePolicy.NONE, "unknown": WarReadDonePolicy.NONE,
-                        "in_replay": WarReadDonePolicy.IN_GRAPH})
+_POLICY_ALIASES.update(
+    {
+        "coarse": WarReadDonePolicy.NONE,
+        "unknown": WarReadDonePolicy.NONE,
+        "in_replay": WarReadDonePolicy.IN_GRAPH,
+    }
+)
 
 
 def policy_names() -> list[str]:
@@ -99,17 +104,22 @@ class ForwardMode(str, enum.Enum):
 
 
 _MODE_ALIASES: dict[str, ForwardMode] = {m.value: m for m in ForwardMode}
-_MODE_ALIASES.update({
-    "prefill": ForwardMode.EXTEND,
-    "verify": ForwardMode.TARGET_VERIFY,
-    "draft_extend_v2": ForwardMode.DRAFT_EXTEND,
-})
+_MODE_ALIASES.update(
+    {
+        "prefill": ForwardMode.EXTEND,
+        "verify": ForwardMode.TARGET_VERIFY,
+        "draft_extend_v2": ForwardMode.DRAFT_EXTEND,
+    }
+)
 
 #: The modes a table covers by default: the ones where any backend can publish early.
-TABLE_MODES: tuple[ForwardMode, ...] = (ForwardMode.DECODE, ForwardMode.EXTEND,
-                                        ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+TABLE_MODES: tuple[ForwardMode, ...] = (
+    ForwardMode.DECODE,
+    ForwardMode.EXTEND,
+    ForwardMode.TARGET_VERIFY,
+    ForwardMode.DRAFT_EXTEND,
+)
 
 
 def mode_names() -> list[str]:
     return list(_MODE_ALIASES)
-

@@ -38,7 +38,10 @@ DEFAULT_REF = "origin/main"
 
 # -- validate --------------------------------------------------------------------------------------
 
-def validate_files(files: Sequence[str], base: Sequence[str] = (), err: Optional[TextIO] = None) -> int:
+
+def validate_files(
+    files: Sequence[str], base: Sequence[str] = (), err: Optional[TextIO] = None
+) -> int:
     """Validate each file on top of ``base``; every problem on ``err`` (default stderr)."""
     err = err if err is not None else sys.stderr
     bases = list(registry_sources(base)) if base else []
@@ -51,6 +54,7 @@ def validate_files(files: Sequence[str], base: Sequence[str] = (), err: Optional
 
 
 # -- diff ------------------------------------------------------------------------------------------
+
 
 class GitError(WarpolicyError):
     """git is missing or cannot give the old file (the diff hook fails closed)."""
@@ -77,8 +81,7 @@ def old_version(ref: str, path: str) -> Optional[str]:
     probe = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
     if probe.returncode != 0:
         why = _first_line(probe.stderr) if probe.stderr else "not found"
-        raise GitError(f"unknown git ref {ref!r} ({why}); "
-                       "fetch it or pass --ref")
+        raise GitError(f"unknown git ref {ref!r} ({why}); fetch it or pass --ref")
     spec = f"{ref}:./{path}"
     if _git(["cat-file", "-e", spec]).returncode != 0:
         return None
@@ -103,13 +106,20 @@ def earlier_cells(old_sources: Sequence, new_sources: Sequence) -> list[str]:
             continue
         if WarReadDonePolicy.parse(cell.new) < WarReadDonePolicy.parse(cell.old):
             when = "" if cell.when == "any" else f" when {cell.when}"
-            lines.append(f"backend {cell.backend}, mode {cell.mode.value}, spec {cell.spec}"
-                         f"{when}: {cell.old} -> {cell.new} (earlier)")
+            lines.append(
+                f"backend {cell.backend}, mode {cell.mode.value}, spec {cell.spec}"
+                f"{when}: {cell.old} -> {cell.new} (earlier)"
+            )
     return lines
 
 
-def diff_files(files: Sequence[str], ref: str = DEFAULT_REF, base: Sequence[str] = (),
-               out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
+def diff_files(
+    files: Sequence[str],
+    ref: str = DEFAULT_REF,
+    base: Sequence[str] = (),
+    out: Optional[TextIO] = None,
+    err: Optional[TextIO] = None,
+) -> int:
     """Fail (1) when any file has an earlier cell than its version at ``ref``."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -119,17 +129,23 @@ def diff_files(files: Sequence[str], ref: str = DEFAULT_REF, base: Sequence[str]
         try:
             text = old_version(ref, path)
         except GitError as exc:
-            err.write(f"warpolicy-diff: {path}: cannot read the version at {ref}: {exc}; failing closed\n")
+            err.write(
+                f"warpolicy-diff: {path}: cannot read the version at {ref}: {exc}; failing closed\n"
+            )
             return INPUT_ERROR
         if text is None:
             out.write(f"{path}: new file (absent at {ref}), nothing to compare\n")
             continue
         try:
-            lines = earlier_cells(bases + [Fragment(name=f"{ref}:{path}", data=text)], bases + [path])
+            lines = earlier_cells(
+                bases + [Fragment(name=f"{ref}:{path}", data=text)], bases + [path]
+            )
         except RegistryError as exc:
             err.write("".join(f"{p}\n" for p in exc.problems))
-            err.write(f"warpolicy-diff: {path}: cannot compare with {ref} (invalid registry); "
-                      "failing closed\n")
+            err.write(
+                f"warpolicy-diff: {path}: cannot compare with {ref} (invalid registry); "
+                "failing closed\n"
+            )
             status = CHECK_FAILED
             continue
         except WarpolicyError as exc:
@@ -138,26 +154,38 @@ def diff_files(files: Sequence[str], ref: str = DEFAULT_REF, base: Sequence[str]
         for line in lines:
             err.write(f"{path}: {line}\n")
         if lines:
-            err.write(f"warpolicy-diff: {path}: {len(lines)} cell(s) release earlier than at {ref}; "
-                      "audit them (warpolicy audit) before they land\n")
+            err.write(
+                f"warpolicy-diff: {path}: {len(lines)} cell(s) release earlier than at {ref}; "
+                "audit them (warpolicy audit) before they land\n"
+            )
             status = CHECK_FAILED
     return status
 
 
 # -- command line ----------------------------------------------------------------------------------
 
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warpolicy.precommit",
-                                     description="warpolicy's pre-commit hooks")
+    parser = argparse.ArgumentParser(
+        prog="python -m warpolicy.precommit", description="warpolicy's pre-commit hooks"
+    )
     sub = parser.add_subparsers(dest="hook", required=True)
     for name in ("validate", "diff"):
         p = sub.add_parser(name)
         p.add_argument("files", nargs="*", metavar="FILE")
-        p.add_argument("--base", action="append", default=[], metavar="FILE",
-                       help="registry files each FILE layers over ('default' = the packaged one)")
+        p.add_argument(
+            "--base",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="registry files each FILE layers over ('default' = the packaged one)",
+        )
         if name == "diff":
-            p.add_argument("--ref", default=DEFAULT_REF,
-                           help=f"git ref to compare with (default {DEFAULT_REF})")
+            p.add_argument(
+                "--ref",
+                default=DEFAULT_REF,
+                help=f"git ref to compare with (default {DEFAULT_REF})",
+            )
     args = parser.parse_args(argv)
     try:
         if args.hook == "validate":

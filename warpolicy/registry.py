@@ -91,8 +91,11 @@ class SpecAlgorithm:
     @last_reader.validator
     def _check_last_reader(self, _attribute: object, value: Optional[ForwardMode]) -> None:
         if value not in (None, ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY):
-            _raise(self.origin, f"spec_algorithms.{self.name}.last_reader",
-                   f"expected draft_extend or target_verify, got {value!r}")
+            _raise(
+                self.origin,
+                f"spec_algorithms.{self.name}.last_reader",
+                f"expected draft_extend or target_verify, got {value!r}",
+            )
 
     def has(self, capability: str) -> bool:
         return bool(self.capabilities.get(capability, False))
@@ -143,8 +146,9 @@ class Backend:
     """
 
     name: str
-    reads_end: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict,
-                                                                     converter=_frozen_map)
+    reads_end: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(
+        factory=dict, converter=_frozen_map
+    )
     inherits: Optional[str] = None
     latest_of: tuple[str, ...] = attrs.field(default=(), converter=_names)
     per_mode: Mapping[ForwardMode, str] = attrs.field(factory=dict, converter=_frozen_map)
@@ -153,18 +157,28 @@ class Backend:
     doc: str = ""
     origin: Origin = UNKNOWN_ORIGIN
     #: where each key of ``reads_end`` was declared (for explanations)
-    reads_end_origins: Mapping[ForwardMode, Origin] = attrs.field(factory=dict,
-                                                                  converter=_frozen_map)
+    reads_end_origins: Mapping[ForwardMode, Origin] = attrs.field(
+        factory=dict, converter=_frozen_map
+    )
     #: where the runner plants the in-graph node, per mode (own declarations; inherited per
     #: mode like ``reads_end``); an undeclared mode is `Placement.MARKER`
     plant: Mapping[ForwardMode, Placement] = attrs.field(factory=dict, converter=_frozen_map)
 
     def __attrs_post_init__(self) -> None:
-        problems = [Problem(self.origin.file, self.origin.line, self.origin.col,
-                            f"backends.{self.name}: {message}")
-                    for _key, _mode, message in shape_problems(
-                        reads_end=self.reads_end, inherits=self.inherits,
-                        latest_of=self.latest_of, per_mode=self.per_mode)]
+        problems = [
+            Problem(
+                self.origin.file,
+                self.origin.line,
+                self.origin.col,
+                f"backends.{self.name}: {message}",
+            )
+            for _key, _mode, message in shape_problems(
+                reads_end=self.reads_end,
+                inherits=self.inherits,
+                latest_of=self.latest_of,
+                per_mode=self.per_mode,
+            )
+        ]
         if problems:
             raise RegistryError(problems)
 
@@ -181,9 +195,13 @@ class Backend:
         yield from self.per_mode.values()
 
 
-def shape_problems(*, reads_end: Mapping[ForwardMode, object], inherits: Optional[str],
-                   latest_of: tuple[str, ...], per_mode: Mapping[ForwardMode, str]
-                   ) -> list[tuple[str, Optional[ForwardMode], str]]:
+def shape_problems(
+    *,
+    reads_end: Mapping[ForwardMode, object],
+    inherits: Optional[str],
+    latest_of: tuple[str, ...],
+    per_mode: Mapping[ForwardMode, str],
+) -> list[tuple[str, Optional[ForwardMode], str]]:
     """Why a backend with these fields has no single shape, as ``(key, mode, message)``
     (key ``""`` is the entry).
 
@@ -195,15 +213,31 @@ def shape_problems(*, reads_end: Mapping[ForwardMode, object], inherits: Optiona
     """
     out: list[tuple[str, Optional[ForwardMode], str]] = []
     if latest_of and per_mode:
-        out.append(("", None, "use either latest_of (a composite) or per_mode (a per-mode "
-                              "wrapper), not both"))
+        out.append(
+            (
+                "",
+                None,
+                "use either latest_of (a composite) or per_mode (a per-mode wrapper), not both",
+            )
+        )
     if per_mode and inherits is not None:
-        out.append(("", None, "a per-mode wrapper cannot inherit (the delegated child would "
-                              "hide the inherited read ends); declare the other modes in "
-                              "reads_end, or delegate them"))
+        out.append(
+            (
+                "",
+                None,
+                "a per-mode wrapper cannot inherit (the delegated child would "
+                "hide the inherited read ends); declare the other modes in "
+                "reads_end, or delegate them",
+            )
+        )
     for mode in sorted(set(per_mode) & set(reads_end), key=_mode_order):
-        out.append(("per_mode", mode, f"mode {mode.label!r} is delegated here and also "
-                                      "declared in reads_end; keep one"))
+        out.append(
+            (
+                "per_mode",
+                mode,
+                f"mode {mode.label!r} is delegated here and also declared in reads_end; keep one",
+            )
+        )
     if len(set(latest_of)) != len(latest_of):
         out.append(("latest_of", None, "a child is listed twice"))
     return out
@@ -222,8 +256,7 @@ class Registry:
     """A validated, merged registry. Built by `warpolicy.loader`; immutable afterwards."""
 
     flags: Mapping[str, Flag] = attrs.field(factory=dict, converter=_frozen_map)
-    spec_algorithms: Mapping[str, SpecAlgorithm] = attrs.field(factory=dict,
-                                                               converter=_frozen_map)
+    spec_algorithms: Mapping[str, SpecAlgorithm] = attrs.field(factory=dict, converter=_frozen_map)
     backends: Mapping[str, Backend] = attrs.field(factory=dict, converter=_frozen_map)
     gates: tuple[Gate, ...] = attrs.field(default=(), converter=_gates)
     sources: tuple[str, ...] = attrs.field(default=(), converter=_names)
@@ -283,8 +316,11 @@ def registry_problems(registry: Registry) -> list[Problem]:
                 add(backend.origin, f"backends.{backend.name}: unknown backend {child!r}")
         parent = backends.get(backend.inherits) if backend.inherits else None
         if parent is not None and parent.is_wrapper:
-            add(backend.origin, f"backends.{backend.name}.inherits: {parent.name!r} is a "
-                                "composite or per-mode wrapper; inherit from a plain backend")
+            add(
+                backend.origin,
+                f"backends.{backend.name}.inherits: {parent.name!r} is a "
+                "composite or per-mode wrapper; inherit from a plain backend",
+            )
     cycle = find_cycle(backends)
     if cycle:
         add(backends[cycle[0]].origin, "backends: cycle: " + " -> ".join(cycle))
@@ -320,7 +356,7 @@ def find_cycle(backends: Mapping[str, Backend]) -> Optional[list[str]]:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(child) == 1:
-                return path[path.index(child):] + [child]
+                return path[path.index(child) :] + [child]
             elif child not in state and child in backends:
                 state[child] = 1
                 path.append(child)

@@ -70,13 +70,19 @@ class Key:
     required: bool = False
 
 
-_OVERRIDE_DOC = ("Replace an entry of the same name from an earlier file or fragment; without it "
-                 "a redefinition is an error.")
+_OVERRIDE_DOC = (
+    "Replace an entry of the same name from an earlier file or fragment; without it "
+    "a redefinition is an error."
+)
 _DOC_DOC = "One line saying why the entry is what it is (shown by explain and table)."
 
 TOP_KEYS: tuple[Key, ...] = (
-    Key("version", VERSION, f"Registry format version; the integer {FORMAT_VERSION}, "
-        "required in every file.", required=True),
+    Key(
+        "version",
+        VERSION,
+        f"Registry format version; the integer {FORMAT_VERSION}, required in every file.",
+        required=True,
+    ),
     Key("flags", FLAG_MAP, "Operator switches, by name."),
     Key("spec_algorithms", SPEC_MAP, "Speculative decoding algorithms, by name."),
     Key("backends", BACKEND_MAP, "Attention backends and where their shared reads end, by name."),
@@ -85,36 +91,67 @@ TOP_KEYS: tuple[Key, ...] = (
 
 FLAG_KEYS: tuple[Key, ...] = (
     Key("default", BOOL, "Value when no environment variable sets it (default false)."),
-    Key("env", ENV_LIST, "Environment variables that set the flag, the WARPOLICY_* name first, "
-        "then aliases such as the anchor's SGLANG_* name; the first one set wins."),
+    Key(
+        "env",
+        ENV_LIST,
+        "Environment variables that set the flag, the WARPOLICY_* name first, "
+        "then aliases such as the anchor's SGLANG_* name; the first one set wins.",
+    ),
     Key("doc", TEXT, _DOC_DOC, required=True),
     Key("override", BOOL, _OVERRIDE_DOC),
 )
 
 SPEC_KEYS: tuple[Key, ...] = (
     Key("family", NAME, "Family the algorithm belongs to (gates can match on it)."),
-    Key("capabilities", BOOL_MAP, "Capability name -> bool, e.g. target_verify_read_done, "
-        "prefill_read_done; an undeclared capability is false."),
-    Key("last_reader", LAST_READER, "The last phase of a step that reads scheduler-shared "
+    Key(
+        "capabilities",
+        BOOL_MAP,
+        "Capability name -> bool, e.g. target_verify_read_done, "
+        "prefill_read_done; an undeclared capability is false.",
+    ),
+    Key(
+        "last_reader",
+        LAST_READER,
+        "The last phase of a step that reads scheduler-shared "
         "state: draft_extend or target_verify. Left out: the last phase the step runs (the "
-        "conservative default)."),
+        "conservative default).",
+    ),
     Key("doc", TEXT, _DOC_DOC),
     Key("override", BOOL, _OVERRIDE_DOC),
 )
 
 BACKEND_KEYS: tuple[Key, ...] = (
-    Key("reads_end", MODE_POLICY_MAP, "Forward mode -> where the backend's last read of "
-        "scheduler-shared state ends; an undeclared mode is none (not audited)."),
-    Key("inherits", NAME, "Plain backend whose reads_end, plant and scoped gates this one "
-        "starts from (not a composite or per-mode wrapper; not together with per_mode)."),
-    Key("latest_of", NAME_LIST, "Composite: the read end is the latest of these children "
-        "(two-batch overlap, hybrid linear+full, sparse+dense)."),
-    Key("per_mode", MODE_NAME_MAP, "Per-mode wrapper: forward mode -> the child backend that "
-        "runs that mode."),
-    Key("plant", PLANT, "Where a runner plants the in-graph read-done node: marker (record "
+    Key(
+        "reads_end",
+        MODE_POLICY_MAP,
+        "Forward mode -> where the backend's last read of "
+        "scheduler-shared state ends; an undeclared mode is none (not audited).",
+    ),
+    Key(
+        "inherits",
+        NAME,
+        "Plain backend whose reads_end, plant and scoped gates this one "
+        "starts from (not a composite or per-mode wrapper; not together with per_mode).",
+    ),
+    Key(
+        "latest_of",
+        NAME_LIST,
+        "Composite: the read end is the latest of these children "
+        "(two-batch overlap, hybrid linear+full, sparse+dense).",
+    ),
+    Key(
+        "per_mode",
+        MODE_NAME_MAP,
+        "Per-mode wrapper: forward mode -> the child backend that runs that mode.",
+    ),
+    Key(
+        "plant",
+        PLANT,
+        "Where a runner plants the in-graph read-done node: marker (record "
         "right after the in-graph metadata prep, the default) or derived (after the captured "
         "graph's last shared readers); one value for every mode, or forward mode -> value. "
-        "Inherited per mode like reads_end."),
+        "Inherited per mode like reads_end.",
+    ),
     Key("gates", GATE_LIST, "Gates that apply only to this backend (and backends inheriting it)."),
     Key("abstract", BOOL, "A base to inherit from; left out of tables."),
     Key("doc", TEXT, _DOC_DOC),
@@ -122,12 +159,24 @@ BACKEND_KEYS: tuple[Key, ...] = (
 )
 
 GATE_KEYS: tuple[Key, ...] = (
-    Key("id", NAME, "Stable identifier, unique across the registry (shown in reasons).",
-        required=True),
-    Key("when", WHEN, "Conditions, all of which must hold; a list value means any of. "
-        "Leave it out to apply always."),
-    Key("at_least", POLICY, "The decision is at least this late when the gate matches.",
-        required=True),
+    Key(
+        "id",
+        NAME,
+        "Stable identifier, unique across the registry (shown in reasons).",
+        required=True,
+    ),
+    Key(
+        "when",
+        WHEN,
+        "Conditions, all of which must hold; a list value means any of. "
+        "Leave it out to apply always.",
+    ),
+    Key(
+        "at_least",
+        POLICY,
+        "The decision is at least this late when the gate matches.",
+        required=True,
+    ),
     Key("because", TEXT, "Human reason shown when the gate moves a decision.", required=True),
     Key("doc", TEXT, "Longer note for reviewers."),
     Key("override", BOOL, "Replace a gate with the same id from an earlier file or fragment."),
@@ -150,8 +199,10 @@ WHEN_KEYS: tuple[Key, ...] = (
 
 #: Backend keys that must not appear together (a per-mode wrapper neither inherits nor is a
 #: composite: either would hide declarations behind the delegated child).
-EXCLUSIVE_BACKEND_KEYS: tuple[tuple[str, str], ...] = (("latest_of", "per_mode"),
-                                                       ("per_mode", "inherits"))
+EXCLUSIVE_BACKEND_KEYS: tuple[tuple[str, str], ...] = (
+    ("latest_of", "per_mode"),
+    ("per_mode", "inherits"),
+)
 
 #: Every section the loader validates, by the name used in messages and schema ``$defs``.
 SECTIONS: Mapping[str, tuple[Key, ...]] = {
@@ -179,8 +230,9 @@ def _policy_enum() -> list[str]:
 
 
 def _mode_enum() -> list[str]:
-    return [m.value for m in ForwardMode] + [n for n in mode_names()
-                                            if n not in {m.value for m in ForwardMode}]
+    return [m.value for m in ForwardMode] + [
+        n for n in mode_names() if n not in {m.value for m in ForwardMode}
+    ]
 
 
 def _one_or_many(ref: dict, unique: bool = False) -> dict:
@@ -204,18 +256,30 @@ def _has_mode(mode: ForwardMode) -> dict:
 
 def _delegated_or_declared() -> list[dict]:
     """A mode in ``per_mode`` is not also in ``reads_end`` (under any spelling)."""
-    return [{"if": {"required": ["per_mode"], "properties": {"per_mode": _has_mode(mode)}},
-             "then": {"properties": {"reads_end": {"not": _has_mode(mode)}}}}
-            for mode in ForwardMode]
+    return [
+        {
+            "if": {"required": ["per_mode"], "properties": {"per_mode": _has_mode(mode)}},
+            "then": {"properties": {"reads_end": {"not": _has_mode(mode)}}},
+        }
+        for mode in ForwardMode
+    ]
 
 
 def _mode_map(values: dict) -> dict:
     """mode -> value; a mode may be written once, under its name or one alias."""
     spellings = _spellings()
-    once = [{"not": {"required": [a, b]}} for names in spellings.values()
-            for i, a in enumerate(names) for b in names[i + 1:]]
-    return {"type": "object", "propertyNames": {"$ref": "#/$defs/mode"},
-            "additionalProperties": values, "allOf": once}
+    once = [
+        {"not": {"required": [a, b]}}
+        for names in spellings.values()
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    ]
+    return {
+        "type": "object",
+        "propertyNames": {"$ref": "#/$defs/mode"},
+        "additionalProperties": values,
+        "allOf": once,
+    }
 
 
 def _kind_schema(kind: str) -> dict:
@@ -237,8 +301,11 @@ def _kind_schema(kind: str) -> dict:
         MODE_NAME_MAP: _mode_map(name),
         PLANT: {"oneOf": [placement, _mode_map(placement)]},
         LAST_READER: {"enum": [ForwardMode.DRAFT_EXTEND.value, ForwardMode.TARGET_VERIFY.value]},
-        BOOL_MAP: {"type": "object", "propertyNames": name,
-                   "additionalProperties": {"type": "boolean"}},
+        BOOL_MAP: {
+            "type": "object",
+            "propertyNames": name,
+            "additionalProperties": {"type": "boolean"},
+        },
         FLAG_MAP: _named_map("flag"),
         SPEC_MAP: _named_map("spec_algorithm"),
         BACKEND_MAP: _named_map("backend"),
@@ -249,8 +316,11 @@ def _kind_schema(kind: str) -> dict:
 
 
 def _named_map(section: str) -> dict:
-    return {"type": ["object", "null"], "propertyNames": {"$ref": "#/$defs/name"},
-            "additionalProperties": {"$ref": f"#/$defs/{section}"}}
+    return {
+        "type": ["object", "null"],
+        "propertyNames": {"$ref": "#/$defs/name"},
+        "additionalProperties": {"$ref": f"#/$defs/{section}"},
+    }
 
 
 def _section_schema(section: str, description: str) -> dict:
@@ -260,8 +330,12 @@ def _section_schema(section: str, description: str) -> dict:
         prop = dict(_kind_schema(key.kind))
         prop["description"] = key.doc
         props[key.name] = prop
-    out = {"type": "object", "description": description, "properties": props,
-           "additionalProperties": False}
+    out = {
+        "type": "object",
+        "description": description,
+        "properties": props,
+        "additionalProperties": False,
+    }
     required = [k.name for k in keys if k.required]
     if required:
         out["required"] = required
@@ -272,7 +346,7 @@ _SECTION_DOCS = {
     "flag": "An operator switch: a default plus the environment variables that set it.",
     "spec_algorithm": "A speculative algorithm and the capabilities gates test.",
     "backend": "An attention backend: plain (reads_end, inherits), composite (latest_of) or "
-               "per-mode (per_mode); per_mode excludes latest_of and inherits.",
+    "per-mode (per_mode); per_mode excludes latest_of and inherits.",
     "gate": "A condition that can only make a decision later (at_least), with a human reason.",
     "when": "Gate conditions; every key given must hold.",
 }
@@ -281,20 +355,31 @@ _SECTION_DOCS = {
 def registry_json_schema() -> dict:
     """A JSON Schema (draft 2020-12) of the registry format, for editors and CI linters."""
     defs: dict = {
-        "name": {"type": "string", "pattern": NAME_PATTERN,
-                 "description": "A registry name (letters, digits, _ . + -)."},
-        "policy": {"enum": _policy_enum(),
-                   "description": "Where the read-done event is published, earliest first: "
-                                  "pre_replay < in_graph < post_replay < none "
-                                  "(aliases: coarse, unknown = none; in_replay = in_graph)."},
-        "mode": {"enum": _mode_enum(),
-                 "description": "Forward mode (aliases: prefill = extend, verify = "
-                                "target_verify, draft_extend_v2 = draft_extend)."},
+        "name": {
+            "type": "string",
+            "pattern": NAME_PATTERN,
+            "description": "A registry name (letters, digits, _ . + -).",
+        },
+        "policy": {
+            "enum": _policy_enum(),
+            "description": "Where the read-done event is published, earliest first: "
+            "pre_replay < in_graph < post_replay < none "
+            "(aliases: coarse, unknown = none; in_replay = in_graph).",
+        },
+        "mode": {
+            "enum": _mode_enum(),
+            "description": "Forward mode (aliases: prefill = extend, verify = "
+            "target_verify, draft_extend_v2 = draft_extend).",
+        },
     }
     for section, doc in _SECTION_DOCS.items():
         defs[section] = _section_schema(section, doc)
-    defs["backend"]["not"] = {"anyOf": [{"required": list(pair)}  # one shape per backend
-                                        for pair in EXCLUSIVE_BACKEND_KEYS]}
+    defs["backend"]["not"] = {
+        "anyOf": [
+            {"required": list(pair)}  # one shape per backend
+            for pair in EXCLUSIVE_BACKEND_KEYS
+        ]
+    }
     defs["backend"]["allOf"] = _delegated_or_declared()
     top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
     return {

@@ -20,8 +20,10 @@ pytestmark = [
 
 TRIALS = 50
 RUNS = 2  # "in every run": the whole audit is repeated
-HAVE_BINDINGS = importlib.util.find_spec("cuda") is not None and \
-    importlib.util.find_spec("cuda.bindings") is not None
+HAVE_BINDINGS = (
+    importlib.util.find_spec("cuda") is not None
+    and importlib.util.find_spec("cuda.bindings") is not None
+)
 
 
 @pytest.mark.parametrize("name", synthetic_names())
@@ -74,7 +76,8 @@ def test_static_audit_names_the_late_kernel(name):
             # SAFE, unless some library kernel after the release hides its parameter layout
             assert static.verdict is Verdict.SAFE or (
                 static.verdict is Verdict.INCONCLUSIVE
-                and "could not read the arguments" in static.reason), where
+                and "could not read the arguments" in static.reason
+            ), where
 
 
 @pytest.mark.skipif(not HAVE_BINDINGS, reason="static audit needs cuda-bindings")

@@ -18,11 +18,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-              pytest.mark.skipif(importlib.util.find_spec("cuda") is None
-                                 or importlib.util.find_spec("cuda.bindings") is None,
-                                 reason="needs cuda-bindings")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("cuda") is None
+        or importlib.util.find_spec("cuda.bindings") is None,
+        reason="needs cuda-bindings",
+    ),
+]
 
 from warpolicy.graphwalk import PlacementError, check_marker, derive_and_plant  # noqa: E402
 
@@ -48,8 +52,10 @@ def test_demo_expectations_hold():
     demo.section("safe marker (after the late read)", demo.safe_marker)
     demo.summary()
     for name, (corrupted, release_us) in demo.results.items():
-        print(f"[derived cuda] demo {name}: {corrupted}/30 corrupted, released "
-              f"{release_us:.1f} us after launch")
+        print(
+            f"[derived cuda] demo {name}: {corrupted}/30 corrupted, released "
+            f"{release_us:.1f} us after launch"
+        )
     assert not demo.failures, demo.failures
     assert set(demo.results) == {"derived", "marker", "coarse"}
 
@@ -84,9 +90,11 @@ def test_self_check_cost_on_a_1000_node_graph():
     g = LongGraph(marker=True)
     check = check_marker(g.graph, g.shared, g.event)
     again = check_marker(g.graph, g.shared, g.event)  # second walk: warm caches and driver
-    print(f"[derived cuda] self-check of a {check.nodes}-node graph: first {check.total_ms:.1f} ms "
-          f"(walk {check.walk_ms:.1f}, analysis {check.analysis_ms:.1f}); again "
-          f"{again.total_ms:.1f} ms; target < 50 ms")
+    print(
+        f"[derived cuda] self-check of a {check.nodes}-node graph: first {check.total_ms:.1f} ms "
+        f"(walk {check.walk_ms:.1f}, analysis {check.analysis_ms:.1f}); again "
+        f"{again.total_ms:.1f} ms; target < 50 ms"
+    )
     assert check.nodes >= TARGET_NODES - 10
     assert check.ok and check.readers >= 1
     g.graph.instantiate()
@@ -97,9 +105,11 @@ def test_self_check_cost_on_a_1000_node_graph():
 def test_derived_cost_on_a_1000_node_graph():
     g = LongGraph(marker=False)
     plant = derive_and_plant(g.graph, g.shared, g.event)
-    print(f"[derived cuda] derived plant on a {plant.nodes}-node graph: {plant.total_ms:.1f} ms "
-          f"(walk {plant.walk_ms:.1f}, analysis {plant.analysis_ms:.1f}, plant "
-          f"{plant.plant_ms:.2f}); {plant.describe()}")
+    print(
+        f"[derived cuda] derived plant on a {plant.nodes}-node graph: {plant.total_ms:.1f} ms "
+        f"(walk {plant.walk_ms:.1f}, analysis {plant.analysis_ms:.1f}, plant "
+        f"{plant.plant_ms:.2f}); {plant.describe()}"
+    )
     assert [r.name for r in plant.frontier] and all(not r.opaque for r in plant.frontier)
     g.graph.instantiate()
     g.graph.replay()

@@ -12,8 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 from warpolicy.fence import ReadDoneFence, SchedulerBarrier  # noqa: E402
 from warpolicy.platform import Platform  # noqa: E402
@@ -45,7 +47,9 @@ class SharedReadGraph:
         self.shared = torch.arange(ROWS, device=dev)
         self.table = torch.randn(ROWS, 64, device=dev)
         self.a = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16) / 64
-        self.fence = ReadDoneFence(platform, ring_size=4, name="early" if plant_early else "correct")
+        self.fence = ReadDoneFence(
+            platform, ring_size=4, name="early" if plant_early else "correct"
+        )
         self.plant_early = plant_early
         self.out = None
         self.planted = None  # the event this graph records (from plant() during the capture)
@@ -75,7 +79,7 @@ class SharedReadGraph:
         if event is not None:
             self.planted = event
 
-    def shared_read(self) -> "torch.Tensor":
+    def shared_read(self) -> torch.Tensor:
         return self.table.index_select(0, self.shared)
 
 
@@ -95,7 +99,9 @@ def run_war_trial(g: SharedReadGraph, policy: P, replays: int = REPLAYS) -> int:
         with p.stream(fwd):
             if i:
                 p.wait_event(fwd, writes_done[(i - 1) % 4])  # RAW: the last scheduler write first
-            g.shared.copy_(perms[i % PERMS])  # this step's input, written in order on the forward stream
+            g.shared.copy_(
+                perms[i % PERMS]
+            )  # this step's input, written in order on the forward stream
             g.fence.before_replay(policy)
             p.replay(g.graph)
             g.fence.after_replay(policy, g.planted)

@@ -17,11 +17,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-              pytest.mark.skipif(importlib.util.find_spec("cuda") is None
-                                 or importlib.util.find_spec("cuda.bindings") is None,
-                                 reason="needs cuda-bindings")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("cuda") is None
+        or importlib.util.find_spec("cuda.bindings") is None,
+        reason="needs cuda-bindings",
+    ),
+]
 
 from warpolicy.audit.synthetic import make_synthetic  # noqa: E402
 from warpolicy.bench.models import fixed_policy  # noqa: E402
@@ -29,15 +33,26 @@ from warpolicy.platform import Platform  # noqa: E402
 from warpolicy.policy import WarReadDonePolicy as P  # noqa: E402
 from warpolicy.runners import DecodeRunner  # noqa: E402
 
-UNSAFE_MARKER = ["late_swa_read", "late_kv_write", "plant_before_prep", "composite_late_child",
-                 "first_layer_rebuild"]
+UNSAFE_MARKER = [
+    "late_swa_read",
+    "late_kv_write",
+    "plant_before_prep",
+    "composite_late_child",
+    "first_layer_rebuild",
+]
 
 
 def capture(name: str, placement: str):
     platform = Platform.for_device("cuda")
     subject = make_synthetic(name, platform=platform)
-    runner = DecodeRunner(subject.model, fixed_policy("in_graph"), platform, f"{name}:decode",
-                          placement=placement, self_check="warn")
+    runner = DecodeRunner(
+        subject.model,
+        fixed_policy("in_graph"),
+        platform,
+        f"{name}:decode",
+        placement=placement,
+        self_check="warn",
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runner.capture()
@@ -45,16 +60,19 @@ def capture(name: str, placement: str):
 
 
 def _costs(runner) -> str:
-    return ", ".join(f"bucket {b}: {r.walk_ms:.2f} ms" for b, r in
-                     sorted(runner.capture_report.items()))
+    return ", ".join(
+        f"bucket {b}: {r.walk_ms:.2f} ms" for b, r in sorted(runner.capture_report.items())
+    )
 
 
 @pytest.mark.parametrize("name", UNSAFE_MARKER)
 def test_self_check_demotes_every_unsafe_marker_bucket(name):
     runner, messages = capture(name, "marker")
     policies = {b: cb.policy for b, cb in runner.captured.items()}
-    print(f"[runner cuda] self-check {name}: {policies and sorted(policies.items())}; "
-          f"{_costs(runner)}; {messages[0] if messages else 'no warning'}")
+    print(
+        f"[runner cuda] self-check {name}: {policies and sorted(policies.items())}; "
+        f"{_costs(runner)}; {messages[0] if messages else 'no warning'}"
+    )
     assert set(policies.values()) == {P.POST_REPLAY}
     assert all(not r.ok and r.walked for r in runner.capture_report.values())
     for bucket in runner.captured:
@@ -72,8 +90,10 @@ def test_self_check_passes_the_safe_marker():
 @pytest.mark.parametrize("name", ["in_graph"] + UNSAFE_MARKER)
 def test_derived_placement_plants_every_bucket(name):
     runner, messages = capture(name, "derived")
-    print(f"[runner cuda] derived {name}: {_costs(runner)}; "
-          f"{next(iter(runner.capture_report.values())).detail}")
+    print(
+        f"[runner cuda] derived {name}: {_costs(runner)}; "
+        f"{next(iter(runner.capture_report.values())).detail}"
+    )
     assert messages == []
     assert {cb.policy for cb in runner.captured.values()} == {P.IN_GRAPH}
     assert all(cb.event is runner.fence.event for cb in runner.captured.values())

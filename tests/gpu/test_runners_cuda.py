@@ -53,11 +53,15 @@ def test_example_engine_matches_sequential_reference(te, policy):
 
 def test_example_engine_force_coarse_matches_reference(te):
     platform = _platform()
-    engine = te.TinyEngine(te.resolve_policy("in_graph", platform, "fa3", "none"), platform=platform)
+    engine = te.TinyEngine(
+        te.resolve_policy("in_graph", platform, "fa3", "none"), platform=platform
+    )
     engine.capture()
     schedule = te.build_schedule(engine.cfg, 200, seed=2)
-    assert te.compare(engine.run(schedule, force_coarse=True),
-                      engine.run(schedule, overlap=False)) == []
+    assert (
+        te.compare(engine.run(schedule, force_coarse=True), engine.run(schedule, overlap=False))
+        == []
+    )
 
 
 def test_overlap_bench_small_sound_policies_never_corrupt():

@@ -18,16 +18,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
+from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.engine import PolicyEngine  # noqa: E402
 from warpolicy.platform import Platform  # noqa: E402
 from warpolicy.plugins import new_plugin_manager  # noqa: E402
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
-from warpolicy.runners import (DecodeRunner, DraftExtendRunner, OverlapLoop,  # noqa: E402
-                               SpecStep, VerifyRunner)
-from warpolicy.bench.models import fixed_policy  # noqa: E402
+from warpolicy.runners import DecodeRunner, DraftExtendRunner, OverlapLoop, SpecStep, VerifyRunner  # noqa: E402
 
 ROWS, CTX, BATCH = 512, 64, 32
 SPIN_CYCLES = 2_000_000  # ~1 ms on an H200: the late reader is still pending at the release
@@ -44,11 +45,22 @@ class PhaseModel:
     ``tail_spin`` is work after the marker (what an early release overlaps).
     """
 
-    def __init__(self, table: "torch.Tensor", index: "torch.Tensor", *, spin_before_read: int = 0,
-                 late_read: bool = False, tail_spin: int = 0) -> None:
+    def __init__(
+        self,
+        table: torch.Tensor,
+        index: torch.Tensor,
+        *,
+        spin_before_read: int = 0,
+        late_read: bool = False,
+        tail_spin: int = 0,
+    ) -> None:
         self.table, self.index = table, index
         self.shared_buffers = {"req_to_token": table}
-        self.spin_before_read, self.late_read, self.tail_spin = spin_before_read, late_read, tail_spin
+        self.spin_before_read, self.late_read, self.tail_spin = (
+            spin_before_read,
+            late_read,
+            tail_spin,
+        )
         self.out: dict[int, torch.Tensor] = {}
 
     def bucket_sizes(self, mode):
@@ -106,8 +118,10 @@ def run_trials(platform, step: SpecStep, tables, index, table, trials: int = TRI
     loop = OverlapLoop(platform=p, forward_stream=fwd)
     results, kinds, sources = [], set(), set()
     for k in range(trials):
+
         def write_next(k: int = k) -> None:  # the next step's rows, as early as allowed
             table.copy_(tables[(k + 1) % TABLES])
+
         outs = loop.step(None, write_next, runner=step)
         with p.stream(fwd):
             results.append([o.clone() for o in outs])
@@ -125,11 +139,20 @@ def run_trials(platform, step: SpecStep, tables, index, table, trials: int = TRI
 def eagle_phases(platform, index, table, verify_policy):
     return [
         DecodeRunner(PhaseModel(table, index), fixed_policy("in_graph"), platform, name="draft"),
-        VerifyRunner(PhaseModel(table, index), fixed_policy(verify_policy), platform,
-                     name="verify", draft_tokens=1),
+        VerifyRunner(
+            PhaseModel(table, index),
+            fixed_policy(verify_policy),
+            platform,
+            name="verify",
+            draft_tokens=1,
+        ),
         # a draft backend that declares draft_extend post_replay: its event is real
-        DraftExtendRunner(PhaseModel(table, index, spin_before_read=SPIN_CYCLES),
-                          fixed_policy("post_replay"), platform, name="draft_extend"),
+        DraftExtendRunner(
+            PhaseModel(table, index, spin_before_read=SPIN_CYCLES),
+            fixed_policy("post_replay"),
+            platform,
+            name="draft_extend",
+        ),
     ]
 
 
@@ -143,10 +166,14 @@ def test_eagle_like_step_releases_after_the_draft_extend(platform, engine):
     # the phase step's choice from the registry (EAGLE family: the last phase, draft extend)
     right = SpecStep.for_algorithm(phases, engine.spec("eagle"))
     good, kinds, sources = run_trials(platform, right, tables, index, table)
-    print(f"\n[spec step cuda] eagle-like, verify's event (negative control): corrupted "
-          f"{bad}/{TRIALS}")
-    print(f"[spec step cuda] eagle-like, phase step's choice ({right.reader.name}): corrupted "
-          f"{good}/{TRIALS}")
+    print(
+        f"\n[spec step cuda] eagle-like, verify's event (negative control): corrupted "
+        f"{bad}/{TRIALS}"
+    )
+    print(
+        f"[spec step cuda] eagle-like, phase step's choice ({right.reader.name}): corrupted "
+        f"{good}/{TRIALS}"
+    )
     assert bad_kinds == {"event"} and bad_sources == {("verify", IN_GRAPH)}
     assert bad > TRIALS // 2  # the control must fail most trials
     assert right.reader.mode is DRAFT_EXTEND
@@ -158,11 +185,16 @@ def test_eagle_like_step_under_the_default_registry_is_coarse_and_clean(platform
     """The default registry: verify publishes nothing for EAGLE, draft extend is unknown."""
     tables, index, table = state()
     compiled = engine.compile("fa3", "eagle")
-    phases = [DecodeRunner(PhaseModel(table, index), compiled, platform, name="draft"),
-              VerifyRunner(PhaseModel(table, index), compiled, platform, name="verify",
-                           draft_tokens=1),
-              DraftExtendRunner(PhaseModel(table, index, spin_before_read=SPIN_CYCLES),
-                                compiled, platform, name="draft_extend")]
+    phases = [
+        DecodeRunner(PhaseModel(table, index), compiled, platform, name="draft"),
+        VerifyRunner(PhaseModel(table, index), compiled, platform, name="verify", draft_tokens=1),
+        DraftExtendRunner(
+            PhaseModel(table, index, spin_before_read=SPIN_CYCLES),
+            compiled,
+            platform,
+            name="draft_extend",
+        ),
+    ]
     step = SpecStep.for_algorithm(phases, engine.spec("eagle"))
     step.capture()
     corrupted, kinds, sources = run_trials(platform, step, tables, index, table, trials=20)
@@ -177,10 +209,17 @@ def test_dflash_like_step_releases_in_verify_graph(platform, engine, late_read):
     compiled = engine.compile("fa3", "dflash")  # decode and verify in_graph under DFlash
     # The positive control turns the capture self-check off: with it on, the runner itself
     # demotes the late-reading verify bucket to post_replay (checked below).
-    phases = [DecodeRunner(PhaseModel(table, index), compiled, platform, name="draft"),
-              VerifyRunner(PhaseModel(table, index, tail_spin=SPIN_CYCLES, late_read=late_read),
-                           compiled, platform, name="verify", draft_tokens=1,
-                           self_check="off" if late_read else "warn")]
+    phases = [
+        DecodeRunner(PhaseModel(table, index), compiled, platform, name="draft"),
+        VerifyRunner(
+            PhaseModel(table, index, tail_spin=SPIN_CYCLES, late_read=late_read),
+            compiled,
+            platform,
+            name="verify",
+            draft_tokens=1,
+            self_check="off" if late_read else "warn",
+        ),
+    ]
     step = SpecStep.for_algorithm(phases, engine.spec("dflash"))
     step.capture()
     assert all(cb.planted for cb in phases[1].captured.values())
@@ -190,8 +229,13 @@ def test_dflash_like_step_releases_in_verify_graph(platform, engine, late_read):
     assert kinds == {"event"} and sources == {("verify", IN_GRAPH)}
     if late_read:
         assert corrupted > 0  # the trial can fail
-        checked = VerifyRunner(PhaseModel(table, index, tail_spin=SPIN_CYCLES, late_read=True),
-                               compiled, platform, name="verify-checked", draft_tokens=1)
+        checked = VerifyRunner(
+            PhaseModel(table, index, tail_spin=SPIN_CYCLES, late_read=True),
+            compiled,
+            platform,
+            name="verify-checked",
+            draft_tokens=1,
+        )
         with pytest.warns(RuntimeWarning, match="demoted to post_replay"):
             checked.capture()
         assert checked.policy_for(BATCH) is POST_REPLAY  # the self-check caught the late read
@@ -219,14 +263,22 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
             return SpecStep(phases, last_reader=reader)
 
         declared = {VERIFY: IN_GRAPH, DRAFT_EXTEND: POST_REPLAY}[reader]
-        return AuditSubject(f"eagle_like_{reader.label}", Shared(), {reader: build},
-                            lambda mode, trial: None, platform, declared={reader: declared},
-                            spec="eagle")
+        return AuditSubject(
+            f"eagle_like_{reader.label}",
+            Shared(),
+            {reader: build},
+            lambda mode, trial: None,
+            platform,
+            declared={reader: declared},
+            spec="eagle",
+        )
 
     unsafe = audit_mode(subject(VERIFY, "in_graph"), VERIFY, trials=50, static=False)
     safe = audit_mode(subject(DRAFT_EXTEND, "in_graph"), DRAFT_EXTEND, trials=50, static=False)
-    print(f"\n[spec step cuda] audit eagle-like verify release: {unsafe.dynamic.verdict.value} "
-          f"({unsafe.dynamic.corrupted}/{unsafe.dynamic.trials}); draft-extend release: "
-          f"{safe.dynamic.verdict.value} ({safe.dynamic.corrupted}/{safe.dynamic.trials})")
+    print(
+        f"\n[spec step cuda] audit eagle-like verify release: {unsafe.dynamic.verdict.value} "
+        f"({unsafe.dynamic.corrupted}/{unsafe.dynamic.trials}); draft-extend release: "
+        f"{safe.dynamic.verdict.value} ({safe.dynamic.corrupted}/{safe.dynamic.trials})"
+    )
     assert unsafe.dynamic.verdict == UNSAFE
     assert safe.dynamic.verdict == SAFE

@@ -16,14 +16,45 @@ Importing this package does not import torch; the audit itself needs it.
 
 from warpolicy.audit.api import ALL, parse_modes, parse_synthetic, resolve_factory, run_audit
 from warpolicy.audit.dynamic import MIN_TRIALS, audit_mode
-from warpolicy.audit.report import (EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNSAFE, FORMATS,
-                                    STATIC_BLIND_SPOTS, AuditEntry, AuditReport, DynamicResult,
-                                    Mismatch, Offender, StaticResult, Verdict, format_audit)
+from warpolicy.audit.report import (
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    EXIT_UNSAFE,
+    FORMATS,
+    STATIC_BLIND_SPOTS,
+    AuditEntry,
+    AuditReport,
+    DynamicResult,
+    Mismatch,
+    Offender,
+    StaticResult,
+    Verdict,
+    format_audit,
+)
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject, StalledModel
 
 __all__ = [
-    "ALL", "AuditEntry", "AuditReport", "AuditSubject", "DEFAULT_STALL_US", "DynamicResult",
-    "EXIT_INCONCLUSIVE", "EXIT_OK", "EXIT_UNSAFE", "FORMATS", "MIN_TRIALS", "Mismatch",
-    "Offender", "STATIC_BLIND_SPOTS", "StalledModel", "StaticResult", "Verdict", "audit_mode",
-    "format_audit", "parse_modes", "parse_synthetic", "resolve_factory", "run_audit",
+    "ALL",
+    "AuditEntry",
+    "AuditReport",
+    "AuditSubject",
+    "DEFAULT_STALL_US",
+    "DynamicResult",
+    "EXIT_INCONCLUSIVE",
+    "EXIT_OK",
+    "EXIT_UNSAFE",
+    "FORMATS",
+    "MIN_TRIALS",
+    "Mismatch",
+    "Offender",
+    "STATIC_BLIND_SPOTS",
+    "StalledModel",
+    "StaticResult",
+    "Verdict",
+    "audit_mode",
+    "format_audit",
+    "parse_modes",
+    "parse_synthetic",
+    "resolve_factory",
+    "run_audit",
 ]

@@ -24,11 +24,19 @@ from warpolicy.policy import ForwardMode
 ALL = "all"
 
 
-def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
-              modes: Union[None, str, Iterable[Union[str, ForwardMode]]] = None,
-              trials: int = 50, stall_us: float = DEFAULT_STALL_US, device: Any = None, *,
-              platform: Any = None, static: bool = True,
-              allow_inconclusive: bool = False, placement: Optional[str] = None) -> AuditReport:
+def run_audit(
+    factory: Optional[str] = None,
+    synthetic: Optional[str] = None,
+    modes: Union[str, Iterable[Union[str, ForwardMode]], None] = None,
+    trials: int = 50,
+    stall_us: float = DEFAULT_STALL_US,
+    device: Any = None,
+    *,
+    platform: Any = None,
+    static: bool = True,
+    allow_inconclusive: bool = False,
+    placement: Optional[str] = None,
+) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
     ``modes`` limits the modes (names, aliases or a comma-separated string); None audits every
@@ -47,8 +55,10 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
     make = resolve_factory(factory) if factory is not None else None
     if placement not in (None, "declared"):
         if make is not None:
-            raise InputError("--placement applies to --synthetic only (a factory's runners "
-                             "choose their own placement)")
+            raise InputError(
+                "--placement applies to --synthetic only (a factory's runners "
+                "choose their own placement)"
+            )
         from warpolicy.audit.synthetic import parse_placement  # deferred: imports torch
 
         parse_placement(placement)  # one line for a bad value, before any GPU work
@@ -64,22 +74,30 @@ def run_audit(factory: Optional[str] = None, synthetic: Optional[str] = None,
     for subject in subjects:
         for mode in mode_list if mode_list is not None else list(subject.runners):
             entries.append(audit_mode(subject, mode, trials, stall_us, static=static))
-    return AuditReport(tuple(entries), device=describe_device(platform), trials=trials,
-                       stall_us=stall_us, allow_inconclusive=bool(allow_inconclusive))
+    return AuditReport(
+        tuple(entries),
+        device=describe_device(platform),
+        trials=trials,
+        stall_us=stall_us,
+        allow_inconclusive=bool(allow_inconclusive),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Argument parsing (all raise WarpolicyError subclasses, one line each)
 # ---------------------------------------------------------------------------------------------
 
-def parse_modes(modes: Union[None, str, Iterable[Union[str, ForwardMode]]]
-                ) -> Optional[list[ForwardMode]]:
+
+def parse_modes(
+    modes: Union[str, Iterable[Union[str, ForwardMode]], None],
+) -> Optional[list[ForwardMode]]:
     """Mode names (or one comma-separated string) -> modes, deduplicated in order."""
     if modes is None:
         return None
     raw = [modes] if isinstance(modes, str) else list(modes)
-    items = [part for item in raw
-             for part in (item.split(",") if isinstance(item, str) else [item])]
+    items = [
+        part for item in raw for part in (item.split(",") if isinstance(item, str) else [item])
+    ]
     out: list[ForwardMode] = []
     for item in items:
         if isinstance(item, str) and not item.strip():
@@ -117,20 +135,23 @@ def resolve_factory(text: str) -> Callable[..., Any]:
     module_name, sep, attr = str(text).partition(":")
     module_name, attr = module_name.strip(), attr.strip()
     if not sep or not module_name or not attr:
-        raise InputError(f"--factory {text!r}: expected MODULE:CALLABLE, "
-                         "e.g. mypkg.audit:make_subject")
+        raise InputError(
+            f"--factory {text!r}: expected MODULE:CALLABLE, e.g. mypkg.audit:make_subject"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
-        raise InputError(f"--factory {text!r}: cannot import {module_name!r}: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise InputError(
+            f"--factory {text!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise InputError(f"--factory {text!r}: {module_name!r} has no attribute "
-                             f"{attr!r}") from None
+            raise InputError(
+                f"--factory {text!r}: {module_name!r} has no attribute {attr!r}"
+            ) from None
     if not callable(obj):
         raise InputError(f"--factory {text!r}: {attr!r} is not callable")
     return obj
@@ -147,8 +168,10 @@ def call_factory(make: Callable[..., Any], text: str, platform: Any) -> list[Aud
     subjects = list(result) if isinstance(result, (list, tuple)) else [result]
     bad = [type(s).__name__ for s in subjects if not isinstance(s, AuditSubject)]
     if bad or not subjects:
-        raise InputError(f"--factory {text!r} must return an AuditSubject or a list of them, "
-                         f"got {', '.join(bad) or 'nothing'}")
+        raise InputError(
+            f"--factory {text!r} must return an AuditSubject or a list of them, "
+            f"got {', '.join(bad) or 'nothing'}"
+        )
     return subjects
 
 
@@ -166,11 +189,14 @@ def _non_negative(value: Any, what: str) -> float:
 # Device
 # ---------------------------------------------------------------------------------------------
 
+
 def _platform(device: Any) -> Any:
     wanted = device if device is not None else "cuda"
     if device_type(wanted) == "cuda" and not cuda_available():
-        raise CudaUnavailableError("warpolicy audit needs a CUDA device and none is available "
-                                   "(torch.cuda.is_available() is False)")
+        raise CudaUnavailableError(
+            "warpolicy audit needs a CUDA device and none is available "
+            "(torch.cuda.is_available() is False)"
+        )
     return Platform.for_device(wanted)
 
 
@@ -189,5 +215,12 @@ def describe_device(platform: Any) -> str:
         return name
 
 
-__all__: Sequence[str] = ("ALL", "call_factory", "describe_device", "parse_modes",
-                          "parse_synthetic", "resolve_factory", "run_audit")
+__all__: Sequence[str] = (
+    "ALL",
+    "call_factory",
+    "describe_device",
+    "parse_modes",
+    "parse_synthetic",
+    "resolve_factory",
+    "run_audit",
+)

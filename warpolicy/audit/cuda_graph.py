@@ -21,8 +21,15 @@ from typing import Any, Mapping, Optional, Sequence
 
 import attrs
 
-from warpolicy.audit.graph import (INERT_NODE_TYPES, BufferRange, GraphNode, buffers_hit,
-                                   buffers_overlapping, short_kernel_name, words)
+from warpolicy.audit.graph import (
+    INERT_NODE_TYPES,
+    BufferRange,
+    GraphNode,
+    buffers_hit,
+    buffers_overlapping,
+    short_kernel_name,
+    words,
+)
 
 #: Upper bound on kernel parameters read per node (a malformed answer never loops forever).
 MAX_PARAMS = 1024
@@ -88,8 +95,10 @@ def _capture_body(model: Any, bucket: int) -> tuple[Any, Any]:
     try:
         graph = torch.cuda.CUDAGraph(keep_graph=True)
     except TypeError as exc:
-        raise RuntimeError(f"torch {torch.__version__} lacks CUDAGraph(keep_graph=True) "
-                           f"(needs torch >= 2.8): {exc}") from None
+        raise RuntimeError(
+            f"torch {torch.__version__} lacks CUDAGraph(keep_graph=True) "
+            f"(needs torch >= 2.8): {exc}"
+        ) from None
     event = torch.cuda.Event(external=True)
     event.record()  # create it eagerly: a lazily created event has no handle to match
     torch.cuda.synchronize()
@@ -100,8 +109,9 @@ def _capture_body(model: Any, bucket: int) -> tuple[Any, Any]:
     return graph, event
 
 
-def walk_cuda_graph(raw: int, event_handle: Optional[int],
-                    ranges: Sequence[BufferRange]) -> tuple[list[GraphNode], list[tuple[int, int]]]:
+def walk_cuda_graph(
+    raw: int, event_handle: Optional[int], ranges: Sequence[BufferRange]
+) -> tuple[list[GraphNode], list[tuple[int, int]]]:
     """List a ``cudaGraph_t``'s nodes (with the shared buffers each touches) and edges.
 
     The planted node is the event-record node whose event is ``event_handle``; failing that,
@@ -127,12 +137,16 @@ def _edges(driver: Any, graph: Any, index: Mapping[int, int]) -> list[tuple[int,
     if not count:
         return []
     got = _ok(driver.cuGraphGetEdges(graph, count))
-    return [(index[int(a)], index[int(b)]) for a, b in zip(got[0], got[1])
-            if int(a) in index and int(b) in index]
+    return [
+        (index[int(a)], index[int(b)])
+        for a, b in zip(got[0], got[1])
+        if int(a) in index and int(b) in index
+    ]
 
 
-def _edges_by_node(driver: Any, handles: Sequence[Any],
-                   index: Mapping[int, int]) -> list[tuple[int, int]]:
+def _edges_by_node(
+    driver: Any, handles: Sequence[Any], index: Mapping[int, int]
+) -> list[tuple[int, int]]:
     edges = []
     for i, handle in enumerate(handles):
         count = _ok(driver.cuGraphNodeGetDependencies(handle))[-1]
@@ -187,8 +201,10 @@ def _kernel_node(driver: Any, i: int, handle: Any, ranges: Sequence[BufferRange]
 
 def _kernel_symbol(driver: Any, params: Any) -> str:
     """The kernel's (mangled) name from its CUfunction, or its CUkernel."""
-    attempts = ((getattr(driver, "cuFuncGetName", None), params.func),
-                (getattr(driver, "cuKernelGetName", None), getattr(params, "kern", None)))
+    attempts = (
+        (getattr(driver, "cuFuncGetName", None), params.func),
+        (getattr(driver, "cuKernelGetName", None), getattr(params, "kern", None)),
+    )
     for getter, handle in attempts:
         if getter is None or handle is None or not int(handle):
             continue
@@ -267,8 +283,11 @@ def _memcpy_spans(p: Any) -> list[tuple[int, int]]:
             pitch = int(getattr(p, f"{side}Pitch") or 0)
             height = int(getattr(p, f"{side}Height") or 0)
             start = device + int(getattr(p, f"{side}XInBytes") or 0)
-            length = (int(p.WidthInBytes) + max(int(p.Height) - 1, 0) * pitch
-                      + max(int(p.Depth) - 1, 0) * pitch * height)
+            length = (
+                int(p.WidthInBytes)
+                + max(int(p.Height) - 1, 0) * pitch
+                + max(int(p.Depth) - 1, 0) * pitch * height
+            )
             spans.append((start, start + max(length, 1)))
     return spans
 
@@ -290,8 +309,9 @@ def _memset_range(p: Any) -> tuple[int, int]:
     return start, start + max(length, 1)
 
 
-def _mark_planted(driver: Any, nodes: list[GraphNode], handles: Sequence[Any],
-                  event_handle: Optional[int]) -> list[GraphNode]:
+def _mark_planted(
+    driver: Any, nodes: list[GraphNode], handles: Sequence[Any], event_handle: Optional[int]
+) -> list[GraphNode]:
     records = [n.index for n in nodes if n.kind == "event_record"]
     chosen: Optional[int] = None
     if event_handle is not None:
@@ -320,8 +340,12 @@ def _demangle(symbol: str) -> str:
             lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
             fn = getattr(lib, "__cxa_demangle")
             fn.restype = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.POINTER(ctypes.c_int)]
+            fn.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.POINTER(ctypes.c_int),
+            ]
             _cxa_demangle = fn
         status = ctypes.c_int(0)
         ptr = _cxa_demangle(symbol.encode(), None, None, ctypes.byref(status))

@@ -37,13 +37,29 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 
-from warpolicy.audit.poison import (default_poison, first_mismatch, snapshot_outputs,
-                                    unchanged_elements)
-from warpolicy.audit.report import (INCONCLUSIVE, SAFE, UNSAFE, AuditEntry, DynamicResult,
-                                    Mismatch, StaticResult)
+from warpolicy.audit.poison import (
+    default_poison,
+    first_mismatch,
+    snapshot_outputs,
+    unchanged_elements,
+)
+from warpolicy.audit.report import (
+    INCONCLUSIVE,
+    SAFE,
+    UNSAFE,
+    AuditEntry,
+    DynamicResult,
+    Mismatch,
+    StaticResult,
+)
 from warpolicy.audit.static import audit_static_buckets
-from warpolicy.audit.subject import (DEFAULT_STALL_US, AuditSubject, RunnerBuilder,
-                                     StalledModel, make_stall)
+from warpolicy.audit.subject import (
+    DEFAULT_STALL_US,
+    AuditSubject,
+    RunnerBuilder,
+    StalledModel,
+    make_stall,
+)
 from warpolicy.errors import WarpolicyError
 from warpolicy.policy import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
 
@@ -57,8 +73,9 @@ MIN_TRIALS = 10
 SIMULATED = ("sim", "fake")
 
 
-def dynamic_verdict(trials: int, corrupted: int, first: Optional[Mismatch],
-                    notes: Sequence[str] = ()) -> DynamicResult:
+def dynamic_verdict(
+    trials: int, corrupted: int, first: Optional[Mismatch], notes: Sequence[str] = ()
+) -> DynamicResult:
     """UNSAFE on any difference; else INCONCLUSIVE when a note says the declaration was not
     really exercised (or no trial ran); else SAFE."""
     if not trials and not notes:
@@ -74,6 +91,7 @@ def dynamic_verdict(trials: int, corrupted: int, first: Optional[Mismatch],
 # ---------------------------------------------------------------------------------------------
 # The trial harness
 # ---------------------------------------------------------------------------------------------
+
 
 @attrs.frozen
 class Publication:
@@ -92,8 +110,9 @@ class Publication:
 class _Harness:
     """Runs reference and poisoned steps of one runner and keeps the subject's state honest."""
 
-    def __init__(self, subject: AuditSubject, mode: ForwardMode, runner: Any,
-                 stall_us: float) -> None:
+    def __init__(
+        self, subject: AuditSubject, mode: ForwardMode, runner: Any, stall_us: float
+    ) -> None:
         from warpolicy.fence import SchedulerBarrier
 
         self.subject = subject
@@ -126,16 +145,19 @@ class _Harness:
         Returns a note for every buffer whose poison leaves some element unchanged."""
         self.platform.synchronize()
         self.state = self._clone()
-        self.poisoned = {n: self.subject.poison.get(n, default_poison)(self.state[n])
-                         for n in self.shared}
+        self.poisoned = {
+            n: self.subject.poison.get(n, default_poison)(self.state[n]) for n in self.shared
+        }
         self.platform.synchronize()
         notes = []
         for name in self.shared:
             total = self.state[name].numel()
             same = unchanged_elements(self.poisoned[name], self.state[name]) if total else 0
             if same:
-                notes.append(f"the poison of {name!r} leaves {same} of {total} elements "
-                             "unchanged: late reads of those are not checked")
+                notes.append(
+                    f"the poison of {name!r} leaves {same} of {total} elements "
+                    "unchanged: late reads of those are not checked"
+                )
         return notes
 
     def step(self, batch: Any) -> Any:
@@ -192,8 +214,11 @@ class _Harness:
         self.barrier.apply(self.schedule, self.forward, read_done)
         # whether the poison landed on the published event's record (checked by the caller
         # once it knows the step published what the reference did)
-        self.placed = bool(fired) and read_done is not None and \
-            fired[0][1] == getattr(read_done.event, "id", None)
+        self.placed = (
+            bool(fired)
+            and read_done is not None
+            and fired[0][1] == getattr(read_done.event, "id", None)
+        )
         return snapshot_outputs(out, self.written), self.published(read_done)
 
     def _poison(self) -> None:
@@ -212,8 +237,9 @@ class _Harness:
 
 
 @contextlib.contextmanager
-def _watch_records(log: Any, on_record: Optional[Callable[[int, tuple], None]] = None
-                   ) -> Iterator[list]:
+def _watch_records(
+    log: Any, on_record: Optional[Callable[[int, tuple], None]] = None
+) -> Iterator[list]:
     """Collect the ``record`` entries a simulated log emits inside the block."""
     records: list[tuple] = []
     if log is None:
@@ -246,27 +272,54 @@ def _release_position(records: Sequence[tuple], read_done: Any) -> Optional[int]
 # One mode
 # ---------------------------------------------------------------------------------------------
 
-def audit_mode(subject: AuditSubject, mode: ForwardMode, trials: int,
-               stall_us: float = DEFAULT_STALL_US, *, static: bool = True) -> AuditEntry:
+
+def audit_mode(
+    subject: AuditSubject,
+    mode: ForwardMode,
+    trials: int,
+    stall_us: float = DEFAULT_STALL_US,
+    *,
+    static: bool = True,
+) -> AuditEntry:
     """Audit one mode of ``subject``: dynamic trials, then the static walk of every captured
     bucket. A failure of the audit itself is an INCONCLUSIVE entry marked ``failed``."""
     declared = subject.declared.get(mode)
     builder = subject.runners.get(mode)
     if builder is None:
-        return _entry(subject, mode, declared, None, DynamicResult(
-            INCONCLUSIVE, reason=f"{subject.name} has no runner for mode {mode.label}"))
+        return _entry(
+            subject,
+            mode,
+            declared,
+            None,
+            DynamicResult(
+                INCONCLUSIVE, reason=f"{subject.name} has no runner for mode {mode.label}"
+            ),
+        )
     try:
         return _audit_mode(subject, mode, builder, declared, trials, stall_us, static)
     except WarpolicyError:
         raise  # the subject's own usage error: one clear line at the CLI
     except Exception as exc:  # noqa: BLE001 - a failing audit is reported, never a crash
-        return _entry(subject, mode, declared, None, DynamicResult(
-            INCONCLUSIVE, reason=f"audit failed: {type(exc).__name__}: {exc}", failed=True))
+        return _entry(
+            subject,
+            mode,
+            declared,
+            None,
+            DynamicResult(
+                INCONCLUSIVE, reason=f"audit failed: {type(exc).__name__}: {exc}", failed=True
+            ),
+        )
 
 
-def _audit_mode(subject: AuditSubject, mode: ForwardMode, builder: RunnerBuilder,
-                declared: Optional[WarReadDonePolicy], trials: int, stall_us: float,
-                static: bool) -> AuditEntry:
+def _audit_mode(
+    subject: AuditSubject,
+    mode: ForwardMode,
+    builder: RunnerBuilder,
+    declared: Optional[WarReadDonePolicy],
+    trials: int,
+    stall_us: float,
+    static: bool,
+) -> AuditEntry:
     stall = make_stall(subject.platform, stall_us)
     model = StalledModel(subject.model, stall) if stall is not None else subject.model
     runner = builder(model)
@@ -278,11 +331,14 @@ def _audit_mode(subject: AuditSubject, mode: ForwardMode, builder: RunnerBuilder
         with contextlib.suppress(Exception):  # never leave the subject's state poisoned
             harness.restore(original=True)
     dynamic = dynamic_verdict(out.ran, out.corrupted, out.first, out.notes)
-    static_result = (audit_static_buckets(runner, harness.shared,
-                                          post_step=subject.post_step is not None)
-                     if static else StaticResult(INCONCLUSIVE, reason="static audit skipped"))
-    return AuditEntry(subject.name, mode, subject.spec, declared, out.policy, dynamic,
-                      static_result)
+    static_result = (
+        audit_static_buckets(runner, harness.shared, post_step=subject.post_step is not None)
+        if static
+        else StaticResult(INCONCLUSIVE, reason="static audit skipped")
+    )
+    return AuditEntry(
+        subject.name, mode, subject.spec, declared, out.policy, dynamic, static_result
+    )
 
 
 @attrs.define
@@ -305,16 +361,23 @@ class _Outcome:
             self.notes.append(text)
 
 
-def _trials(harness: _Harness, subject: AuditSubject, mode: ForwardMode, trials: int,
-            declared: Optional[WarReadDonePolicy] = None) -> _Outcome:
+def _trials(
+    harness: _Harness,
+    subject: AuditSubject,
+    mode: ForwardMode,
+    trials: int,
+    declared: Optional[WarReadDonePolicy] = None,
+) -> _Outcome:
     """Run the trials; every reason a clean run would not prove the declaration is a note."""
     runner = harness.runner
     out = _Outcome()
     if not harness.shared:
         out.note("the model declares no shared buffers: nothing to poison")
     if not harness.simulated and harness.head_stall is None:
-        out.note(f"no GPU stall on platform {harness.platform.name!r}: the race window was not "
-                 "widened, so a late reader may finish before the poison lands")
+        out.note(
+            f"no GPU stall on platform {harness.platform.name!r}: the race window was not "
+            "widened, so a late reader may finish before the poison lands"
+        )
     for trial in range(trials):
         batch = subject.make_batch(mode, trial)
         for note in harness.begin_trial():
@@ -330,12 +393,16 @@ def _trials(harness: _Harness, subject: AuditSubject, mode: ForwardMode, trials:
         harness.restore()
         if again != published:  # a comparison of two different releases proves nothing
             out.unmatched += 1
-            out.note(f"trial {trial}: the poisoned step published {again.describe()}, the "
-                     f"reference step {published.describe()}")
+            out.note(
+                f"trial {trial}: the poisoned step published {again.describe()}, the "
+                f"reference step {published.describe()}"
+            )
             continue
         if not harness.placed:
-            raise RuntimeError("simulated platform: the step recorded its events in a different "
-                               "order than the reference step; cannot place the release")
+            raise RuntimeError(
+                "simulated platform: the step recorded its events in a different "
+                "order than the reference step; cannot place the release"
+            )
         out.ran += 1
         if published.bucket is None:
             out.eager += 1
@@ -354,38 +421,55 @@ def _trials(harness: _Harness, subject: AuditSubject, mode: ForwardMode, trials:
 
 def _nothing_published(policy: Optional[WarReadDonePolicy]) -> str:
     label = policy.label if policy is not None else "none"
-    return (f"policy {label}: the step published no read-done event, the scheduler waits for "
-            "the whole forward (coarse); nothing to audit")
+    return (
+        f"policy {label}: the step published no read-done event, the scheduler waits for "
+        "the whole forward (coarse); nothing to audit"
+    )
 
 
-def _exercise_notes(out: _Outcome, declared: Optional[WarReadDonePolicy],
-                    harness: _Harness) -> list[str]:
+def _exercise_notes(
+    out: _Outcome, declared: Optional[WarReadDonePolicy], harness: _Harness
+) -> list[str]:
     """Why a clean run would not prove the declaration: every trial must have exercised it,
     the trials must have replayed every captured bucket, and (real devices) there must be
     enough of them."""
     notes = []
     if out.eager:
-        notes.append(f"{out.eager} of {out.ran} trials ran eagerly (no captured graph fits "
-                     "the batch)")
+        notes.append(
+            f"{out.eager} of {out.ran} trials ran eagerly (no captured graph fits the batch)"
+        )
     if out.demoted and declared is not None and out.demoted_to is not None:
-        notes.append(f"declared {declared.label} but the runner published {out.demoted_to.label} "
-                     f"(demoted: node not planted or no graph) in {out.demoted} of {out.ran} "
-                     "trials, so the declaration itself was not exercised")
+        notes.append(
+            f"declared {declared.label} but the runner published {out.demoted_to.label} "
+            f"(demoted: node not planted or no graph) in {out.demoted} of {out.ran} "
+            "trials, so the declaration itself was not exercised"
+        )
     if out.unmatched:
-        notes.append(f"in {out.unmatched} trial(s) the poisoned step did not publish what the "
-                     "reference step did; those trials were not counted")
+        notes.append(
+            f"in {out.unmatched} trial(s) the poisoned step did not publish what the "
+            "reference step did; those trials were not counted"
+        )
     captured = sorted(getattr(harness.runner, "captured", None) or ())
     missed = [b for b in captured if b not in out.replayed]
     if out.ran and missed:
-        notes.append(f"no trial replayed captured bucket(s) {', '.join(map(str, missed))}: "
-                     "make_batch must cover every bucket (or run more trials)")
+        notes.append(
+            f"no trial replayed captured bucket(s) {', '.join(map(str, missed))}: "
+            "make_batch must cover every bucket (or run more trials)"
+        )
     if out.ran and not harness.simulated and out.ran < MIN_TRIALS:
-        notes.append(f"only {out.ran} trial(s) checked; a SAFE verdict on a real device needs "
-                     f"at least {MIN_TRIALS}")
+        notes.append(
+            f"only {out.ran} trial(s) checked; a SAFE verdict on a real device needs "
+            f"at least {MIN_TRIALS}"
+        )
     return notes
 
 
-def _entry(subject: AuditSubject, mode: ForwardMode, declared: Optional[WarReadDonePolicy],
-           policy: Optional[WarReadDonePolicy], dynamic: DynamicResult) -> AuditEntry:
+def _entry(
+    subject: AuditSubject,
+    mode: ForwardMode,
+    declared: Optional[WarReadDonePolicy],
+    policy: Optional[WarReadDonePolicy],
+    dynamic: DynamicResult,
+) -> AuditEntry:
     static = StaticResult(INCONCLUSIVE, reason="not run")
     return AuditEntry(subject.name, mode, subject.spec, declared, policy, dynamic, static)

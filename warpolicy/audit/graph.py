@@ -22,11 +22,17 @@ from warpolicy.policy import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 #: Node kinds whose arguments are matched against the shared buffers.
 ACCESS_KINDS = ("kernel", "memcpy", "memset")
 #: Node types that touch no memory (any other non-access type after the release is opaque).
-INERT_NODE_TYPES = frozenset({
-    "CU_GRAPH_NODE_TYPE_EMPTY", "CU_GRAPH_NODE_TYPE_WAIT_EVENT",
-    "CU_GRAPH_NODE_TYPE_EVENT_RECORD", "CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL",
-    "CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT", "CU_GRAPH_NODE_TYPE_MEM_ALLOC",
-    "CU_GRAPH_NODE_TYPE_MEM_FREE"})
+INERT_NODE_TYPES = frozenset(
+    {
+        "CU_GRAPH_NODE_TYPE_EMPTY",
+        "CU_GRAPH_NODE_TYPE_WAIT_EVENT",
+        "CU_GRAPH_NODE_TYPE_EVENT_RECORD",
+        "CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL",
+        "CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT",
+        "CU_GRAPH_NODE_TYPE_MEM_ALLOC",
+        "CU_GRAPH_NODE_TYPE_MEM_FREE",
+    }
+)
 
 
 @attrs.frozen
@@ -62,8 +68,9 @@ def tensor_range(name: str, tensor: Any) -> BufferRange:
     start = int(tensor.data_ptr())
     if tensor.numel() == 0:
         return BufferRange(name, start, start)
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())
-               if size > 0)
+    last = sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0
+    )
     return BufferRange(name, start, start + (last + 1) * tensor.element_size())
 
 
@@ -75,7 +82,7 @@ def buffer_ranges(shared: Mapping[str, Any]) -> tuple[BufferRange, ...]:
 
 def words(blob: bytes) -> list[int]:
     """Every aligned little-endian 8-byte word of ``blob`` (a kernel argument's bytes)."""
-    return [int.from_bytes(blob[i:i + 8], "little") for i in range(0, len(blob) - 7, 8)]
+    return [int.from_bytes(blob[i : i + 8], "little") for i in range(0, len(blob) - 7, 8)]
 
 
 def buffers_hit(addresses: Iterable[int], ranges: Sequence[BufferRange]) -> tuple[str, ...]:
@@ -103,7 +110,7 @@ def short_kernel_name(symbol: str) -> str:
         return max(parts, key=len) if parts else text
     text = text.replace(_ANON, "anon")
     if text.startswith("void "):
-        text = text[len("void "):]
+        text = text[len("void ") :]
     cut = min((i for i in (text.find("<"), text.find("(")) if i >= 0), default=len(text))
     return text[:cut].split("::")[-1] or symbol
 
@@ -113,7 +120,7 @@ def _mangled_identifiers(text: str) -> list[str]:
     parts = []
     for match in re.finditer(r"(\d+)", text):
         n = int(match.group(1))
-        ident = text[match.end():match.end() + n]
+        ident = text[match.end() : match.end() + n]
         if n and len(ident) == n and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
             parts.append(ident)
     return parts
@@ -134,8 +141,13 @@ def ancestors(target: int, edges: Iterable[tuple[int, int]]) -> set[int]:
     return seen
 
 
-def analyze_graph(nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]],
-                  policy: WarReadDonePolicy, *, post_step: bool = False) -> StaticResult:
+def analyze_graph(
+    nodes: Sequence[GraphNode],
+    edges: Iterable[tuple[int, int]],
+    policy: WarReadDonePolicy,
+    *,
+    post_step: bool = False,
+) -> StaticResult:
     """Which shared-buffer readers does ``policy``'s release point not cover?
 
     ``PRE_REPLAY`` releases before the graph: every reader in it is late. ``IN_GRAPH``
@@ -144,35 +156,55 @@ def analyze_graph(nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]],
     eager work after replay, which a graph walk cannot see.
     """
     if policy == NONE:
-        return StaticResult(INCONCLUSIVE, nodes=len(nodes),
-                            reason="policy none: nothing is published (coarse barrier); "
-                                   "nothing to audit")
+        return StaticResult(
+            INCONCLUSIVE,
+            nodes=len(nodes),
+            reason="policy none: nothing is published (coarse barrier); nothing to audit",
+        )
     readers = [n for n in nodes if n.kind in ACCESS_KINDS and n.buffers]
     late_pool = _late_nodes(nodes, edges, policy)
     if late_pool is None:
-        return StaticResult(INCONCLUSIVE, nodes=len(nodes), readers=len(readers),
-                            reason="the planted read-done event-record node is not in the graph")
-    offenders = tuple(Offender(n.index, n.kind, n.name or n.kind, n.buffers, n.symbol)
-                      for n in readers if n.index in late_pool)
+        return StaticResult(
+            INCONCLUSIVE,
+            nodes=len(nodes),
+            readers=len(readers),
+            reason="the planted read-done event-record node is not in the graph",
+        )
+    offenders = tuple(
+        Offender(n.index, n.kind, n.name or n.kind, n.buffers, n.symbol)
+        for n in readers
+        if n.index in late_pool
+    )
     blind = [n for n in nodes if not n.readable and n.index in late_pool]
     total, seen, unread = len(nodes), len(readers), len(blind)
     if offenders:
         return StaticResult(UNSAFE, offenders, nodes=total, readers=seen, unreadable=unread)
     if blind:
         names = ", ".join(sorted({n.name or "?" for n in blind})[:5])
-        return StaticResult(INCONCLUSIVE, reason=f"could not read the arguments of {len(blind)} "
-                            f"node(s) after the release point ({names})", nodes=total,
-                            readers=seen, unreadable=unread)
+        return StaticResult(
+            INCONCLUSIVE,
+            reason=f"could not read the arguments of {len(blind)} "
+            f"node(s) after the release point ({names})",
+            nodes=total,
+            readers=seen,
+            unreadable=unread,
+        )
     if post_step:
-        return StaticResult(INCONCLUSIVE, reason="no graph node after the release point touches "
-                            "shared state, but the step runs eager work after replay that a "
-                            "graph audit cannot see", nodes=total, readers=seen,
-                            unreadable=unread)
+        return StaticResult(
+            INCONCLUSIVE,
+            reason="no graph node after the release point touches "
+            "shared state, but the step runs eager work after replay that a "
+            "graph audit cannot see",
+            nodes=total,
+            readers=seen,
+            unreadable=unread,
+        )
     return StaticResult(SAFE, nodes=total, readers=seen, unreadable=unread)
 
 
-def _late_nodes(nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]],
-                policy: WarReadDonePolicy) -> Optional[set[int]]:
+def _late_nodes(
+    nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]], policy: WarReadDonePolicy
+) -> Optional[set[int]]:
     """Indices of nodes not ordered before the release point (None: no planted node)."""
     everything = {n.index for n in nodes if not n.planted}
     if policy == PRE_REPLAY:

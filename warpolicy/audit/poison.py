@@ -71,23 +71,28 @@ def flatten_outputs(output: Any, label: str = "out") -> list[tuple[str, Any]]:
     if hasattr(output, "shape") and hasattr(output, "dtype"):
         return [(label, output)]
     if isinstance(output, Mapping):
-        return [x for k in sorted(output, key=str) for x in flatten_outputs(output[k],
-                                                                            f"{label}[{k!r}]")]
+        return [
+            x
+            for k in sorted(output, key=str)
+            for x in flatten_outputs(output[k], f"{label}[{k!r}]")
+        ]
     if isinstance(output, (list, tuple)):
         return [x for i, v in enumerate(output) for x in flatten_outputs(v, f"{label}[{i}]")]
     return []
 
 
-def snapshot_outputs(output: Any, extra: Optional[Mapping[str, Any]] = None
-                     ) -> list[tuple[str, Any]]:
+def snapshot_outputs(
+    output: Any, extra: Optional[Mapping[str, Any]] = None
+) -> list[tuple[str, Any]]:
     """Detached clones of every output tensor, then of every ``extra`` tensor under its own
     name (state the step writes, such as KV pools). Call after the device is idle."""
     tensors = flatten_outputs(output) + sorted((extra or {}).items())
     return [(label, t.detach().clone()) for label, t in tensors]
 
 
-def first_mismatch(reference: Sequence[tuple[str, Any]], observed: Sequence[tuple[str, Any]],
-                   trial: int) -> Optional[Mismatch]:
+def first_mismatch(
+    reference: Sequence[tuple[str, Any]], observed: Sequence[tuple[str, Any]], trial: int
+) -> Optional[Mismatch]:
     """The first element where ``observed`` differs from ``reference`` (NaN equals NaN)."""
     import torch
 
@@ -97,8 +102,14 @@ def first_mismatch(reference: Sequence[tuple[str, Any]], observed: Sequence[tupl
         return Mismatch(trial, "out", (), want_labels, got_labels, 1)
     for (label, want), (_, got) in zip(reference, observed):
         if want.shape != got.shape or want.dtype != got.dtype:
-            return Mismatch(trial, label, (), f"{want.dtype}{list(want.shape)}",
-                            f"{got.dtype}{list(got.shape)}", 1)
+            return Mismatch(
+                trial,
+                label,
+                (),
+                f"{want.dtype}{list(want.shape)}",
+                f"{got.dtype}{list(got.shape)}",
+                1,
+            )
         differ = want != got
         if want.is_floating_point() or want.is_complex():
             differ &= ~(torch.isnan(want) & torch.isnan(got))

@@ -32,7 +32,8 @@ STATIC_BLIND_SPOTS = (
     "the static audit matches 8-byte kernel, memcpy and memset arguments against the shared "
     "buffers' address ranges; it cannot see pointers stored inside device-side structs or "
     "reached through indirection (an index read from another buffer), host-side work after "
-    "replay, or work on other streams; the dynamic race audit covers those")
+    "replay, or work on other streams; the dynamic race audit covers those"
+)
 
 
 class Verdict(enum.Enum):
@@ -65,13 +66,21 @@ class Mismatch:
 
     def describe(self) -> str:
         idx = ", ".join(str(i) for i in self.index)
-        return (f"trial {self.trial}: {self.output}[{idx}] = {_scalar(self.got)}, "
-                f"expected {_scalar(self.expected)} ({self.count} element"
-                f"{'s' if self.count != 1 else ''} differ)")
+        return (
+            f"trial {self.trial}: {self.output}[{idx}] = {_scalar(self.got)}, "
+            f"expected {_scalar(self.expected)} ({self.count} element"
+            f"{'s' if self.count != 1 else ''} differ)"
+        )
 
     def to_json(self) -> dict:
-        return {"trial": self.trial, "output": self.output, "index": list(self.index),
-                "expected": self.expected, "got": self.got, "count": self.count}
+        return {
+            "trial": self.trial,
+            "output": self.output,
+            "index": list(self.index),
+            "expected": self.expected,
+            "got": self.got,
+            "count": self.count,
+        }
 
 
 @attrs.frozen
@@ -93,10 +102,14 @@ class DynamicResult:
         return "failed" if self.failed else "inconclusive"
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict.label, "trials": self.trials,
-                "corrupted": self.corrupted,
-                "first": self.first.to_json() if self.first else None, "reason": self.reason,
-                "failed": self.failed}
+        return {
+            "verdict": self.verdict.label,
+            "trials": self.trials,
+            "corrupted": self.corrupted,
+            "first": self.first.to_json() if self.first else None,
+            "reason": self.reason,
+            "failed": self.failed,
+        }
 
 
 @attrs.frozen
@@ -117,8 +130,14 @@ class Offender:
         return f"{self.name} ({where}) touches {', '.join(self.buffers)}"
 
     def to_json(self) -> dict:
-        return {"node": self.node, "kind": self.kind, "name": self.name,
-                "buffers": list(self.buffers), "symbol": self.symbol, "bucket": self.bucket}
+        return {
+            "node": self.node,
+            "kind": self.kind,
+            "name": self.name,
+            "buffers": list(self.buffers),
+            "symbol": self.symbol,
+            "bucket": self.bucket,
+        }
 
 
 def _offenders(value: Iterable[Offender]) -> tuple[Offender, ...]:
@@ -129,7 +148,7 @@ def _ints(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _entries(value: Iterable["AuditEntry"]) -> tuple["AuditEntry", ...]:
+def _entries(value: Iterable[AuditEntry]) -> tuple[AuditEntry, ...]:
     return tuple(value)
 
 
@@ -152,9 +171,15 @@ class StaticResult:
         return self.verdict.label
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict.label, "offenders": [o.to_json() for o in self.offenders],
-                "nodes": self.nodes, "readers": self.readers, "unreadable": self.unreadable,
-                "reason": self.reason, "buckets": list(self.buckets)}
+        return {
+            "verdict": self.verdict.label,
+            "offenders": [o.to_json() for o in self.offenders],
+            "nodes": self.nodes,
+            "readers": self.readers,
+            "unreadable": self.unreadable,
+            "reason": self.reason,
+            "buckets": list(self.buckets),
+        }
 
 
 def combine(dynamic: Verdict, static: Verdict) -> Verdict:
@@ -199,11 +224,16 @@ class AuditEntry:
         return out
 
     def to_json(self) -> dict:
-        return {"backend": self.backend, "mode": self.mode.label, "spec": self.spec,
-                "declared": self.declared.label if self.declared is not None else None,
-                "published": self.policy.label if self.policy is not None else None,
-                "verdict": self.verdict.label, "dynamic": self.dynamic.to_json(),
-                "static": self.static.to_json()}
+        return {
+            "backend": self.backend,
+            "mode": self.mode.label,
+            "spec": self.spec,
+            "declared": self.declared.label if self.declared is not None else None,
+            "published": self.policy.label if self.policy is not None else None,
+            "verdict": self.verdict.label,
+            "dynamic": self.dynamic.to_json(),
+            "static": self.static.to_json(),
+        }
 
 
 @attrs.frozen
@@ -231,11 +261,16 @@ class AuditReport:
         return sum(1 for e in self.entries if e.verdict is verdict)
 
     def to_json(self) -> dict:
-        return {"device": self.device, "trials": self.trials, "stall_us": self.stall_us,
-                "allow_inconclusive": self.allow_inconclusive, "exit_code": self.exit_code,
-                "summary": {v.label: self.count(v) for v in Verdict},
-                "entries": [e.to_json() for e in self.entries],
-                "static_blind_spots": STATIC_BLIND_SPOTS}
+        return {
+            "device": self.device,
+            "trials": self.trials,
+            "stall_us": self.stall_us,
+            "allow_inconclusive": self.allow_inconclusive,
+            "exit_code": self.exit_code,
+            "summary": {v.label: self.count(v) for v in Verdict},
+            "entries": [e.to_json() for e in self.entries],
+            "static_blind_spots": STATIC_BLIND_SPOTS,
+        }
 
 
 #: The audit's formats: the report's text and JSON (no markdown table of an audit).
@@ -256,10 +291,23 @@ _COLUMNS = ("backend", "mode", "spec", "declared", "published", "dynamic", "stat
 
 
 def _format_text(report: AuditReport) -> str:
-    rows = [[e.backend, e.mode.label, e.spec, _label(e.declared), _label(e.policy),
-             e.dynamic.summary(), e.static.summary(), e.verdict.name] for e in report.entries]
-    lines = [f"warpolicy audit on {report.device or '?'}: {report.trials} trials per "
-             f"declaration, stall {report.stall_us:g} us"]
+    rows = [
+        [
+            e.backend,
+            e.mode.label,
+            e.spec,
+            _label(e.declared),
+            _label(e.policy),
+            e.dynamic.summary(),
+            e.static.summary(),
+            e.verdict.name,
+        ]
+        for e in report.entries
+    ]
+    lines = [
+        f"warpolicy audit on {report.device or '?'}: {report.trials} trials per "
+        f"declaration, stall {report.stall_us:g} us"
+    ]
     lines += report_formats.render_table(_COLUMNS, rows).splitlines()
     shared = _common_static_reason(report.entries)
     details = [(e, e.reasons(skip_static=shared)) for e in report.entries]
@@ -271,9 +319,10 @@ def _format_text(report: AuditReport) -> str:
             lines += [f"  {r}" for r in reasons]
     lines.append("")
     failed = sum(1 for e in report.entries if e.dynamic.failed)
-    lines.append(f"{report.count(SAFE)} safe, {report.count(UNSAFE)} unsafe, "
-                 f"{report.count(INCONCLUSIVE)} inconclusive"
-                 + (f" ({failed} failed)" if failed else ""))
+    lines.append(
+        f"{report.count(SAFE)} safe, {report.count(UNSAFE)} unsafe, "
+        f"{report.count(INCONCLUSIVE)} inconclusive" + (f" ({failed} failed)" if failed else "")
+    )
     if shared:
         lines.append(f"static (every entry): {shared}")
     lines.append(f"note: {STATIC_BLIND_SPOTS}")

@@ -24,8 +24,14 @@ def unavailable(why: str) -> StaticResult:
     return StaticResult(INCONCLUSIVE, reason=f"static audit unavailable: {why}")
 
 
-def audit_static(runner: Any, bucket: Optional[int], shared: Mapping[str, Any],
-                 policy: Optional[WarReadDonePolicy], *, post_step: bool = False) -> StaticResult:
+def audit_static(
+    runner: Any,
+    bucket: Optional[int],
+    shared: Mapping[str, Any],
+    policy: Optional[WarReadDonePolicy],
+    *,
+    post_step: bool = False,
+) -> StaticResult:
     """Walk the graph of ``runner``'s ``bucket`` and judge ``policy``. Never raises."""
     try:
         return _audit_static(runner, bucket, shared, policy, post_step)
@@ -33,8 +39,9 @@ def audit_static(runner: Any, bucket: Optional[int], shared: Mapping[str, Any],
         return unavailable(f"{type(exc).__name__}: {exc}")
 
 
-def audit_static_buckets(runner: Any, shared: Mapping[str, Any], *,
-                         post_step: bool = False) -> StaticResult:
+def audit_static_buckets(
+    runner: Any, shared: Mapping[str, Any], *, post_step: bool = False
+) -> StaticResult:
     """Walk every captured bucket of ``runner`` with the policy it publishes. Never raises."""
     try:
         captured = dict(getattr(runner, "captured", None) or {})
@@ -42,8 +49,10 @@ def audit_static_buckets(runner: Any, shared: Mapping[str, Any], *,
         return unavailable(f"{type(exc).__name__}: {exc}")
     if not captured:
         return unavailable("the runner captured no graph")
-    results = {b: audit_static(runner, b, shared, getattr(c, "policy", None),
-                               post_step=post_step) for b, c in sorted(captured.items())}
+    results = {
+        b: audit_static(runner, b, shared, getattr(c, "policy", None), post_step=post_step)
+        for b, c in sorted(captured.items())
+    }
     return combine_buckets(results)
 
 
@@ -55,13 +64,22 @@ def combine_buckets(results: Mapping[int, StaticResult]) -> StaticResult:
     readers = sum(r.readers for r in results.values())
     unreadable = sum(r.unreadable for r in results.values())
 
-    def result(verdict: Verdict, offenders: tuple[Offender, ...] = (),
-               reason: str = "") -> StaticResult:
-        return StaticResult(verdict, offenders, nodes=nodes, readers=readers,
-                            unreadable=unreadable, reason=reason, buckets=walked)
+    def result(
+        verdict: Verdict, offenders: tuple[Offender, ...] = (), reason: str = ""
+    ) -> StaticResult:
+        return StaticResult(
+            verdict,
+            offenders,
+            nodes=nodes,
+            readers=readers,
+            unreadable=unreadable,
+            reason=reason,
+            buckets=walked,
+        )
 
-    offenders = tuple(attrs.evolve(o, bucket=b) for b, r in sorted(results.items())
-                      for o in r.offenders)
+    offenders = tuple(
+        attrs.evolve(o, bucket=b) for b, r in sorted(results.items()) for o in r.offenders
+    )
     if offenders:
         return result(UNSAFE, offenders)
     vague = {b: r.reason for b, r in sorted(results.items()) if r.verdict is not SAFE}
@@ -69,14 +87,21 @@ def combine_buckets(results: Mapping[int, StaticResult]) -> StaticResult:
         reasons = list(dict.fromkeys(vague.values()))
         if len(reasons) == 1 and len(vague) == len(results):
             return result(INCONCLUSIVE, reason=reasons[0])
-        by_reason = [f"bucket(s) {', '.join(str(b) for b, r in vague.items() if r == why)}: "
-                     f"{why}" for why in reasons]
+        by_reason = [
+            f"bucket(s) {', '.join(str(b) for b, r in vague.items() if r == why)}: {why}"
+            for why in reasons
+        ]
         return result(INCONCLUSIVE, reason="; ".join(by_reason))
     return result(SAFE)
 
 
-def _audit_static(runner: Any, bucket: Optional[int], shared: Mapping[str, Any],
-                  policy: Optional[WarReadDonePolicy], post_step: bool) -> StaticResult:
+def _audit_static(
+    runner: Any,
+    bucket: Optional[int],
+    shared: Mapping[str, Any],
+    policy: Optional[WarReadDonePolicy],
+    post_step: bool,
+) -> StaticResult:
     if policy is None or policy == NONE:
         return analyze_graph((), (), NONE)
     if bucket is None:

@@ -47,8 +47,7 @@ class AuditSubject:
     runners: Mapping[ForwardMode, RunnerBuilder] = attrs.field(converter=_modes)
     make_batch: BatchMaker
     platform: Any
-    declared: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict,
-                                                                    converter=_modes)
+    declared: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict, converter=_modes)
     spec: str = "none"
     post_step: Optional[PostStep] = None
     poison: Mapping[str, Callable[[Any], Any]] = attrs.field(factory=dict)

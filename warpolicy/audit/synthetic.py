@@ -92,51 +92,103 @@ class SyntheticBackend:
     def registry(self) -> Registry:
         """The declaration as registry entries (a composite takes the latest of its children)."""
         backends = {n: Backend(n, reads_end=r) for n, r in self.children.items()}
-        backends[self.name] = Backend(self.name, reads_end=self.reads_end,
-                                      latest_of=tuple(self.children))
-        return Registry(backends=backends, spec_algorithms={"none": SpecAlgorithm("none")},
-                        sources=(f"<synthetic {self.name}>",))
+        backends[self.name] = Backend(
+            self.name, reads_end=self.reads_end, latest_of=tuple(self.children)
+        )
+        return Registry(
+            backends=backends,
+            spec_algorithms={"none": SpecAlgorithm("none")},
+            sources=(f"<synthetic {self.name}>",),
+        )
 
 
 _DECODE_VERIFY_IN_GRAPH = {DECODE: IN_GRAPH, VERIFY: IN_GRAPH}
 _PRE_REPLAY = {DECODE: PRE_REPLAY, EXTEND: PRE_REPLAY}
 
 _BACKENDS: tuple[SyntheticBackend, ...] = (
-    SyntheticBackend("in_graph", "all shared reads in the in-graph prep", Layout(),
-                     _DECODE_VERIFY_IN_GRAPH),
-    SyntheticBackend("pre_replay_snapshot", "host_prep snapshots shared state into private "
-                     "buffers; the graph reads only the snapshot", Layout(snapshot=True),
-                     _PRE_REPLAY),
-    SyntheticBackend("late_swa_read", "a late layer translates the KV location through the live "
-                     "full-to-SWA mapping after the plant (the TRTLLM SWA bug shape)",
-                     Layout(late_swa=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
-                     static_visible=True, offender_hint="index", expected_derived=SAFE),
-    SyntheticBackend("late_kv_write", "the KV write re-reads its slots from the live "
-                     "request-to-token table after the plant; only the KV pool shows it",
-                     Layout(late_kv_write=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
-                     static_visible=True, offender_hint="index", expected_derived=SAFE),
-    SyntheticBackend("pre_replay_reads_graph", "declares pre_replay but the graph's prep reads "
-                     "shared state", Layout(), _PRE_REPLAY, expected=UNSAFE,
-                     static_visible=True, offender_hint="index"),
-    SyntheticBackend("plant_before_prep", "the read-done node is planted before the metadata "
-                     "prep (the prep runs in the forward)", Layout(prep_in_forward=True),
-                     _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE, static_visible=True,
-                     offender_hint="index", expected_derived=SAFE),
-    SyntheticBackend("composite_late_child", "a composite of two in_graph children whose tbo "
-                     "child builds its micro-batch's metadata after the plant",
-                     Layout(split_prep=True),
-                     children={"composite_dense_child": _DECODE_VERIFY_IN_GRAPH,
-                               "composite_tbo_child": _DECODE_VERIFY_IN_GRAPH},
-                     expected=UNSAFE, static_visible=True, offender_hint="index",
-                     expected_derived=SAFE),
-    SyntheticBackend("reread_after_replay", "declares in_graph, but an eager kernel after replay "
-                     "rereads req_to_token", Layout(reread_after_replay=True),
-                     _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE),
-    SyntheticBackend("first_layer_rebuild", "the first layer rebuilds the metadata from the "
-                     "live tables (DP padding); a marker after the prep releases too early, "
-                     "derived placement after the first layer",
-                     Layout(first_layer_rebuild=True), _DECODE_VERIFY_IN_GRAPH, expected=UNSAFE,
-                     static_visible=True, offender_hint="index", expected_derived=SAFE),
+    SyntheticBackend(
+        "in_graph", "all shared reads in the in-graph prep", Layout(), _DECODE_VERIFY_IN_GRAPH
+    ),
+    SyntheticBackend(
+        "pre_replay_snapshot",
+        "host_prep snapshots shared state into private buffers; the graph reads only the snapshot",
+        Layout(snapshot=True),
+        _PRE_REPLAY,
+    ),
+    SyntheticBackend(
+        "late_swa_read",
+        "a late layer translates the KV location through the live "
+        "full-to-SWA mapping after the plant (the TRTLLM SWA bug shape)",
+        Layout(late_swa=True),
+        _DECODE_VERIFY_IN_GRAPH,
+        expected=UNSAFE,
+        static_visible=True,
+        offender_hint="index",
+        expected_derived=SAFE,
+    ),
+    SyntheticBackend(
+        "late_kv_write",
+        "the KV write re-reads its slots from the live "
+        "request-to-token table after the plant; only the KV pool shows it",
+        Layout(late_kv_write=True),
+        _DECODE_VERIFY_IN_GRAPH,
+        expected=UNSAFE,
+        static_visible=True,
+        offender_hint="index",
+        expected_derived=SAFE,
+    ),
+    SyntheticBackend(
+        "pre_replay_reads_graph",
+        "declares pre_replay but the graph's prep reads shared state",
+        Layout(),
+        _PRE_REPLAY,
+        expected=UNSAFE,
+        static_visible=True,
+        offender_hint="index",
+    ),
+    SyntheticBackend(
+        "plant_before_prep",
+        "the read-done node is planted before the metadata prep (the prep runs in the forward)",
+        Layout(prep_in_forward=True),
+        _DECODE_VERIFY_IN_GRAPH,
+        expected=UNSAFE,
+        static_visible=True,
+        offender_hint="index",
+        expected_derived=SAFE,
+    ),
+    SyntheticBackend(
+        "composite_late_child",
+        "a composite of two in_graph children whose tbo "
+        "child builds its micro-batch's metadata after the plant",
+        Layout(split_prep=True),
+        children={
+            "composite_dense_child": _DECODE_VERIFY_IN_GRAPH,
+            "composite_tbo_child": _DECODE_VERIFY_IN_GRAPH,
+        },
+        expected=UNSAFE,
+        static_visible=True,
+        offender_hint="index",
+        expected_derived=SAFE,
+    ),
+    SyntheticBackend(
+        "reread_after_replay",
+        "declares in_graph, but an eager kernel after replay rereads req_to_token",
+        Layout(reread_after_replay=True),
+        _DECODE_VERIFY_IN_GRAPH,
+        expected=UNSAFE,
+    ),
+    SyntheticBackend(
+        "first_layer_rebuild",
+        "the first layer rebuilds the metadata from the "
+        "live tables (DP padding); a marker after the prep releases too early, "
+        "derived placement after the first layer",
+        Layout(first_layer_rebuild=True),
+        _DECODE_VERIFY_IN_GRAPH,
+        expected=UNSAFE,
+        static_visible=True,
+        offender_hint="index",
+        expected_derived=SAFE,
+    ),
 )
 
 #: ``--placement`` values: the registry's own placement, or one forced.
@@ -161,6 +213,7 @@ def synthetic_backend(name: str) -> SyntheticBackend:
 # Building an audit subject
 # ---------------------------------------------------------------------------------------------
 
+
 def _tensor_device(platform: Any) -> torch.device:
     if platform.name == "cuda":
         return torch.device(platform.device)
@@ -174,13 +227,19 @@ def parse_placement(text: Optional[str]) -> Optional[Placement]:
     if isinstance(text, Placement):
         return text
     if text not in PLACEMENT_CHOICES:
-        raise InputError(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, "
-                         f"not {text!r}")
+        raise InputError(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, not {text!r}")
     return Placement(text)
 
 
-def _runner(mode: ForwardMode, policy: Any, platform: Any, name: str, cfg: SyntheticConfig,
-            placement: Optional[Placement], model: Any) -> Any:
+def _runner(
+    mode: ForwardMode,
+    policy: Any,
+    platform: Any,
+    name: str,
+    cfg: SyntheticConfig,
+    placement: Optional[Placement],
+    model: Any,
+) -> Any:
     label = f"{name}:{mode.label}"
     # the audit judges the declaration: no self-check demotes it behind the audit's back
     kw: dict[str, Any] = {"keep_graphs": True, "placement": placement, "self_check": "off"}
@@ -190,9 +249,14 @@ def _runner(mode: ForwardMode, policy: Any, platform: Any, name: str, cfg: Synth
     return cls(model, policy, platform, label, **kw)
 
 
-def make_synthetic(name: str, device: Any = None, *, platform: Any = None,
-                   config: Optional[SyntheticConfig] = None,
-                   placement: Optional[str] = None) -> AuditSubject:
+def make_synthetic(
+    name: str,
+    device: Any = None,
+    *,
+    platform: Any = None,
+    config: Optional[SyntheticConfig] = None,
+    placement: Optional[str] = None,
+) -> AuditSubject:
     """The audit subject of synthetic backend ``name`` on ``device`` (or ``platform``), with
     ``placement`` ``declared`` (None), ``marker`` or ``derived``; a derived subject's name
     ends in ``@derived``."""
@@ -205,8 +269,13 @@ def make_synthetic(name: str, device: Any = None, *, platform: Any = None,
     cfg = config or SyntheticConfig()
     model = SyntheticModel(backend.layout, cfg, _tensor_device(platform))
     engine = PolicyEngine(backend.registry(), environ={})
-    policy = engine.compile(backend.name, "none", platform=platform.name,
-                            external_events=platform.external_events_supported(), strict=True)
+    policy = engine.compile(
+        backend.name,
+        "none",
+        platform=platform.name,
+        external_events=platform.external_events_supported(),
+        strict=True,
+    )
     # the declaration under audit: what the registry says with the node planted on CUDA
     declared = {m: engine.decide(Context(backend.name, m)) for m in (DECODE, EXTEND, VERIFY)}
     modes = [m for m, p in declared.items() if p != NONE]
@@ -214,8 +283,9 @@ def make_synthetic(name: str, device: Any = None, *, platform: Any = None,
     return AuditSubject(
         name=label,
         model=model,
-        runners={m: functools.partial(_runner, m, policy, platform, label, cfg, forced)
-                 for m in modes},
+        runners={
+            m: functools.partial(_runner, m, policy, platform, label, cfg, forced) for m in modes
+        },
         make_batch=model.make_batch,
         platform=platform,
         declared={m: declared[m] for m in modes},

@@ -44,8 +44,9 @@ class SyntheticConfig:
     layers: int = 4
     seed: int = 0
     draft_tokens: int = 2
-    buckets: Mapping[ForwardMode, tuple[int, ...]] = attrs.field(factory=lambda: {
-        DECODE: (4, 8), EXTEND: (16, 32), VERIFY: (8, 16)})
+    buckets: Mapping[ForwardMode, tuple[int, ...]] = attrs.field(
+        factory=lambda: {DECODE: (4, 8), EXTEND: (16, 32), VERIFY: (8, 16)}
+    )
     layer_rows: int = 0  # rows of each layer's activation (0: the bucket; wider = slower layers)
     window_rows: int = 0  # rows of extra in-graph work before the prep's reads (0: none)
     dtype: Optional[torch.dtype] = None  # activations and weights (None: float32)
@@ -71,8 +72,9 @@ class Layout:
 class _BucketBuffers:
     """A bucket's static inputs, metadata and output (graphs keep these addresses)."""
 
-    def __init__(self, n: int, cfg: SyntheticConfig, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, n: int, cfg: SyntheticConfig, device: torch.device, dtype: torch.dtype
+    ) -> None:
         z = lambda: torch.zeros(n, dtype=torch.long, device=device)  # noqa: E731
         self.rows, self.pos, self.flat, self.loc, self.swa_loc = z(), z(), z(), z(), z()
         self.act = torch.zeros(max(cfg.layer_rows, n), cfg.hidden, device=device, dtype=dtype)
@@ -105,11 +107,14 @@ class SyntheticModel:
         self.k_full = torch.randn(slots, cfg.hidden, generator=g).to(device, self.dtype)
         self.k_swa = torch.randn(cfg.swa_slots, cfg.hidden, generator=g).to(device, self.dtype)
         self.kv_pool = torch.zeros(slots, cfg.hidden, device=device, dtype=self.dtype)
-        scale = cfg.hidden ** -0.5
-        self.weights = [(torch.randn(cfg.hidden, cfg.hidden, generator=g) * scale)
-                        .to(device, self.dtype) for _ in range(cfg.layers)]
-        self.window = (torch.randn(max(cfg.window_rows, 1), cfg.hidden, generator=g) * scale
-                       ).to(device, self.dtype)
+        scale = cfg.hidden**-0.5
+        self.weights = [
+            (torch.randn(cfg.hidden, cfg.hidden, generator=g) * scale).to(device, self.dtype)
+            for _ in range(cfg.layers)
+        ]
+        self.window = (torch.randn(max(cfg.window_rows, 1), cfg.hidden, generator=g) * scale).to(
+            device, self.dtype
+        )
         self.static: dict[int, _BucketBuffers] = {}
         self.last_bucket: Optional[int] = None
 
@@ -165,16 +170,18 @@ class SyntheticModel:
             if i == 0 and lay.first_layer_rebuild:  # DP padding: metadata rebuilt in layer 0
                 self._prep(s, 0, bucket)
             if i == len(self.weights) - 1:
-                swa = (self.full_to_swa.index_select(0, s.loc) if lay.late_swa  # live map
-                       else s.swa_loc)
+                swa = (
+                    self.full_to_swa.index_select(0, s.loc)
+                    if lay.late_swa  # live map
+                    else s.swa_loc
+                )
                 h = h[:bucket] + self.k_swa.index_select(0, swa)
             if self.after_layer is not None:
                 self.after_layer(h)
         h = h[:bucket]
         s.out.copy_(h)
         # the KV write; tokens sharing a slot carry equal values, so the order does not matter
-        loc = (self.req_to_token.view(-1).index_select(0, s.flat) if lay.late_kv_write
-               else s.loc)
+        loc = self.req_to_token.view(-1).index_select(0, s.flat) if lay.late_kv_write else s.loc
         self.kv_pool.index_copy_(0, loc, h)
         return s.out
 

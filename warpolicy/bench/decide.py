@@ -12,8 +12,8 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-from warpolicy.report import json_document
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode, WarReadDonePolicy
+from warpolicy.report import json_document
 
 
 class _AnchorMode:
@@ -56,8 +56,13 @@ class _AnchorBackend:
 class AnchorRunner:
     """The baseline: the anchor's per-step decision, written out as an if-chain."""
 
-    def __init__(self, spec: str = "none", planted: bool = True, prefill_flag: bool = False,
-                 force_coarse: bool = False) -> None:
+    def __init__(
+        self,
+        spec: str = "none",
+        planted: bool = True,
+        prefill_flag: bool = False,
+        force_coarse: bool = False,
+    ) -> None:
         self.spec_algorithm = _AnchorSpec(spec)
         self.attn_backend = _AnchorBackend()
         self.read_done_planted = planted
@@ -75,9 +80,12 @@ class AnchorRunner:
             if self.attn_backend.rereads_shared_metadata_across_segments:
                 return POST_REPLAY
             return IN_GRAPH if self.read_done_planted else POST_REPLAY
-        if (forward_mode.is_extend_exact() and self.enable_prefill_read_done
-                and self.spec_algorithm.is_none()
-                and self.attn_backend.prefill_shared_reads_end_at_metadata_init):
+        if (
+            forward_mode.is_extend_exact()
+            and self.enable_prefill_read_done
+            and self.spec_algorithm.is_none()
+            and self.attn_backend.prefill_shared_reads_end_at_metadata_init
+        ):
             return PRE_REPLAY
         return NONE
 
@@ -119,31 +127,41 @@ def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     engine_ns = _median_ns_per_call(lookup, modes, repeats)
     general_ns = _median_ns_per_call(compiled.lookup, modes, repeats)
     baseline_ns = _median_ns_per_call(anchor.war_read_done_policy, anchor_modes, repeats)
-    return {"engine_ns": round(engine_ns, 1), "baseline_ns": round(baseline_ns, 1),
-            "lookup_ns": round(general_ns, 1),
-            "ratio": round(engine_ns / baseline_ns, 3) if baseline_ns > 0 else None,
-            "iterations": iterations, "repeats": repeats}
+    return {
+        "engine_ns": round(engine_ns, 1),
+        "baseline_ns": round(baseline_ns, 1),
+        "lookup_ns": round(general_ns, 1),
+        "ratio": round(engine_ns / baseline_ns, 3) if baseline_ns > 0 else None,
+        "iterations": iterations,
+        "repeats": repeats,
+    }
 
 
 def synthetic_registry_yaml(backends: int = 1000, gates: int = 100) -> str:
     """A large registry text: ``backends`` backends over a base, ``gates`` global gates."""
-    lines = ["version: 1", "flags:", "  f0: {default: false, env: [WARPOLICY_F0], doc: a flag}",
-             "spec_algorithms:",
-             "  none: {capabilities: {prefill_read_done: true, target_verify_read_done: false},"
-             " doc: plain}",
-             "  dflash: {family: dflash, capabilities: {prefill_read_done: true,"
-             " target_verify_read_done: true}, doc: dflash}",
-             "backends:",
-             "  base: {abstract: true, reads_end: {decode: in_graph, target_verify: in_graph},"
-             " doc: base}"]
+    lines = [
+        "version: 1",
+        "flags:",
+        "  f0: {default: false, env: [WARPOLICY_F0], doc: a flag}",
+        "spec_algorithms:",
+        "  none: {capabilities: {prefill_read_done: true, target_verify_read_done: false},"
+        " doc: plain}",
+        "  dflash: {family: dflash, capabilities: {prefill_read_done: true,"
+        " target_verify_read_done: true}, doc: dflash}",
+        "backends:",
+        "  base: {abstract: true, reads_end: {decode: in_graph, target_verify: in_graph},"
+        " doc: base}",
+    ]
     for i in range(backends):
         extra = ", reads_end: {extend: pre_replay}" if i % 7 == 0 else ""
         lines.append(f"  be{i}: {{inherits: base{extra}, doc: synthetic backend {i}}}")
     lines.append("gates:")
     for i in range(gates):
         mode = ("decode", "extend", "target_verify")[i % 3]
-        lines.append(f"  - {{id: gate-{i}, when: {{mode: {mode}, backend: be{i * 7 % backends},"
-                     f" flags: {{f0: true}}}}, at_least: post_replay, because: synthetic gate}}")
+        lines.append(
+            f"  - {{id: gate-{i}, when: {{mode: {mode}, backend: be{i * 7 % backends},"
+            f" flags: {{f0: true}}}}, at_least: post_replay, because: synthetic gate}}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -162,8 +180,13 @@ def bench_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> dict
     t0 = time.perf_counter()
     rows = engine.table()
     table_s = time.perf_counter() - t0
-    return {"backends": backends, "gates": gates, "load_s": round(statistics.median(load_s), 4),
-            "table_s": round(table_s, 4), "table_rows": len(rows)}
+    return {
+        "backends": backends,
+        "gates": gates,
+        "load_s": round(statistics.median(load_s), 4),
+        "table_s": round(table_s, 4),
+        "table_rows": len(rows),
+    }
 
 
 def run_decide_bench(iterations: int = 200_000, repeats: int = 7) -> dict:
@@ -176,15 +199,16 @@ def format_decide(result: dict, fmt: str = "text") -> str:
     if fmt == "json":
         return json_document(result)  # schema_version first, like every JSON output
     load = result["load"]
-    return "\n".join([
-        "decision latency (median ns per call, same process, same mode sequence)",
-        f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
-        f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
-        f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
-        "  ratio   engine / baseline         "
-        + (f"{result['ratio']:8.3f}" if result["ratio"] is not None else "     n/a"),
-        f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
-        f"{load['load_s']:.3f} s",
-        f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
-    ])
-
+    return "\n".join(
+        [
+            "decision latency (median ns per call, same process, same mode sequence)",
+            f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
+            f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
+            f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
+            "  ratio   engine / baseline         "
+            + (f"{result['ratio']:8.3f}" if result["ratio"] is not None else "     n/a"),
+            f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
+            f"{load['load_s']:.3f} s",
+            f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
+        ]
+    )

@@ -39,17 +39,39 @@ from warpolicy.runners.decode import DecodeRunner
 from warpolicy.runners.overlap import OverlapLoop
 
 #: Phases of a runner's life a fault can be armed in.
-PHASES = ("prepare", "capture", "launch", "before_replay", "replay", "after_replay", "take",
-          "barrier", "write")
+PHASES = (
+    "prepare",
+    "capture",
+    "launch",
+    "before_replay",
+    "replay",
+    "after_replay",
+    "take",
+    "barrier",
+    "write",
+)
 POLICIES = (PRE_REPLAY, IN_GRAPH, POST_REPLAY, NONE)
 #: Operations that return a handle or a flag (the only ones "return None" applies to).
-VALUED_OPERATIONS = ("create_event", "is_capturing", "new_stream", "current_stream", "use_stream",
-                     "new_graph", "graph_pool", "capture")
+VALUED_OPERATIONS = (
+    "create_event",
+    "is_capturing",
+    "new_stream",
+    "current_stream",
+    "use_stream",
+    "new_graph",
+    "graph_pool",
+    "capture",
+)
 OBSERVER_MODES = ("raise", "act_then_raise")
 BATCHES = (2, 4, 8, 3, 2, 8)  # batch sizes per step: buckets 2 and 4, eager for 8
 RECAPTURE_AFTER = 3  # steps before the runner captures again (after draining, as it must)
 
-_READ_AT = {PRE_REPLAY: "host_prep", IN_GRAPH: "graph_prep", POST_REPLAY: "forward", NONE: "forward"}
+_READ_AT = {
+    PRE_REPLAY: "host_prep",
+    IN_GRAPH: "graph_prep",
+    POST_REPLAY: "forward",
+    NONE: "forward",
+}
 
 
 @attrs.frozen
@@ -151,7 +173,9 @@ class _FaultyObservers:
         self._maybe_fail("warpolicy_on_publish")
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
+    def warpolicy_on_barrier(
+        self, runner: str, step: Optional[int], kind: str, reason: str
+    ) -> None:
         self._maybe_fail("warpolicy_on_barrier")
 
     @hookimpl
@@ -163,14 +187,16 @@ class _FaultyObservers:
         self._maybe_fail("warpolicy_on_demotion")
 
 
-def _in_phase(state: _State, phase: str, fn: Callable[..., Any], after: Optional[str] = None
-              ) -> Callable[..., Any]:
+def _in_phase(
+    state: _State, phase: str, fn: Callable[..., Any], after: Optional[str] = None
+) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         outer, state.phase = state.phase, phase
         try:
             return fn(*args, **kwargs)
         finally:
             state.phase = after if after is not None else outer
+
     return wrapped
 
 
@@ -190,8 +216,9 @@ def cases() -> Iterator[Case]:
             if mode == "none" and target not in VALUED_OPERATIONS:
                 continue
             yield Case(target, phase, policy, mode)
-    for target, phase, policy, mode in itertools.product(hookspecs.OBSERVER_HOOKS, PHASES, POLICIES,
-                                                         OBSERVER_MODES):
+    for target, phase, policy, mode in itertools.product(
+        hookspecs.OBSERVER_HOOKS, PHASES, POLICIES, OBSERVER_MODES
+    ):
         yield Case(target, phase, policy, mode)
 
 
@@ -205,15 +232,24 @@ def run_case(case: Case) -> CaseResult:
     if case.target in OPERATIONS:
         fault = impl.inject(case.target, case.mode, when=lambda: state.on(case.target))
     policy = case.policy
-    runner = DecodeRunner(_Model(state, _READ_AT[policy]), lambda mode, eager, planted: policy,
-                          platform, ring_size=4)
+    runner = DecodeRunner(
+        _Model(state, _READ_AT[policy]), lambda mode, eager, planted: policy, platform, ring_size=4
+    )
     loop = OverlapLoop(runner, probe=_Probe(state))
     fence = runner.fence
     fence.prepare = _in_phase(state, "prepare", fence.prepare)  # type: ignore[method-assign]
-    fence.before_replay = _in_phase(state, "before_replay", fence.before_replay,  # type: ignore[method-assign]
-                                    after="replay")
-    fence.after_replay = _in_phase(state, "after_replay", fence.after_replay,  # type: ignore[method-assign]
-                                   after="launched")
+    fence.before_replay = _in_phase(
+        state,
+        "before_replay",
+        fence.before_replay,  # type: ignore[method-assign]
+        after="replay",
+    )
+    fence.after_replay = _in_phase(
+        state,
+        "after_replay",
+        fence.after_replay,  # type: ignore[method-assign]
+        after="launched",
+    )
     fence.take = _in_phase(state, "take", fence.take)  # type: ignore[method-assign]
     loop.barrier.apply = _in_phase(state, "barrier", loop.barrier.apply)  # type: ignore[method-assign]
     capture = _in_phase(state, "capture", runner.capture, after="setup")
@@ -250,15 +286,17 @@ class MatrixResult:
             groups.setdefault(result.case.target, []).append(result)
         for target, items in list(groups.items()) + [("total", list(self.results))]:
             fired = [r for r in items if r.fired]
-            out.append({
-                "target": target,
-                "cases": len(items),
-                "fired": len(fired),
-                "early_releases": sum(r.early_releases for r in items),
-                "stale_reads": sum(r.stale_reads for r in items),
-                "surfaced": sum(1 for r in fired if r.errors or r.warnings),
-                "silent": sum(1 for r in fired if not (r.errors or r.warnings)),
-            })
+            out.append(
+                {
+                    "target": target,
+                    "cases": len(items),
+                    "fired": len(fired),
+                    "early_releases": sum(r.early_releases for r in items),
+                    "stale_reads": sum(r.stale_reads for r in items),
+                    "surfaced": sum(1 for r in fired if r.errors or r.warnings),
+                    "silent": sum(1 for r in fired if not (r.errors or r.warnings)),
+                }
+            )
         return out
 
 

@@ -24,7 +24,6 @@ import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.hookspecs import hookimpl
@@ -33,6 +32,7 @@ from warpolicy.platforms import EventHandle, StreamHandle, cuda_available, devic
 from warpolicy.platforms.sim import DEVICE_TYPES as SIM_DEVICE_TYPES
 from warpolicy.plugins import new_plugin_manager
 from warpolicy.policy import WarReadDonePolicy as P
+from warpolicy.report import json_document
 
 BLOCK = 100  # steps per timed block (fewer when iters is small); medians are over blocks
 
@@ -41,13 +41,15 @@ class _NoOpObserver:
     """The cheapest possible observer: measures the cost of observer dispatch itself."""
 
     @hookimpl
-    def warpolicy_on_publish(self, runner: str, step: int, policy: P,
-                             event: Optional[EventHandle]) -> None:
+    def warpolicy_on_publish(
+        self, runner: str, step: int, policy: P, event: Optional[EventHandle]
+    ) -> None:
         pass
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str,
-                             reason: str) -> None:
+    def warpolicy_on_barrier(
+        self, runner: str, step: Optional[int], kind: str, reason: str
+    ) -> None:
         pass
 
 
@@ -70,16 +72,24 @@ def _per_step_us(fn: Callable[[], Any], iters: int, sync: Callable[[], Any]) -> 
 
 # -- overhead ------------------------------------------------------------------------------------
 
-def _raw_ops(platform: Platform) -> tuple[Callable[[EventHandle, StreamHandle], None],
-                                         Callable[[StreamHandle, EventHandle], None]]:
+
+def _raw_ops(
+    platform: Platform,
+) -> tuple[
+    Callable[[EventHandle, StreamHandle], None], Callable[[StreamHandle, EventHandle], None]
+]:
     """(record(event, stream), wait(stream, event)) without fence or facade."""
     if platform.name == "cuda":
         return (lambda ev, s: ev.record(s)), (lambda s, ev: s.wait_event(ev))
     return platform.impl.record, platform.impl.wait_event
 
 
-def _overhead(platform: Platform, fence: ReadDoneFence, iters: int,
-              observers: Sequence[tuple[str, object]] = ()) -> dict[str, Any]:
+def _overhead(
+    platform: Platform,
+    fence: ReadDoneFence,
+    iters: int,
+    observers: Sequence[tuple[str, object]] = (),
+) -> dict[str, Any]:
     fwd = platform.current_stream()
     sched = platform.new_stream()
     barrier = SchedulerBarrier(platform)
@@ -94,6 +104,7 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int,
             fence.before_replay(policy, fwd)
             fence.after_replay(policy, planted, fwd)
             barrier.apply(sched, fwd, fence.take())
+
         return run
 
     def raw_post() -> None:
@@ -122,13 +133,19 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int,
             for label, plugin in observers:
                 plugin_s[label] += _observed(platform, plugin, hooked, iters // 3, sync)
         h, r, o = _median(hooks_s), _median(raw_s), _median(obs_s)
-        result[name] = {"hooks_us_median": h, "raw_us_median": r, "ratio": h / r if r else None,
-                        "with_observer_us_median": o, "extra_us": h - r,
-                        "observer_extra_us": o - h,
-                        # a real observer plugin, against the no-op observer row
-                        "plugins": {label: {"us_median": _median(xs),
-                                            "extra_over_noop_us": _median(xs) - o}
-                                    for label, xs in plugin_s.items()}}
+        result[name] = {
+            "hooks_us_median": h,
+            "raw_us_median": r,
+            "ratio": h / r if r else None,
+            "with_observer_us_median": o,
+            "extra_us": h - r,
+            "observer_extra_us": o - h,
+            # a real observer plugin, against the no-op observer row
+            "plugins": {
+                label: {"us_median": _median(xs), "extra_over_noop_us": _median(xs) - o}
+                for label, xs in plugin_s.items()
+            },
+        }
     sync()
     out = dict(result["in_graph" if "in_graph" in result else "post_replay"])
     out["policy"] = "in_graph" if "in_graph" in result else "post_replay"
@@ -136,8 +153,9 @@ def _overhead(platform: Platform, fence: ReadDoneFence, iters: int,
     return out
 
 
-def _observed(platform: Platform, plugin: object, fn: Callable[[], None], iters: int,
-              sync: Callable[[], Any]) -> list[float]:
+def _observed(
+    platform: Platform, plugin: object, fn: Callable[[], None], iters: int, sync: Callable[[], Any]
+) -> list[float]:
     """`_per_step_us` of ``fn`` with ``plugin`` registered (the manager refreshes its cached
     observer calls on register and unregister)."""
     platform.pm.register(plugin)
@@ -149,8 +167,15 @@ def _observed(platform: Platform, plugin: object, fn: Callable[[], None], iters:
 
 # -- release (CUDA) --------------------------------------------------------------------------------
 
-def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles: int,
-             matmuls: int, size: int) -> tuple[dict[str, Any], Any]:
+
+def _release(
+    platform: Platform,
+    fence: ReadDoneFence,
+    replays: int,
+    spin_cycles: int,
+    matmuls: int,
+    size: int,
+) -> tuple[dict[str, Any], Any]:
     import torch  # deferred: the CUDA part only
 
     dev = platform.device
@@ -198,17 +223,30 @@ def _release(platform: Platform, fence: ReadDoneFence, replays: int, spin_cycles
             release_us.append((t1 - t0) / 1000.0)
             whole_us.append((t2 - t0) / 1000.0)
     rel, whole = _median(release_us), _median(whole_us)
-    return {"release_us_median": rel, "whole_replay_us_median": whole,
-            "ratio": rel / whole if whole else None, "replays": replays,
-            "graph": (f"spin {spin_cycles} cycles, index_select, node, "
-                      f"{matmuls} matmuls {size}x{size} bf16")}, graph
+    return {
+        "release_us_median": rel,
+        "whole_replay_us_median": whole,
+        "ratio": rel / whole if whole else None,
+        "replays": replays,
+        "graph": (
+            f"spin {spin_cycles} cycles, index_select, node, {matmuls} matmuls {size}x{size} bf16"
+        ),
+    }, graph
 
 
 # -- entry points ----------------------------------------------------------------------------------
 
-def run_fence_bench(iters: int = 3000, device: Optional[str] = None, *, replays: int = 50,
-                    spin_cycles: int = 2_000_000, matmuls: int = 20, size: int = 4096,
-                    observers: Sequence[tuple[str, object]] = ()) -> dict[str, Any]:
+
+def run_fence_bench(
+    iters: int = 3000,
+    device: Optional[str] = None,
+    *,
+    replays: int = 50,
+    spin_cycles: int = 2_000_000,
+    matmuls: int = 20,
+    size: int = 4096,
+    observers: Sequence[tuple[str, object]] = (),
+) -> dict[str, Any]:
     """Run the measurements on ``device``: None or ``"cuda[:N]"`` needs CUDA (else
     `CudaUnavailableError`); ``"sim"`` runs the overhead part on the simulated platform.
 
@@ -219,13 +257,19 @@ def run_fence_bench(iters: int = 3000, device: Optional[str] = None, *, replays:
     wanted = "cuda" if device is None else str(device)
     simulated = device_type(wanted) in SIM_DEVICE_TYPES
     if not simulated and not cuda_available():
-        raise CudaUnavailableError("bench fence needs a CUDA device (torch.cuda.is_available() is "
-                                   "False); --device sim runs it on the simulated platform")
+        raise CudaUnavailableError(
+            "bench fence needs a CUDA device (torch.cuda.is_available() is "
+            "False); --device sim runs it on the simulated platform"
+        )
     pm = new_plugin_manager(load_entry_points=False, environ={})
     platform = Platform.for_device(wanted, pm)
     fence = ReadDoneFence(platform, ring_size=4, name="bench")
-    result: dict[str, Any] = {"device": str(platform.device), "platform": platform.name,
-                              "iters": iters, "external_events": platform.external_events_supported()}
+    result: dict[str, Any] = {
+        "device": str(platform.device),
+        "platform": platform.name,
+        "iters": iters,
+        "external_events": platform.external_events_supported(),
+    }
     if platform.name == "cuda":
         import torch  # deferred: the CUDA part only
 
@@ -247,24 +291,34 @@ def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
         return json_document(result)  # schema_version first, like every JSON output
     if fmt != "text":
         raise InputError(f"unknown format {fmt!r}; use text or json")
-    lines = [f"fence benchmark on {result['device']} (platform {result['platform']}, "
-             f"external events: {result['external_events']})"]
+    lines = [
+        f"fence benchmark on {result['device']} (platform {result['platform']}, "
+        f"external events: {result['external_events']})"
+    ]
     rel = result["release"]
     if "skipped" in rel:
         lines.append(f"release: skipped ({rel['skipped']})")
     else:
-        lines.append(f"release: in-graph event {rel['release_us_median']:.1f} us vs whole replay "
-                     f"{rel['whole_replay_us_median']:.1f} us after launch: ratio {rel['ratio']:.3f} "
-                     f"({rel['replays']} replays; {rel['graph']})")
+        lines.append(
+            f"release: in-graph event {rel['release_us_median']:.1f} us vs whole replay "
+            f"{rel['whole_replay_us_median']:.1f} us after launch: ratio {rel['ratio']:.3f} "
+            f"({rel['replays']} replays; {rel['graph']})"
+        )
     for name, row in result["overhead"]["per_policy"].items():
-        lines.append(f"overhead per step ({name}): fence+hooks {row['hooks_us_median']:.2f} us, "
-                     f"raw {row['raw_us_median']:.2f} us, ratio {row['ratio']:.2f}, "
-                     f"extra {row['extra_us']:.2f} us; with a no-op observer "
-                     f"{row['with_observer_us_median']:.2f} us (+{row['observer_extra_us']:.2f} us)")
+        lines.append(
+            f"overhead per step ({name}): fence+hooks {row['hooks_us_median']:.2f} us, "
+            f"raw {row['raw_us_median']:.2f} us, ratio {row['ratio']:.2f}, "
+            f"extra {row['extra_us']:.2f} us; with a no-op observer "
+            f"{row['with_observer_us_median']:.2f} us (+{row['observer_extra_us']:.2f} us)"
+        )
         for label, plugin in row.get("plugins", {}).items():
-            lines.append(f"  with {label}: {plugin['us_median']:.2f} us per step, "
-                         f"{plugin['extra_over_noop_us']:+.2f} us over the no-op observer")
+            lines.append(
+                f"  with {label}: {plugin['us_median']:.2f} us per step, "
+                f"{plugin['extra_over_noop_us']:+.2f} us over the no-op observer"
+            )
     if result["platform"] != "cuda":
-        lines.append("(simulated platform: raw = its own methods called directly; ratios are "
-                     "indicative only)")
+        lines.append(
+            "(simulated platform: raw = its own methods called directly; ratios are "
+            "indicative only)"
+        )
     return "\n".join(lines)

@@ -44,6 +44,7 @@ def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:
 # Tiny paged-attention model
 # --------------------------------------------------------------------------------------------
 
+
 @attrs.frozen
 class TinyConfig:
     """Sizes of the tiny model. Row 0 of the table and slot 0 of the KV pool are padding."""
@@ -74,8 +75,9 @@ class TokenBatch:
         return int(self.ids.numel())
 
     @classmethod
-    def of(cls, ids: Sequence[int], positions: Sequence[int], rows: Sequence[int],
-           locs: Sequence[int]) -> TokenBatch:
+    def of(
+        cls, ids: Sequence[int], positions: Sequence[int], rows: Sequence[int], locs: Sequence[int]
+    ) -> TokenBatch:
         t = lambda xs: torch.tensor(list(xs), dtype=torch.long)  # noqa: E731
         return cls(t(ids), t(positions), t(rows), t(locs))
 
@@ -100,8 +102,9 @@ class TinyState:
     """Scheduler-shared state: the request-to-token table and the paged KV pool."""
 
     def __init__(self, cfg: TinyConfig, device: torch.device) -> None:
-        self.req_to_token = torch.zeros(cfg.max_reqs + 1, cfg.max_ctx, dtype=torch.long,
-                                        device=device)
+        self.req_to_token = torch.zeros(
+            cfg.max_reqs + 1, cfg.max_ctx, dtype=torch.long, device=device
+        )
         shape = (cfg.layers, cfg.kv_slots + 1, cfg.hidden)
         self.k_cache = torch.zeros(shape, device=device)
         self.v_cache = torch.zeros(shape, device=device)
@@ -126,8 +129,15 @@ class _TinyBucket:
 class TinyPagedModel:
     """`ModelAdapter` of the tiny paged-attention model for one forward mode."""
 
-    def __init__(self, cfg: TinyConfig, weights: TinyWeights, state: TinyState,
-                 mode: ForwardMode, *, late_shared_read: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: TinyConfig,
+        weights: TinyWeights,
+        state: TinyState,
+        mode: ForwardMode,
+        *,
+        late_shared_read: bool = False,
+    ) -> None:
         self.cfg = cfg
         self.w = weights
         self.state = state
@@ -139,9 +149,11 @@ class TinyPagedModel:
         self._ctx = torch.arange(cfg.max_ctx, device=self.device)
 
     def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
-        by_mode = {ForwardMode.DECODE: self.cfg.decode_buckets,
-                   ForwardMode.EXTEND: self.cfg.prefill_buckets,
-                   ForwardMode.TARGET_VERIFY: self.cfg.verify_buckets}
+        by_mode = {
+            ForwardMode.DECODE: self.cfg.decode_buckets,
+            ForwardMode.EXTEND: self.cfg.prefill_buckets,
+            ForwardMode.TARGET_VERIFY: self.cfg.verify_buckets,
+        }
         return by_mode.get(ForwardMode.parse(mode), ())
 
     def batch_size(self, batch: TokenBatch) -> int:
@@ -154,8 +166,12 @@ class TinyPagedModel:
     def host_prep(self, batch: TokenBatch, bucket: int) -> None:
         """Copy the batch into the static inputs; padding tokens use row 0, slot 0, pos 0."""
         st, n = self.static[bucket], len(batch)
-        for dst, src in ((st.ids, batch.ids), (st.positions, batch.positions),
-                         (st.rows, batch.rows), (st.locs, batch.out_cache_loc)):
+        for dst, src in (
+            (st.ids, batch.ids),
+            (st.positions, batch.positions),
+            (st.rows, batch.rows),
+            (st.locs, batch.out_cache_loc),
+        ):
             dst[:n].copy_(src, non_blocking=False)
             dst[n:].zero_()
 

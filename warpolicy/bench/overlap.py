@@ -39,11 +39,17 @@ import json
 import statistics
 from typing import Any, Callable, Optional, Sequence
 
-from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work,
-                                    matmul_work, spin_work)
-from warpolicy.report import json_document
+from warpolicy.bench.timing import (
+    CudaProbe,
+    HostProbe,
+    calibrate_rows,
+    copy_work,
+    matmul_work,
+    spin_work,
+)
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
+from warpolicy.report import json_document
 
 #: (name, policy, sound for the plain model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -65,6 +71,7 @@ SCHED_KINDS = ("copy", "latency", "matmul")
 
 
 # -- the runs ------------------------------------------------------------------------------------
+
 
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
@@ -128,8 +135,9 @@ class SchedulePlan:
         self.model = model
         self.rows = rows.to(model.device)
         self.batches = torch.stack([rows, pos], dim=2).to(model.device)  # [steps, batch, 2]
-        self.table_rows = torch.randint(0, model.slots, (steps, batch, cfg.ctx),
-                                        generator=g).to(model.device)
+        self.table_rows = torch.randint(0, model.slots, (steps, batch, cfg.ctx), generator=g).to(
+            model.device
+        )
 
     def batch(self, step: int) -> Any:
         return self.batches[step]
@@ -145,9 +153,16 @@ class SchedulePlan:
 class OverlapBench:
     """One configured benchmark: model, bookkeeping work, platform, probe factory."""
 
-    def __init__(self, platform: Any, model: Any, plan: SchedulePlan,
-                 bookkeeping: Callable[[], None], steps: int, warmup: int,
-                 probe_factory: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        platform: Any,
+        model: Any,
+        plan: SchedulePlan,
+        bookkeeping: Callable[[], None],
+        steps: int,
+        warmup: int,
+        probe_factory: Callable[[], Any],
+    ) -> None:
         self.platform, self.model, self.plan, self.bookkeeping = platform, model, plan, bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
         self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
@@ -163,8 +178,9 @@ class OverlapBench:
 
         policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
-        runner = DecodeRunner(model or self.model, policy_fn, self.platform, name=name,
-                              placement=placement)
+        runner = DecodeRunner(
+            model or self.model, policy_fn, self.platform, name=name, placement=placement
+        )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
             runner.capture()
@@ -182,7 +198,9 @@ class OverlapBench:
         self.platform.synchronize()
         return outs
 
-    def overlapped(self, runner: Any, skip_barrier: bool) -> tuple[list[Any], dict[str, list[float]]]:
+    def overlapped(
+        self, runner: Any, skip_barrier: bool
+    ) -> tuple[list[Any], dict[str, list[float]]]:
         from warpolicy.runners import OverlapLoop
 
         p, plan = self.platform, self.plan
@@ -192,10 +210,12 @@ class OverlapBench:
         loop = OverlapLoop(runner, p, probe=probe, unsafe_skip_barrier=skip_barrier)
         outs = []
         for k in range(self.steps):
+
             def write_next(k: int = k) -> None:
                 if k + 1 < self.steps:
                     plan.write_step(k + 1)
                 self.bookkeeping()
+
             outs.append(loop.step(plan.batch(k), write_next).clone())  # on the forward stream
         loop.drain()
         return outs, probe.times_us()
@@ -217,11 +237,23 @@ class OverlapBench:
         return median([t["launched"][k] - t["launch"][k] for k in ks])
 
 
-def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
-                      trace: Optional[str] = None, device: Any = None, *, repeats: int = 3,
-                      layer_us: float = 100.0, sched_us: float = 300.0, window_us: float = 0.0,
-                      hidden: int = 2048, warmup: int = 10, pm: Any = None,
-                      sched_kind: str = "copy", model_name: str = "in_graph") -> dict:
+def run_overlap_bench(
+    layers: int = 32,
+    batch: int = 64,
+    steps: int = 150,
+    trace: Optional[str] = None,
+    device: Any = None,
+    *,
+    repeats: int = 3,
+    layer_us: float = 100.0,
+    sched_us: float = 300.0,
+    window_us: float = 0.0,
+    hidden: int = 2048,
+    warmup: int = 10,
+    pm: Any = None,
+    sched_kind: str = "copy",
+    model_name: str = "in_graph",
+) -> dict:
     """Run every variant ``repeats`` times; return the result dict (see `format_overlap`).
 
     ``window_us`` puts that much work before the prep's read inside the graph (widens the race
@@ -239,17 +271,20 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     from warpolicy.policy import ForwardMode
 
     if sched_kind not in SCHED_KINDS:
-        raise InputError(f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, "
-                         f"not {sched_kind!r}")
+        raise InputError(
+            f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {sched_kind!r}"
+        )
     if model_name not in MODELS:
-        raise InputError(f"overlap bench: model must be one of {', '.join(MODELS)}, "
-                         f"not {model_name!r}")
+        raise InputError(
+            f"overlap bench: model must be one of {', '.join(MODELS)}, not {model_name!r}"
+        )
     if min(layers, batch, steps, repeats) <= 0:
         raise InputError("overlap bench: layers, batch, steps and repeats must be positive")
     fake = str(device) in ("sim", "fake")
     if not fake and not torch.cuda.is_available():
-        raise CudaUnavailableError("the overlap benchmark needs a CUDA device "
-                                   "(torch.cuda.is_available() is False)")
+        raise CudaUnavailableError(
+            "the overlap benchmark needs a CUDA device (torch.cuda.is_available() is False)"
+        )
     platform = Platform.for_device("sim" if fake else (device or "cuda"), pm=pm)
     if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
         layers, batch, steps, repeats, hidden = min(layers, 2), min(batch, 4), min(steps, 12), 1, 16
@@ -263,10 +298,17 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
         window_rows = calibrate_rows(window_us, hidden, tdev, tanh=True)
         probe_factory = CudaProbe
     warmup = min(warmup, max(steps - 2, 0))
-    cfg = SyntheticConfig(reqs=2 * batch, ctx=64, swa_slots=1024, hidden=hidden, layers=layers,
-                          buckets={ForwardMode.DECODE: (batch,)}, layer_rows=layer_rows,
-                          window_rows=window_rows,
-                          dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32)
+    cfg = SyntheticConfig(
+        reqs=2 * batch,
+        ctx=64,
+        swa_slots=1024,
+        hidden=hidden,
+        layers=layers,
+        buckets={ForwardMode.DECODE: (batch,)},
+        layer_rows=layer_rows,
+        window_rows=window_rows,
+        dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32,
+    )
     rebuild = model_name == "first_layer_rebuild"
     model = SyntheticModel(Layout(first_layer_rebuild=rebuild), cfg, tdev)
     plan = SchedulePlan(model, steps, batch)
@@ -294,9 +336,15 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
             if r == 0:
                 traces[name] = t
         row: dict[str, Any] = {k: median([m[k] for m in per_run]) for k in per_run[0]}
-        row.update(name=name, policy=policy.label, resolved=runner.policy_for(batch).label,
-                   sound=is_sound, barrier=not skip, corrupted=corrupted,
-                   checked=steps * repeats)
+        row.update(
+            name=name,
+            policy=policy.label,
+            resolved=runner.policy_for(batch).label,
+            sound=is_sound,
+            barrier=not skip,
+            corrupted=corrupted,
+            checked=steps * repeats,
+        )
         rows.append(row)
 
     gap_closed(rows)
@@ -305,14 +353,25 @@ def run_overlap_bench(layers: int = 32, batch: int = 64, steps: int = 150,
     ig["release_minus_ideal_us"] = ig["hold_us"] - ideal
     by["derived"]["release_minus_marker_us"] = by["derived"]["hold_us"] - ig["hold_us"]
     result = {
-        "config": {"layers": layers, "batch": batch, "steps": steps, "repeats": repeats,
-                   "warmup": warmup, "hidden": hidden, "layer_rows": layer_rows,
-                   "sched_rows": sched_rows, "sched_kind": sched_kind,
-                   "window_rows": window_rows,
-                   "layer_us_target": layer_us, "sched_us_target": sched_us,
-                   "window_us_target": window_us, "platform": platform.name,
-                   "model": model_name,
-                   "device": _device_name(platform, tdev), "torch": torch.__version__},
+        "config": {
+            "layers": layers,
+            "batch": batch,
+            "steps": steps,
+            "repeats": repeats,
+            "warmup": warmup,
+            "hidden": hidden,
+            "layer_rows": layer_rows,
+            "sched_rows": sched_rows,
+            "sched_kind": sched_kind,
+            "window_rows": window_rows,
+            "layer_us_target": layer_us,
+            "sched_us_target": sched_us,
+            "window_us_target": window_us,
+            "platform": platform.name,
+            "model": model_name,
+            "device": _device_name(platform, tdev),
+            "torch": torch.__version__,
+        },
         "ideal_release_us": ideal,
         "rows": rows,
         "capture": captures,
@@ -336,11 +395,20 @@ def gap_closed(rows: list[dict]) -> None:
 
 def _capture_costs(runner: Any, capture_warnings: list[str]) -> dict:
     """What the capture did per bucket: placement, planted, the walk's cost and outcome."""
-    return {"warnings": list(capture_warnings),
-            "buckets": {str(b): {"placement": r.placement.value, "planted": r.planted,
-                                 "walked": r.walked, "ok": r.ok, "walk_ms": r.walk_ms,
-                                 "detail": r.detail}
-                        for b, r in sorted(runner.capture_report.items())}}
+    return {
+        "warnings": list(capture_warnings),
+        "buckets": {
+            str(b): {
+                "placement": r.placement.value,
+                "planted": r.planted,
+                "walked": r.walked,
+                "ok": r.ok,
+                "walk_ms": r.walk_ms,
+                "detail": r.detail,
+            }
+            for b, r in sorted(runner.capture_report.items())
+        },
+    }
 
 
 def _closes(row: dict, share: float) -> bool:
@@ -364,8 +432,8 @@ def _targets(rows: list[dict], ideal: float, model_name: str = "in_graph") -> di
         "in_graph_closes_95pct": _closes(ig, 0.95),
         # "within 5% of the ideal point", read as 5% of the step: the prep is a few us long
         "in_graph_release_within_5pct_of_step": off <= 0.05 * ig["step_us"],
-        "derived_release_within_5pct_of_step_of_marker":
-            abs(derived["hold_us"] - ig["hold_us"]) <= 0.05 * ig["step_us"],
+        "derived_release_within_5pct_of_step_of_marker": abs(derived["hold_us"] - ig["hold_us"])
+        <= 0.05 * ig["step_us"],
         "sound_policies_zero_corrupted": sound,
     }
 
@@ -380,6 +448,7 @@ def _device_name(platform: Any, tdev: Any) -> str:
 
 # -- output ----------------------------------------------------------------------------------------
 
+
 def write_trace(path: str, traces: dict[str, dict[str, list[float]]]) -> None:
     """Chrome/Perfetto trace: one process per variant, a forward and a schedule-stream track.
 
@@ -392,10 +461,12 @@ def write_trace(path: str, traces: dict[str, dict[str, list[float]]]) -> None:
     for pid, (name, t) in enumerate(traces.items(), start=1):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
         for tid, track in ((1, "forward stream"), (2, "schedule stream")):
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                           "args": {"name": track}})
-        for k, (launch, end, rel, wr) in enumerate(zip(t["launch"], t["launched"],
-                                                       t["released"], t["written"])):
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}}
+            )
+        for k, (launch, end, rel, wr) in enumerate(
+            zip(t["launch"], t["launched"], t["released"], t["written"])
+        ):
             events.append(_span(f"forward {k}", pid, 1, launch, end))
             events.append(_span(f"held {k}", pid, 2, launch, max(launch, rel)))
             events.append(_span(f"writes {k + 1}", pid, 2, max(launch, rel), wr))
@@ -404,8 +475,14 @@ def write_trace(path: str, traces: dict[str, dict[str, list[float]]]) -> None:
 
 
 def _span(name: str, pid: int, tid: int, start: float, end: float) -> dict:
-    return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": round(start, 3),
-            "dur": round(max(0.0, end - start), 3)}
+    return {
+        "ph": "X",
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": round(start, 3),
+        "dur": round(max(0.0, end - start), 3),
+    }
 
 
 def format_overlap(result: dict, fmt: str = "text") -> str:
@@ -434,22 +511,27 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
             note = f"release - in_graph marker = {r['release_minus_marker_us']:+.1f} us"
         if r["resolved"] != r["policy"]:
             note += f" (capture demoted {r['policy']} to {r['resolved']})"
-        lines.append(f"{r['name']:12s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
-                     f"{r['idle_gap_us']:9.1f} {gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}  {note}")
+        lines.append(
+            f"{r['name']:12s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
+            f"{r['idle_gap_us']:9.1f} {gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
+        )
     lines.append("")
     for name in ("in_graph", "derived"):
         for bucket, cap in result.get("capture", {}).get(name, {}).get("buckets", {}).items():
             what = "self-check" if name == "in_graph" else "derived plant"
-            state = ("skipped" if not cap["walked"] else
-                     f"{cap['walk_ms']:.2f} ms, {'ok' if cap['ok'] else 'FAILED'}")
+            state = (
+                "skipped"
+                if not cap["walked"]
+                else f"{cap['walk_ms']:.2f} ms, {'ok' if cap['ok'] else 'FAILED'}"
+            )
             lines.append(f"{what} of the {bucket}-token graph: {state}: {cap['detail']}")
         for warning in result.get("capture", {}).get(name, {}).get("warnings", []):
             lines.append(f"  {name} capture warning: {warning}")
-    lines.append("targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}"
-                                         for k, v in result["targets"].items()))
+    lines.append(
+        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
+    )
     if c["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     if "trace" in result:
         lines.append(f"trace written to {result['trace']}")
     return "\n".join(lines)
-

@@ -29,9 +29,9 @@ from typing import Any, Callable, Sequence
 
 from warpolicy.bench.overlap import SchedulePlan
 from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
-from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.policy import ForwardMode
+from warpolicy.report import json_document
 
 SHAPES = ("eagle", "dflash")
 RUNS = ("coarse", "step", "no_barrier")
@@ -47,11 +47,21 @@ def _step_times(t: dict[str, list[float]], warmup: int) -> float:
 class _Shape:
     """One step shape: its phase models, and `SpecStep` builders per run."""
 
-    def __init__(self, shape: str, platform: Any, make_model: Callable[[int], Any],
-                 layers: int, draft_layers: int, steps: int, batch: int) -> None:
+    def __init__(
+        self,
+        shape: str,
+        platform: Any,
+        make_model: Callable[[int], Any],
+        layers: int,
+        draft_layers: int,
+        steps: int,
+        batch: int,
+    ) -> None:
         self.shape, self.platform = shape, platform
-        plan = [("draft", ForwardMode.DECODE, draft_layers),
-                ("verify", ForwardMode.TARGET_VERIFY, layers)]
+        plan = [
+            ("draft", ForwardMode.DECODE, draft_layers),
+            ("verify", ForwardMode.TARGET_VERIFY, layers),
+        ]
         if shape == "eagle":
             plan.append(("draft_extend", ForwardMode.DRAFT_EXTEND, draft_layers))
         self.plan = [(name, mode, make_model(n)) for name, mode, n in plan]
@@ -59,12 +69,20 @@ class _Shape:
         self.schedules = [SchedulePlan(model, steps, batch) for _, _, model in self.plan]
 
     def step(self, run: str) -> Any:
-        from warpolicy.runners import (DecodeRunner, DraftExtendRunner, GraphRunner, SpecStep,
-                                       VerifyRunner)
         from warpolicy.bench.models import fixed_policy
+        from warpolicy.runners import (
+            DecodeRunner,
+            DraftExtendRunner,
+            GraphRunner,
+            SpecStep,
+            VerifyRunner,
+        )
 
-        choice = {"draft": "in_graph", "verify": "none" if self.shape == "eagle" else "in_graph",
-                  "draft_extend": "post_replay"}
+        choice = {
+            "draft": "in_graph",
+            "verify": "none" if self.shape == "eagle" else "in_graph",
+            "draft_extend": "post_replay",
+        }
         runners: list[GraphRunner] = []
         for name, mode, model in self.plan:
             policy = fixed_policy("none" if run == "coarse" else choice[name])
@@ -90,10 +108,19 @@ class _Shape:
         return self.schedules[0].batch(k)
 
 
-def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int = 64,
-                           steps: int = 120, device: Any = None, *, layer_us: float = 100.0,
-                           sched_us: float = 300.0, hidden: int = 2048, warmup: int = 10,
-                           pm: Any = None) -> dict:
+def run_overlap_spec_bench(
+    layers: int = 32,
+    draft_layers: int = 4,
+    batch: int = 64,
+    steps: int = 120,
+    device: Any = None,
+    *,
+    layer_us: float = 100.0,
+    sched_us: float = 300.0,
+    hidden: int = 2048,
+    warmup: int = 10,
+    pm: Any = None,
+) -> dict:
     """Run every shape and run kind once; return the result dict (see `format_overlap_spec`)."""
     import torch
 
@@ -102,11 +129,15 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
     from warpolicy.runners import OverlapLoop
 
     if min(layers, draft_layers, batch, steps) <= 0:
-        raise InputError("overlap spec bench: layers, draft_layers, batch and steps must be positive")
+        raise InputError(
+            "overlap spec bench: layers, draft_layers, batch and steps must be positive"
+        )
     fake = str(device) in ("sim", "fake")
     if not fake and not torch.cuda.is_available():
-        raise CudaUnavailableError("the speculative-step overlap benchmark needs a CUDA device "
-                                   "(torch.cuda.is_available() is False)")
+        raise CudaUnavailableError(
+            "the speculative-step overlap benchmark needs a CUDA device "
+            "(torch.cuda.is_available() is False)"
+        )
     platform = Platform.for_device("sim" if fake else (device or "cuda"), pm=pm)
     probe_factory: Callable[[], Any]
     if fake:
@@ -123,10 +154,17 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
     modes = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
     def make_model(n: int) -> Any:  # one seed: every phase starts from the same tables
-        cfg = SyntheticConfig(reqs=2 * batch, ctx=64, swa_slots=1024, hidden=hidden, layers=n,
-                              buckets={m: (batch,) for m in modes}, layer_rows=layer_rows,
-                              shared_index=True,
-                              dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32)
+        cfg = SyntheticConfig(
+            reqs=2 * batch,
+            ctx=64,
+            swa_slots=1024,
+            hidden=hidden,
+            layers=n,
+            buckets={m: (batch,) for m in modes},
+            layer_rows=layer_rows,
+            shared_index=True,
+            dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32,
+        )
         return SyntheticModel(Layout(), cfg, tdev)
 
     rows = []
@@ -147,38 +185,53 @@ def run_overlap_spec_bench(layers: int = 32, draft_layers: int = 4, batch: int =
             shape.write(0)
             platform.synchronize()
             probe = probe_factory()
-            loop = OverlapLoop(platform=platform, probe=probe,
-                               unsafe_skip_barrier=run == "no_barrier")
+            loop = OverlapLoop(
+                platform=platform, probe=probe, unsafe_skip_barrier=run == "no_barrier"
+            )
             outs = []
             for k in range(steps):
+
                 def write_next(k: int = k) -> None:
                     if k + 1 < steps:
                         shape.write(k + 1)
                     bookkeeping()
-                outs.append([o.clone() for o in loop.step(shape.batch(k), write_next,
-                                                          runner=step)])
+
+                outs.append([o.clone() for o in loop.step(shape.batch(k), write_next, runner=step)])
             loop.drain()
-            corrupted = sum(any(not torch.equal(a, b) for a, b in zip(o, r))
-                            for o, r in zip(outs, reference))
-            by_run[run] = {"shape": shape_name, "run": run,
-                           "reader": step.reader.name, "step_us": _step_times(probe.times_us(),
-                                                                              warmup),
-                           "corrupted": corrupted, "checked": steps,
-                           "sound": run != "no_barrier"}
+            corrupted = sum(
+                any(not torch.equal(a, b) for a, b in zip(o, r)) for o, r in zip(outs, reference)
+            )
+            by_run[run] = {
+                "shape": shape_name,
+                "run": run,
+                "reader": step.reader.name,
+                "step_us": _step_times(probe.times_us(), warmup),
+                "corrupted": corrupted,
+                "checked": steps,
+                "sound": run != "no_barrier",
+            }
         coarse, bound = by_run["coarse"]["step_us"], by_run["no_barrier"]["step_us"]
         gap = coarse - bound
         for row in by_run.values():
-            row["gap_closed"] = ((coarse - row["step_us"]) / gap
-                                 if gap > 0.005 * coarse else None)
+            row["gap_closed"] = (coarse - row["step_us"]) / gap if gap > 0.005 * coarse else None
             rows.append(row)
     return {
-        "config": {"layers": layers, "draft_layers": draft_layers, "batch": batch,
-                   "steps": steps, "hidden": hidden, "layer_rows": layer_rows,
-                   "layer_us_target": layer_us, "sched_us_target": sched_us,
-                   "platform": platform.name, "torch": torch.__version__},
+        "config": {
+            "layers": layers,
+            "draft_layers": draft_layers,
+            "batch": batch,
+            "steps": steps,
+            "hidden": hidden,
+            "layer_rows": layer_rows,
+            "layer_us_target": layer_us,
+            "sched_us_target": sched_us,
+            "platform": platform.name,
+            "torch": torch.__version__,
+        },
         "rows": rows,
-        "targets": {"sound_runs_zero_corrupted": all(r["corrupted"] == 0 for r in rows
-                                                     if r["sound"])},
+        "targets": {
+            "sound_runs_zero_corrupted": all(r["corrupted"] == 0 for r in rows if r["sound"])
+        },
     }
 
 
@@ -189,19 +242,25 @@ def format_overlap_spec(result: dict, fmt: str = "text") -> str:
     if fmt != "text":
         raise InputError(f"unknown format {fmt!r}; use text or json")
     c = result["config"]
-    lines = [f"speculative-step overlap on {c['platform']} (torch {c['torch']}): verify "
-             f"{c['layers']} layers, draft {c['draft_layers']}, batch {c['batch']}, "
-             f"{c['steps']} steps", "",
-             f"{'shape':7s} {'run':11s} {'released by':13s} {'step us':>9s} {'gap closed':>10s} "
-             f"{'corrupted':>10s}"]
+    lines = [
+        f"speculative-step overlap on {c['platform']} (torch {c['torch']}): verify "
+        f"{c['layers']} layers, draft {c['draft_layers']}, batch {c['batch']}, "
+        f"{c['steps']} steps",
+        "",
+        f"{'shape':7s} {'run':11s} {'released by':13s} {'step us':>9s} {'gap closed':>10s} "
+        f"{'corrupted':>10s}",
+    ]
     for r in result["rows"]:
         gap = "-" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.1f}%"
         reader = r["reader"] if r["run"] == "step" else ("-" if r["run"] == "coarse" else "unsafe")
-        lines.append(f"{r['shape']:7s} {r['run']:11s} {reader:13s} {r['step_us']:9.1f} "
-                     f"{gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}")
+        lines.append(
+            f"{r['shape']:7s} {r['run']:11s} {reader:13s} {r['step_us']:9.1f} "
+            f"{gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}"
+        )
     lines.append("")
-    lines.append("targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}"
-                                         for k, v in result["targets"].items()))
+    lines.append(
+        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
+    )
     if c["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)

@@ -38,14 +38,26 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from warpolicy.bench.overlap import (SCHED_KINDS, OverlapBench, SchedulePlan, gap_closed, median,
-                                     step_metrics)
-from warpolicy.bench.timing import (CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work,
-                                    spin_work)
+from warpolicy.bench.overlap import (
+    SCHED_KINDS,
+    OverlapBench,
+    SchedulePlan,
+    gap_closed,
+    median,
+    step_metrics,
+)
+from warpolicy.bench.timing import (
+    CudaProbe,
+    HostProbe,
+    calibrate_rows,
+    copy_work,
+    matmul_work,
+    spin_work,
+)
 from warpolicy.distributed import all_gather_json, compile_consistent, guard_policy
-from warpolicy.report import json_document
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, WarReadDonePolicy
+from warpolicy.report import json_document
 
 #: (name, policy, sound for this model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -65,8 +77,9 @@ def _positive(instance: Any, attribute: Any, value: Any) -> None:
 
 def _sched_kind(instance: Any, attribute: Any, value: str) -> None:
     if value not in SCHED_KINDS:
-        raise InputError(f"overlap --tp: sched_kind must be one of {', '.join(SCHED_KINDS)}, "
-                         f"not {value!r}")
+        raise InputError(
+            f"overlap --tp: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {value!r}"
+        )
 
 
 def _env_assignment(instance: Any, attribute: Any, value: str) -> None:
@@ -104,6 +117,7 @@ class TpConfig:
 
 # -- the model ------------------------------------------------------------------------------
 
+
 def tensor_parallel_model(cfg: Any, device: Any, group: Any = None) -> Any:
     """The synthetic model with a shared batch index and every layer ending in an all-reduce
     (the partial outputs of a row-parallel layer, summed over the ranks)."""
@@ -119,6 +133,7 @@ def tensor_parallel_model(cfg: Any, device: Any, group: Any = None) -> Any:
 # -- measurements (pure; the CPU tests feed them hand-made marks; `step_metrics` and
 #    `gap_closed` are the single-GPU benchmark's) -------------------------------------------------
 
+
 def combine_ranks(config: dict, reports: list[dict]) -> dict:
     """Every rank's report (index = rank) and the targets over all of them."""
     mismatch = config.get("mismatch_rank") is not None and len(reports) > 1
@@ -129,9 +144,10 @@ def combine_ranks(config: dict, reports: list[dict]) -> dict:
     if mismatch:
         targets = {
             "mismatch_coarse_on_every_rank": all(
-                rep["consistency"]["coarse"] and all(
-                    r["resolved"] == "none" for r in rep["rows"] if r["barrier"])
-                for rep in reports),
+                rep["consistency"]["coarse"]
+                and all(r["resolved"] == "none" for r in rep["rows"] if r["barrier"])
+                for rep in reports
+            ),
             "sound_policies_zero_corrupted_every_rank": sound_clean,
             "outputs_agree_across_ranks": agree,
         }
@@ -140,9 +156,11 @@ def combine_ranks(config: dict, reports: list[dict]) -> dict:
         targets = {
             "consistency_ok_every_rank": all(rep["consistency"]["ok"] for rep in reports),
             "in_graph_closes_95pct_every_rank": all(
-                r["gap_closed"] is not None and r["gap_closed"] >= 0.95 for r in in_graph),
+                r["gap_closed"] is not None and r["gap_closed"] >= 0.95 for r in in_graph
+            ),
             "in_graph_release_within_5pct_of_step_every_rank": all(
-                abs(r["release_minus_ideal_us"]) <= 0.05 * r["step_us"] for r in in_graph),
+                abs(r["release_minus_ideal_us"]) <= 0.05 * r["step_us"] for r in in_graph
+            ),
             "sound_policies_zero_corrupted_every_rank": sound_clean,
             "outputs_agree_across_ranks": agree,
         }
@@ -150,6 +168,7 @@ def combine_ranks(config: dict, reports: list[dict]) -> dict:
 
 
 # -- one rank ------------------------------------------------------------------------------------
+
 
 def _lookup(policy: Any, mode: ForwardMode) -> WarReadDonePolicy:
     """A policy's answer for a captured graph with the node planted."""
@@ -168,21 +187,26 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     """Run every variant on this rank (inside an initialised process group); its report."""
     import torch  # deferred: importing the benchmark does not need torch
 
+    from warpolicy.audit.synthetic_model import SyntheticConfig
     from warpolicy.bench.models import fixed_policy
     from warpolicy.engine import PolicyEngine
     from warpolicy.platform import Platform
-
-    from warpolicy.audit.synthetic_model import SyntheticConfig
 
     fake = config.simulated
     platform = Platform.for_device("sim" if fake else device)
     gather_dev = None if fake else device
     sched_rows = 0
     if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
-        layers, batch, steps, repeats, hidden = min(config.layers, 2), min(config.batch, 4), \
-            min(config.steps, 8), 1, 16
-        config = attrs.evolve(config, layers=layers, batch=batch, steps=steps, repeats=repeats,
-                              hidden=hidden)
+        layers, batch, steps, repeats, hidden = (
+            min(config.layers, 2),
+            min(config.batch, 4),
+            min(config.steps, 8),
+            1,
+            16,
+        )
+        config = attrs.evolve(
+            config, layers=layers, batch=batch, steps=steps, repeats=repeats, hidden=hidden
+        )
         layer_rows = 8
         probe_factory: Callable[[], Any] = HostProbe
         bookkeeping: Callable[[], None] = matmul_work(8, hidden, device)
@@ -193,8 +217,9 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         probe_factory = CudaProbe
         if config.sched_kind == "matmul":
             sched_rows = calibrate_rows(config.sched_us, config.hidden, device)
-            bookkeeping = matmul_work(int(all_gather_json(sched_rows, None, gather_dev)[0]),
-                                      config.hidden, device)
+            bookkeeping = matmul_work(
+                int(all_gather_json(sched_rows, None, gather_dev)[0]), config.hidden, device
+            )
         elif config.sched_kind == "latency":
             bookkeeping = spin_work(config.sched_us, device)
         else:
@@ -203,15 +228,27 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
 
     engine = PolicyEngine.load(environ=_rank_environ(rank, config))
     compiled, consistency = compile_consistent(
-        engine, config.backend, config.spec, platform=platform.name,
-        external_events=platform.external_events_supported(), strict=config.strict,
-        device=gather_dev, pm=platform.pm)
+        engine,
+        config.backend,
+        config.spec,
+        platform=platform.name,
+        external_events=platform.external_events_supported(),
+        strict=config.strict,
+        device=gather_dev,
+        pm=platform.pm,
+    )
 
-    cfg = SyntheticConfig(reqs=2 * config.batch, ctx=64, swa_slots=1024, hidden=config.hidden,
-                          layers=config.layers, seed=rank,
-                          buckets={ForwardMode.DECODE: (config.batch,)}, layer_rows=layer_rows,
-                          dtype=torch.bfloat16 if torch.device(device).type == "cuda"
-                          else torch.float32)
+    cfg = SyntheticConfig(
+        reqs=2 * config.batch,
+        ctx=64,
+        swa_slots=1024,
+        hidden=config.hidden,
+        layers=config.layers,
+        seed=rank,
+        buckets={ForwardMode.DECODE: (config.batch,)},
+        layer_rows=layer_rows,
+        dtype=torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
+    )
     model = tensor_parallel_model(cfg, device)
     plan = SchedulePlan(model, config.steps, config.batch, seed=1 + rank)
     bench = OverlapBench(platform, model, plan, bookkeeping, config.steps, warmup, probe_factory)
@@ -229,36 +266,59 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
             corrupted += sum(not torch.equal(a, b) for a, b in zip(outs, ref, strict=True))
             per_run.append(step_metrics(marks, warmup))
         row: dict[str, Any] = {k: median([m[k] for m in per_run]) for k in per_run[0]}
-        row.update(name=name, policy=policy.label, resolved=runner.policy_for(config.batch).label,
-                   sound=is_sound, barrier=not skip, corrupted=corrupted,
-                   checked=config.steps * config.repeats)
+        row.update(
+            name=name,
+            policy=policy.label,
+            resolved=runner.policy_for(config.batch).label,
+            sound=is_sound,
+            barrier=not skip,
+            corrupted=corrupted,
+            checked=config.steps * config.repeats,
+        )
         rows.append(row)
     gap_closed(rows)
     in_graph = next(r for r in rows if r["name"] == "in_graph")
     in_graph["release_minus_ideal_us"] = in_graph["hold_us"] - ideal
     return {
-        "rank": rank, "world_size": world_size, "platform": platform.name,
+        "rank": rank,
+        "world_size": world_size,
+        "platform": platform.name,
         "device": platform.name if fake else torch.cuda.get_device_name(device),
         "mismatch": config.mismatch_rank == rank,
         "consistency": consistency.to_json(),
         "engine_decode_policy": _lookup(compiled, ForwardMode.DECODE).label,
-        "ideal_release_us": ideal, "layer_rows": layer_rows, "output_checksum": checksum,
+        "ideal_release_us": ideal,
+        "layer_rows": layer_rows,
+        "output_checksum": checksum,
         "rows": rows,
-        "effective": {"layers": config.layers, "batch": config.batch, "steps": config.steps,
-                      "repeats": config.repeats, "hidden": config.hidden},
+        "effective": {
+            "layers": config.layers,
+            "batch": config.batch,
+            "steps": config.steps,
+            "repeats": config.repeats,
+            "hidden": config.hidden,
+        },
     }
 
 
-def run_rank(rank: int, world_size: int, config: TpConfig, *, init_method: str = "env://",
-             local_rank: Optional[int] = None, timeout_s: float = 300.0) -> dict:
+def run_rank(
+    rank: int,
+    world_size: int,
+    config: TpConfig,
+    *,
+    init_method: str = "env://",
+    local_rank: Optional[int] = None,
+    timeout_s: float = 300.0,
+) -> dict:
     """Run this process's rank and return the combined result (the same on every rank).
 
     Initialises the process group (NCCL on ``cuda:local_rank``, gloo on the simulated device)
     unless one is already initialised, and destroys only one it created.
     """
     if config.mismatch_rank is not None and not 0 <= config.mismatch_rank < world_size:
-        raise InputError(f"overlap --tp: mismatch rank {config.mismatch_rank} is not one of "
-                         f"{world_size} rank(s)")
+        raise InputError(
+            f"overlap --tp: mismatch rank {config.mismatch_rank} is not one of {world_size} rank(s)"
+        )
     if config.mismatch_rank is not None and world_size < 2:
         raise InputError("overlap --tp: a mismatch needs at least two ranks to disagree")
     import torch  # deferred: importing the benchmark does not need torch
@@ -268,12 +328,15 @@ def run_rank(rank: int, world_size: int, config: TpConfig, *, init_method: str =
         device, backend = torch.device("cpu"), "gloo"
     else:
         if not torch.cuda.is_available():
-            raise CudaUnavailableError("the tensor-parallel overlap benchmark needs CUDA "
-                                       "(or device 'sim')")
+            raise CudaUnavailableError(
+                "the tensor-parallel overlap benchmark needs CUDA (or device 'sim')"
+            )
         local = rank if local_rank is None else local_rank
         if local >= torch.cuda.device_count():
-            raise CudaUnavailableError(f"rank {rank} needs cuda:{local}, but only "
-                                       f"{torch.cuda.device_count()} device(s) are visible")
+            raise CudaUnavailableError(
+                f"rank {rank} needs cuda:{local}, but only "
+                f"{torch.cuda.device_count()} device(s) are visible"
+            )
         device, backend = torch.device("cuda", local), "nccl"
         torch.cuda.set_device(device)
     own = not dist.is_initialized()
@@ -281,9 +344,14 @@ def run_rank(rank: int, world_size: int, config: TpConfig, *, init_method: str =
         kwargs: dict[str, Any] = {}
         if backend == "nccl":
             kwargs["device_id"] = device  # binds the rank's GPU; NCCL comes up eagerly
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **kwargs,
+        )
     threads = torch.get_num_threads()
     if config.simulated:  # tiny CPU ops: more threads only spin against each other
         torch.set_num_threads(1)
@@ -316,8 +384,9 @@ def _spawned(rank: int, world_size: int, config: dict, init_method: str, outdir:
         Path(outdir, "result.json").write_text(json.dumps(result), encoding="utf-8")
 
 
-def run_overlap_tp(tp: int = 1, *, init_method: Optional[str] = None,
-                   **config: Any) -> Optional[dict]:
+def run_overlap_tp(
+    tp: int = 1, *, init_method: Optional[str] = None, **config: Any
+) -> Optional[dict]:
     """Run the benchmark on ``tp`` ranks; the combined result (None on torchrun ranks > 0).
 
     Under torchrun this process runs its own rank (``tp`` must match ``WORLD_SIZE``); else
@@ -329,8 +398,13 @@ def run_overlap_tp(tp: int = 1, *, init_method: Optional[str] = None,
         world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
         if tp not in (1, world):
             raise InputError(f"overlap --tp {tp}: torchrun started {world} ranks")
-        result = run_rank(rank, world, cfg, init_method="env://",
-                          local_rank=int(os.environ.get("LOCAL_RANK", rank)))
+        result = run_rank(
+            rank,
+            world,
+            cfg,
+            init_method="env://",
+            local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+        )
         return result if rank == 0 else None
     if tp <= 0:
         raise InputError(f"overlap --tp must be positive, not {tp}")
@@ -341,8 +415,9 @@ def run_overlap_tp(tp: int = 1, *, init_method: Optional[str] = None,
         import torch  # deferred: importing the benchmark does not need torch
 
         if torch.cuda.device_count() < tp:
-            raise CudaUnavailableError(f"overlap --tp {tp} needs {tp} GPUs, "
-                                       f"{torch.cuda.device_count()} visible")
+            raise CudaUnavailableError(
+                f"overlap --tp {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible"
+            )
     import torch.multiprocessing as mp  # deferred: importing the benchmark does not need torch
 
     with tempfile.TemporaryDirectory(prefix="warpolicy-tp-") as outdir:
@@ -354,6 +429,7 @@ def run_overlap_tp(tp: int = 1, *, init_method: Optional[str] = None,
 
 
 # -- output --------------------------------------------------------------------------------------
+
 
 def format_overlap_tp(result: dict, fmt: str = "text") -> str:
     """The result as a per-rank table (``text``) or JSON (``json``)."""
@@ -377,23 +453,30 @@ def format_overlap_tp(result: dict, fmt: str = "text") -> str:
         state = "ok" if cons["ok"] else "MISMATCH -> coarse"
         if len(verdicts) > 1 or rank is ranks[0]:
             lines.append(f"consistency (rank {rank['rank']}): {state}: {cons['message']}")
-    lines.append("ideal release (end of in-graph prep): " + ", ".join(
-        f"rank {r['rank']} {r['ideal_release_us']:.1f} us" for r in ranks))
+    lines.append(
+        "ideal release (end of in-graph prep): "
+        + ", ".join(f"rank {r['rank']} {r['ideal_release_us']:.1f} us" for r in ranks)
+    )
     lines.append("")
-    lines.append(f"{'rank':>4s} {'variant':12s} {'resolved':12s} {'release us':>10s} "
-                 f"{'step us':>9s} {'gap closed':>10s} {'corrupted':>10s}  note")
+    lines.append(
+        f"{'rank':>4s} {'variant':12s} {'resolved':12s} {'release us':>10s} "
+        f"{'step us':>9s} {'gap closed':>10s} {'corrupted':>10s}  note"
+    )
     for rank in ranks:
         for r in rank["rows"]:
             gap = "-" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.1f}%"
             note = "" if r["sound"] else "unsafe bound"
             if "release_minus_ideal_us" in r:
                 note = f"release - ideal = {r['release_minus_ideal_us']:+.1f} us"
-            lines.append(f"{rank['rank']:>4d} {r['name']:12s} {r['resolved']:12s} "
-                         f"{r['hold_us']:10.1f} {r['step_us']:9.1f} {gap:>10s} "
-                         f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}")
+            lines.append(
+                f"{rank['rank']:>4d} {r['name']:12s} {r['resolved']:12s} "
+                f"{r['hold_us']:10.1f} {r['step_us']:9.1f} {gap:>10s} "
+                f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
+            )
     lines.append("")
-    lines.append("targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}"
-                                         for k, v in result["targets"].items()))
+    lines.append(
+        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
+    )
     if ranks[0]["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 #: The points a `StepProbe` marks in each step (see `warpolicy.runners.OverlapLoop`).
 POINTS = ("launch", "launched", "released", "written")
 
+
 class CudaProbe:
     """Records a timing event on the given stream at each mark (GPU time)."""
 
@@ -37,8 +38,9 @@ class CudaProbe:
 
     def times_us(self) -> dict[str, list[float]]:
         """Microseconds since the probe was made (call after a synchronize)."""
-        return {p: [self.base.elapsed_time(e) * 1000.0 for e in evs]
-                for p, evs in self.events.items()}
+        return {
+            p: [self.base.elapsed_time(e) * 1000.0 for e in evs] for p, evs in self.events.items()
+        }
 
 
 class HostProbe:
@@ -99,9 +101,11 @@ def spin_work(target_us: float, device: Any) -> Callable[[], None]:
 
     if target_us <= 0:
         return lambda: None
+
     def spin(cycles: int) -> Callable[[], None]:
         def work() -> None:
             torch.cuda._sleep(cycles)
+
         return work
 
     cycles = 200_000
@@ -137,8 +141,9 @@ def copy_work(target_us: float, device: Any) -> Callable[[], None]:
     return work
 
 
-def matmul_work(rows: int, hidden: int, device: Any, dtype: Any = None,
-                seed: int = 1) -> Callable[[], None]:
+def matmul_work(
+    rows: int, hidden: int, device: Any, dtype: Any = None, seed: int = 1
+) -> Callable[[], None]:
     """A closure doing one ``rows x hidden @ hidden x hidden`` matmul (scheduler bookkeeping)."""
     import torch
 

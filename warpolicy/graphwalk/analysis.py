@@ -68,6 +68,7 @@ class DerivedPlan:
 # Matching
 # ---------------------------------------------------------------------------------------------
 
+
 class _Matcher:
     """Matches addresses and byte ranges against shared buffers (few buffers, many words)."""
 
@@ -115,6 +116,7 @@ def find_readers(graph: Graph, ranges: Sequence[BufferRange]) -> tuple[Reader, .
 # ---------------------------------------------------------------------------------------------
 # Ordering
 # ---------------------------------------------------------------------------------------------
+
 
 def ancestors(graph: Graph, index: int) -> frozenset[int]:
     """Every node with a dependency path to node ``index`` (not the node itself)."""
@@ -167,6 +169,7 @@ def reader_frontier(graph: Graph, readers: Iterable[int]) -> tuple[int, ...]:
 # Derived placement and the self-check
 # ---------------------------------------------------------------------------------------------
 
+
 def derive_plan(graph: Graph, ranges: Sequence[BufferRange]) -> DerivedPlan:
     """The readers a new read-done node must depend on, or `Outcome.NO_READERS` when no node
     was seen touching a shared buffer (opaque nodes alone do not make a plan: the shared reads
@@ -184,17 +187,27 @@ def find_event_record(graph: Graph, event: int) -> Optional[int]:
     Raises `PlacementError` when several nodes record it: which one releases the scheduler
     would depend on replay timing.
     """
-    found = [n.index for n in graph.nodes
-             if n.kind is NodeKind.EVENT_RECORD and n.event is not None and n.event == event]
+    found = [
+        n.index
+        for n in graph.nodes
+        if n.kind is NodeKind.EVENT_RECORD and n.event is not None and n.event == event
+    ]
     if len(found) > 1:
-        raise PlacementError(f"event {event:#x} is recorded by {len(found)} nodes "
-                             f"({', '.join(f'#{i}' for i in found)}); the release point is "
-                             f"ambiguous")
+        raise PlacementError(
+            f"event {event:#x} is recorded by {len(found)} nodes "
+            f"({', '.join(f'#{i}' for i in found)}); the release point is "
+            f"ambiguous"
+        )
     return found[0] if found else None
 
 
-def late_readers(graph: Graph, ranges: Sequence[BufferRange], planted: int, *,
-                 readers: Optional[Sequence[Reader]] = None) -> tuple[Reader, ...]:
+def late_readers(
+    graph: Graph,
+    ranges: Sequence[BufferRange],
+    planted: int,
+    *,
+    readers: Optional[Sequence[Reader]] = None,
+) -> tuple[Reader, ...]:
     """Readers that are not ancestors of node ``planted``: the release does not cover them.
 
     ``readers``: `find_readers`'s answer when the caller already has it.

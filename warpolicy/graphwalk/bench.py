@@ -40,16 +40,27 @@ def forward_graph(nodes: int = 1000, words: int = 40) -> Graph:
     event-record node right after the prep."""
     out: list[Node] = []
 
-    def add(kind: NodeKind, deps: Sequence[int], hit: Optional[BufferRange] = None,
-            name: str = "", event: Optional[int] = None) -> int:
+    def add(
+        kind: NodeKind,
+        deps: Sequence[int],
+        hit: Optional[BufferRange] = None,
+        name: str = "",
+        event: Optional[int] = None,
+    ) -> int:
         i = len(out)
         if kind is NodeKind.KERNEL:
             private = [0x7F10_0000_0000 + (i * 4096 + k * 64) for k in range(words - 4)]
             scalars = [k for k in range(3)] + [hit.start + 64 if hit else 0x7F20_0000_0000]
             out.append(Node(i, kind, name or f"layer_kernel_{i}", deps, tuple(private + scalars)))
         elif kind is NodeKind.MEMSET:
-            out.append(Node(i, kind, deps=deps, spans=((0x7F30_0000_0000 + i * 256,
-                                                        0x7F30_0000_0000 + i * 256 + 128),)))
+            out.append(
+                Node(
+                    i,
+                    kind,
+                    deps=deps,
+                    spans=((0x7F30_0000_0000 + i * 256, 0x7F30_0000_0000 + i * 256 + 128),),
+                )
+            )
         else:
             out.append(Node(i, kind, name, deps, event=event))
         return i
@@ -118,16 +129,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("--nodes must be >= 8 and --repeat >= 1", file=sys.stderr)
         return 2
     r = run(args.nodes, args.repeat)
-    print(f"graph analysis on a hand-made {int(r['nodes'])}-node graph "
-          f"({int(r['readers'])} readers), median of {args.repeat}:")
+    print(
+        f"graph analysis on a hand-made {int(r['nodes'])}-node graph "
+        f"({int(r['readers'])} readers), median of {args.repeat}:"
+    )
     print(f"  find readers        {r['find_readers_ms']:8.3f} ms")
-    print(f"  derive plan         {r['derive_plan_ms']:8.3f} ms  "
-          f"({r['derive_plan_ms'] / BUDGET_MS:.1%} of the {BUDGET_MS:.0f} ms budget)")
-    print(f"  marker self-check   {r['self_check_ms']:8.3f} ms  "
-          f"({r['self_check_ms'] / BUDGET_MS:.1%} of the budget)")
+    print(
+        f"  derive plan         {r['derive_plan_ms']:8.3f} ms  "
+        f"({r['derive_plan_ms'] / BUDGET_MS:.1%} of the {BUDGET_MS:.0f} ms budget)"
+    )
+    print(
+        f"  marker self-check   {r['self_check_ms']:8.3f} ms  "
+        f"({r['self_check_ms'] / BUDGET_MS:.1%} of the budget)"
+    )
     print(f"  frontier, half the nodes readers  {r['frontier_half_ms']:8.3f} ms")
-    print(f"  naive baseline, same readers      {r['naive_half_ms']:8.3f} ms  (frontier / naive "
-          f"= {r['frontier_half_ms'] / max(r['naive_half_ms'], 1e-9):.3f})")
+    print(
+        f"  naive baseline, same readers      {r['naive_half_ms']:8.3f} ms  (frontier / naive "
+        f"= {r['frontier_half_ms'] / max(r['naive_half_ms'], 1e-9):.3f})"
+    )
     return 0
 
 

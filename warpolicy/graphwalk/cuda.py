@@ -61,8 +61,9 @@ def driver_module() -> ModuleType:
     try:
         from cuda.bindings import driver
     except ImportError as exc:
-        raise BindingsMissingError(f"cuda-bindings is not installed ({exc}); "
-                                   f"pip install 'cuda-bindings>=12.4'") from None
+        raise BindingsMissingError(
+            f"cuda-bindings is not installed ({exc}); pip install 'cuda-bindings>=12.4'"
+        ) from None
     return driver
 
 
@@ -115,6 +116,7 @@ class RawGraph:
 # Reading
 # ---------------------------------------------------------------------------------------------
 
+
 def read_graph(raw: int) -> RawGraph:
     """Walk the ``cudaGraph_t`` whose integer handle is ``raw`` into a `RawGraph`."""
     if not raw:
@@ -127,8 +129,9 @@ def read_graph(raw: int) -> RawGraph:
         got = call(driver, "cuGraphGetNodes", cu_graph, count)
         handles = list(got[0])[:count]
         if len(handles) != count:
-            raise CudaCallError("cuGraphGetNodes", "short answer",
-                                f"{len(handles)} of {count} nodes")
+            raise CudaCallError(
+                "cuGraphGetNodes", "short answer", f"{len(handles)} of {count} nodes"
+            )
     index = {int(h): i for i, h in enumerate(handles)}
     deps, weak = _dependencies(driver, cu_graph, handles, index)
     reader = _NodeReader(driver)
@@ -136,8 +139,9 @@ def read_graph(raw: int) -> RawGraph:
     return RawGraph(Graph(nodes), cu_graph, tuple(handles), weak)
 
 
-def _dependencies(driver: ModuleType, cu_graph: Any, handles: Sequence[Any],
-                  index: dict[int, int]) -> tuple[list[tuple[int, ...]], int]:
+def _dependencies(
+    driver: ModuleType, cu_graph: Any, handles: Sequence[Any], index: dict[int, int]
+) -> tuple[list[tuple[int, ...]], int]:
     """Each node's full dependencies (indices) and the number of weak edges dropped.
 
     Asks for every edge at once; when that query fails (e.g. a lossy query refused by the
@@ -181,8 +185,9 @@ def _edges_by_node(driver: ModuleType, handles: Sequence[Any]) -> list[tuple[Any
             got = call(driver, "cuGraphNodeGetDependencies", handle, count)
             parents = list(got[0])[:count]
             if len(parents) != count:
-                raise CudaCallError("cuGraphNodeGetDependencies", "short answer",
-                                    f"{len(parents)} of {count}")
+                raise CudaCallError(
+                    "cuGraphNodeGetDependencies", "short answer", f"{len(parents)} of {count}"
+                )
             edges += [(p, handle, d) for p, d in zip(parents, _edge_data(got, count, 1))]
     return edges
 
@@ -200,7 +205,9 @@ def _is_weak(edge: Any) -> bool:
         return False
     kind = getattr(edge, "type", 0)
     port = getattr(edge, "from_port", 0)
-    return int(getattr(kind, "value", kind) or 0) != 0 or int(getattr(port, "value", port) or 0) != 0
+    return (
+        int(getattr(kind, "value", kind) or 0) != 0 or int(getattr(port, "value", port) or 0) != 0
+    )
 
 
 class _NodeReader:
@@ -294,8 +301,9 @@ class _NodeReader:
 
     def _query_sizes(self, which: str, handle: Any) -> Optional[tuple[int, ...]]:
         d = self.driver
-        getter = getattr(d, "cuFuncGetParamInfo" if which == "func" else "cuKernelGetParamInfo",
-                         None)
+        getter = getattr(
+            d, "cuFuncGetParamInfo" if which == "func" else "cuKernelGetParamInfo", None
+        )
         if getter is None:
             return None
         sizes: list[int] = []
@@ -348,8 +356,11 @@ def _memcpy_spans(p: Any) -> tuple[tuple[int, int], ...]:
             pitch = int(getattr(p, f"{side}Pitch") or 0)
             height = int(getattr(p, f"{side}Height") or 0)
             start = device + int(getattr(p, f"{side}XInBytes") or 0)
-            length = (int(p.WidthInBytes) + max(int(p.Height) - 1, 0) * pitch
-                      + max(int(p.Depth) - 1, 0) * pitch * height)
+            length = (
+                int(p.WidthInBytes)
+                + max(int(p.Height) - 1, 0) * pitch
+                + max(int(p.Depth) - 1, 0) * pitch * height
+            )
             spans.append((start, start + max(length, 1)))
     return tuple(spans)
 
@@ -375,18 +386,28 @@ def _memset_span(p: Any) -> tuple[int, int]:
 # Changing the graph
 # ---------------------------------------------------------------------------------------------
 
+
 def add_event_record_node(raw: RawGraph, deps: Sequence[int], event: int) -> Any:
     """Add a node recording ``event`` (a ``cudaEvent_t`` handle) after nodes ``deps``.
 
     The graph must not be instantiated yet: an executable graph keeps its old topology.
     """
     if not event:
-        raise CudaCallError("cuGraphAddEventRecordNode", "null event",
-                            "record the event once eagerly so it has a handle")
+        raise CudaCallError(
+            "cuGraphAddEventRecordNode",
+            "null event",
+            "record the event once eagerly so it has a handle",
+        )
     driver = driver_module()
     handles = [raw.handles[i] for i in sorted(set(deps))]
-    return call(driver, "cuGraphAddEventRecordNode", raw.cu_graph, handles, len(handles),
-                driver.CUevent(int(event)))[0]
+    return call(
+        driver,
+        "cuGraphAddEventRecordNode",
+        raw.cu_graph,
+        handles,
+        len(handles),
+        driver.CUevent(int(event)),
+    )[0]
 
 
 def node_count(raw: int) -> int:
@@ -413,7 +434,7 @@ def short_kernel_name(symbol: str) -> str:
         return max(parts, key=len) if parts else text
     text = text.replace(_ANON, "anon")
     if text.startswith("void "):
-        text = text[len("void "):]
+        text = text[len("void ") :]
     cut = min((k for k in (text.find("<"), text.find("(")) if k >= 0), default=len(text))
     return text[:cut].split("::")[-1] or symbol
 
@@ -423,7 +444,7 @@ def _mangled_identifiers(text: str) -> list[str]:
     parts = []
     for match in re.finditer(r"(\d+)", text):
         n = int(match.group(1))
-        ident = text[match.end():match.end() + n]
+        ident = text[match.end() : match.end() + n]
         if n and len(ident) == n and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
             parts.append(ident)
     return parts
@@ -442,8 +463,12 @@ def demangle(symbol: str) -> str:
             lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
             fn = lib.__cxa_demangle
             fn.restype = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.POINTER(ctypes.c_int)]
+            fn.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.POINTER(ctypes.c_int),
+            ]
             _cxa_demangle = fn
         status = ctypes.c_int(0)
         ptr = _cxa_demangle(symbol.encode(), None, None, ctypes.byref(status))

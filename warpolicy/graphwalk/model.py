@@ -39,8 +39,16 @@ class NodeKind(str, enum.Enum):
 #: Kinds whose arguments say which memory they touch (matched against the shared buffers).
 ACCESS_KINDS = frozenset({NodeKind.KERNEL, NodeKind.MEMCPY, NodeKind.MEMSET})
 #: Kinds that touch no memory the scheduler shares: never readers.
-INERT_KINDS = frozenset({NodeKind.EVENT_RECORD, NodeKind.EVENT_WAIT, NodeKind.EMPTY,
-                         NodeKind.MEM_ALLOC, NodeKind.MEM_FREE, NodeKind.SEMAPHORE})
+INERT_KINDS = frozenset(
+    {
+        NodeKind.EVENT_RECORD,
+        NodeKind.EVENT_WAIT,
+        NodeKind.EMPTY,
+        NodeKind.MEM_ALLOC,
+        NodeKind.MEM_FREE,
+        NodeKind.SEMAPHORE,
+    }
+)
 #: Kinds whose effect the walk cannot see (host code, nested graphs, anything unknown):
 #: conservatively readers of every shared buffer.
 OPAQUE_KINDS = frozenset(NodeKind) - ACCESS_KINDS - INERT_KINDS
@@ -51,8 +59,9 @@ def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> 
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
-def _spans_valid(_instance: object, _attribute: attrs.Attribute,
-                 value: tuple[tuple[int, int], ...]) -> None:
+def _spans_valid(
+    _instance: object, _attribute: attrs.Attribute, value: tuple[tuple[int, int], ...]
+) -> None:
     for start, end in value:
         if start < 0 or end < start:
             raise ValueError(f"span [{start:#x}, {end:#x}) is not a byte range")
@@ -96,7 +105,8 @@ class Node:
     deps: tuple[int, ...] = attrs.field(default=(), converter=_ints)
     words: tuple[int, ...] = attrs.field(default=(), converter=_ints)  # kernel argument words
     spans: tuple[tuple[int, int], ...] = attrs.field(
-        default=(), converter=_spans, validator=_spans_valid)  # memcpy / memset byte ranges
+        default=(), converter=_spans, validator=_spans_valid
+    )  # memcpy / memset byte ranges
     readable: bool = True  # False: a kernel whose arguments could not be read
     event: Optional[int] = None  # the event handle of an event-record node
     symbol: str = ""  # the full (demangled) kernel symbol, for reports
@@ -164,8 +174,9 @@ def tensor_range(name: str, tensor: TensorLike) -> BufferRange:
     start = int(tensor.data_ptr())
     if tensor.numel() == 0:
         return BufferRange(name, start, start)
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())
-               if size > 0)
+    last = sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0
+    )
     return BufferRange(name, start, start + (last + 1) * tensor.element_size())
 
 

@@ -61,9 +61,11 @@ class DerivedPlant:
         seen = [r for r in self.readers if not r.opaque]
         opaque = len(self.readers) - len(seen)
         after = ", ".join(f"{r.name} #{r.index}" for r in self.frontier)
-        text = (f"derived read-done node after {after} ({len(seen)} shared reader(s)"
-                f"{f', {opaque} unseen node(s)' if opaque else ''} in {self.nodes} nodes; "
-                f"{self.total_ms:.1f} ms)")
+        text = (
+            f"derived read-done node after {after} ({len(seen)} shared reader(s)"
+            f"{f', {opaque} unseen node(s)' if opaque else ''} in {self.nodes} nodes; "
+            f"{self.total_ms:.1f} ms)"
+        )
         return text
 
 
@@ -90,8 +92,10 @@ class SelfCheck:
         """One line naming each late kernel and its buffer (and the bucket, when given)."""
         where = f"bucket {bucket}: " if bucket is not None else ""
         if self.ok:
-            return f"{where}every shared reader precedes the read-done node ({self.readers} " \
-                   f"reader(s), {self.nodes} nodes)"
+            return (
+                f"{where}every shared reader precedes the read-done node ({self.readers} "
+                f"reader(s), {self.nodes} nodes)"
+            )
         late = "; ".join(f"{r.name} (#{r.index}) reads {r.buffer_label}" for r in self.late)
         return f"{where}shared reader(s) after the read-done node: {late}"
 
@@ -123,8 +127,10 @@ def raw_graph_of(graph: Any) -> int:
     try:
         raw = int(getter())
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError; any failure is one line
-        raise PlacementError(f"the raw graph is not available ({_first_line(exc)}); capture "
-                             f"with torch.cuda.CUDAGraph(keep_graph=True)") from None
+        raise PlacementError(
+            f"the raw graph is not available ({_first_line(exc)}); capture "
+            f"with torch.cuda.CUDAGraph(keep_graph=True)"
+        ) from None
     if not raw:
         raise PlacementError("the raw graph is null; capture with CUDAGraph(keep_graph=True)")
     return raw
@@ -155,8 +161,9 @@ def derive_and_plant(graph: Any, shared_buffers: SharedBuffers, event: Any) -> D
     except GraphWalkError as exc:
         raise PlacementError(f"derived placement failed: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - fail closed: the bucket stays unplanted
-        raise PlacementError(f"derived placement failed: {type(exc).__name__}: "
-                             f"{_first_line(exc)}") from None
+        raise PlacementError(
+            f"derived placement failed: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
 
 
 def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> DerivedPlant:
@@ -168,18 +175,23 @@ def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> 
         raise PlacementError("no non-empty shared buffers to look for")
     raw = raw_graph_of(graph)
     if is_instantiated(graph):
-        raise PlacementError("the graph is already instantiated (replayed?); plant before "
-                             "instantiate() and the first replay")
+        raise PlacementError(
+            "the graph is already instantiated (replayed?); plant before "
+            "instantiate() and the first replay"
+        )
     handle = event_handle(event)
     if not handle:
-        raise PlacementError("the read-done event has no CUDA handle yet; record it once "
-                             "eagerly before planting")
+        raise PlacementError(
+            "the read-done event has no CUDA handle yet; record it once eagerly before planting"
+        )
     t0 = time.perf_counter()
     walked = cuda.read_graph(raw)
     t1 = time.perf_counter()
     if find_event_record(walked.graph, handle) is not None:
-        raise PlacementError("the graph already records the read-done event (a marker was "
-                             "planted); derived placement captures without one")
+        raise PlacementError(
+            "the graph already records the read-done event (a marker was "
+            "planted); derived placement captures without one"
+        )
     try:
         plan = derive_plan(walked.graph, ranges)
     except ValueError as exc:
@@ -193,15 +205,25 @@ def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> 
         raise PlacementError(f"the graph has {after} nodes after adding one to {plan.nodes}")
     t3 = time.perf_counter()
     by_index = {r.index: r for r in plan.readers}
-    return DerivedPlant(plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes,
-                        _ms(t1 - t0), _ms(t2 - t1), _ms(t3 - t2), walked.weak_edges, node)
+    return DerivedPlant(
+        plan.readers,
+        tuple(by_index[i] for i in plan.frontier),
+        plan.nodes,
+        _ms(t1 - t0),
+        _ms(t2 - t1),
+        _ms(t3 - t2),
+        walked.weak_edges,
+        node,
+    )
 
 
 def _no_readers(plan: DerivedPlan, ranges: Sequence[BufferRange]) -> str:
     names = ", ".join(r.name for r in ranges)
-    return (f"no node of the {plan.nodes}-node graph was seen touching a shared buffer "
-            f"({names}); its reads are hidden from the walk (pointers in device memory?), so "
-            f"no release point can be derived")
+    return (
+        f"no node of the {plan.nodes}-node graph was seen touching a shared buffer "
+        f"({names}); its reads are hidden from the walk (pointers in device memory?), so "
+        f"no release point can be derived"
+    )
 
 
 def check_marker(graph: Any, shared_buffers: SharedBuffers, marker_event: Any) -> SelfCheck:
@@ -215,8 +237,9 @@ def check_marker(graph: Any, shared_buffers: SharedBuffers, marker_event: Any) -
     except GraphWalkError as exc:
         raise PlacementError(f"self-check failed: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - fail closed: the caller demotes the bucket
-        raise PlacementError(f"self-check failed: {type(exc).__name__}: "
-                             f"{_first_line(exc)}") from None
+        raise PlacementError(
+            f"self-check failed: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
 
 
 def _check_marker(graph: Any, ranges: Sequence[BufferRange], marker_event: Any) -> SelfCheck:
@@ -234,14 +257,17 @@ def _check_marker(graph: Any, ranges: Sequence[BufferRange], marker_event: Any) 
     return check_walked(walked.graph, ranges, handle, walk_ms=_ms(t1 - t0))
 
 
-def check_walked(walked: Graph, ranges: Sequence[BufferRange], handle: int, *,
-                 walk_ms: float = 0.0) -> SelfCheck:
+def check_walked(
+    walked: Graph, ranges: Sequence[BufferRange], handle: int, *, walk_ms: float = 0.0
+) -> SelfCheck:
     """The self-check on an already-read `Graph` (also what the CPU tests drive)."""
     t1 = time.perf_counter()
     marker = find_event_record(walked, handle)
     if marker is None:
-        raise PlacementError(f"the marker's event-record node is not in the "
-                             f"{len(walked)}-node graph (was it planted in this capture?)")
+        raise PlacementError(
+            f"the marker's event-record node is not in the "
+            f"{len(walked)}-node graph (was it planted in this capture?)"
+        )
     readers = find_readers(walked, ranges)
     late = late_readers(walked, ranges, marker, readers=readers)
     t2 = time.perf_counter()

@@ -38,10 +38,25 @@ from warpolicy.loader.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, Document
 from warpolicy.registry import Registry, parse_flag_value
 
 __all__ = [
-    "DEFAULT", "DEFAULT_TOKENS", "ENV_VAR", "MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "Assembly",
-    "Fragment", "FragmentError", "Source", "assemble_registry", "default_registry_path",
-    "document_problems", "env_flag_problems", "fragment_plugin", "load_registry", "plugin_fragments",
-    "registry_sources", "validate_sources",
+    "DEFAULT",
+    "DEFAULT_TOKENS",
+    "ENV_VAR",
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "Assembly",
+    "Fragment",
+    "FragmentError",
+    "Source",
+    "assemble_registry",
+    "default_registry_path",
+    "document_problems",
+    "env_flag_problems",
+    "fragment_plugin",
+    "load_registry",
+    "plugin_fragments",
+    "registry_sources",
+    "validate_sources",
 ]
 
 #: The token that names the packaged default registry among ``--capabilities`` files or in
@@ -62,8 +77,9 @@ def default_registry_path() -> pathlib.Path:
     return reading.default_path()
 
 
-def registry_sources(files: Optional[Sequence[str]] = None,
-                     environ: Mapping[str, str] = os.environ) -> list[Union[str, pathlib.Path]]:
+def registry_sources(
+    files: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.environ
+) -> list[Union[str, pathlib.Path]]:
     """The registry files to load, in layering order.
 
     Given ``files`` (``--capabilities``, repeatable) win; else ``WARPOLICY_CAPABILITIES`` split
@@ -105,9 +121,13 @@ class Assembly:
         return self.registry
 
 
-def assemble_registry(files: Optional[Sequence[str]] = None,
-                      fragments: Sequence[Fragment] = (), *, blame: Optional[Blame] = None,
-                      environ: Mapping[str, str] = os.environ) -> Assembly:
+def assemble_registry(
+    files: Optional[Sequence[str]] = None,
+    fragments: Sequence[Fragment] = (),
+    *,
+    blame: Optional[Blame] = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Assembly:
     """Load the registry in use: `registry_sources` (``files``, else the environment, else the
     default), then ``fragments`` (collected by the caller, e.g. with
     `warpolicy.plugins.collect_fragments`), with ``blame`` applied to the problems.
@@ -161,12 +181,19 @@ def env_flag_problems(registry: Registry, environ: Mapping[str, str]) -> list[Pr
                 parse_flag_value(environ[var], var)
             except InputError as exc:
                 origin = flag.origin
-                found.append(Problem(origin.file, origin.line, origin.col,
-                                     f"flags.{flag.name}: environment {exc}"))
+                found.append(
+                    Problem(
+                        origin.file,
+                        origin.line,
+                        origin.col,
+                        f"flags.{flag.name}: environment {exc}",
+                    )
+                )
     return found
 
 
 # -- the pipeline -----------------------------------------------------------------------------
+
 
 def _name(source: Source) -> str:
     return source.name if isinstance(source, Fragment) else os.fspath(source)

@@ -16,15 +16,25 @@ from warpolicy.loader import Fragment, validate_sources
 
 def large_registry(backends: int = 1000, gates: int = 100) -> str:
     """``backends`` backends over an abstract base and ``gates`` global gates."""
-    lines = ["version: 1", "flags:", "  f0: {default: false, env: [WARPOLICY_F0], doc: a flag}",
-             "spec_algorithms:", "  none: {capabilities: {prefill_read_done: true}, doc: plain}",
-             "backends:", "  base: {abstract: true, reads_end: {decode: in_graph}, doc: base}"]
-    lines += [f"  be{i}: {{inherits: base, reads_end: {{extend: pre_replay}}, doc: backend {i}}}"
-              for i in range(backends)]
+    lines = [
+        "version: 1",
+        "flags:",
+        "  f0: {default: false, env: [WARPOLICY_F0], doc: a flag}",
+        "spec_algorithms:",
+        "  none: {capabilities: {prefill_read_done: true}, doc: plain}",
+        "backends:",
+        "  base: {abstract: true, reads_end: {decode: in_graph}, doc: base}",
+    ]
+    lines += [
+        f"  be{i}: {{inherits: base, reads_end: {{extend: pre_replay}}, doc: backend {i}}}"
+        for i in range(backends)
+    ]
     lines.append("gates:")
-    lines += [f"  - {{id: gate-{i}, when: {{mode: decode, backend: be{i % backends}, "
-              f"flags: {{f0: true}}}}, at_least: post_replay, because: synthetic}}"
-              for i in range(gates)]
+    lines += [
+        f"  - {{id: gate-{i}, when: {{mode: decode, backend: be{i % backends}, "
+        f"flags: {{f0: true}}}}, at_least: post_replay, because: synthetic}}"
+        for i in range(gates)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -40,8 +50,10 @@ def alias_fanout(width: int, copies: int) -> str:
 def shared_gate_list(gates: int, backends: int) -> str:
     """One list of ``gates`` gates aliased into the ``gates:`` of ``backends`` backends."""
     lines = ["version: 1", "backends:", "  b0:", "    gates: &shared"]
-    lines += [f"      - {{id: g{i}, when: {{mode: decode}}, at_least: none, because: x}}"
-              for i in range(gates)]
+    lines += [
+        f"      - {{id: g{i}, when: {{mode: decode}}, at_least: none, because: x}}"
+        for i in range(gates)
+    ]
     lines += [f"  b{i}: {{gates: *shared}}" for i in range(1, backends)]
     return "\n".join(lines) + "\n"
 
@@ -95,5 +107,8 @@ def measure_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> di
 
 def format_load_cost(result: dict[str, dict]) -> str:
     """One line per case, for the decide benchmark's text output."""
-    return "\n".join(f"  load {name:<20} {r['seconds'] * 1000:9.1f} ms  {r['bytes']:>9} bytes"
-                     f"  {r['problems']:>5} problem(s)" for name, r in result.items())
+    return "\n".join(
+        f"  load {name:<20} {r['seconds'] * 1000:9.1f} ms  {r['bytes']:>9} bytes"
+        f"  {r['problems']:>5} problem(s)"
+        for name, r in result.items()
+    )

@@ -67,11 +67,20 @@ class Parsed:
     orphan_refs: tuple[Ref, ...]
 
 
-_SECTIONS = (("flags", "flag", "flag"), ("spec_algorithms", "spec_algorithm", "spec algorithm"),
-             ("backends", "backend", "backend"))
+_SECTIONS = (
+    ("flags", "flag", "flag"),
+    ("spec_algorithms", "spec_algorithm", "spec algorithm"),
+    ("backends", "backend", "backend"),
+)
 #: ``when`` keys holding names, and the kind of name each refers to ("" = not checked).
-_WHEN_REFS = {"backend": "backend", "spec": "spec algorithm", "spec_family": "spec family",
-              "spec_has": "capability", "spec_lacks": "capability", "platform": ""}
+_WHEN_REFS = {
+    "backend": "backend",
+    "spec": "spec algorithm",
+    "spec_family": "spec family",
+    "spec_has": "capability",
+    "spec_lacks": "capability",
+    "platform": "",
+}
 
 
 class EntryBuilder:
@@ -89,7 +98,10 @@ class EntryBuilder:
         if top is None:
             return None
         builders: dict[str, Callable[[str, Fields, Origin, str], Optional[Entry]]] = {
-            "flag": self.flag, "spec_algorithm": self.spec, "backend": self.backend}
+            "flag": self.flag,
+            "spec_algorithm": self.spec,
+            "backend": self.backend,
+        }
         entries: list[Entry] = []
         for key, section, kind in _SECTIONS:
             raw = top.get(key, Raw)
@@ -98,12 +110,18 @@ class EntryBuilder:
         gates = top.get("gates", Raw)
         if gates is not None:
             entries += self.gate_list(gates.node, "gates", scope=None)
-        return Parsed(self.report.name, tuple(entries), frozenset(self.broken),
-                      tuple(self.orphan_refs))
+        return Parsed(
+            self.report.name, tuple(entries), frozenset(self.broken), tuple(self.orphan_refs)
+        )
 
-    def named_entries(self, node: Node, path: str, section: str, kind: str,
-                      build: Callable[[str, Fields, Origin, str], Optional[Entry]]
-                      ) -> list[Entry]:
+    def named_entries(
+        self,
+        node: Node,
+        path: str,
+        section: str,
+        kind: str,
+        build: Callable[[str, Fields, Origin, str], Optional[Entry]],
+    ) -> list[Entry]:
         pairs = self.convert.pairs(node, path, f"a mapping of name -> {kind}", null_ok=True)
         out: list[Entry] = []
         for key, value in pairs or ():
@@ -123,22 +141,40 @@ class EntryBuilder:
         if not f.ok:
             return None
         env: list[Located[str]] = f.get("env", list) or []
-        flag = Flag(name=name, default=bool(f.get("default", bool)), doc=f.get("doc", str) or "",
-                    env=tuple(e.value for e in env), origin=origin)
-        return Entry("flag", name, flag, origin, path, bool(f.get("override", bool)),
-                     self.index, env_origins=tuple(e.origin for e in env))
+        flag = Flag(
+            name=name,
+            default=bool(f.get("default", bool)),
+            doc=f.get("doc", str) or "",
+            env=tuple(e.value for e in env),
+            origin=origin,
+        )
+        return Entry(
+            "flag",
+            name,
+            flag,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            env_origins=tuple(e.origin for e in env),
+        )
 
     def spec(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
         if not f.ok:
             return None
         family = f.get("family", Located)
         caps: dict[str, Located[bool]] = f.get("capabilities", dict) or {}
-        spec = SpecAlgorithm(name=name, family=family.value if family else None,
-                             capabilities={c: v.value for c, v in caps.items()},
-                             doc=f.get("doc", str) or "", origin=origin,
-                             last_reader=f.get("last_reader", ForwardMode))
-        return Entry("spec algorithm", name, spec, origin, path, bool(f.get("override", bool)),
-                     self.index)
+        spec = SpecAlgorithm(
+            name=name,
+            family=family.value if family else None,
+            capabilities={c: v.value for c, v in caps.items()},
+            doc=f.get("doc", str) or "",
+            origin=origin,
+            last_reader=f.get("last_reader", ForwardMode),
+        )
+        return Entry(
+            "spec algorithm", name, spec, origin, path, bool(f.get("override", bool)), self.index
+        )
 
     def backend(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
         gates_raw = f.get("gates", Raw)
@@ -155,8 +191,9 @@ class EntryBuilder:
         latest_of = tuple(c.value for c in f.get("latest_of", list) or [])
         delegates = {m: c.value.value for m, c in per_mode.items()}
         parent = inherits.value if inherits else None
-        shape = shape_problems(reads_end=reads_end, inherits=parent, latest_of=latest_of,
-                               per_mode=delegates)
+        shape = shape_problems(
+            reads_end=reads_end, inherits=parent, latest_of=latest_of, per_mode=delegates
+        )
         for key, mode, message in shape:
             at = per_mode[mode].origin if mode is not None and mode in per_mode else origin
             self.report.at(at, join(path, key) if key else path, message)
@@ -164,12 +201,28 @@ class EntryBuilder:
             self.orphan_refs.extend(refs)
             return None
         backend = Backend(
-            name=name, reads_end={m: p.value for m, p in reads_end.items()}, inherits=parent,
-            latest_of=latest_of, per_mode=delegates, abstract=bool(f.get("abstract", bool)),
-            doc=f.get("doc", str) or "", origin=origin, plant=plant,
-            reads_end_origins={m: p.origin for m, p in reads_end.items()})
-        return Entry("backend", name, backend, origin, path, bool(f.get("override", bool)),
-                     self.index, tuple(refs), tuple(gates))
+            name=name,
+            reads_end={m: p.value for m, p in reads_end.items()},
+            inherits=parent,
+            latest_of=latest_of,
+            per_mode=delegates,
+            abstract=bool(f.get("abstract", bool)),
+            doc=f.get("doc", str) or "",
+            origin=origin,
+            plant=plant,
+            reads_end_origins={m: p.origin for m, p in reads_end.items()},
+        )
+        return Entry(
+            "backend",
+            name,
+            backend,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            tuple(refs),
+            tuple(gates),
+        )
 
     @staticmethod
     def backend_refs(f: Fields, path: str) -> list[Ref]:
@@ -183,8 +236,7 @@ class EntryBuilder:
         per_mode: dict[ForwardMode, Located[Located[str]]] = f.get("per_mode", dict) or {}
         for mode, keyed in per_mode.items():
             child = keyed.value
-            refs.append(Ref("backend", child.value, child.origin,
-                            f"{path}.per_mode.{mode.label}"))
+            refs.append(Ref("backend", child.value, child.origin, f"{path}.per_mode.{mode.label}"))
         return refs
 
     def gate_list(self, node: Node, path: str, scope: Optional[str]) -> list[Entry]:
@@ -207,18 +259,37 @@ class EntryBuilder:
         when_raw = f.get("when", Raw)
         when = self.when(when_raw.node, f"{path}.when") if when_raw else (Conditions(), [])
         gate_id, at_least = f.get("id", Located), f.get("at_least", WarReadDonePolicy)
-        if (not f.ok or when is None or gate_id is None or at_least is None
-                or f.get("because", str) is None):
+        if (
+            not f.ok
+            or when is None
+            or gate_id is None
+            or at_least is None
+            or f.get("because", str) is None
+        ):
             if when is not None:
                 self.orphan_refs.extend(when[1])
             return None
         conditions, refs = when
         origin = self.report.origin(node)
-        gate = Gate(id=gate_id.value, when=conditions, at_least=at_least,
-                    because=f.get("because", str) or "", origin=origin, scope=scope,
-                    doc=f.get("doc", str) or "")
-        return Entry("gate", gate_id.value, gate, origin, path, bool(f.get("override", bool)),
-                     self.index, tuple(refs))
+        gate = Gate(
+            id=gate_id.value,
+            when=conditions,
+            at_least=at_least,
+            because=f.get("because", str) or "",
+            origin=origin,
+            scope=scope,
+            doc=f.get("doc", str) or "",
+        )
+        return Entry(
+            "gate",
+            gate_id.value,
+            gate,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            tuple(refs),
+        )
 
     def when(self, node: Node, path: str) -> Optional[tuple[Conditions, list[Ref]]]:
         """A gate's conditions and the names they refer to (checked once all is merged).
@@ -239,9 +310,12 @@ class EntryBuilder:
             self.orphan_refs.extend(refs)
             return None
         conditions = Conditions(
-            mode=f.get("mode", frozenset), flags={n: v.value for n, v in flags.items()},
-            declared=f.get("declared", frozenset), eager=f.get("eager", bool),
-            planted=f.get("planted", bool), external_events=f.get("external_events", bool),
-            **sets)
+            mode=f.get("mode", frozenset),
+            flags={n: v.value for n, v in flags.items()},
+            declared=f.get("declared", frozenset),
+            eager=f.get("eager", bool),
+            planted=f.get("planted", bool),
+            external_events=f.get("external_events", bool),
+            **sets,
+        )
         return conditions, refs
-

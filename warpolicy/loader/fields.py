@@ -67,8 +67,13 @@ def describe(node: Node) -> str:
     if isinstance(node, SequenceNode):
         return "a list"
     value = node.value if len(node.value) <= 40 else node.value[:37] + "..."
-    kinds = {STR: f"the string {value!r}", BOOL: f"the boolean {value}", NULL: "null",
-             INT: f"the integer {value}", FLOAT: f"the number {value}"}
+    kinds = {
+        STR: f"the string {value!r}",
+        BOOL: f"the boolean {value}",
+        NULL: "null",
+        INT: f"the integer {value}",
+        FLOAT: f"the number {value}",
+    }
     return kinds.get(node.tag, f"{value!r} (a {node.tag.replace(TAG, '')})")
 
 
@@ -129,12 +134,21 @@ class Converter:
     def __init__(self, report: Reporter) -> None:
         self.report = report
         self.by_kind: dict[str, Callable[[Node, str], object]] = {
-            S.VERSION: self.version, S.BOOL: self.boolean, S.TEXT: self.text,
-            S.NAME: self.name, S.POLICY: self.policy, S.NAME_LIST: self.name_list,
-            S.NAME_SET: self.name_set, S.ENV_LIST: self.env_list,
-            S.POLICY_SET: self.policy_set, S.MODE_SET: self.mode_set,
-            S.MODE_POLICY_MAP: self.mode_policy_map, S.MODE_NAME_MAP: self.mode_name_map,
-            S.BOOL_MAP: self.bool_map, S.PLANT: self.plant, S.LAST_READER: self.last_reader,
+            S.VERSION: self.version,
+            S.BOOL: self.boolean,
+            S.TEXT: self.text,
+            S.NAME: self.name,
+            S.POLICY: self.policy,
+            S.NAME_LIST: self.name_list,
+            S.NAME_SET: self.name_set,
+            S.ENV_LIST: self.env_list,
+            S.POLICY_SET: self.policy_set,
+            S.MODE_SET: self.mode_set,
+            S.MODE_POLICY_MAP: self.mode_policy_map,
+            S.MODE_NAME_MAP: self.mode_name_map,
+            S.BOOL_MAP: self.bool_map,
+            S.PLANT: self.plant,
+            S.LAST_READER: self.last_reader,
         }
         self.keys = {section: S.keys_by_name(section) for section in S.SECTIONS}
         #: converted values by (node, kind): a node shared through YAML aliases is converted
@@ -143,8 +157,7 @@ class Converter:
 
     # -- structure --
 
-    def pairs(self, node: Node, path: str, what: str,
-              null_ok: bool = False) -> Optional[Pairs]:
+    def pairs(self, node: Node, path: str, what: str, null_ok: bool = False) -> Optional[Pairs]:
         """The (key, value) pairs of a mapping with string keys; duplicate, merge and
         non-string keys reported and left out (``ok`` False). None when not a mapping; null is
         an empty mapping only where ``null_ok``."""
@@ -157,14 +170,21 @@ class Converter:
         out = Pairs()
         for key, value in node.value:
             if isinstance(key, ScalarNode) and key.tag == TAG + "merge":
-                self.report.on(key, path, "YAML merge keys (<<) are not supported; use "
-                                          "inherits: or repeat the keys")
+                self.report.on(
+                    key,
+                    path,
+                    "YAML merge keys (<<) are not supported; use inherits: or repeat the keys",
+                )
             elif not (isinstance(key, ScalarNode) and key.tag == STR):
                 self.report.on(key, path, f"keys must be names, got {describe(key)}")
             elif key.value in seen:
-                self.report.on(key, path, f"duplicate key {key.value!r} (first at line "
-                                          f"{self.report.origin(seen[key.value]).line}); YAML "
-                                          "would silently keep only the last one")
+                self.report.on(
+                    key,
+                    path,
+                    f"duplicate key {key.value!r} (first at line "
+                    f"{self.report.origin(seen[key.value]).line}); YAML "
+                    "would silently keep only the last one",
+                )
             else:
                 seen[key.value] = key
                 out.append((key, value))
@@ -211,8 +231,11 @@ class Converter:
 
     def unknown_key(self, key: ScalarNode, path: str, known: Mapping[str, S.Key]) -> None:
         close = difflib.get_close_matches(str(key.value), list(known), n=3, cutoff=0.6)
-        hint = ("; did you mean " + ", ".join(repr(c) for c in close) + "?" if close
-                else "; known keys: " + ", ".join(known))
+        hint = (
+            "; did you mean " + ", ".join(repr(c) for c in close) + "?"
+            if close
+            else "; known keys: " + ", ".join(known)
+        )
         where = "top-level key" if not path else "key"
         self.report.on(key, path, f"unknown {where} {key.value!r}{hint}")
 
@@ -223,16 +246,23 @@ class Converter:
         if isinstance(node, ScalarNode) and node.tag in (INT, FLOAT):
             constructor = yaml.constructor.SafeConstructor()
             try:  # YAML ints include 0x1, 0o1, 1_0; JSON Schema's integer includes 1.0
-                value = (constructor.construct_yaml_int(node) if node.tag == INT
-                         else constructor.construct_yaml_float(node))
+                value = (
+                    constructor.construct_yaml_int(node)
+                    if node.tag == INT
+                    else constructor.construct_yaml_float(node)
+                )
             except ValueError:
                 value = None
         if value is None:
             self.report.expected(node, path, f"the integer {S.FORMAT_VERSION}")
             return None
         if value != S.FORMAT_VERSION:
-            self.report.on(node, path, f"unsupported registry version {node.value}; this "
-                                       f"warpolicy reads version {S.FORMAT_VERSION}")
+            self.report.on(
+                node,
+                path,
+                f"unsupported registry version {node.value}; this "
+                f"warpolicy reads version {S.FORMAT_VERSION}",
+            )
             return None
         return S.FORMAT_VERSION
 
@@ -264,8 +294,9 @@ class Converter:
         self.report.on(key, path, f"{key.value!r} is not a valid {kind} name ({_NAME_RULE})")
         return None
 
-    def _spelling(self, node: Node, path: str, table: Mapping[str, V], kind: str,
-                  what: str) -> Optional[V]:
+    def _spelling(
+        self, node: Node, path: str, table: Mapping[str, V], kind: str, what: str
+    ) -> Optional[V]:
         """One of ``table``'s exact spellings (case and spaces as the schema lists them)."""
         if not (isinstance(node, ScalarNode) and node.tag == STR):
             self.report.expected(node, path, what)
@@ -276,20 +307,29 @@ class Converter:
         return None
 
     def policy(self, node: Node, path: str) -> Optional[WarReadDonePolicy]:
-        return self._spelling(node, path, _POLICY_ALIASES, "policy",
-                              "a policy (pre_replay, in_graph, post_replay, none)")
+        return self._spelling(
+            node,
+            path,
+            _POLICY_ALIASES,
+            "policy",
+            "a policy (pre_replay, in_graph, post_replay, none)",
+        )
 
     def mode(self, node: Node, path: str) -> Optional[ForwardMode]:
         return self._spelling(node, path, _MODE_ALIASES, "mode", "a forward mode")
 
     def placement(self, node: Node, path: str) -> Optional[Placement]:
-        return self._spelling(node, path, {p.value: p for p in Placement}, "placement",
-                              "a placement (marker, derived)")
+        return self._spelling(
+            node,
+            path,
+            {p.value: p for p in Placement},
+            "placement",
+            "a placement (marker, derived)",
+        )
 
     def last_reader(self, node: Node, path: str) -> Optional[ForwardMode]:
         readers = {m.value: m for m in (ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)}
-        return self._spelling(node, path, readers, "last reader",
-                              "draft_extend or target_verify")
+        return self._spelling(node, path, readers, "last reader", "draft_extend or target_verify")
 
     def env_name(self, node: Node, path: str) -> Optional[Located[str]]:
         if not (isinstance(node, ScalarNode) and node.tag == STR):
@@ -302,8 +342,14 @@ class Converter:
 
     # -- collections --
 
-    def _many(self, node: Node, path: str, convert: Callable[[Node, str], Optional[T]],
-              scalar_ok: bool, what: str) -> Optional[list[T]]:
+    def _many(
+        self,
+        node: Node,
+        path: str,
+        convert: Callable[[Node, str], Optional[T]],
+        scalar_ok: bool,
+        what: str,
+    ) -> Optional[list[T]]:
         """A list of values (or a lone non-null scalar where a set allows one); an empty list
         is reported, and so is every invalid item."""
         if scalar_ok and isinstance(node, ScalarNode) and not is_null(node):
@@ -320,8 +366,9 @@ class Converter:
             return None
         return [v for v in values if v is not None]
 
-    def _unique(self, values: Optional[list[Located[str]]],
-                path: str) -> Optional[list[Located[str]]]:
+    def _unique(
+        self, values: Optional[list[Located[str]]], path: str
+    ) -> Optional[list[Located[str]]]:
         if values is None:
             return None
         seen: set[str] = set()
@@ -339,8 +386,10 @@ class Converter:
         return self._many(node, path, self.name, True, "a name or a list of names")
 
     def env_list(self, node: Node, path: str) -> Optional[list[Located[str]]]:
-        return self._unique(self._many(node, path, self.env_name, True,
-                                       "a list of environment variable names"), path)
+        return self._unique(
+            self._many(node, path, self.env_name, True, "a list of environment variable names"),
+            path,
+        )
 
     def policy_set(self, node: Node, path: str) -> Optional[frozenset[WarReadDonePolicy]]:
         values = self._many(node, path, self.policy, True, "a policy or a list of policies")
@@ -350,8 +399,9 @@ class Converter:
         values = self._many(node, path, self.mode, True, "a mode or a list of modes")
         return None if values is None else frozenset(values)
 
-    def _mode_map(self, node: Node, path: str, convert: Callable[[Node, str], Optional[V]]
-                  ) -> Optional[dict[ForwardMode, Located[V]]]:
+    def _mode_map(
+        self, node: Node, path: str, convert: Callable[[Node, str], Optional[V]]
+    ) -> Optional[dict[ForwardMode, Located[V]]]:
         """mode -> value, each with the origin of its mode key; aliases of one mode collide."""
         pairs = self.pairs(node, path, "a mapping of forward mode -> value")
         if pairs is None:
@@ -365,20 +415,25 @@ class Converter:
             if mode is None or converted is None:
                 ok = False
             elif mode in out:
-                self.report.on(key, path, f"{key.value!r} is mode {mode.label!r}, already "
-                                          f"given as {spelled[mode]!r}")
+                self.report.on(
+                    key,
+                    path,
+                    f"{key.value!r} is mode {mode.label!r}, already given as {spelled[mode]!r}",
+                )
                 ok = False
             else:
                 out[mode] = Located(converted, self.report.origin(key))
                 spelled[mode] = key.value
         return out if ok else None
 
-    def mode_policy_map(self, node: Node, path: str
-                        ) -> Optional[dict[ForwardMode, Located[WarReadDonePolicy]]]:
+    def mode_policy_map(
+        self, node: Node, path: str
+    ) -> Optional[dict[ForwardMode, Located[WarReadDonePolicy]]]:
         return self._mode_map(node, path, self.policy)
 
-    def mode_name_map(self, node: Node, path: str
-                      ) -> Optional[dict[ForwardMode, Located[Located[str]]]]:
+    def mode_name_map(
+        self, node: Node, path: str
+    ) -> Optional[dict[ForwardMode, Located[Located[str]]]]:
         return self._mode_map(node, path, self.name)
 
     def plant(self, node: Node, path: str) -> Optional[dict[ForwardMode, Placement]]:

@@ -33,8 +33,7 @@ class Fragment:
 
     name: str
     data: Union[str, bytes, Mapping[str, object]]
-    document: Optional[Document] = attrs.field(default=None, eq=False, repr=False,
-                                               kw_only=True)
+    document: Optional[Document] = attrs.field(default=None, eq=False, repr=False, kw_only=True)
 
 
 class FragmentError(WarpolicyError):
@@ -78,8 +77,9 @@ def _fragment(plugin: str, label: str, item: object) -> Fragment:
         path = os.fspath(item)
         data = reading.read_file(path, problems)
         if data is None:
-            raise FragmentError(plugin, f"cannot read capabilities file {path}: "
-                                        f"{problems[0].message}")
+            raise FragmentError(
+                plugin, f"cannot read capabilities file {path}: {problems[0].message}"
+            )
         text = reading.decode(path, data, problems)
         if text is None:
             raise FragmentError(plugin, f"capabilities file {path} is {problems[0].message}")
@@ -90,9 +90,12 @@ def _fragment(plugin: str, label: str, item: object) -> Fragment:
         fragment = Fragment(label, item)
         return attrs.evolve(fragment, document=compose_fragment(fragment))
     else:
-        raise FragmentError(plugin, "warpolicy_capabilities must return a pathlib.Path, YAML "
-                                    "text, a mapping or a list of these, not "
-                                    f"{type(item).__name__}")
+        raise FragmentError(
+            plugin,
+            "warpolicy_capabilities must return a pathlib.Path, YAML "
+            "text, a mapping or a list of these, not "
+            f"{type(item).__name__}",
+        )
     root = reading.compose(label, text, problems)
     if root is None:
         first = problems[0]
@@ -105,5 +108,5 @@ def fragment_plugin(label: str) -> Optional[str]:
     """``plugin:NAME``, ``plugin:NAME[i]`` or ``plugin:NAME[i]:PATH`` -> NAME; else None."""
     if not label.startswith(PREFIX):
         return None
-    rest = label[len(PREFIX):]
+    rest = label[len(PREFIX) :]
     return rest.split("[", 1)[0].split(":", 1)[0] or None

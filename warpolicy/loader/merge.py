@@ -58,7 +58,11 @@ class Merger:
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
         self.tables: dict[str, dict[str, Entry]] = {
-            "flag": {}, "spec algorithm": {}, "backend": {}, "gate": {}}
+            "flag": {},
+            "spec algorithm": {},
+            "backend": {},
+            "gate": {},
+        }
         self.broken: set[tuple[str, str]] = set()  # (kind, name) of entries with problems
         self.orphan_refs: list[Ref] = []
 
@@ -74,8 +78,11 @@ class Merger:
                 continue
             if outcome == _REPLACED:  # an overriding backend replaces its scoped gates too
                 gates = self.tables["gate"]
-                for gate_id in [g for g, e in gates.items()
-                                if isinstance(e.value, Gate) and e.value.scope == entry.name]:
+                for gate_id in [
+                    g
+                    for g, e in gates.items()
+                    if isinstance(e.value, Gate) and e.value.scope == entry.name
+                ]:
                     del gates[gate_id]
             for gate in entry.gates:
                 self.put(gate)
@@ -87,8 +94,12 @@ class Merger:
         what = "gate id" if entry.kind == "gate" else entry.kind
         if old is None:
             if entry.override and (entry.kind, entry.name) not in self.broken:
-                self.at(entry.origin, entry.path, f"override: true, but no earlier source "
-                        f"defines {what} {entry.name!r}; remove override to add it")
+                self.at(
+                    entry.origin,
+                    entry.path,
+                    f"override: true, but no earlier source "
+                    f"defines {what} {entry.name!r}; remove override to add it",
+                )
                 self.broken.add((entry.kind, entry.name))  # no second "unknown" for it
                 return _REJECTED
             table[entry.name] = entry
@@ -100,8 +111,9 @@ class Merger:
             hint = "; names must be unique within a file"
         else:
             hint = "; add override: true to replace it"
-        self.at(entry.origin, entry.path,
-                f"{what} {entry.name!r} already defined at {old.origin}{hint}")
+        self.at(
+            entry.origin, entry.path, f"{what} {entry.name!r} already defined at {old.origin}{hint}"
+        )
         return _REJECTED
 
     # -- checks on the merged entries --
@@ -110,7 +122,9 @@ class Merger:
         backends, specs = self.tables["backend"], self.tables["spec algorithm"]
         spec_values = [e.value for e in specs.values() if isinstance(e.value, SpecAlgorithm)]
         known: dict[str, Iterable[str]] = {
-            "backend": backends, "spec algorithm": specs, "flag": self.tables["flag"],
+            "backend": backends,
+            "spec algorithm": specs,
+            "flag": self.tables["flag"],
             "spec family": {s.family for s in spec_values if s.family},
             "capability": {c for s in spec_values for c in s.capabilities},
         }
@@ -118,8 +132,9 @@ class Merger:
         for kind, name in self.broken:
             broken.setdefault(kind, set()).add(name)
         suggest = _Suggestions({k: set(v) | broken.get(k, set()) for k, v in known.items()})
-        refs = [r for kind in ("backend", "gate") for e in self.tables[kind].values()
-                for r in e.refs]
+        refs = [
+            r for kind in ("backend", "gate") for e in self.tables[kind].values() for r in e.refs
+        ]
         for ref in refs + self.orphan_refs:
             if ref.name not in known[ref.kind] and ref.name not in broken.get(ref.kind, ()):
                 self.at(ref.origin, ref.path, str(suggest.error(ref.kind, ref.name)))
@@ -134,10 +149,18 @@ class Merger:
         for entry in backends.values():
             for ref in entry.refs:
                 parent = backends.get(ref.name)
-                if (ref.path.endswith(".inherits") and parent is not None
-                        and isinstance(parent.value, Backend) and parent.value.is_wrapper):
-                    self.at(ref.origin, ref.path, f"{ref.name!r} is a composite or per-mode "
-                                                  "wrapper; inherit from a plain backend")
+                if (
+                    ref.path.endswith(".inherits")
+                    and parent is not None
+                    and isinstance(parent.value, Backend)
+                    and parent.value.is_wrapper
+                ):
+                    self.at(
+                        ref.origin,
+                        ref.path,
+                        f"{ref.name!r} is a composite or per-mode "
+                        "wrapper; inherit from a plain backend",
+                    )
 
     def check_env_names(self) -> None:
         """One environment variable sets one flag."""
@@ -148,15 +171,19 @@ class Merger:
             for var, origin in zip(entry.value.env, entry.env_origins, strict=True):
                 first = owners.setdefault(var, (entry.name, origin))
                 if first[0] != entry.name:
-                    self.at(origin, f"{entry.path}.env",
-                            f"{var} already sets flag {first[0]!r} at {first[1]}")
+                    self.at(
+                        origin,
+                        f"{entry.path}.env",
+                        f"{var} already sets flag {first[0]!r} at {first[1]}",
+                    )
 
     def check_cycles(self) -> None:
         """Report each cycle through inherits / latest_of / per_mode once, where the
         depth-first walk closes it (iterative: a long chain does not recurse)."""
         backends = self.tables["backend"]
-        edges = {name: [r for r in entry.refs if r.name in backends]
-                 for name, entry in backends.items()}
+        edges = {
+            name: [r for r in entry.refs if r.name in backends] for name, entry in backends.items()
+        }
         state: dict[str, int] = {}  # 1 = on the current path, 2 = done
         for start in edges:
             if start in state:
@@ -170,7 +197,7 @@ class Merger:
                     state[path.pop()] = 2
                     stack.pop()
                 elif state.get(ref.name) == 1:
-                    cycle = path[path.index(ref.name):] + [ref.name]
+                    cycle = path[path.index(ref.name) :] + [ref.name]
                     self.at(ref.origin, ref.path, "cycle: " + " -> ".join(cycle))
                 elif ref.name not in state:
                     state[ref.name] = 1
@@ -187,16 +214,22 @@ class Merger:
         for entry in self.tables["gate"].values():
             gate = entry.value
             if isinstance(gate, Gate):
-                (global_gates if gate.scope is None
-                 else scoped.setdefault(gate.scope, [])).append(gate)
+                (global_gates if gate.scope is None else scoped.setdefault(gate.scope, [])).append(
+                    gate
+                )
         try:
-            backends = {name: attrs.evolve(e.value, gates=tuple(scoped.get(name, ())))
-                        for name, e in self.tables["backend"].items()
-                        if isinstance(e.value, Backend)}
+            backends = {
+                name: attrs.evolve(e.value, gates=tuple(scoped.get(name, ())))
+                for name, e in self.tables["backend"].items()
+                if isinstance(e.value, Backend)
+            }
             return Registry(
                 flags={n: e.value for n, e in self.tables["flag"].items()},
                 spec_algorithms={n: e.value for n, e in self.tables["spec algorithm"].items()},
-                backends=backends, gates=global_gates, sources=list(sources))
+                backends=backends,
+                gates=global_gates,
+                sources=list(sources),
+            )
         except RegistryError:
             if not self.problems:  # the loader's checks must have found it first
                 raise

@@ -35,8 +35,7 @@ MAX_DEPTH = 100
 MAX_NODES = 200_000
 
 TAG = "tag:yaml.org,2002:"
-STR, BOOL, INT, FLOAT, NULL = (TAG + "str", TAG + "bool", TAG + "int", TAG + "float",
-                               TAG + "null")
+STR, BOOL, INT, FLOAT, NULL = (TAG + "str", TAG + "bool", TAG + "int", TAG + "float", TAG + "null")
 
 
 @attrs.frozen
@@ -73,15 +72,18 @@ class _StrictEvents:
         if isinstance(event, yaml.CollectionStartEvent):
             self._depth += 1
             if self._depth > MAX_DEPTH:
-                raise _Refused(_at(event),
-                               f"YAML nested more than {MAX_DEPTH} levels deep; not a registry")
+                raise _Refused(
+                    _at(event), f"YAML nested more than {MAX_DEPTH} levels deep; not a registry"
+                )
         elif isinstance(event, yaml.CollectionEndEvent):
             self._depth -= 1
         tag = getattr(event, "tag", None)
         if tag is not None and isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
             shown = tag.replace(TAG, "!!")
-            raise _Refused(_at(event), f"YAML tags ({shown}) are not part of the registry "
-                                       "format; write the plain value")
+            raise _Refused(
+                _at(event),
+                f"YAML tags ({shown}) are not part of the registry format; write the plain value",
+            )
         return event
 
 
@@ -91,6 +93,7 @@ class _PyComposer(_StrictEvents, yaml.SafeLoader):
 
 _CLoader: Optional[type] = None
 if hasattr(yaml, "CSafeLoader"):
+
     class _CComposer(_StrictEvents, yaml.composer.Composer, yaml.CSafeLoader):
         """libyaml's parser (about 10x faster) feeding PyYAML's Python composer, which can be
         checked per event and names the anchor in its errors (libyaml's C composer does
@@ -107,6 +110,7 @@ C_LOADER = _CLoader
 
 
 # -- reading ----------------------------------------------------------------------------------
+
 
 def read_file(name: str, problems: list[Problem]) -> Optional[bytes]:
     """The bytes of a regular file, at most `MAX_BYTES`; else a problem marked unreadable.
@@ -125,16 +129,27 @@ def read_file(name: str, problems: list[Problem]) -> Optional[bytes]:
                 os.close(fd)
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
-        problems.append(Problem(name, 0, 0, f"cannot read registry file: {reason}",
-                                unreadable=True))
+        problems.append(
+            Problem(name, 0, 0, f"cannot read registry file: {reason}", unreadable=True)
+        )
         return None
     if kind is not None:
-        problems.append(Problem(name, 0, 0, f"not a regular file ({kind}); refusing to read it",
-                                unreadable=True))
+        problems.append(
+            Problem(
+                name, 0, 0, f"not a regular file ({kind}); refusing to read it", unreadable=True
+            )
+        )
         return None
     if len(data) > MAX_BYTES:
-        problems.append(Problem(name, 0, 0, f"larger than {MAX_BYTES // (1024 * 1024)} MiB; "
-                                            "not a registry", unreadable=True))
+        problems.append(
+            Problem(
+                name,
+                0,
+                0,
+                f"larger than {MAX_BYTES // (1024 * 1024)} MiB; not a registry",
+                unreadable=True,
+            )
+        )
         return None
     return data
 
@@ -143,8 +158,13 @@ def _file_kind(mode: int) -> Optional[str]:
     """None for a regular file, else what it is."""
     if stat.S_ISREG(mode):
         return None
-    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a device",
-             stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket"}
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISCHR: "a device",
+        stat.S_ISBLK: "a device",
+        stat.S_ISSOCK: "a socket",
+    }
     return next((what for test, what in kinds.items() if test(mode)), "not a file")
 
 
@@ -162,8 +182,9 @@ def _read_capped(fd: int) -> bytes:
 def decode(name: str, data: Union[str, bytes], problems: list[Problem]) -> Optional[str]:
     """UTF-8 (a BOM allowed) text, size-capped; a located problem otherwise."""
     if len(data) > MAX_BYTES:
-        problems.append(Problem(name, 0, 0, f"larger than {MAX_BYTES // (1024 * 1024)} MiB; "
-                                            "not a registry"))
+        problems.append(
+            Problem(name, 0, 0, f"larger than {MAX_BYTES // (1024 * 1024)} MiB; not a registry")
+        )
         return None
     if isinstance(data, str):
         return data
@@ -171,8 +192,14 @@ def decode(name: str, data: Union[str, bytes], problems: list[Problem]) -> Optio
         return bytes(data).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line, col = line_col(data, exc.start, b"\n")
-        problems.append(Problem(name, line, col, f"not UTF-8 text (byte 0x{data[exc.start]:02x} "
-                                                 f"at offset {exc.start})"))
+        problems.append(
+            Problem(
+                name,
+                line,
+                col,
+                f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            )
+        )
         return None
 
 
@@ -183,6 +210,7 @@ def line_col(text: Union[str, bytes], index: int, newline: Union[str, bytes]) ->
 
 
 # -- composing --------------------------------------------------------------------------------
+
 
 def compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
     """``yaml.compose(text)``, strict, depth- and size-limited; problems instead of raising."""
@@ -195,8 +223,14 @@ def compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
         problems.append(yaml_problem(name, text, exc))
         return None
     if root is None:
-        problems.append(Problem(name, 1, 1, f"empty registry; expected a mapping starting "
-                                            f"with 'version: {S.FORMAT_VERSION}'"))
+        problems.append(
+            Problem(
+                name,
+                1,
+                1,
+                f"empty registry; expected a mapping starting with 'version: {S.FORMAT_VERSION}'",
+            )
+        )
         return None
     return root if _within_node_limit(name, root, problems) else None
 
@@ -237,8 +271,15 @@ def _within_node_limit(name: str, root: Node, problems: list[Problem]) -> bool:
         if size > MAX_NODES:
             mark = node.start_mark
             line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
-            problems.append(Problem(name, line, col, f"this value expands to more than "
-                                    f"{MAX_NODES} nodes through YAML aliases; not a registry"))
+            problems.append(
+                Problem(
+                    name,
+                    line,
+                    col,
+                    f"this value expands to more than "
+                    f"{MAX_NODES} nodes through YAML aliases; not a registry",
+                )
+            )
             return False
     return True
 
@@ -252,6 +293,7 @@ def _children(node: Node) -> list[Node]:
 
 
 # -- plugin mappings --------------------------------------------------------------------------
+
 
 def to_node(name: str, value: object, problems: list[Problem]) -> Optional[Node]:
     """A mark-less node tree for a plugin's Python mapping, so one walker validates both.
@@ -269,8 +311,9 @@ def to_node(name: str, value: object, problems: list[Problem]) -> Optional[Node]
             raise _Refused((0, 0), "mapping nested too deeply (or containing itself)")
         if isinstance(item, Mapping):
             on_path.add(id(item))
-            node: Node = MappingNode(TAG + "map", [(build(k, depth + 1), build(v, depth + 1))
-                                                   for k, v in item.items()])
+            node: Node = MappingNode(
+                TAG + "map", [(build(k, depth + 1), build(v, depth + 1)) for k, v in item.items()]
+            )
             on_path.discard(id(item))
         elif isinstance(item, (list, tuple)):
             on_path.add(id(item))

@@ -68,12 +68,18 @@ class PlatformImpl(Protocol):
     def graph_pool(self) -> PoolHandle:
         """A memory-pool handle several graphs can share."""
 
-    def capture(self, graph: GraphHandle, stream: Optional[StreamHandle],
-                pool: Optional[PoolHandle]) -> ContextManager[Any]:
+    def capture(
+        self, graph: GraphHandle, stream: Optional[StreamHandle], pool: Optional[PoolHandle]
+    ) -> ContextManager[Any]:
         """A context manager capturing its block into ``graph``."""
 
-    def capture_callable(self, graph: GraphHandle, fn: Callable[[], Any],
-                         stream: Optional[StreamHandle], pool: Optional[PoolHandle]) -> None:
+    def capture_callable(
+        self,
+        graph: GraphHandle,
+        fn: Callable[[], Any],
+        stream: Optional[StreamHandle],
+        pool: Optional[PoolHandle],
+    ) -> None:
         """Capture ``fn()`` into ``graph`` (a platform without real graphs may re-run ``fn``
         at each replay, as the simulated one does)."""
 
@@ -115,5 +121,13 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-__all__ = ["GRAPH_WALK_METHODS", "EventHandle", "GraphHandle", "PlatformImpl", "PoolHandle",
-           "StreamHandle", "cuda_available", "device_type"]
+__all__ = [
+    "GRAPH_WALK_METHODS",
+    "EventHandle",
+    "GraphHandle",
+    "PlatformImpl",
+    "PoolHandle",
+    "StreamHandle",
+    "cuda_available",
+    "device_type",
+]

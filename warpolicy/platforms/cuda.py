@@ -16,7 +16,13 @@ import functools
 import inspect
 from typing import Any, Callable, ContextManager, Optional
 
-from warpolicy.graphwalk import DerivedPlant, GraphWalkError, SelfCheck, check_marker, derive_and_plant
+from warpolicy.graphwalk import (
+    DerivedPlant,
+    GraphWalkError,
+    SelfCheck,
+    check_marker,
+    derive_and_plant,
+)
 from warpolicy.graphwalk.cuda import driver_module
 from warpolicy.graphwalk.plant import SharedBuffers, is_instantiated
 from warpolicy.hookspecs import hookimpl
@@ -29,7 +35,7 @@ def _torch() -> Any:
     return torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def external_events_in_signature() -> bool:
     """Whether this torch's ``torch.cuda.Event`` takes ``external=`` (torch >= 2.8)."""
     try:
@@ -76,7 +82,9 @@ class CudaPlatform:
         torch = self._torch
         if external:
             if not self.external_events_supported:
-                raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.Event(external=...)")
+                raise RuntimeError(
+                    f"torch {torch.__version__} has no torch.cuda.Event(external=...)"
+                )
             return torch.cuda.Event(external=True)
         return torch.cuda.Event()
 
@@ -97,11 +105,14 @@ class CudaPlatform:
     def graph_pool(self) -> Any:
         return self._torch.cuda.graph_pool_handle()
 
-    def capture(self, graph: Any, stream: Optional[Any], pool: Optional[Any]) -> ContextManager[Any]:
+    def capture(
+        self, graph: Any, stream: Optional[Any], pool: Optional[Any]
+    ) -> ContextManager[Any]:
         return self._torch.cuda.graph(graph, pool=pool, stream=stream)
 
-    def capture_callable(self, graph: Any, fn: Callable[[], Any], stream: Optional[Any],
-                         pool: Optional[Any]) -> None:
+    def capture_callable(
+        self, graph: Any, fn: Callable[[], Any], stream: Optional[Any], pool: Optional[Any]
+    ) -> None:
         with self._torch.cuda.graph(graph, pool=pool, stream=stream):
             fn()
 

@@ -59,8 +59,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar, Union, overload
 
 import attrs
 
-from warpolicy.graphwalk import (DerivedPlant, Graph, Outcome, PlacementError, SelfCheck,
-                                 derive_plan)
+from warpolicy.graphwalk import DerivedPlant, Graph, Outcome, PlacementError, SelfCheck, derive_plan
 from warpolicy.graphwalk.plant import SharedBuffers, check_walked, ranges_of
 from warpolicy.hookspecs import hookimpl
 from warpolicy.platforms import device_type
@@ -72,10 +71,25 @@ DEVICE_TYPES = ("sim", "fake")
 DEFAULT_LOG_CAP = 100_000
 
 #: The operations `SimPlatform.inject` can make fail (every `PlatformImpl` method).
-OPERATIONS = ("create_event", "record", "wait_event", "wait_stream", "is_capturing", "new_stream",
-              "current_stream", "use_stream", "new_graph", "graph_pool", "capture",
-              "capture_callable", "replay", "synchronize", "plant_derived", "check_marker",
-              "instantiate")
+OPERATIONS = (
+    "create_event",
+    "record",
+    "wait_event",
+    "wait_stream",
+    "is_capturing",
+    "new_stream",
+    "current_stream",
+    "use_stream",
+    "new_graph",
+    "graph_pool",
+    "capture",
+    "capture_callable",
+    "replay",
+    "synchronize",
+    "plant_derived",
+    "check_marker",
+    "instantiate",
+)
 
 #: Fault modes accepted by `SimPlatform.inject`.
 FAULT_MODES = ("raise", "none", "act_then_raise")
@@ -234,7 +248,7 @@ def _faultable(method: _F) -> _F:
     op = method.__name__
 
     @functools.wraps(method)
-    def wrapper(self: "SimPlatform", *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: SimPlatform, *args: Any, **kwargs: Any) -> Any:
         fault = self.faults.get(op) if self.faults else None
         if fault is None or (fault.when is not None and not fault.when()):
             return method(self, *args, **kwargs)
@@ -257,8 +271,9 @@ class SimPlatform:
 
     name = "sim"
 
-    def __init__(self, external_events: bool = True, *, device: str = "sim",
-                 log_cap: int = DEFAULT_LOG_CAP) -> None:
+    def __init__(
+        self, external_events: bool = True, *, device: str = "sim", log_cap: int = DEFAULT_LOG_CAP
+    ) -> None:
         self.device = device
         self.external_events_supported = bool(external_events)
         self.log = CallLog(log_cap)
@@ -301,7 +316,9 @@ class SimPlatform:
 
     # -- fault injection ---------------------------------------------------------------------
 
-    def inject(self, op: str, mode: str = "raise", when: Optional[Callable[[], bool]] = None) -> Fault:
+    def inject(
+        self, op: str, mode: str = "raise", when: Optional[Callable[[], bool]] = None
+    ) -> Fault:
         """Make operation ``op`` fail: ``"raise"`` (`InjectedFault`, nothing done), ``"none"``
         (return None, nothing done) or ``"act_then_raise"`` (do it, then raise), whenever
         ``when()`` is true (always by default). Replaces an earlier fault of ``op``."""
@@ -373,8 +390,10 @@ class SimPlatform:
     @_faultable
     def wait_event(self, stream: SimStream, event: SimEvent) -> None:
         if event.invalid:
-            raise RuntimeError("invalid argument (sim: a non-external event was recorded during "
-                               "capture and then used)")
+            raise RuntimeError(
+                "invalid argument (sim: a non-external event was recorded during "
+                "capture and then used)"
+            )
         if event.clock is not None:  # a never-recorded event: a silent no-op, as on CUDA
             _merge(stream.clock, event.clock)
         self.log.emit(("wait_event", stream.id, event.id))
@@ -423,13 +442,19 @@ class SimPlatform:
         return SimPool(self._next_id())
 
     @_faultable
-    def capture(self, graph: SimGraph, stream: Optional[SimStream] = None,
-                pool: Optional[SimPool] = None) -> contextlib.AbstractContextManager[SimGraph]:
+    def capture(
+        self, graph: SimGraph, stream: Optional[SimStream] = None, pool: Optional[SimPool] = None
+    ) -> contextlib.AbstractContextManager[SimGraph]:
         return self._capture(graph, stream)
 
     @_faultable
-    def capture_callable(self, graph: SimGraph, fn: Callable[[], Any], stream: Optional[SimStream] = None,
-                         pool: Optional[SimPool] = None) -> None:
+    def capture_callable(
+        self,
+        graph: SimGraph,
+        fn: Callable[[], Any],
+        stream: Optional[SimStream] = None,
+        pool: Optional[SimPool] = None,
+    ) -> None:
         with self._capture(graph, stream):
             fn()
         graph.fn = fn
@@ -490,7 +515,6 @@ class SimPlatform:
             _merge(stream.clock, everything)
         self.log.emit(("synchronize",))
 
-
     # -- graph walk (on the hand-made graph model) ---------------------------------------------
 
     def graph_walk_unavailable(self) -> Optional[str]:
@@ -505,22 +529,28 @@ class SimPlatform:
             raise PlacementError(f"sim graph {graph.id} was never captured")
         model = self.graph_model(graph)
         if not isinstance(model, Graph):
-            raise PlacementError(f"the graph model of sim graph {graph.id} is "
-                                 f"{type(model).__name__}, not a warpolicy.graphwalk.Graph")
+            raise PlacementError(
+                f"the graph model of sim graph {graph.id} is "
+                f"{type(model).__name__}, not a warpolicy.graphwalk.Graph"
+            )
         return model
 
     @_faultable
-    def plant_derived(self, graph: SimGraph, shared_buffers: SharedBuffers,
-                      event: SimEvent) -> DerivedPlant:
+    def plant_derived(
+        self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
+    ) -> DerivedPlant:
         """Derive the read-done node on the graph model; the node fires after the body."""
         if graph.instantiated:
             raise PlacementError("the graph is already instantiated; plant before instantiate()")
         if not isinstance(event, SimEvent) or event.records == 0:
-            raise PlacementError("the read-done event has no handle yet; record it once eagerly "
-                                 "before planting")
+            raise PlacementError(
+                "the read-done event has no handle yet; record it once eagerly before planting"
+            )
         if any(e is event for e in graph.planted):
-            raise PlacementError("the graph already records the read-done event (a marker was "
-                                 "planted); derived placement captures without one")
+            raise PlacementError(
+                "the graph already records the read-done event (a marker was "
+                "planted); derived placement captures without one"
+            )
         model = self._model_of(graph)
         ranges = ranges_of(shared_buffers)
         if not ranges:
@@ -528,17 +558,21 @@ class SimPlatform:
         plan = derive_plan(model, ranges)
         if plan.outcome is Outcome.NO_READERS:
             names = ", ".join(r.name for r in ranges)
-            raise PlacementError(f"no node of the {plan.nodes}-node graph was seen touching a "
-                                 f"shared buffer ({names}); no release point can be derived",
-                                 no_readers=True)
+            raise PlacementError(
+                f"no node of the {plan.nodes}-node graph was seen touching a "
+                f"shared buffer ({names}); no release point can be derived",
+                no_readers=True,
+            )
         graph.derived.append(event)
         by_index = {r.index: r for r in plan.readers}
-        return DerivedPlant(plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes,
-                            0.0, 0.0, 0.0)
+        return DerivedPlant(
+            plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes, 0.0, 0.0, 0.0
+        )
 
     @_faultable
-    def check_marker(self, graph: SimGraph, shared_buffers: SharedBuffers,
-                     event: SimEvent) -> SelfCheck:
+    def check_marker(
+        self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
+    ) -> SelfCheck:
         """The marker self-check on the graph model (the marker node records ``event.id``)."""
         if not isinstance(event, SimEvent):
             raise PlacementError("the marker event has no handle; nothing to look for")
@@ -562,4 +596,3 @@ class SimPlugin:
         if device_type(device) not in DEVICE_TYPES:
             return None
         return SimPlatform(self.external_events, device="sim", log_cap=self.log_cap)
-

@@ -9,13 +9,13 @@ hands the scheduler the event of the algorithm's last shared reader.
 """
 
 from warpolicy.runners.base import (
-                                    CapturedBucket,
-                                    GraphRunner,
-                                    ModelAdapter,
-                                    PolicyFn,
-                                    StepInfo,
-                                    resolve_policy_fn,
-                                    sound,
+    CapturedBucket,
+    GraphRunner,
+    ModelAdapter,
+    PolicyFn,
+    StepInfo,
+    resolve_policy_fn,
+    sound,
 )
 from warpolicy.runners.decode import DecodeRunner
 from warpolicy.runners.draft_extend import DraftExtendRunner
@@ -25,7 +25,21 @@ from warpolicy.runners.spec_step import Phase, SpecStep, StepMailbox, last_reade
 from warpolicy.runners.verify import VerifyRunner
 
 __all__ = [
-    "CapturedBucket", "DecodeRunner", "DraftExtendRunner", "GraphRunner", "ModelAdapter",
-    "OverlapLoop", "Phase", "PolicyFn", "PrefillRunner", "SpecStep", "StepInfo", "StepMailbox",
-    "StepProbe", "VerifyRunner", "last_reader_of", "resolve_policy_fn", "sound",
+    "CapturedBucket",
+    "DecodeRunner",
+    "DraftExtendRunner",
+    "GraphRunner",
+    "ModelAdapter",
+    "OverlapLoop",
+    "Phase",
+    "PolicyFn",
+    "PrefillRunner",
+    "SpecStep",
+    "StepInfo",
+    "StepMailbox",
+    "StepProbe",
+    "VerifyRunner",
+    "last_reader_of",
+    "resolve_policy_fn",
+    "sound",
 ]

@@ -58,8 +58,7 @@ from warpolicy.graphwalk import PlacementError
 from warpolicy.platform import Platform
 from warpolicy.platforms import EventHandle, GraphHandle, PoolHandle, StreamHandle
 from warpolicy.plugins import observers_of
-from warpolicy.policy import (IN_GRAPH, NONE, POST_REPLAY, ForwardMode, Placement,
-                              WarReadDonePolicy)
+from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, Placement, WarReadDonePolicy
 
 #: ``policy(mode, eager, planted) -> WarReadDonePolicy``; a `CompiledPolicy` is one (``lookup``).
 PolicyFn = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
@@ -153,7 +152,9 @@ def resolve_policy_fn(policy: Union[PolicyFn, Any]) -> PolicyFn:
     """Accept a `CompiledPolicy` (``.lookup``) or a plain ``(mode, eager, planted)`` callable."""
     fn = getattr(policy, "lookup", policy)
     if not callable(fn):
-        raise InputError(f"policy must be a CompiledPolicy or a callable, not {type(policy).__name__}")
+        raise InputError(
+            f"policy must be a CompiledPolicy or a callable, not {type(policy).__name__}"
+        )
     return fn
 
 
@@ -175,18 +176,27 @@ class GraphRunner:
 
     mode: ClassVar[ForwardMode] = ForwardMode.DECODE
 
-    def __init__(self, model: ModelAdapter, policy: Union[PolicyFn, Any],
-                 platform: Optional[Platform] = None, name: Optional[str] = None, *,
-                 mode: Optional[ForwardMode] = None, ring_size: int = 4,
-                 keep_graphs: bool = False, process_group: Any = None,
-                 consistency_strict: bool = False,
-                 placement: Optional[Union[Placement, str]] = None,
-                 self_check: str = "warn") -> None:
+    def __init__(
+        self,
+        model: ModelAdapter,
+        policy: Union[PolicyFn, Any],
+        platform: Optional[Platform] = None,
+        name: Optional[str] = None,
+        *,
+        mode: Optional[ForwardMode] = None,
+        ring_size: int = 4,
+        keep_graphs: bool = False,
+        process_group: Any = None,
+        consistency_strict: bool = False,
+        placement: Optional[Union[Placement, str]] = None,
+        self_check: str = "warn",
+    ) -> None:
         if mode is not None:
             self.mode = ForwardMode.parse(mode)
         if self_check not in SELF_CHECK_MODES:
-            raise InputError(f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, "
-                             f"not {self_check!r}")
+            raise InputError(
+                f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, not {self_check!r}"
+            )
         self.self_check = self_check
         self.model = model
         self.name = name or self.mode.label
@@ -223,9 +233,14 @@ class GraphRunner:
         every rank raises). A collective: every rank captures its runner in the same order."""
         p = self.platform
         policy, self.consistency = consistent_policy(
-            self._policy, platform=p.name, external_events=p.external_events_supported(),
-            group=self.process_group, strict=self.consistency_strict, pm=p.pm,
-            where=f"runner:{self.name}")
+            self._policy,
+            platform=p.name,
+            external_events=p.external_events_supported(),
+            group=self.process_group,
+            strict=self.consistency_strict,
+            pm=p.pm,
+            where=f"runner:{self.name}",
+        )
         self._set_policy(policy)
         self._eager_policy = None  # resolved again from the checked policy
 
@@ -234,7 +249,9 @@ class GraphRunner:
     def _check_buckets(self, sizes: Sequence[int]) -> tuple[int, ...]:
         out = sorted({int(s) for s in sizes})
         if any(s <= 0 for s in out):
-            raise InputError(f"{self.name} runner: bucket sizes must be positive, got {list(sizes)}")
+            raise InputError(
+                f"{self.name} runner: bucket sizes must be positive, got {list(sizes)}"
+            )
         return tuple(out)
 
     def size_of(self, batch: Any) -> int:
@@ -303,8 +320,11 @@ class GraphRunner:
                 decision = self._explain(self.mode, eager, planted)
             else:
                 ctx = Context(self.name, self.mode, eager=eager, planted=planted)
-                decision = Decision(policy, ctx, (Reason("policy-callable", "given by the engine's "
-                                                         "policy callable", policy),))
+                decision = Decision(
+                    policy,
+                    ctx,
+                    (Reason("policy-callable", "given by the engine's policy callable", policy),),
+                )
             if decision.policy != policy:  # the runner's own safety net moved it later
                 decision = attrs.evolve(decision, policy=policy)
         except Exception as exc:  # noqa: BLE001 - explaining never changes the policy
@@ -378,13 +398,23 @@ class GraphRunner:
         if event is not None and check and self._peek(planted=True) == IN_GRAPH:
             event = self._self_check(bucket, graph, event)
         else:
-            self._report(bucket, event is not None, False, None, 0.0,
-                         "marker after graph_prep" + ("" if event is not None else
-                                                      " (not planted)"))
+            self._report(
+                bucket,
+                event is not None,
+                False,
+                None,
+                0.0,
+                "marker after graph_prep" + ("" if event is not None else " (not planted)"),
+            )
         if kept:
             self._instantiate(bucket, graph)
-        return CapturedBucket(bucket, graph, self._outputs[bucket], event,
-                              self._resolve(eager=False, planted=event is not None))
+        return CapturedBucket(
+            bucket,
+            graph,
+            self._outputs[bucket],
+            event,
+            self._resolve(eager=False, planted=event is not None),
+        )
 
     def _wants_self_check(self) -> bool:
         """Whether this capture self-checks its markers; reports once when it cannot on CUDA."""
@@ -394,23 +424,26 @@ class GraphRunner:
         if reason is None:
             return True
         if self.self_check == "error":
-            raise SelfCheckError(f"{self.name} runner: self_check='error' but the marker "
-                                 f"self-check cannot run: {reason}")
+            raise SelfCheckError(
+                f"{self.name} runner: self_check='error' but the marker "
+                f"self-check cannot run: {reason}"
+            )
         if self.platform.name == "cuda":  # elsewhere no raw graph exists: skipped silently
-            self._warn_once_per("self-check-unavailable", 0,
-                                f"marker self-check skipped: {reason}")
+            self._warn_once_per("self-check-unavailable", 0, f"marker self-check skipped: {reason}")
         return False
 
     def _peek(self, planted: bool) -> Optional[WarReadDonePolicy]:
         """The policy a captured bucket would get (no observers told); None on failure."""
         try:
-            return sound(WarReadDonePolicy(self._policy_fn(self.mode, False, planted)),
-                         False, planted)
+            return sound(
+                WarReadDonePolicy(self._policy_fn(self.mode, False, planted)), False, planted
+            )
         except Exception:  # noqa: BLE001 - _resolve reports the failure and goes coarse
             return None
 
-    def _self_check(self, bucket: int, graph: GraphHandle,
-                    event: EventHandle) -> Optional[EventHandle]:
+    def _self_check(
+        self, bucket: int, graph: GraphHandle, event: EventHandle
+    ) -> Optional[EventHandle]:
         """Check the marker of ``bucket``; the event it keeps, or None (demoted)."""
         try:
             check = self.platform.check_marker(graph, self.model.shared_buffers, event)
@@ -447,16 +480,22 @@ class GraphRunner:
         planted: Optional[EventHandle] = None
         try:
             if event is None:
-                raise PlacementError("no read-done event (external events unavailable, or "
-                                     "creating it failed)")
+                raise PlacementError(
+                    "no read-done event (external events unavailable, or creating it failed)"
+                )
             if self._walk_unavailable is not None:
                 raise PlacementError(self._walk_unavailable)
             plant = self.platform.plant_derived(graph, self.model.shared_buffers, event)
         except PlacementError as exc:
-            why = ("suspicious: no shared reader found in the captured graph, " if exc.no_readers
-                   else "")
-            reason = (f"bucket {bucket}: derived placement left the bucket unplanted "
-                      f"({why}{exc.reason}); it publishes no earlier than post_replay")
+            why = (
+                "suspicious: no shared reader found in the captured graph, "
+                if exc.no_readers
+                else ""
+            )
+            reason = (
+                f"bucket {bucket}: derived placement left the bucket unplanted "
+                f"({why}{exc.reason}); it publishes no earlier than post_replay"
+            )
             self._report(bucket, False, True, False, 0.0, reason)
             self._demoted(bucket, reason)
         else:
@@ -464,23 +503,39 @@ class GraphRunner:
             self._report(bucket, True, True, True, plant.total_ms, plant.describe())
         if kept and not self._instantiate(bucket, graph):
             planted = None
-        return CapturedBucket(bucket, graph, self._outputs[bucket], planted,
-                              self._resolve(eager=False, planted=planted is not None))
+        return CapturedBucket(
+            bucket,
+            graph,
+            self._outputs[bucket],
+            planted,
+            self._resolve(eager=False, planted=planted is not None),
+        )
 
     def _instantiate(self, bucket: int, graph: GraphHandle) -> bool:
         """Instantiate a kept graph before its first replay; False (one warning) on failure."""
         try:
             self.platform.instantiate(graph)
         except Exception as exc:  # noqa: BLE001 - the node cannot be trusted: unplanted
-            self._demoted(bucket, f"bucket {bucket}: instantiating the graph failed ({exc!r}); "
-                                  f"the bucket is treated as unplanted")
+            self._demoted(
+                bucket,
+                f"bucket {bucket}: instantiating the graph failed ({exc!r}); "
+                f"the bucket is treated as unplanted",
+            )
             return False
         return True
 
-    def _report(self, bucket: int, planted: bool, walked: bool, ok: Optional[bool],
-                walk_ms: float, detail: str) -> None:
-        self._reports[bucket] = CaptureReport(bucket, self.placement, planted, walked, ok,
-                                              walk_ms, detail)
+    def _report(
+        self,
+        bucket: int,
+        planted: bool,
+        walked: bool,
+        ok: Optional[bool],
+        walk_ms: float,
+        detail: str,
+    ) -> None:
+        self._reports[bucket] = CaptureReport(
+            bucket, self.placement, planted, walked, ok, walk_ms, detail
+        )
 
     def _demoted(self, bucket: int, reason: str) -> None:
         """One warning per bucket, and the ``warpolicy_on_demotion`` observers."""
@@ -490,8 +545,11 @@ class GraphRunner:
                 call(self.name, bucket, reason)
             except Exception as exc:  # noqa: BLE001 - an observer never changes the policy
                 plugin = self._observers.plugin_of.get(call, "?")
-                self._warn_once_per("observer", 0, f"observer plugin {plugin!r} raised in "
-                                                   f"warpolicy_on_demotion ({exc!r})")
+                self._warn_once_per(
+                    "observer",
+                    0,
+                    f"observer plugin {plugin!r} raised in warpolicy_on_demotion ({exc!r})",
+                )
 
     def _warm_up(self) -> None:
         """One eager pass per bucket on a side stream (as torch recommends before capture).
@@ -566,7 +624,9 @@ class GraphRunner:
             return self._publish_failed(exc)
         return policy
 
-    def _after_replay(self, policy: WarReadDonePolicy, planted: Optional[EventHandle]) -> WarReadDonePolicy:
+    def _after_replay(
+        self, policy: WarReadDonePolicy, planted: Optional[EventHandle]
+    ) -> WarReadDonePolicy:
         try:
             self.fence.after_replay(policy, planted)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
@@ -593,8 +653,7 @@ class GraphRunner:
         """One warning per (kind, bucket) for the runner's lifetime."""
         if (kind, bucket) not in self._warned_keys:
             self._warned_keys.add((kind, bucket))
-            warnings.warn(f"warpolicy {self.name} runner: {message}", RuntimeWarning,
-                          stacklevel=4)
+            warnings.warn(f"warpolicy {self.name} runner: {message}", RuntimeWarning, stacklevel=4)
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -602,5 +661,7 @@ class GraphRunner:
             warnings.warn(f"warpolicy {self.name} runner: {message}", RuntimeWarning, stacklevel=3)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.name!r} mode={self.mode.label} "
-                f"buckets={list(self.buckets)} captured={sorted(self._captured)}>")
+        return (
+            f"<{type(self).__name__} {self.name!r} mode={self.mode.label} "
+            f"buckets={list(self.buckets)} captured={sorted(self._captured)}>"
+        )

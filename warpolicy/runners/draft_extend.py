@@ -46,5 +46,10 @@ class DraftExtendRunner(GraphRunner):
 
         graph = self.platform.new_graph(keep_graph=self.keep_graphs)
         self.platform.capture_callable(graph, body, pool=pool)
-        return CapturedBucket(bucket, graph, self._outputs[bucket], None,  # no event: no node
-                              self._resolve(eager=False, planted=False))
+        return CapturedBucket(
+            bucket,
+            graph,
+            self._outputs[bucket],
+            None,  # no event: no node
+            self._resolve(eager=False, planted=False),
+        )

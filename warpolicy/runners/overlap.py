@@ -66,10 +66,18 @@ class OverlapLoop:
     and audits' controls; it races by construction.
     """
 
-    def __init__(self, runner: Optional[GraphRunner] = None, platform: Optional[Platform] = None,
-                 force_coarse: bool = False, *, forward_stream: Optional[StreamHandle] = None,
-                 schedule_stream: Optional[StreamHandle] = None, probe: Optional[StepProbe] = None,
-                 unsafe_skip_barrier: bool = False, ring_size: int = 4) -> None:
+    def __init__(
+        self,
+        runner: Optional[GraphRunner] = None,
+        platform: Optional[Platform] = None,
+        force_coarse: bool = False,
+        *,
+        forward_stream: Optional[StreamHandle] = None,
+        schedule_stream: Optional[StreamHandle] = None,
+        probe: Optional[StepProbe] = None,
+        unsafe_skip_barrier: bool = False,
+        ring_size: int = 4,
+    ) -> None:
         if platform is None:
             if runner is None:
                 raise TypeError("OverlapLoop needs a runner or a platform")
@@ -77,7 +85,9 @@ class OverlapLoop:
         self.runner = runner
         self.platform = platform
         self.forward_stream = forward_stream
-        self.schedule_stream = schedule_stream if schedule_stream is not None else platform.new_stream()
+        self.schedule_stream = (
+            schedule_stream if schedule_stream is not None else platform.new_stream()
+        )
         self.barrier = SchedulerBarrier(platform, force_coarse=force_coarse)
         self.probe = probe
         self.unsafe_skip_barrier = bool(unsafe_skip_barrier)
@@ -90,8 +100,12 @@ class OverlapLoop:
         self.steps = 0
         self._warned: set[str] = set()  # one warning per failing place
 
-    def step(self, batch: Any, write_next: Optional[Callable[[], Any]] = None,
-             runner: Optional[GraphRunner] = None) -> Any:
+    def step(
+        self,
+        batch: Any,
+        write_next: Optional[Callable[[], Any]] = None,
+        runner: Optional[GraphRunner] = None,
+    ) -> Any:
         """Launch ``batch`` (on ``runner``, default the loop's), barrier, then ``write_next()``
         on the schedule stream. Returns the runner's output."""
         runner = runner if runner is not None else self.runner
@@ -130,8 +144,11 @@ class OverlapLoop:
         try:
             self.platform.record(ev, self.schedule_stream)
         except Exception as exc:  # noqa: BLE001 - ordered anyway, through the whole stream
-            self._warn("record", f"recording the writes failed ({exc!r}); the next forward waits for the "
-                       "whole schedule stream")
+            self._warn(
+                "record",
+                f"recording the writes failed ({exc!r}); the next forward waits for the "
+                "whole schedule stream",
+            )
             return
         self._pending = ev
 
@@ -155,8 +172,11 @@ class OverlapLoop:
             p.synchronize()
         self._pending = None
         if error is not None:
-            self._warn("wait", f"waiting for the last writes failed ({error!r}); waited for the whole "
-                       "schedule stream")
+            self._warn(
+                "wait",
+                f"waiting for the last writes failed ({error!r}); waited for the whole "
+                "schedule stream",
+            )
 
     def _apply_barrier(self, fwd: StreamHandle, read_done: Optional[ReadDone]) -> str:
         """The barrier; if it fails, the coarse one (never an earlier release), then a host

@@ -112,16 +112,22 @@ class SpecStep:
     registry entry with `SpecStep.for_algorithm`.
     """
 
-    def __init__(self, phases: Sequence[Union[Phase, GraphRunner]], *,
-                 last_reader: Union[None, str, ForwardMode] = None,
-                 name: str = "spec_step") -> None:
+    def __init__(
+        self,
+        phases: Sequence[Union[Phase, GraphRunner]],
+        *,
+        last_reader: Union[str, ForwardMode, None] = None,
+        name: str = "spec_step",
+    ) -> None:
         self.phases: tuple[Phase, ...] = tuple(
-            p if isinstance(p, Phase) else Phase(p) for p in phases)
+            p if isinstance(p, Phase) else Phase(p) for p in phases
+        )
         if not self.phases:
             raise InputError(f"{name}: a speculative step needs at least one phase")
         self.name = name
         self.last_reader: Optional[ForwardMode] = (
-            None if last_reader is None else ForwardMode.parse(last_reader))
+            None if last_reader is None else ForwardMode.parse(last_reader)
+        )
         self.last_index = self._last_index()
         self.platform = self.phases[0].runner.platform
         if any(p.runner.platform is not self.platform for p in self.phases):
@@ -134,8 +140,9 @@ class SpecStep:
         self._warned = False
 
     @classmethod
-    def for_algorithm(cls, phases: Sequence[Union[Phase, GraphRunner]], spec: Any,
-                      **kwargs: Any) -> "SpecStep":
+    def for_algorithm(
+        cls, phases: Sequence[Union[Phase, GraphRunner]], spec: Any, **kwargs: Any
+    ) -> SpecStep:
         """A step whose last reader is what the registry declares for ``spec`` (a
         `SpecAlgorithm`)."""
         kwargs.setdefault("name", f"{getattr(spec, 'name', 'spec')}_step")
@@ -146,9 +153,11 @@ class SpecStep:
             return len(self.phases) - 1
         hits = [i for i, p in enumerate(self.phases) if p.mode == self.last_reader]
         if not hits:
-            raise InputError(f"{self.name}: the last shared reader is {self.last_reader.label}, "
-                             f"but the step has no such phase (phases: "
-                             f"{', '.join(p.mode.label for p in self.phases)})")
+            raise InputError(
+                f"{self.name}: the last shared reader is {self.last_reader.label}, "
+                f"but the step has no such phase (phases: "
+                f"{', '.join(p.mode.label for p in self.phases)})"
+            )
         return hits[-1]
 
     # -- what the overlap loop and the audit see -------------------------------------------------
@@ -213,8 +222,10 @@ class SpecStep:
             raise
         if failed:
             mailbox.clear()
-            self._warn("a phase decided to publish but its fence published nothing; "
-                       "this step uses the coarse barrier")
+            self._warn(
+                "a phase decided to publish but its fence published nothing; "
+                "this step uses the coarse barrier"
+            )
         self._record(batch, infos, None if failed else mailbox.peek())
         return tuple(outputs)
 
@@ -232,8 +243,9 @@ class SpecStep:
         decided = runner.policy_for(info.bucket) if info is not None else NONE
         return read_done, info, decided == NONE or read_done is not None
 
-    def _record(self, batch: Any, infos: list[Optional[StepInfo]],
-                read_done: Optional[ReadDone]) -> None:
+    def _record(
+        self, batch: Any, infos: list[Optional[StepInfo]], read_done: Optional[ReadDone]
+    ) -> None:
         self._step += 1
         self.phase_steps = tuple(infos)
         reader = infos[self.last_index]

@@ -22,16 +22,26 @@ class VerifyRunner(GraphRunner):
 
     mode: ClassVar[ForwardMode] = ForwardMode.TARGET_VERIFY
 
-    def __init__(self, model: ModelAdapter, policy: Union[PolicyFn, Any], platform: Any = None,
-                 name: Optional[str] = None, *, draft_tokens: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: ModelAdapter,
+        policy: Union[PolicyFn, Any],
+        platform: Any = None,
+        name: Optional[str] = None,
+        *,
+        draft_tokens: int,
+        **kwargs: Any,
+    ) -> None:
         if int(draft_tokens) <= 0:
             raise InputError(f"verify runner: draft_tokens must be positive, got {draft_tokens}")
         self.draft_tokens = int(draft_tokens)
         super().__init__(model, policy, platform, name, **kwargs)
         odd = [b for b in self.buckets if b % self.draft_tokens]
         if odd:
-            raise InputError(f"verify runner: buckets {odd} are not multiples of "
-                             f"draft_tokens={self.draft_tokens}")
+            raise InputError(
+                f"verify runner: buckets {odd} are not multiples of "
+                f"draft_tokens={self.draft_tokens}"
+            )
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
@@ -41,6 +51,8 @@ class VerifyRunner(GraphRunner):
     def size_of(self, batch: Any) -> int:
         size = super().size_of(batch)
         if size % self.draft_tokens:
-            raise InputError(f"verify runner: batch of {size} tokens is not a multiple of "
-                             f"draft_tokens={self.draft_tokens}")
+            raise InputError(
+                f"verify runner: batch of {size} tokens is not a multiple of "
+                f"draft_tokens={self.draft_tokens}"
+            )
         return size

@@ -50,8 +50,22 @@ log = logging.getLogger("warpolicy")
 SAMPLE_ENV = "WARPOLICY_METRICS_SAMPLE_EVERY"
 
 #: Histogram buckets of the release lead: 1 us .. 50 ms (a decode forward is 1-50 ms).
-LEAD_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
-                2.5e-2, 5e-2)
+LEAD_BUCKETS = (
+    1e-6,
+    5e-6,
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+)
 
 
 def _label(value: Any) -> str:
@@ -69,13 +83,15 @@ def sample_every_from(environ: Mapping[str, str]) -> int:
     except ValueError:
         every = -1
     if every < 0:
-        log.warning("warpolicy-metrics: %s=%r is not a step count; release sampling is off",
-                    SAMPLE_ENV, raw)
+        log.warning(
+            "warpolicy-metrics: %s=%r is not a step count; release sampling is off", SAMPLE_ENV, raw
+        )
         return 0
     return every
 
 
 # -- release timing --------------------------------------------------------------------------------
+
 
 class ReleaseTiming(Protocol):
     """Times one sample at a time: ``begin`` enqueues it, ``ready`` polls without blocking,
@@ -136,12 +152,16 @@ def cuda_release_timing() -> Optional[ReleaseTiming]:
 
 # -- the metrics -----------------------------------------------------------------------------------
 
-PUBLISHES = ("warpolicy_read_done_publishes",
-             ("Steps published, by runner and policy (none: nothing published, the scheduler "
-              "went coarse)."),
-             ("runner", "policy"))
-BARRIERS = ("warpolicy_barriers", "Scheduler barriers by runner, kind (event or coarse) and reason.",
-            ("runner", "kind", "reason"))
+PUBLISHES = (
+    "warpolicy_read_done_publishes",
+    ("Steps published, by runner and policy (none: nothing published, the scheduler went coarse)."),
+    ("runner", "policy"),
+)
+BARRIERS = (
+    "warpolicy_barriers",
+    "Scheduler barriers by runner, kind (event or coarse) and reason.",
+    ("runner", "kind", "reason"),
+)
 
 
 class WarpolicyMetrics:
@@ -151,20 +171,38 @@ class WarpolicyMetrics:
     It is itself the collector of the two per-step counters (``collect``/``describe``).
     """
 
-    def __init__(self, registry: Optional[CollectorRegistry] = None, *, sample_every: int = 0,
-                 timing: Optional[Callable[[], Optional[ReleaseTiming]]] = None) -> None:
+    def __init__(
+        self,
+        registry: Optional[CollectorRegistry] = None,
+        *,
+        sample_every: int = 0,
+        timing: Optional[Callable[[], Optional[ReleaseTiming]]] = None,
+    ) -> None:
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         # per-step counters: key -> [count]; read by collect() at scrape time
         self._publishes: dict[tuple[str, Any], list[int]] = {}
         self._barriers: dict[tuple[str, str, str], list[int]] = {}
-        self.fallbacks = Counter("warpolicy_fallbacks", "Runtime failures absorbed by failing closed "
-                                 "(coarse barrier), by place.", ["where"], registry=None)
-        self.resolved = Gauge("warpolicy_resolved_policy", "Policy a runner resolved per mode "
-                              "(0 pre_replay, 1 in_graph, 2 post_replay, 3 none); the latest of "
-                              "its buckets.", ["runner", "mode", "graph"], registry=None)
-        self.release_lead = Histogram("warpolicy_release_lead_seconds", "Sampled: how long before "
-                                      "the end of the forward the scheduler was released.",
-                                      ["runner"], buckets=LEAD_BUCKETS, registry=None)
+        self.fallbacks = Counter(
+            "warpolicy_fallbacks",
+            "Runtime failures absorbed by failing closed (coarse barrier), by place.",
+            ["where"],
+            registry=None,
+        )
+        self.resolved = Gauge(
+            "warpolicy_resolved_policy",
+            "Policy a runner resolved per mode "
+            "(0 pre_replay, 1 in_graph, 2 post_replay, 3 none); the latest of "
+            "its buckets.",
+            ["runner", "mode", "graph"],
+            registry=None,
+        )
+        self.release_lead = Histogram(
+            "warpolicy_release_lead_seconds",
+            "Sampled: how long before the end of the forward the scheduler was released.",
+            ["runner"],
+            buckets=LEAD_BUCKETS,
+            registry=None,
+        )
         self._resolved_max: dict[tuple[str, str, str], int] = {}
         self.sample_every = max(0, int(sample_every))
         self._timing_factory = timing if timing is not None else cuda_release_timing
@@ -218,7 +256,9 @@ class WarpolicyMetrics:
             self._sample(runner, event)
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
+    def warpolicy_on_barrier(
+        self, runner: str, step: Optional[int], kind: str, reason: str
+    ) -> None:
         cell = self._barriers.get((runner, kind, reason))
         if cell is None:
             cell = self._barriers.setdefault((runner, kind, reason), [0])
@@ -263,14 +303,18 @@ class WarpolicyMetrics:
                 if event is None:
                     return
                 if not timing.supports(event):
-                    log.warning("warpolicy-metrics: release sampling is off (%s has no GPU timing)",
-                                type(event).__name__)
+                    log.warning(
+                        "warpolicy-metrics: release sampling is off (%s has no GPU timing)",
+                        type(event).__name__,
+                    )
                     self.sample_every = 0
                     return
                 timing.begin(event)
                 self._pending = runner
         except Exception as exc:  # noqa: BLE001 - metrics never change a step; stop sampling
-            log.warning("warpolicy-metrics: release sampling is off (%s: %s)", type(exc).__name__, exc)
+            log.warning(
+                "warpolicy-metrics: release sampling is off (%s: %s)", type(exc).__name__, exc
+            )
             self.sample_every = 0
 
 
@@ -280,8 +324,12 @@ _ACTIVE: Optional[WarpolicyMetrics] = None
 _CONFIG_LOCK = threading.Lock()
 
 
-def configure(registry: Optional[CollectorRegistry] = None, *, sample_every: Optional[int] = None,
-              timing: Optional[Callable[[], Optional[ReleaseTiming]]] = None) -> WarpolicyMetrics:
+def configure(
+    registry: Optional[CollectorRegistry] = None,
+    *,
+    sample_every: Optional[int] = None,
+    timing: Optional[Callable[[], Optional[ReleaseTiming]]] = None,
+) -> WarpolicyMetrics:
     """Put the entry-point plugin's metrics on ``registry`` (None: prometheus_client's default).
 
     Call it before the runners capture; metrics already made move (their counts start over).
@@ -291,8 +339,11 @@ def configure(registry: Optional[CollectorRegistry] = None, *, sample_every: Opt
         return _configure_locked(registry, sample_every, timing)
 
 
-def _configure_locked(registry: Optional[CollectorRegistry], sample_every: Optional[int],
-                      timing: Optional[Callable[[], Optional[ReleaseTiming]]]) -> WarpolicyMetrics:
+def _configure_locked(
+    registry: Optional[CollectorRegistry],
+    sample_every: Optional[int],
+    timing: Optional[Callable[[], Optional[ReleaseTiming]]],
+) -> WarpolicyMetrics:
     global _ACTIVE
     every = sample_every_from(os.environ) if sample_every is None else sample_every
     if _ACTIVE is not None:

@@ -43,19 +43,27 @@ def per_call_cost(calls: int = 20_000, rounds: int = 7, *, show: bool = True) ->
     plugin manager, with a no-op observer and with the metrics plugin; prints them side by side
     unless ``show`` is False. ``step`` = one publish + one barrier, the per-step hook work."""
     managers = {}
-    for name, observer in (("noop", NoOpObserver()),
-                           ("metrics", WarpolicyMetrics(CollectorRegistry()))):
+    for name, observer in (
+        ("noop", NoOpObserver()),
+        ("metrics", WarpolicyMetrics(CollectorRegistry())),
+    ):
         pm = new_plugin_manager(load_entry_points=False, environ={})
         pm.register(observer, name=f"bench-{name}")
         managers[name] = pm.hook
 
     def publish(hook: Any) -> Callable[[int], None]:
-        return lambda i: hook.warpolicy_on_publish(runner="decode", step=i, policy=IN_GRAPH, event=None)
+        return lambda i: hook.warpolicy_on_publish(
+            runner="decode", step=i, policy=IN_GRAPH, event=None
+        )
 
     def barrier(hook: Any) -> Callable[[int], None]:
-        return lambda i: hook.warpolicy_on_barrier(runner="decode", step=i, kind="event", reason="in_graph")
+        return lambda i: hook.warpolicy_on_barrier(
+            runner="decode", step=i, kind="event", reason="in_graph"
+        )
 
-    samples: dict[str, list[float]] = {f"{h}_{n}": [] for h in ("publish", "barrier") for n in managers}
+    samples: dict[str, list[float]] = {
+        f"{h}_{n}": [] for h in ("publish", "barrier") for n in managers
+    }
     for fn in (publish, barrier):  # warm-up: label children, caches
         for hook in managers.values():
             _ns_per_call(fn(hook), 1000)
@@ -77,8 +85,10 @@ def format_cost(result: dict[str, float]) -> str:
     for what in ("publish", "barrier", "step"):
         noop, met = result[f"{what}_noop"], result[f"{what}_metrics"]
         lines.append(f"{what:<10} {noop:>12.0f} ns {met:>12.0f} ns {met / noop:>6.2f}")
-    lines.append(f"metrics cost per step (publish + barrier) over a no-op observer: "
-                 f"{result['step_extra']:.0f} ns")
+    lines.append(
+        f"metrics cost per step (publish + barrier) over a no-op observer: "
+        f"{result['step_extra']:.0f} ns"
+    )
     return "\n".join(lines)
 
 

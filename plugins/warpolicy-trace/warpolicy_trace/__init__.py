@@ -56,9 +56,18 @@ class Tracer:
             if len(self._events) >= self.max_events:
                 self.dropped += 1
                 return
-            self._events.append({"name": name, "cat": "warpolicy", "ph": "i", "s": "t",
-                                 "ts": ts, "pid": self._pid, "tid": self._track(track),
-                                 "args": args})
+            self._events.append(
+                {
+                    "name": name,
+                    "cat": "warpolicy",
+                    "ph": "i",
+                    "s": "t",
+                    "ts": ts,
+                    "pid": self._pid,
+                    "tid": self._track(track),
+                    "args": args,
+                }
+            )
 
     def events(self) -> list[dict]:
         with self._lock:
@@ -67,8 +76,16 @@ class Tracer:
     def document(self) -> dict:
         """The trace: events plus thread-name metadata so each track shows its runner."""
         with self._lock:
-            names = [{"name": "thread_name", "ph": "M", "pid": self._pid, "tid": tid,
-                      "args": {"name": track}} for track, tid in self._tracks.items()]
+            names = [
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": self._pid,
+                    "tid": tid,
+                    "args": {"name": track},
+                }
+                for track, tid in self._tracks.items()
+            ]
             body = names + list(self._events)
             dropped = self.dropped
         doc: dict = {"traceEvents": body, "displayTimeUnit": "ms"}
@@ -127,6 +144,7 @@ atexit.register(_flush_at_exit)
 
 # -- observer hooks --------------------------------------------------------------------------------
 
+
 @hookimpl
 def warpolicy_on_decision(decision: Any, where: str) -> None:
     context = getattr(decision, "context", None)
@@ -142,14 +160,20 @@ def warpolicy_on_decision(decision: Any, where: str) -> None:
 @hookimpl
 def warpolicy_on_publish(runner: str, step: int, policy: Any, event: Any) -> None:
     published = event is not None
-    TRACER.add(f"runner:{runner}", f"publish {_label(policy)}" if published else "publish none",
-               {"step": step, "policy": _label(policy), "event": published})
+    TRACER.add(
+        f"runner:{runner}",
+        f"publish {_label(policy)}" if published else "publish none",
+        {"step": step, "policy": _label(policy), "event": published},
+    )
 
 
 @hookimpl
 def warpolicy_on_barrier(runner: str, step: Optional[int], kind: str, reason: str) -> None:
-    TRACER.add("scheduler", f"barrier {kind}",
-               {"runner": runner, "step": step, "kind": kind, "reason": reason})
+    TRACER.add(
+        "scheduler",
+        f"barrier {kind}",
+        {"runner": runner, "step": step, "kind": kind, "reason": reason},
+    )
 
 
 @hookimpl
