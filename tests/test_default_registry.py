@@ -13,7 +13,7 @@ P = WarReadDonePolicy
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND
 
-#: SGLang's registered attention backends (REFERENCE.md §1).
+#: SGLang's registered attention backends (docs/background.md; SGLang's backend list).
 SGLANG_BACKENDS = [
     "flashinfer",
     "triton",
@@ -49,7 +49,7 @@ SPECS = [
     "dspark",
     "uno",
 ]
-#: Backends and wrappers added for SGLang 0.5.23 (REFERENCE.md §1b).
+#: Backends and wrappers added for SGLang 0.5.23 (SGLang 0.5.23).
 NEW_BACKENDS = [
     "minimax_sparse_nvfp4",
     "minimax_sparse",

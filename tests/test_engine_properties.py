@@ -1,4 +1,4 @@
-"""Hypothesis property tests for the engine's invariants (DESIGN.md §3)."""
+"""Hypothesis property tests for the engine's invariants (docs/ARCHITECTURE.md, "Engine API")."""
 
 from __future__ import annotations
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
-jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU machine may lack it
-import pytest
 import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -20,6 +17,8 @@ from hypothesis import strategies as st
 from warpolicy.loader import Fragment, default_registry_path, document_problems
 from warpolicy.policy import mode_names, policy_names
 from warpolicy.schema import registry_json_schema
+
+jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU machine may lack it
 
 VALIDATOR = jsonschema.Draft202012Validator(registry_json_schema())
 DIFF = settings(

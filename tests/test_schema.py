@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
-jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU machine may lack it
-import pytest
 import yaml
 
 from warpolicy.loader import Fragment, default_registry_path, validate_sources
 from warpolicy.policy import ForwardMode, WarReadDonePolicy, mode_names
 from warpolicy.registry import Conditions
 from warpolicy.schema import SECTIONS, registry_json_schema
+
+jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU machine may lack it
 
 
 def check(instance, schema: dict, _root: dict) -> list[str]:

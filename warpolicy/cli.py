@@ -14,13 +14,17 @@ import functools
 import os
 import sys
 import warnings
-from typing import Iterable, Optional, Sequence, TypedDict
+from typing import TYPE_CHECKING, Iterable, NoReturn, Optional, Sequence, TypedDict
 
 from warpolicy.errors import InputError, RegistryError, WarpolicyError
 from warpolicy.inputs import parse_bool, parse_positive_int
 from warpolicy.report import FORMATS
 
 #: Formats of commands whose output is not a table (benchmarks, audit).
+
+if TYPE_CHECKING:  # annotations only: the commands import the engine when they run
+    from warpolicy.engine import Context, PolicyEngine
+
 DATA_FORMATS = tuple(f for f in FORMATS if f != "markdown")
 #: Devices of the GPU benchmarks: ``sim`` is the simulated platform (``fake``: its 0.1 name).
 BENCH_DEVICES = ("cuda", "sim", "fake")
@@ -46,7 +50,7 @@ class OutputError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and exiting, so errors stay one line."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise InputError(f"{self.prog}: {message}")
 
 
@@ -381,7 +385,7 @@ def _engine(
     *,
     plugins: bool = True,
     environ: Optional[dict[str, str]] = None,
-):
+) -> PolicyEngine:
     from warpolicy.engine import PolicyEngine
     from warpolicy.plugins import blame_plugins, collect_fragments, get_plugin_manager
 
@@ -396,7 +400,7 @@ def _engine(
     )
 
 
-def _context(args: argparse.Namespace):
+def _context(args: argparse.Namespace) -> Context:
     from warpolicy.engine import Context
 
     return Context(args.backend, args.mode, args.spec, _parse_flags(args.flag), **_facts(args))
@@ -541,7 +545,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
     pm = get_plugin_manager()
     fragments = collect_fragments(pm)
-    layers = earlier_layers(list(registry_sources()) + fragments) if fragments else []
+    layers = earlier_layers([*registry_sources(), *fragments]) if fragments else []
     _out(format_plugins(describe_plugins(pm), args.format, layers))
     return ExitCode.OK
 

@@ -10,10 +10,10 @@ Three kinds of hooks:
   `warpolicy.platforms.PlatformImpl`; from then on its methods are called directly, with no
   plugin dispatch per operation. Exactly one plugin may claim a device type.
 * **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier,
-  fallback and capture-time demotion, for logging, metrics and tracing. With none registered the runtime pays nothing;
-  each registered one costs one direct call. An observer that raises is reported (a warning
-  and `warpolicy_on_fallback`) and never changes what is published or when the scheduler is
-  released.
+  fallback and capture-time demotion, for logging, metrics and tracing. With none registered
+  the runtime pays nothing; each registered one costs one direct call. An observer that
+  raises is reported (a warning and `warpolicy_on_fallback`) and never changes what is
+  published or when the scheduler is released.
 
 Implementations may accept any subset of a hook's arguments (pluggy passes only the ones
 they name), so new arguments can be added here without breaking plugins.

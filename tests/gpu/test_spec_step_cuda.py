@@ -251,7 +251,7 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
     tables, index, table = state()
 
     class Shared:
-        shared_buffers = {"req_to_token": table}  # noqa: RUF012 - one subject, one table
+        shared_buffers = {"req_to_token": table}
 
     def subject(reader, verify_policy):
         def build(model):

@@ -37,7 +37,7 @@ MAX_PARAMS = 1024
 MAX_PARAM_BYTES = 32768
 
 
-class graph_for:
+class graph_for:  # noqa: N801 - used like a function: ``with graph_for(...) as (raw, node)``
     """Context manager yielding ``(raw cudaGraph_t, planted event handle)`` for a bucket.
 
     Prefers the runner's own graph (what really replays) when the platform kept it

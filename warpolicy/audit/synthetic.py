@@ -57,8 +57,8 @@ from typing import Any, Mapping, Optional
 import attrs
 import torch
 
-from warpolicy.audit.dynamic import AuditSubject
 from warpolicy.audit.report import SAFE, UNSAFE, Verdict
+from warpolicy.audit.subject import AuditSubject
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.engine import Context, PolicyEngine
 from warpolicy.errors import InputError, UnknownNameError

@@ -238,17 +238,11 @@ def run_case(case: Case) -> CaseResult:
     loop = OverlapLoop(runner, probe=_Probe(state))
     fence = runner.fence
     fence.prepare = _in_phase(state, "prepare", fence.prepare)  # type: ignore[method-assign]
-    fence.before_replay = _in_phase(
-        state,
-        "before_replay",
-        fence.before_replay,  # type: ignore[method-assign]
-        after="replay",
+    fence.before_replay = _in_phase(  # type: ignore[method-assign]
+        state, "before_replay", fence.before_replay, after="replay"
     )
-    fence.after_replay = _in_phase(
-        state,
-        "after_replay",
-        fence.after_replay,  # type: ignore[method-assign]
-        after="launched",
+    fence.after_replay = _in_phase(  # type: ignore[method-assign]
+        state, "after_replay", fence.after_replay, after="launched"
     )
     fence.take = _in_phase(state, "take", fence.take)  # type: ignore[method-assign]
     loop.barrier.apply = _in_phase(state, "barrier", loop.barrier.apply)  # type: ignore[method-assign]

@@ -19,7 +19,8 @@ graph reads shared state; run and flagged unsafe) and ``no_barrier`` (the unsafe
 metadata from the live table: there the marker after the prep is unsound (its capture-time
 self-check demotes it to post_replay where cuda-bindings is present), post_replay closes about
 none of the gap, and derived placement releases after the first layer. The result also carries
-what the marker self-check and the derived plant cost per captured graph. All GPU times come from CUDA timing events recorded by a `StepProbe` at
+what the marker self-check and the derived plant cost per captured graph. All GPU times come
+from CUDA timing events recorded by a `StepProbe` at
 four points of each step (forward: launch, end; schedule stream: released, written):
 
 * hold: schedule stream released minus forward launch (median over steady-state steps);
@@ -81,11 +82,11 @@ def step_metrics(t: dict[str, list[float]], warmup: int) -> dict[str, float]:
     """Steady-state medians from one run's marks (microseconds)."""
     n = len(t["launch"])
     ks = range(min(warmup, max(n - 2, 0)), n - 1)
-    L, D, R = t["launch"], t["launched"], t["released"]
+    launch, launched, released = t["launch"], t["launched"], t["released"]
     return {
-        "hold_us": median([max(0.0, R[k] - L[k]) for k in ks]),
-        "step_us": median([L[k + 1] - L[k] for k in ks]),
-        "idle_gap_us": median([max(0.0, L[k + 1] - D[k]) for k in ks]),
+        "hold_us": median([max(0.0, released[k] - launch[k]) for k in ks]),
+        "step_us": median([launch[k + 1] - launch[k] for k in ks]),
+        "idle_gap_us": median([max(0.0, launch[k + 1] - launched[k]) for k in ks]),
     }
 
 

@@ -191,7 +191,7 @@ def run_overlap_spec_bench(
             outs = []
             for k in range(steps):
 
-                def write_next(k: int = k) -> None:
+                def write_next(k: int = k, shape: Any = shape) -> None:
                     if k + 1 < steps:
                         shape.write(k + 1)
                     bookkeeping()

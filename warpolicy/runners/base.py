@@ -5,7 +5,7 @@ An engine wraps its forward in a runner by supplying a `ModelAdapter` (duck-type
 owns the `ReadDoneFence`; the scheduler takes from ``runner.fence`` right after each launch
 (see `warpolicy.runners.overlap.OverlapLoop`).
 
-Per step (DESIGN.md §5), on the current (forward) stream::
+Per step (docs/ARCHITECTURE.md, "Runner API"), on the current (forward) stream::
 
     host_prep(batch, bucket)       copy inputs into the bucket's static buffers, pad
     fence.before_replay(policy)    PRE_REPLAY records here: the host-side snapshot point
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from typing import Any, Callable, ClassVar, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 import attrs
 
@@ -174,7 +174,7 @@ class GraphRunner:
     `VerifyRunner`). Run a step with `run`; before `capture` every step runs eagerly.
     """
 
-    mode: ClassVar[ForwardMode] = ForwardMode.DECODE
+    mode: ForwardMode = ForwardMode.DECODE  # the class default; a runner may take another
 
     def __init__(
         self,
@@ -352,7 +352,7 @@ class GraphRunner:
         """Warm up every bucket eagerly (cuBLAS, allocator), then capture one graph per bucket.
 
         Capture body: in-graph prep, plant the read-done node, model forward. ``plant()`` is
-        inside the capture with the capture stream current (REFERENCE.md §3).
+        inside the capture with the capture stream current (docs/background.md §3).
         """
         p = self.platform
         if self.process_group is not None and self.consistency is None:

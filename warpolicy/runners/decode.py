@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from warpolicy.policy import ForwardMode
 from warpolicy.runners.base import GraphRunner
 
@@ -15,4 +13,4 @@ class DecodeRunner(GraphRunner):
     scheduler is released by the node right after the in-graph metadata prep.
     """
 
-    mode: ClassVar[ForwardMode] = ForwardMode.DECODE
+    mode = ForwardMode.DECODE

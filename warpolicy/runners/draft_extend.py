@@ -22,7 +22,7 @@ body into a kept graph and adds the read-done node after the shared readers the 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from warpolicy.policy import ForwardMode, Placement
 from warpolicy.runners.base import CapturedBucket, GraphRunner
@@ -31,7 +31,7 @@ from warpolicy.runners.base import CapturedBucket, GraphRunner
 class DraftExtendRunner(GraphRunner):
     """Buckets by token count (``model.bucket_sizes(DRAFT_EXTEND)``); no planted node."""
 
-    mode: ClassVar[ForwardMode] = ForwardMode.DRAFT_EXTEND
+    mode = ForwardMode.DRAFT_EXTEND
 
     def _capture_bucket(self, bucket: int, pool: Any) -> CapturedBucket:
         """Capture ``graph_prep -> forward`` with no marker; the policy is resolved with

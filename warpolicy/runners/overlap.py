@@ -27,7 +27,7 @@ record after the writes makes the next forward wait for the whole schedule strea
 
 Every device write the scheduler makes to state a forward reads must go through
 ``write_next`` (a writer path that bypasses the barrier is the peers' largest bug class,
-REFERENCE.md §2). Host-only scheduling work can happen anywhere. Tensors that ``write_next``
+docs/background.md §2). Host-only scheduling work can happen anywhere. Tensors that ``write_next``
 allocates and a later forward reads belong to the schedule stream; keep them alive (or
 ``record_stream`` them) until that forward has run.
 """
@@ -91,7 +91,7 @@ class OverlapLoop:
         self.barrier = SchedulerBarrier(platform, force_coarse=force_coarse)
         self.probe = probe
         self.unsafe_skip_barrier = bool(unsafe_skip_barrier)
-        # a ring, not one re-recorded event: several steps can be in flight (REFERENCE.md §2)
+        # a ring, not one re-recorded event: several steps can be in flight (docs/background.md §2)
         self._ring = [platform.create_event(False) for _ in range(max(2, int(ring_size)))]
         self._next = 0
         self._pending: Any = None  # event after the last step's writes (or _WHOLE_STREAM)

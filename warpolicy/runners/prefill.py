@@ -10,8 +10,6 @@ the scheduler uses the coarse barrier.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from warpolicy.policy import ForwardMode
 from warpolicy.runners.base import GraphRunner
 
@@ -20,4 +18,4 @@ class PrefillRunner(GraphRunner):
     """Buckets by token count: ``model.batch_size(batch)`` must return the batch's tokens
     (``len(batch)`` otherwise). Most prefills exceed the largest bucket and run eagerly."""
 
-    mode: ClassVar[ForwardMode] = ForwardMode.EXTEND
+    mode = ForwardMode.EXTEND

@@ -9,7 +9,7 @@ runner's fence, not this one's.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, Optional, Union
 
 from warpolicy.errors import InputError
 from warpolicy.policy import ForwardMode
@@ -20,7 +20,7 @@ class VerifyRunner(GraphRunner):
     """Buckets are token counts ``bs * draft_tokens`` (``model.bucket_sizes(TARGET_VERIFY)``);
     each must be a multiple of ``draft_tokens``, and so must every batch."""
 
-    mode: ClassVar[ForwardMode] = ForwardMode.TARGET_VERIFY
+    mode = ForwardMode.TARGET_VERIFY
 
     def __init__(
         self,
