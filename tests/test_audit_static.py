@@ -1,7 +1,7 @@
-"""The static graph audit: classification on hand-made graphs (`warpolicy.audit.graph`), the
-CUDA walk against a stand-in for ``cuda.bindings.driver`` with real ctypes argument reading
-(`warpolicy.audit.cuda_graph`), and the walk of every captured bucket
-(`warpolicy.audit.static`)."""
+"""The static graph audit: verdicts on hand-made `warpolicy.graphwalk` graphs
+(`warpolicy.audit.graph`), the graph walk it reads through (`warpolicy.graphwalk.cuda`) against a
+stand-in for ``cuda.bindings.driver`` with real ctypes argument reading, and the walk of every
+captured bucket (`warpolicy.audit.static`)."""
 
 from __future__ import annotations
 
@@ -10,49 +10,72 @@ import enum
 import sys
 import types
 
-import attrs
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warpolicy.audit import Verdict
-from warpolicy.audit.cuda_graph import walk_cuda_graph
-from warpolicy.audit.graph import (
-    BufferRange,
-    GraphNode,
-    analyze_graph,
-    ancestors,
-    buffer_ranges,
-    buffers_hit,
-    buffers_overlapping,
-    short_kernel_name,
-    tensor_range,
-    words,
-)
+from warpolicy.audit.graph import analyze_graph, planted_node
 from warpolicy.audit.report import Offender, StaticResult
 from warpolicy.audit.static import audit_static, audit_static_buckets, combine_buckets
+from warpolicy.graphwalk.analysis import buffers_touched
+from warpolicy.graphwalk.cuda import read_graph, short_kernel_name, words_of
+from warpolicy.graphwalk.model import (
+    BufferRange,
+    Graph,
+    Node,
+    NodeKind,
+    buffer_ranges,
+    tensor_range,
+)
+from warpolicy.graphwalk.plant import check_walked
 from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY
 
 SAFE, UNSAFE, INCONCLUSIVE = Verdict.SAFE, Verdict.UNSAFE, Verdict.INCONCLUSIVE
 IN, PRE, POST = IN_GRAPH, PRE_REPLAY, POST_REPLAY
 
 # ---------------------------------------------------------------------------------------------
-# Static analysis on hand-made graphs
+# Verdicts on hand-made graphs
 # ---------------------------------------------------------------------------------------------
+
+EVENT = 777  # the planted read-done event
+RANGES = (BufferRange("t", 0x10000, 0x10100), BufferRange("m", 0x20000, 0x20100))
+ADDRESS = {"t": 0x10008, "m": 0x20010}  # an address inside each shared buffer
+KINDS = {
+    "kernel": NodeKind.KERNEL,
+    "memcpy": NodeKind.MEMCPY,
+    "memset": NodeKind.MEMSET,
+    "event_record": NodeKind.EVENT_RECORD,
+    "other": NodeKind.HOST,  # opaque: the walk cannot see what it touches
+}
+
+
+def _node(i, kind, bufs=(), deps=(), *, planted=False, **kw):
+    """A model node touching ``bufs``: argument words for a kernel, byte spans for a copy."""
+    kind = KINDS[kind]
+    addresses = [ADDRESS[b] for b in bufs]
+    if kind is NodeKind.KERNEL:
+        return Node(i, kind, kw.pop("name", f"k{i}"), deps, words=addresses, **kw)
+    if kind in (NodeKind.MEMCPY, NodeKind.MEMSET):
+        return Node(i, kind, deps=deps, spans=[(a, a + 8) for a in addresses], **kw)
+    return Node(i, kind, deps=deps, event=EVENT if planted else None, **kw)
 
 
 def _chain(kinds_and_buffers, planted_at):
     """A linear graph (one capture stream): node i depends on node i - 1."""
-    nodes = []
-    for i, (kind, bufs) in enumerate(kinds_and_buffers):
-        nodes.append(GraphNode(i, kind, f"k{i}", buffers=tuple(bufs), planted=(i == planted_at)))
-    edges = [(i - 1, i) for i in range(1, len(nodes))]
-    return nodes, edges
+    return Graph(
+        _node(i, kind, bufs, (i - 1,) if i else (), planted=(i == planted_at))
+        for i, (kind, bufs) in enumerate(kinds_and_buffers)
+    )
+
+
+def _analyze(graph, policy, **kw):
+    return analyze_graph(graph, RANGES, policy, event=EVENT, **kw)
 
 
 def test_in_graph_offenders_are_the_readers_after_the_plant():
-    nodes, edges = _chain(
+    graph = _chain(
         [
             ("kernel", ["t"]),
             ("memcpy", ["t"]),
@@ -63,60 +86,107 @@ def test_in_graph_offenders_are_the_readers_after_the_plant():
         ],
         planted_at=2,
     )
-    result = analyze_graph(nodes, edges, IN)
+    result = _analyze(graph, IN)
     assert result.verdict is UNSAFE
-    assert [(o.node, o.kind, o.buffers) for o in result.offenders] == [
-        (4, "kernel", ("m",)),
-        (5, "memset", ("t",)),
+    assert [(o.node, o.kind, o.name, o.buffers) for o in result.offenders] == [
+        (4, "kernel", "k4", ("m",)),
+        (5, "memset", "memset", ("t",)),
     ]
     assert result.readers == 4 and result.nodes == 6
+    assert result.offenders[0].describe() == "k4 (node 4, kernel) touches m"
 
 
 def test_pre_replay_every_reader_offends_post_replay_none():
-    nodes, edges = _chain([("kernel", ["t"]), ("event_record", []), ("kernel", [])], 1)
-    assert [o.node for o in analyze_graph(nodes, edges, PRE).offenders] == [0]
-    assert analyze_graph(nodes, edges, POST).verdict is SAFE
+    graph = _chain([("kernel", ["t"]), ("event_record", []), ("kernel", [])], 1)
+    assert [o.node for o in _analyze(graph, PRE).offenders] == [0]
+    assert _analyze(graph, POST).verdict is SAFE
 
 
 def test_in_graph_clean_graph_is_safe():
-    nodes, edges = _chain([("kernel", ["t"]), ("event_record", []), ("kernel", [])], 1)
-    assert analyze_graph(nodes, edges, IN).verdict is SAFE
+    graph = _chain([("kernel", ["t"]), ("event_record", []), ("kernel", [])], 1)
+    assert _analyze(graph, IN).verdict is SAFE
 
 
 def test_branch_not_ordered_before_the_plant_offends():
     # 0 -> 1(plant); 0 -> 2 reads t on a parallel branch: not an ancestor of the plant
-    nodes = [
-        GraphNode(0, "kernel", "a"),
-        GraphNode(1, "event_record", planted=True),
-        GraphNode(2, "kernel", "side", buffers=("t",)),
-    ]
-    result = analyze_graph(nodes, [(0, 1), (0, 2)], IN)
+    graph = Graph(
+        [
+            _node(0, "kernel", name="a"),
+            _node(1, "event_record", deps=(0,), planted=True),
+            _node(2, "kernel", ["t"], deps=(0,), name="side"),
+        ]
+    )
+    result = _analyze(graph, IN)
     assert [o.name for o in result.offenders] == ["side"]
 
 
+def test_diamond_readers_before_the_plant_are_covered():
+    # 0 -> {1 reads t, 2 reads m} -> 3 (plant) -> 4: both branches are ancestors of the plant
+    def graph(late_reader):
+        return Graph(
+            [
+                _node(0, "kernel"),
+                _node(1, "kernel", ["t"], deps=(0,)),
+                _node(2, "memcpy", ["m"], deps=(0,)),
+                _node(3, "event_record", deps=(1, 2), planted=True),
+                _node(4, "kernel", ["t"] if late_reader else [], deps=(3,)),
+            ]
+        )
+
+    assert _analyze(graph(False), IN).verdict is SAFE
+    assert _analyze(graph(False), IN).readers == 2
+    assert [o.node for o in _analyze(graph(True), IN).offenders] == [4]
+
+
 def test_missing_plant_unreadable_post_step_and_none_are_inconclusive():
-    nodes, edges = _chain([("kernel", ["t"]), ("kernel", [])], planted_at=-1)
-    assert "not in the graph" in analyze_graph(nodes, edges, IN).reason
-    nodes, edges = _chain([("event_record", []), ("kernel", [])], 0)
-    blind = [nodes[0], attrs.evolve(nodes[1], readable=False)]
-    result = analyze_graph(blind, edges, IN)
+    graph = _chain([("kernel", ["t"]), ("kernel", [])], planted_at=-1)
+    assert "not in the graph" in _analyze(graph, IN).reason
+    blind = Graph(
+        [_node(0, "event_record", planted=True), _node(1, "kernel", deps=(0,), readable=False)]
+    )
+    result = _analyze(blind, IN)
     assert result.verdict is INCONCLUSIVE and result.unreadable == 1
-    assert "could not read the arguments" in result.reason
-    result = analyze_graph(nodes, edges, IN, post_step=True)
+    assert result.reason == (
+        "could not read the arguments of 1 node(s) after the release point (k1)"
+    )
+    graph = _chain([("event_record", []), ("kernel", [])], 0)
+    result = _analyze(graph, IN, post_step=True)
     assert result.verdict is INCONCLUSIVE and "eager work after replay" in result.reason
-    assert analyze_graph(nodes, edges, NONE).verdict is INCONCLUSIVE
+    assert _analyze(graph, NONE).verdict is INCONCLUSIVE
 
 
 def test_unreadable_before_the_plant_does_not_matter():
-    nodes, edges = _chain([("kernel", []), ("event_record", []), ("kernel", [])], 1)
-    nodes[0] = attrs.evolve(nodes[0], readable=False)
-    assert analyze_graph(nodes, edges, IN).verdict is SAFE
+    graph = Graph(
+        [
+            _node(0, "kernel", readable=False),
+            _node(1, "event_record", deps=(0,), planted=True),
+            _node(2, "kernel", deps=(1,)),
+        ]
+    )
+    assert _analyze(graph, IN).verdict is SAFE
 
 
-def test_ancestors_diamond():
-    edges = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)]
-    assert ancestors(3, edges) == {0, 1, 2}
-    assert ancestors(0, edges) == set()
+def test_the_planted_node_is_the_event_or_else_the_only_record():
+    graph = _chain([("kernel", ["t"]), ("event_record", []), ("kernel", ["t"])], planted_at=-1)
+    assert planted_node(graph, EVENT) == 1  # no node records EVENT: the only record
+    assert [o.node for o in _analyze(graph, IN).offenders] == [2]
+    two = _chain([("event_record", []), ("kernel", ["t"]), ("event_record", [])], planted_at=2)
+    assert planted_node(two, EVENT) == 2
+    assert planted_node(two, None) is None  # several records, none known: no release point
+    assert "not in the graph" in analyze_graph(two, RANGES, IN).reason
+
+
+def test_an_event_recorded_twice_is_inconclusive():
+    graph = Graph(
+        [
+            _node(0, "event_record", planted=True),
+            _node(1, "kernel", ["t"], deps=(0,)),
+            _node(2, "event_record", deps=(1,), planted=True),
+        ]
+    )
+    result = _analyze(graph, IN)
+    assert result.verdict is INCONCLUSIVE and "ambiguous" in result.reason
+    assert result.readers == 1
 
 
 @settings(max_examples=150, deadline=None)
@@ -132,33 +202,59 @@ def test_later_release_never_has_more_offenders(spec, plant):
     """On a chain, in_graph offenders are exactly the readers after the plant, and a later
     release point never offends more: pre_replay >= in_graph >= post_replay."""
     plant = min(plant, len(spec))
-    items = [(k, ["t"] if r else []) for k, r in spec]
+    items = [(k, ["t"] if r and k != "other" else []) for k, r in spec]
     items.insert(plant, ("event_record", []))
-    nodes, edges = _chain(items, plant)
-    offend = {
-        p: {o.node for o in analyze_graph(nodes, edges, p).offenders} for p in (PRE, IN, POST)
-    }
-    readers_after = {n.index for n in nodes if n.index > plant and n.buffers and n.kind != "other"}
+    graph = _chain(items, plant)
+    offend = {p: {o.node for o in _analyze(graph, p).offenders} for p in (PRE, IN, POST)}
+    readers_after = {i for i, (k, b) in enumerate(items) if i > plant and b}
     assert offend[IN] == readers_after
     assert offend[PRE] >= offend[IN] >= offend[POST] == set()
+    opaque_after = any(k == "other" for k, _ in items[plant + 1 :])
+    if not readers_after:  # no offender: an opaque node after the plant still blocks SAFE
+        assert (_analyze(graph, IN).verdict is SAFE) is not opaque_after
+
+
+def test_opaque_nodes_after_the_release_are_inconclusive_not_safe():
+    """A child graph (or conditional, host node, ...) may read shared state the walk does not
+    follow: after the release point it blocks SAFE; before it, it does not matter."""
+    graph = Graph(
+        [
+            _node(0, "kernel", ["t"]),
+            _node(1, "event_record", deps=(0,), planted=True),
+            Node(2, NodeKind.CHILD_GRAPH, deps=(1,)),
+        ]
+    )
+    result = _analyze(graph, IN)
+    assert result.verdict is INCONCLUSIVE and result.reason == (
+        "could not read the arguments of 1 node(s) after the release point "
+        "(CU_GRAPH_NODE_TYPE_GRAPH)"
+    )
+    assert _analyze(graph, POST).verdict is SAFE
 
 
 # ---------------------------------------------------------------------------------------------
-# Address matching and names
+# Address matching and names (the graph walk's, as the audit uses them)
 # ---------------------------------------------------------------------------------------------
 
 
 def test_words_little_endian_aligned():
     blob = (0x1122334455667788).to_bytes(8, "little") + (5).to_bytes(8, "little") + b"\x01\x02"
-    assert words(blob) == [0x1122334455667788, 5]
+    assert list(words_of(blob)) == [0x1122334455667788, 5]
 
 
 def test_buffers_hit_and_overlap():
     ranges = (BufferRange("a", 100, 200), BufferRange("b", 200, 260))
-    assert buffers_hit([99, 150, 260], ranges) == ("a",)
-    assert buffers_hit([199, 200], ranges) == ("a", "b")
-    assert buffers_overlapping(190, 210, ranges) == ("a", "b")
-    assert buffers_overlapping(260, 300, ranges) == ()
+
+    def kernel(*words):
+        return buffers_touched(Node(0, NodeKind.KERNEL, words=words), ranges)
+
+    def memset(start, end):
+        return buffers_touched(Node(0, NodeKind.MEMSET, spans=[(start, end)]), ranges)
+
+    assert kernel(99, 150, 260) == ("a",)
+    assert kernel(199, 200) == ("a", "b")
+    assert memset(190, 210) == ("a", "b")
+    assert memset(260, 300) == ()
 
 
 def test_tensor_range_contiguous_and_strided():
@@ -350,9 +446,9 @@ def _cuda_runner(event_handle=777):
 
 def test_walk_reads_arguments_ranges_names_and_the_planted_node(stand_in):
     shared, _ = stand_in
-
-    nodes, edges = walk_cuda_graph(4242, 777, buffer_ranges(shared))
-    assert [n.kind for n in nodes] == [
+    ranges = buffer_ranges(shared)
+    graph = read_graph(4242).graph
+    assert [n.kind.value for n in graph.nodes] == [
         "kernel",
         "event_record",
         "kernel",
@@ -361,11 +457,19 @@ def test_walk_reads_arguments_ranges_names_and_the_planted_node(stand_in):
         "kernel",
         "kernel",
     ]
-    assert [n.buffers for n in nodes] == [("table",), (), ("table",), ("other",), (), (), ()]
-    assert nodes[0].name == "indexSelectSmallIndex" and nodes[2].name == "late_gather"
-    assert [n.planted for n in nodes] == [False, True] + [False] * 5
-    assert nodes[6].readable is False  # no parameter info: not read blind
-    assert edges == [(i, i + 1) for i in range(6)]
+    assert [buffers_touched(n, ranges) for n in graph.nodes] == [
+        ("table",),
+        (),
+        ("table",),
+        ("other",),
+        (),
+        (),
+        (),
+    ]
+    assert graph.nodes[0].name == "indexSelectSmallIndex" and graph.nodes[2].name == "late_gather"
+    assert planted_node(graph, 777) == 1 and graph.nodes[1].event == 777
+    assert graph.nodes[6].readable is False and graph.nodes[6].opaque  # no parameter info
+    assert [n.deps for n in graph.nodes] == [()] + [(i,) for i in range(6)]
 
 
 def test_audit_static_end_to_end_on_the_stand_in(stand_in):
@@ -393,7 +497,9 @@ def test_audit_static_driver_error_is_inconclusive(stand_in):
     driver.cuGraphGetNodes = lambda graph, count=0: (_Result.CUDA_ERROR_INVALID_VALUE, [], 0)
     result = audit_static(_cuda_runner(), 4, shared, IN)
     assert result.verdict is INCONCLUSIVE
-    assert result.reason == "static audit unavailable: RuntimeError: CUDA_ERROR_INVALID_VALUE"
+    assert result.reason == (
+        "static audit unavailable: CudaCallError: cuGraphGetNodes failed: CUDA_ERROR_INVALID_VALUE"
+    )
 
 
 def test_audit_static_without_bindings_says_how_to_get_them(monkeypatch):
@@ -403,14 +509,24 @@ def test_audit_static_without_bindings_says_how_to_get_them(monkeypatch):
     assert "cuda-bindings is not installed" in result.reason
 
 
-def test_opaque_nodes_after_the_release_are_inconclusive_not_safe():
-    """A child graph (or conditional, host node, ...) may read shared state the walk does not
-    follow: after the release point it blocks SAFE; before it, it does not matter."""
-    nodes, edges = _chain([("kernel", ["t"]), ("event_record", []), ("other", [])], 1)
-    nodes[2] = attrs.evolve(nodes[2], name="CU_GRAPH_NODE_TYPE_GRAPH", readable=False)
-    result = analyze_graph(nodes, edges, IN)
-    assert result.verdict is INCONCLUSIVE and "CU_GRAPH_NODE_TYPE_GRAPH" in result.reason
-    assert analyze_graph(nodes, edges, POST).verdict is SAFE
+def test_audit_static_agrees_with_the_marker_self_check(stand_in):
+    """The audit reads and orders the graph exactly as the runner's marker self-check does:
+    its offenders plus its unreadable nodes are the self-check's late readers."""
+    shared, _ = stand_in
+    result = audit_static(_cuda_runner(), 4, shared, IN)
+    check = check_walked(read_graph(4242).graph, buffer_ranges(shared), 777)
+    assert {o.node for o in result.offenders} == {r.index for r in check.late if not r.opaque}
+    assert result.unreadable == sum(r.opaque for r in check.late) == 1
+
+
+def test_audit_static_names_a_late_opaque_node(stand_in):
+    shared, driver = stand_in
+    driver.nodes[103] = (_NodeType.CU_GRAPH_NODE_TYPE_EMPTY, None)  # no late readers left...
+    driver.nodes[104] = (_NodeType.CU_GRAPH_NODE_TYPE_EMPTY, None)
+    result = audit_static(_cuda_runner(), 4, shared, IN)  # ...but the opaque kernel 107
+    assert result.verdict is INCONCLUSIVE and result.reason == (
+        "could not read the arguments of 1 node(s) after the release point (opaque)"
+    )
 
 
 def test_walk_marks_child_graph_nodes_opaque_and_empty_nodes_inert(stand_in):
@@ -419,8 +535,13 @@ def test_walk_marks_child_graph_nodes_opaque_and_empty_nodes_inert(stand_in):
     driver.nodes[108] = (_NodeType.CU_GRAPH_NODE_TYPE_EMPTY, None)
     driver.nodes[109] = (_NodeType.CU_GRAPH_NODE_TYPE_GRAPH, None)
     driver.edge_list += [(107, 108), (108, 109)]
-    nodes, _ = walk_cuda_graph(4242, 777, buffer_ranges(shared))
-    assert [(n.kind, n.readable) for n in nodes[7:]] == [("other", True), ("other", False)]
+    nodes = read_graph(4242).graph.nodes
+    assert [(n.kind, n.opaque) for n in nodes[7:]] == [
+        (NodeKind.EMPTY, False),
+        (NodeKind.CHILD_GRAPH, True),
+    ]
+    result = audit_static(_cuda_runner(), 4, shared, POST)
+    assert result.verdict is SAFE and result.nodes == 9
 
 
 def test_audit_static_never_raises():

@@ -1,186 +1,94 @@
-"""The static audit's classification: which nodes of a captured graph touch shared buffers,
-and which of those the release point does not cover.
+"""The static audit's verdicts: `warpolicy.graphwalk`'s readers mapped to SAFE / UNSAFE /
+INCONCLUSIVE for one captured graph and the policy its bucket publishes.
 
-Pure Python over `GraphNode` lists and ``(from, to)`` edges, so the CPU tests exercise it on
-hand-made graphs; `warpolicy.audit.cuda_graph` builds those lists from a real ``cudaGraph_t``.
-Everything that decides "is this node a late reader" lives here (address matching in
-`buffers_hit` / `buffers_overlapping`, ordering in `ancestors`, the verdict in
-`analyze_graph`), so another graph analysis can replace it in one place.
+Reading the graph, matching addresses, opaque nodes and ordering are the graph walk's
+(`warpolicy.graphwalk.analysis`: `find_readers`, `late_readers`, `find_event_record`); this
+module only decides which node is the release point and what the late readers mean: a late
+reader seen touching a shared buffer is an `Offender` (UNSAFE), a late opaque node (host code,
+child or conditional graph, unknown type, a kernel whose arguments cannot be read) blocks SAFE
+(INCONCLUSIVE). Pure Python, so the CPU tests drive it on hand-made `Graph` models.
 """
 
 from __future__ import annotations
 
-import re
-from collections import deque
-from typing import Any, Iterable, Mapping, Optional, Sequence
-
-import attrs
+from typing import Optional, Sequence
 
 from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult
+from warpolicy.graphwalk.analysis import Reader, find_event_record, find_readers, late_readers
+from warpolicy.graphwalk.cuda import NODE_KINDS
+from warpolicy.graphwalk.errors import PlacementError
+from warpolicy.graphwalk.model import BufferRange, Graph, NodeKind
 from warpolicy.policy import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 
-#: Node kinds whose arguments are matched against the shared buffers.
-ACCESS_KINDS = ("kernel", "memcpy", "memset")
-#: Node types that touch no memory (any other non-access type after the release is opaque).
-INERT_NODE_TYPES = frozenset(
-    {
-        "CU_GRAPH_NODE_TYPE_EMPTY",
-        "CU_GRAPH_NODE_TYPE_WAIT_EVENT",
-        "CU_GRAPH_NODE_TYPE_EVENT_RECORD",
-        "CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL",
-        "CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT",
-        "CU_GRAPH_NODE_TYPE_MEM_ALLOC",
-        "CU_GRAPH_NODE_TYPE_MEM_FREE",
-    }
-)
+#: Model kinds -> the driver's node type names, for naming opaque nodes in reasons.
+_DRIVER_NAMES = {kind: name for name, kind in NODE_KINDS.items()}
 
 
-@attrs.frozen
-class BufferRange:
-    """A shared buffer's device address range ``[start, end)``."""
-
-    name: str
-    start: int
-    end: int
-
-    def contains(self, address: int) -> bool:
-        return self.start <= address < self.end
-
-    def overlaps(self, start: int, end: int) -> bool:
-        return start < self.end and self.start < end
-
-
-@attrs.frozen
-class GraphNode:
-    """One node of a captured graph, reduced to what the audit needs."""
-
-    index: int
-    kind: str  # "kernel", "memcpy", "memset", "event_record", "other"
-    name: str = ""
-    symbol: str = ""
-    buffers: tuple[str, ...] = ()  # shared buffers its arguments point into
-    readable: bool = True  # False: its arguments could not be read
-    planted: bool = False  # the planted read-done event-record node
-
-
-def tensor_range(name: str, tensor: Any) -> BufferRange:
-    """The bytes a (possibly strided) tensor spans on its device."""
-    start = int(tensor.data_ptr())
-    if tensor.numel() == 0:
-        return BufferRange(name, start, start)
-    last = sum(
-        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0
-    )
-    return BufferRange(name, start, start + (last + 1) * tensor.element_size())
-
-
-def buffer_ranges(shared: Mapping[str, Any]) -> tuple[BufferRange, ...]:
-    """Address ranges of every non-empty shared buffer, sorted by name."""
-    ranges = (tensor_range(n, t) for n, t in sorted(shared.items()))
-    return tuple(r for r in ranges if r.end > r.start)
-
-
-def words(blob: bytes) -> list[int]:
-    """Every aligned little-endian 8-byte word of ``blob`` (a kernel argument's bytes)."""
-    return [int.from_bytes(blob[i : i + 8], "little") for i in range(0, len(blob) - 7, 8)]
-
-
-def buffers_hit(addresses: Iterable[int], ranges: Sequence[BufferRange]) -> tuple[str, ...]:
-    """Names of the buffers any address points into (sorted, unique)."""
-    hit = {r.name for a in addresses for r in ranges if r.contains(a)}
-    return tuple(sorted(hit))
-
-
-def buffers_overlapping(start: int, end: int, ranges: Sequence[BufferRange]) -> tuple[str, ...]:
-    """Names of the buffers the byte range ``[start, end)`` overlaps (memcpy / memset)."""
-    return tuple(sorted({r.name for r in ranges if r.overlaps(start, end)}))
-
-
-_ANON = "(anonymous namespace)"
-
-
-def short_kernel_name(symbol: str) -> str:
-    """``void at::native::(anonymous namespace)::indexSelectSmallIndex<float, ...>(...)`` ->
-    ``indexSelectSmallIndex``; mangled names keep their longest identifier-looking part."""
-    text = symbol.strip()
-    if not text:
-        return "?"
-    if text.startswith("_Z"):  # still mangled: pick the longest source name in it
-        parts = _mangled_identifiers(text)
-        return max(parts, key=len) if parts else text
-    text = text.replace(_ANON, "anon")
-    if text.startswith("void "):
-        text = text[len("void ") :]
-    cut = min((i for i in (text.find("<"), text.find("(")) if i >= 0), default=len(text))
-    return text[:cut].split("::")[-1] or symbol
-
-
-def _mangled_identifiers(text: str) -> list[str]:
-    """The length-prefixed identifiers of an Itanium-mangled name (``6native`` -> native)."""
-    parts = []
-    for match in re.finditer(r"(\d+)", text):
-        n = int(match.group(1))
-        ident = text[match.end() : match.end() + n]
-        if n and len(ident) == n and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
-            parts.append(ident)
-    return parts
-
-
-def ancestors(target: int, edges: Iterable[tuple[int, int]]) -> set[int]:
-    """Every node with a dependency path to ``target`` (``edges`` are ``(from, to)``)."""
-    parents: dict[int, list[int]] = {}
-    for src, dst in edges:
-        parents.setdefault(dst, []).append(src)
-    seen: set[int] = set()
-    todo = deque(parents.get(target, ()))
-    while todo:
-        node = todo.popleft()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(parents.get(node, ()))
-    return seen
+def planted_node(graph: Graph, event: Optional[int]) -> Optional[int]:
+    """The event-record node recording ``event``; failing that, the graph's only event-record
+    node (a graph with several is reported without one). Raises `PlacementError` when several
+    nodes record ``event`` itself (the release point would be ambiguous)."""
+    if event:
+        found = find_event_record(graph, event)
+        if found is not None:
+            return found
+    records = [n.index for n in graph.nodes if n.kind is NodeKind.EVENT_RECORD]
+    return records[0] if len(records) == 1 else None
 
 
 def analyze_graph(
-    nodes: Sequence[GraphNode],
-    edges: Iterable[tuple[int, int]],
+    graph: Graph,
+    ranges: Sequence[BufferRange],
     policy: WarReadDonePolicy,
     *,
+    event: Optional[int] = None,
     post_step: bool = False,
 ) -> StaticResult:
     """Which shared-buffer readers does ``policy``'s release point not cover?
 
     ``PRE_REPLAY`` releases before the graph: every reader in it is late. ``IN_GRAPH``
-    releases at the planted node: readers that are not its ancestors are late.
-    ``POST_REPLAY`` releases after the whole graph: none is. ``post_step`` says the step runs
-    eager work after replay, which a graph walk cannot see.
+    releases at the node recording ``event`` (`planted_node`): readers that are not its
+    ancestors are late. ``POST_REPLAY`` releases after the whole graph: none is. ``post_step``
+    says the step runs eager work after replay, which a graph walk cannot see.
     """
+    total = len(graph)
     if policy == NONE:
         return StaticResult(
             INCONCLUSIVE,
-            nodes=len(nodes),
+            nodes=total,
             reason="policy none: nothing is published (coarse barrier); nothing to audit",
         )
-    readers = [n for n in nodes if n.kind in ACCESS_KINDS and n.buffers]
-    late_pool = _late_nodes(nodes, edges, policy)
-    if late_pool is None:
-        return StaticResult(
-            INCONCLUSIVE,
-            nodes=len(nodes),
-            readers=len(readers),
-            reason="the planted read-done event-record node is not in the graph",
-        )
+    readers = find_readers(graph, ranges)
+    seen = sum(1 for r in readers if not r.opaque)
+    late: tuple[Reader, ...]
+    if policy == PRE_REPLAY:
+        late = readers  # event-record nodes are never readers: the plant is not among them
+    elif policy == POST_REPLAY:
+        late = ()
+    else:
+        try:
+            planted = planted_node(graph, event)
+        except PlacementError as exc:
+            return StaticResult(INCONCLUSIVE, nodes=total, readers=seen, reason=str(exc))
+        if planted is None:
+            return StaticResult(
+                INCONCLUSIVE,
+                nodes=total,
+                readers=seen,
+                reason="the planted read-done event-record node is not in the graph",
+            )
+        late = late_readers(graph, ranges, planted, readers=readers)
     offenders = tuple(
-        Offender(n.index, n.kind, n.name or n.kind, n.buffers, n.symbol)
-        for n in readers
-        if n.index in late_pool
+        Offender(r.index, r.kind.value, r.name, r.buffers, graph.nodes[r.index].symbol)
+        for r in late
+        if not r.opaque
     )
-    blind = [n for n in nodes if not n.readable and n.index in late_pool]
-    total, seen, unread = len(nodes), len(readers), len(blind)
+    blind = [r for r in late if r.opaque]
+    unread = len(blind)
     if offenders:
         return StaticResult(UNSAFE, offenders, nodes=total, readers=seen, unreadable=unread)
     if blind:
-        names = ", ".join(sorted({n.name or "?" for n in blind})[:5])
+        names = ", ".join(sorted({_opaque_name(graph, r) for r in blind})[:5])
         return StaticResult(
             INCONCLUSIVE,
             reason=f"could not read the arguments of {len(blind)} "
@@ -202,17 +110,12 @@ def analyze_graph(
     return StaticResult(SAFE, nodes=total, readers=seen, unreadable=unread)
 
 
-def _late_nodes(
-    nodes: Sequence[GraphNode], edges: Iterable[tuple[int, int]], policy: WarReadDonePolicy
-) -> Optional[set[int]]:
-    """Indices of nodes not ordered before the release point (None: no planted node)."""
-    everything = {n.index for n in nodes if not n.planted}
-    if policy == PRE_REPLAY:
-        return everything
-    if policy == POST_REPLAY:
-        return set()
-    planted = [n.index for n in nodes if n.planted]
-    if not planted:
-        return None
-    before = ancestors(planted[0], list(edges))
-    return everything - before
+def _opaque_name(graph: Graph, reader: Reader) -> str:
+    """A kernel's short name ("?" when unknown), else the driver's node type name
+    (``CU_GRAPH_NODE_TYPE_GRAPH``), as the audit has always named opaque nodes."""
+    node = graph.nodes[reader.index]
+    if node.name:
+        return node.name
+    if node.kind is NodeKind.KERNEL:
+        return "?"
+    return _DRIVER_NAMES.get(node.kind, node.kind.label)

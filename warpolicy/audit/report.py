@@ -120,7 +120,7 @@ class Offender:
     kind: str  # "kernel", "memcpy" or "memset"
     name: str  # short kernel name (demangled when possible), or the node kind
     buffers: tuple[str, ...]  # the shared buffers its arguments point into
-    symbol: str = ""  # the full (mangled) symbol, when known
+    symbol: str = ""  # the full (demangled when possible) symbol, when known
     bucket: Optional[int] = None  # the captured bucket whose graph holds the node
 
     def describe(self) -> str:

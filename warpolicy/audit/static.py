@@ -2,9 +2,10 @@
 readers that are not ordered before its release point.
 
 `audit_static_buckets` walks each captured bucket with the policy that bucket publishes and
-combines the results (UNSAFE if any bucket has a late reader, naming the bucket); the walk of
-one graph is `warpolicy.audit.cuda_graph`, its classification `warpolicy.audit.graph`. Any
-failure here is an INCONCLUSIVE result with the reason, never an exception.
+combines the results (UNSAFE if any bucket has a late reader, naming the bucket). Each graph is
+found by `warpolicy.audit.cuda_graph`, read by `warpolicy.graphwalk.cuda.read_graph` (the walk
+the marker self-check uses) and judged by `warpolicy.audit.graph`. Any failure here is an
+INCONCLUSIVE result with the reason, never an exception.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from warpolicy.audit.cuda_graph import graph_for, walk_cuda_graph
-from warpolicy.audit.graph import analyze_graph, buffer_ranges
+from warpolicy.audit.cuda_graph import graph_for
+from warpolicy.audit.graph import analyze_graph
 from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult, Verdict
+from warpolicy.graphwalk.cuda import read_graph
+from warpolicy.graphwalk.model import Graph, buffer_ranges
 from warpolicy.policy import NONE, WarReadDonePolicy
 
 
@@ -103,7 +106,7 @@ def _audit_static(
     post_step: bool,
 ) -> StaticResult:
     if policy is None or policy == NONE:
-        return analyze_graph((), (), NONE)
+        return analyze_graph(Graph(()), (), NONE)
     if bucket is None:
         return unavailable("the step ran eagerly, there is no captured graph")
     platform = getattr(runner.platform, "name", "?")
@@ -114,6 +117,6 @@ def _audit_static(
     except ImportError as exc:
         return unavailable(f"cuda-bindings is not installed ({exc}); pip install cuda-bindings")
     ranges = buffer_ranges(shared)
-    with graph_for(runner, bucket) as (raw, event_handle):
-        nodes, edges = walk_cuda_graph(raw, event_handle, ranges)
-    return analyze_graph(nodes, edges, policy, post_step=post_step)
+    with graph_for(runner, bucket) as (raw, event):
+        walked = read_graph(raw)
+    return analyze_graph(walked.graph, ranges, policy, event=event, post_step=post_step)
