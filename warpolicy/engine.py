@@ -161,8 +161,14 @@ class GateCheck:
 
     gate: Gate
     matched: bool
-    why: str  # the first condition that failed, or what held
+    # The first condition that failed, or what held. Built only when read: a table or a diff
+    # evaluates hundreds of thousands of gate checks and renders none of them.
+    describe: Callable[[], str]
     raised: bool = False  # matched and later than the declared read end (and any child)
+
+    @property
+    def why(self) -> str:
+        return self.describe()
 
 
 @attrs.frozen
@@ -307,6 +313,7 @@ class PolicyEngine:
         self._environ: Mapping[str, str] = dict(env)
         self._flag_values = _resolve_flags(registry, env)
         self._global_gates = tuple(registry.gates)
+        self._lineages: dict[str, tuple[Backend, ...]] = {}  # per backend, filled on first use
         self._layers = tuple(layers or ())
         self._layer_engines: Optional[list[tuple[str, Optional[PolicyEngine]]]] = None
         self._warned: set[str] = set()
@@ -460,16 +467,19 @@ class PolicyEngine:
         found: dict[tuple[str, ForwardMode, str], Decision] = {}
         for m in mode_list:
             for s in spec_names:
-                evaluation = self._evaluation(Context("", m, s, flags or {}, **facts))  # type: ignore[arg-type]
+                evaluation = self._evaluation(  # decisions only: no per-gate checks kept
+                    Context("", m, s, flags or {}, **facts),  # type: ignore[arg-type]
+                    record_checks=False,
+                )
                 for b in backend_names:
                     found[(b, m, s)] = evaluation.explain(b).decision
         return [found[(b, m, s)] for b in backend_names for m in mode_list for s in spec_names]
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def _evaluation(self, ctx: Context) -> _Evaluation:
+    def _evaluation(self, ctx: Context, *, record_checks: bool = True) -> _Evaluation:
         flags = self.flag_values(ctx.flags)
-        return _Evaluation(self, ctx, self.spec(ctx.spec), flags)
+        return _Evaluation(self, ctx, self.spec(ctx.spec), flags, record_checks=record_checks)
 
     def _compiled_table(
         self,
@@ -613,9 +623,19 @@ class _Evaluation:
     """One (mode, spec, flags, platform facts) evaluated over any backends, each visited once."""
 
     def __init__(
-        self, engine: PolicyEngine, ctx: Context, spec: SpecAlgorithm, flags: tuple[FlagValue, ...]
+        self,
+        engine: PolicyEngine,
+        ctx: Context,
+        spec: SpecAlgorithm,
+        flags: tuple[FlagValue, ...],
+        *,
+        record_checks: bool = True,
     ) -> None:
+        # record_checks=False (tables, diffs): the same decisions and reasons, but gates that
+        # cannot raise the decision are skipped and no per-gate check is kept
+        self.record_checks = record_checks
         self.registry = engine.registry
+        self.lineages = engine._lineages  # the registry is immutable: one lineage per backend
         self.global_gates = engine._global_gates
         self.ctx = ctx
         self.spec = spec
@@ -650,6 +670,9 @@ class _Evaluation:
 
     def _lineage(self, name: str) -> tuple[Backend, ...]:
         """``name`` and every backend it inherits from, nearest first."""
+        cached = self.lineages.get(name)
+        if cached is not None:
+            return cached
         chain: list[Backend] = []
         seen: set[str] = set()
         current: Optional[str] = name
@@ -660,7 +683,8 @@ class _Evaluation:
             backend = self.registry.backend(current)  # raises UnknownNameError
             chain.append(backend)
             current = backend.inherits
-        return tuple(chain)
+        lineage = self.lineages[name] = tuple(chain)
+        return lineage
 
     def _children(self, lineage: Sequence[Backend]) -> list[tuple[str, str]]:
         """``(child, how)`` for every backend this one runs in the mode, inherited ones included."""
@@ -690,11 +714,14 @@ class _Evaluation:
         checks = []
         scoped = tuple(g for b in lineage for g in b.gates)
         for gate in self.global_gates + scoped:
+            if not self.record_checks and gate.at_least <= record.floor:
+                continue  # cannot move the decision; only an explanation lists it
             matched, why = _gate_matches(
                 gate.when, ctx, self.spec, self.flag_map, record.policy, names
             )
             raised = matched and gate.at_least > record.floor
-            checks.append(GateCheck(gate, matched, why, raised))
+            if self.record_checks:
+                checks.append(GateCheck(gate, matched, why, raised))
             if raised:
                 policy = max(policy, gate.at_least)
                 if gate.id not in seen:
@@ -925,32 +952,50 @@ def _gate_matches(
     flags: Mapping[str, bool],
     declared: WarReadDonePolicy,
     lineage: frozenset[str],
-) -> tuple[bool, str]:
-    """Whether every condition of ``when`` holds; ``why`` names the first that does not."""
+) -> tuple[bool, Callable[[], str]]:
+    """Whether every condition of ``when`` holds, and a callable naming the first that does not
+    (called only when an explanation is rendered)."""
     if when.mode is not None and ctx.mode not in when.mode:
-        return False, f"mode is {ctx.mode.label}, not {_names(when.mode)}"
+        return False, lambda: f"mode is {ctx.mode.label}, not {_names(when.mode)}"
     if when.backend is not None and not (lineage & when.backend):
-        return False, f"backend is {ctx.backend}, not {_names(when.backend)}"
+        return False, lambda: f"backend is {ctx.backend}, not {_names(when.backend)}"
     if when.spec is not None and ctx.spec not in when.spec:
-        return False, f"spec is {ctx.spec}, not {_names(when.spec)}"
+        return False, lambda: f"spec is {ctx.spec}, not {_names(when.spec)}"
     if when.spec_family is not None and spec.family not in when.spec_family:
-        return False, f"spec family is {spec.family}, not {_names(when.spec_family)}"
+        return False, lambda: f"spec family is {spec.family}, not {_names(when.spec_family)}"
     if when.spec_has is not None and not any(spec.has(c) for c in when.spec_has):
-        return False, f"{ctx.spec} has none of {_names(when.spec_has)}"
+        return False, lambda: f"{ctx.spec} has none of {_names(when.spec_has)}"
     if when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks):
-        return False, f"{ctx.spec} has {_names(when.spec_lacks)}"
+        return False, lambda: f"{ctx.spec} has {_names(when.spec_lacks)}"
     for name, want in when.flags.items():
         if flags.get(name) != want:
-            return False, f"flag {name} is {str(flags.get(name)).lower()}, not {str(want).lower()}"
+            have = flags.get(name)
+            return (
+                False,
+                lambda n=name, h=have, w=want: (
+                    f"flag {n} is {str(h).lower()}, not {str(w).lower()}"
+                ),
+            )
     if when.declared is not None and declared not in when.declared:
-        return False, f"declared is {declared.label}, not {_names(when.declared)}"
+        return False, lambda: f"declared is {declared.label}, not {_names(when.declared)}"
     if when.platform is not None and ctx.platform not in when.platform:
-        return False, f"platform is {ctx.platform}, not {_names(when.platform)}"
+        return False, lambda: f"platform is {ctx.platform}, not {_names(when.platform)}"
     for fact in ("eager", "planted", "external_events"):
         want = getattr(when, fact)
         if want is not None and getattr(ctx, fact) != want:
-            return False, f"{fact} is {str(getattr(ctx, fact)).lower()}, not {str(want).lower()}"
-    return True, "all conditions hold"
+            have = getattr(ctx, fact)
+            return (
+                False,
+                lambda f=fact, h=have, w=want: f"{f} is {str(h).lower()}, not {str(w).lower()}",
+            )
+    return True, _ALL_HOLD
+
+
+def _all_hold() -> str:
+    return "all conditions hold"
+
+
+_ALL_HOLD = _all_hold
 
 
 def _names(values: Iterable[object]) -> str:
