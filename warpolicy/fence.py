@@ -47,6 +47,7 @@ PROFILE_ENV = "WARPOLICY_PROFILE_RANGES"
 _RANGES = 1  # profiler ranges are on
 _PLANT_FAILED = 2  # a re-run of the captured body failed to plant in this step: demote
 _FAILED = 4  # before_replay failed: publish nothing this step
+_CLOSED = 8  # no step is open (none begun, or this one already published)
 
 
 class ReadDone(NamedTuple):
@@ -152,14 +153,14 @@ class ReadDoneFence:
         self._ring: list[EventHandle] = []
         self._next = 0
         self._step = 0
-        self._open = False  # a step has begun (before_replay) and not yet published
         # the PRE_REPLAY event recorded in before_replay, with its step: a publish uses it only
         # in that same step, so the IN_GRAPH hot path never has to clear it
         self._pending: Optional[tuple[int, EventHandle]] = None
         self._ranges = _profile_ranges(profile_ranges)
         # What stands between this step and the fast path, as bits: 0 = none (the common case)
         self._trouble_init = _RANGES if self._ranges else 0  # the per-step reset, precomputed
-        self._trouble = self._trouble_init
+        # per-step state bits; _CLOSED clear while a step is open (one field on the hot path)
+        self._trouble = self._trouble_init | _CLOSED
         self._mailbox: Optional[ReadDone] = None
         self._published: WarReadDonePolicy = NONE
         self._notifier = _Notifier(platform, f"fence {name!r}")
@@ -228,7 +229,7 @@ class ReadDoneFence:
         event = self._event
         if event is None:
             return None
-        in_step = self._open
+        in_step = not self._trouble & _CLOSED
         try:
             capturing = self.platform.is_capturing()
             if capturing is not True:
@@ -252,7 +253,6 @@ class ReadDoneFence:
         """Begin a step. ``PRE_REPLAY`` records a ring event on ``stream`` (None = the current,
         forward, stream) now, before the replay is enqueued."""
         self._step += 1
-        self._open = True
         self._mailbox = None  # an untaken earlier publish is stale from now on
         self._trouble = self._trouble_init
         if policy == PRE_REPLAY:
@@ -280,9 +280,9 @@ class ReadDoneFence:
         on ``stream`` now; ``PRE_REPLAY`` hands out the event recorded in `before_replay`;
         ``NONE`` publishes nothing.
         """
-        if self._open and not self._trouble and policy is IN_GRAPH and planted is not None:
+        if not self._trouble and policy is IN_GRAPH and planted is not None:
             # the common case, kept to plain attribute work
-            self._open = False
+            self._trouble = _CLOSED
             self._mailbox = _new_read_done(ReadDone, (self._step, planted, IN_GRAPH, self.name))
             self._published = IN_GRAPH
             if self._observers.on_publish:
@@ -296,9 +296,9 @@ class ReadDoneFence:
         planted: Optional[EventHandle],
         stream: Optional[StreamHandle],
     ) -> None:
-        if not self._open:
+        if self._trouble & _CLOSED:
             self.before_replay(NONE)  # a step must have a number even without before_replay
-        self._open = False
+        self._trouble |= _CLOSED
         event: Optional[EventHandle] = None
         if not self._trouble & _FAILED and policy != NONE:
             try:
