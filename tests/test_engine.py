@@ -406,7 +406,7 @@ def test_inheriting_from_a_composite_is_refused():
 def test_long_chains_and_shared_dags_visit_each_backend_once(monkeypatch):
     """4,000 nested composites (deeper than Python's recursion limit) and a wide diamond DAG
     whose naive expansion has 2**30 paths: one visit per backend."""
-    from warpolicy import engine as engine_mod
+    from warpolicy import evaluation as evaluation_mod
 
     chain = [Backend("c0", {M.DECODE: P.IN_GRAPH})]
     chain += [Backend(f"c{i}", latest_of=(f"c{i - 1}",)) for i in range(1, 4000)]
@@ -420,9 +420,9 @@ def test_long_chains_and_shared_dags_visit_each_backend_once(monkeypatch):
         ]
     engine = PolicyEngine(make_registry(chain + diamond), environ={})
     visits = []
-    original = engine_mod._Evaluation._explain_node
+    original = evaluation_mod.Evaluation._explain_node
     monkeypatch.setattr(
-        engine_mod._Evaluation,
+        evaluation_mod.Evaluation,
         "_explain_node",
         lambda self, name: visits.append(name) or original(self, name),
     )

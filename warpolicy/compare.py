@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from warpolicy.engine import FORCE_COARSE, PolicyEngine, layer_label
+from warpolicy.decision import FORCE_COARSE
+from warpolicy.engine import PolicyEngine, layer_label
 from warpolicy.policy import ForwardMode, WarReadDonePolicy
 from warpolicy.registry import Gate, Registry
 

@@ -24,6 +24,10 @@ The gather moves bytes in uint8 tensors rather than through ``all_gather_object`
 unpickles what peers send and needs numpy on torch's CPU wheels. With NCCL the tensors live on
 the rank's GPU (``device``, else the group's bound device, else the current CUDA device);
 with gloo on the CPU.
+
+Over 400 lines: fingerprinting, the collective exchange (gloo and NCCL), the comparison that
+names the first differing cell, and the coarse fallback must agree on every rank, so they
+live together.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ Three ways in, one evaluator:
 The per-step hot path is `CompiledPolicy.per_step` (or `CompiledPolicy.lookup` when the runner's
 facts vary): a runner resolves backend, spec algorithm, flags and platform once with
 `PolicyEngine.compile`, and each step is a dict or tuple index.
+
+Over 400 lines: `PolicyEngine` (load, flags, decide/explain/table/compile, the layer
+report, placement) is one public class; its records live in `warpolicy.decision` and the
+evaluation in `warpolicy.evaluation`.
 """
 
 from __future__ import annotations
@@ -37,19 +41,34 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Sequenc
 
 import attrs
 
+from warpolicy.decision import (  # noqa: F401 - the records are re-exported
+    BUILT_IN,
+    DECLARED_ID,
+    FORCE_COARSE,
+    FORCE_COARSE_ID,
+    IMPLICIT_SPEC,
+    SOUND_DEMOTION_ID,
+    Context,
+    Decision,
+    Declaration,
+    Declared,
+    Explanation,
+    FlagValue,
+    GateCheck,
+    Reason,
+)
 from warpolicy.errors import InputError
+from warpolicy.evaluation import Evaluation
 from warpolicy.inputs import parse_bool
 from warpolicy.loader import Blame, Fragment, assemble_registry
 from warpolicy.policy import (
-    IN_GRAPH,
     NONE,
-    POST_REPLAY,
     TABLE_MODES,
     ForwardMode,
     Placement,
     WarReadDonePolicy,
 )
-from warpolicy.registry import Backend, Conditions, Flag, Gate, Origin, Registry, SpecAlgorithm
+from warpolicy.registry import Backend, Flag, Registry, SpecAlgorithm
 
 if TYPE_CHECKING:
     from warpolicy.loader import Source
@@ -66,231 +85,6 @@ __all__ = [
     "Reason",
     "parse_bool",
 ]
-
-BUILT_IN = "built-in (warpolicy.engine)"
-
-#: Used when a registry declares no ``none`` algorithm: no capabilities, so gates stay coarse.
-IMPLICIT_SPEC = SpecAlgorithm(
-    "none",
-    doc="implicit: no speculative decoding, no capabilities declared",
-    origin=Origin(BUILT_IN),
-)
-
-#: Reason ids of the built-ins and of the declaration.
-SOUND_DEMOTION_ID = "sound-demotion"
-FORCE_COARSE_ID = "force-coarse"
-DECLARED_ID = "declared"
-
-#: The operator's kill switch. Built in: it works with any registry, and a registry or plugin can
-#: add environment names to it (by declaring the flag) but never remove these.
-FORCE_COARSE = Flag(
-    "force_coarse",
-    False,
-    ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER"),
-    doc="Always use the coarse barrier; built into the engine.",
-    origin=Origin(BUILT_IN),
-)
-
-
-def _mode(value: Union[str, ForwardMode]) -> ForwardMode:
-    return ForwardMode.parse(value)
-
-
-def _flag_dict(flags: Optional[Mapping[str, Union[bool, str]]]) -> dict[str, Union[bool, str]]:
-    return dict(flags or {})
-
-
-@attrs.frozen
-class Context:
-    """Everything a decision depends on besides the registry.
-
-    ``flags`` holds overrides only; the engine fills the rest from declared defaults and the
-    environment. Platform facts default to the fast path: CUDA with external events, a captured
-    graph with the node planted.
-    """
-
-    backend: str
-    mode: ForwardMode = attrs.field(converter=_mode)
-    spec: str = "none"
-    flags: Mapping[str, Union[bool, str]] = attrs.field(factory=dict, converter=_flag_dict)
-    platform: str = "cuda"
-    external_events: bool = True
-    eager: bool = False
-    planted: bool = True
-
-
-@attrs.frozen
-class Reason:
-    """One input that moved a decision (or, in an explanation, one that was considered)."""
-
-    id: str
-    message: str
-    policy: WarReadDonePolicy
-    origin: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.id,
-            "message": self.message,
-            "policy": self.policy.label,
-            "origin": self.origin,
-        }
-
-
-@attrs.frozen
-class Decision:
-    """A policy and the reasons that moved it (the declared read end always comes first)."""
-
-    policy: WarReadDonePolicy
-    context: Context
-    reasons: tuple[Reason, ...] = ()
-
-    def to_json(self) -> dict:
-        return {
-            "policy": self.policy.label,
-            "backend": self.context.backend,
-            "mode": self.context.mode.label,
-            "spec": self.context.spec,
-            "reasons": [r.to_json() for r in self.reasons],
-        }
-
-
-@attrs.frozen
-class GateCheck:
-    """How one gate fared against a context, for explanations."""
-
-    gate: Gate
-    matched: bool
-    # The first condition that failed, or what held. Built only when read: a table or a diff
-    # evaluates hundreds of thousands of gate checks and renders none of them.
-    describe: Callable[[], str]
-    raised: bool = False  # matched and later than the declared read end (and any child)
-
-    @property
-    def why(self) -> str:
-        return self.describe()
-
-
-@attrs.frozen
-class FlagValue:
-    name: str
-    value: bool
-    source: str  # "default", "env VAR", "override", "built-in ..."
-
-
-@attrs.frozen
-class Declaration:
-    """One ``reads_end`` entry that took part in a decision."""
-
-    backend: str  # the backend whose reads_end holds it
-    policy: WarReadDonePolicy
-    origin: str
-    via: str  # how the evaluated backend reaches it: "own" or "inherited from NAME"
-
-
-@attrs.frozen
-class Declared:
-    """What a backend declares for one mode, with everything that went into it.
-
-    ``policy`` is the declaration alone (what a gate's ``declared:`` tests; no gate changes it).
-    ``floor`` is where the decision starts: ``policy`` and the full decisions of the children the
-    backend runs, so a wrapper is never earlier than a child.
-    """
-
-    policy: WarReadDonePolicy
-    floor: WarReadDonePolicy
-    origin: Optional[str]
-    chain: tuple[str, ...]
-    declarations: tuple[Declaration, ...]
-    children: tuple[Explanation, ...]
-
-
-@attrs.frozen
-class Explanation:
-    """Every input the engine considered, for `warpolicy explain`.
-
-    ``children`` are the explanations of the backends this one runs (composite children and the
-    per-mode delegate); in a shared DAG the same child object appears under several parents.
-    """
-
-    decision: Decision
-    flags: tuple[FlagValue, ...]
-    spec: SpecAlgorithm
-    declared: WarReadDonePolicy
-    chain: tuple[str, ...]  # how the declared read end was found
-    gates: tuple[GateCheck, ...]
-    children: tuple[Explanation, ...] = ()
-    demotion: Optional[Reason] = None
-    declarations: tuple[Declaration, ...] = ()
-    force_coarse: Optional[Reason] = None
-    placement: Placement = Placement.MARKER  # where a runner puts the node (top level only)
-
-    @property
-    def backend(self) -> str:
-        return self.decision.context.backend
-
-    @property
-    def placement_text(self) -> str:
-        """One line saying where the read-done node goes and, for derived, what that means."""
-        if self.placement is Placement.DERIVED:
-            return (
-                "derived (the node is planted after the last shared reader found in the "
-                "captured graph; see docs/derived-placement.md for what the walk cannot see)"
-            )
-        return "marker (the runner records the event right after graph_prep)"
-
-    def to_json(self) -> dict:
-        """A JSON-ready dict; a child seen earlier in the walk is ``{"backend", "see_above"}``."""
-        out = self._json(set())
-        out["placement"] = self.placement.value  # the runner's placement for this cell
-        return out
-
-    def _json(self, seen: set[str]) -> dict:
-        seen.add(self.backend)
-        out = self.decision.to_json()
-        ctx = self.decision.context
-        out.update(
-            {
-                "declared": self.declared.label,
-                "chain": list(self.chain),
-                "declarations": [
-                    {
-                        "backend": d.backend,
-                        "policy": d.policy.label,
-                        "origin": d.origin,
-                        "via": d.via,
-                    }
-                    for d in self.declarations
-                ],
-                "flags": {f.name: {"value": f.value, "source": f.source} for f in self.flags},
-                "spec_family": self.spec.family,
-                "spec_capabilities": dict(self.spec.capabilities),
-                "platform": {
-                    "name": ctx.platform,
-                    "external_events": ctx.external_events,
-                    "eager": ctx.eager,
-                    "planted": ctx.planted,
-                },
-                "gates": [
-                    {
-                        "id": c.gate.id,
-                        "matched": c.matched,
-                        "raised": c.raised,
-                        "at_least": c.gate.at_least.label,
-                        "why": c.why,
-                        "origin": str(c.gate.origin),
-                    }
-                    for c in self.gates
-                ],
-                "children": [
-                    {"backend": c.backend, "see_above": True}
-                    if c.backend in seen
-                    else c._json(seen)
-                    for c in self.children
-                ],
-            }
-        )
-        return out
 
 
 class PolicyEngine:
@@ -477,9 +271,9 @@ class PolicyEngine:
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def _evaluation(self, ctx: Context, *, record_checks: bool = True) -> _Evaluation:
+    def _evaluation(self, ctx: Context, *, record_checks: bool = True) -> Evaluation:
         flags = self.flag_values(ctx.flags)
-        return _Evaluation(self, ctx, self.spec(ctx.spec), flags, record_checks=record_checks)
+        return Evaluation(self, ctx, self.spec(ctx.spec), flags, record_checks=record_checks)
 
     def _compiled_table(
         self,
@@ -619,191 +413,6 @@ class PolicyEngine:
         warnings.warn(f"warpolicy: {key}; using the coarse barrier", RuntimeWarning, stacklevel=3)
 
 
-class _Evaluation:
-    """One (mode, spec, flags, platform facts) evaluated over any backends, each visited once."""
-
-    def __init__(
-        self,
-        engine: PolicyEngine,
-        ctx: Context,
-        spec: SpecAlgorithm,
-        flags: tuple[FlagValue, ...],
-        *,
-        record_checks: bool = True,
-    ) -> None:
-        # record_checks=False (tables, diffs): the same decisions and reasons, but gates that
-        # cannot raise the decision are skipped and no per-gate check is kept
-        self.record_checks = record_checks
-        self.registry = engine.registry
-        self.lineages = engine._lineages  # the registry is immutable: one lineage per backend
-        self.global_gates = engine._global_gates
-        self.ctx = ctx
-        self.spec = spec
-        self.flags = flags
-        self.flag_map = {f.name: f.value for f in flags}
-        self.memo: dict[str, Explanation] = {}
-
-    def explain(self, name: str) -> Explanation:
-        """The explanation of ``name``; children first, iteratively (no recursion limit)."""
-        if name in self.memo:
-            return self.memo[name]
-        stack: list[tuple[str, bool]] = [(name, False)]
-        open_nodes: set[str] = set()
-        while stack:
-            node, children_done = stack.pop()
-            if node in self.memo:
-                continue
-            if children_done:
-                open_nodes.discard(node)
-                self.memo[node] = self._explain_node(node)
-                continue
-            if node in open_nodes:  # the loader rejects cycles; never loop at runtime
-                raise InputError(f"cycle through backend {node!r}")
-            open_nodes.add(node)
-            stack.append((node, True))
-            for child, _via in self._children(self._lineage(node)):
-                if child not in self.memo:
-                    if child in open_nodes:
-                        raise InputError(f"cycle through backend {child!r}")
-                    stack.append((child, False))
-        return self.memo[name]
-
-    def _lineage(self, name: str) -> tuple[Backend, ...]:
-        """``name`` and every backend it inherits from, nearest first."""
-        cached = self.lineages.get(name)
-        if cached is not None:
-            return cached
-        chain: list[Backend] = []
-        seen: set[str] = set()
-        current: Optional[str] = name
-        while current is not None:
-            if current in seen:
-                raise InputError(f"inheritance cycle through backend {current!r}")
-            seen.add(current)
-            backend = self.registry.backend(current)  # raises UnknownNameError
-            chain.append(backend)
-            current = backend.inherits
-        lineage = self.lineages[name] = tuple(chain)
-        return lineage
-
-    def _children(self, lineage: Sequence[Backend]) -> list[tuple[str, str]]:
-        """``(child, how)`` for every backend this one runs in the mode, inherited ones included."""
-        mode = self.ctx.mode
-        out: dict[str, str] = {}
-        for entry in lineage:
-            for child in entry.latest_of:
-                out.setdefault(child, f"latest_of of {entry.name}")
-            delegate = entry.per_mode.get(mode)
-            if delegate is not None:
-                out.setdefault(delegate, f"per_mode {mode.label} of {entry.name}")
-        return list(out.items())
-
-    def _explain_node(self, name: str) -> Explanation:
-        lineage = self._lineage(name)
-        record = self._declared(lineage)
-        ctx = attrs.evolve(self.ctx, backend=name)
-        policy = record.floor
-        reasons = [Reason(DECLARED_ID, record.chain[-1], record.floor, record.origin)]
-        seen = {DECLARED_ID}
-        for child in record.children:  # what moved a child past the declaration moved this too
-            for reason in child.decision.reasons:
-                if reason.id not in seen and reason.policy > record.policy:
-                    seen.add(reason.id)
-                    reasons.append(reason)
-        names = frozenset(b.name for b in lineage)
-        checks = []
-        scoped = tuple(g for b in lineage for g in b.gates)
-        for gate in self.global_gates + scoped:
-            if not self.record_checks and gate.at_least <= record.floor:
-                continue  # cannot move the decision; only an explanation lists it
-            matched, why = _gate_matches(
-                gate.when, ctx, self.spec, self.flag_map, record.policy, names
-            )
-            raised = matched and gate.at_least > record.floor
-            if self.record_checks:
-                checks.append(GateCheck(gate, matched, why, raised))
-            if raised:
-                policy = max(policy, gate.at_least)
-                if gate.id not in seen:
-                    seen.add(gate.id)
-                    reasons.append(Reason(gate.id, gate.because, gate.at_least, str(gate.origin)))
-        forced = self._force_coarse()
-        if forced is not None and policy < NONE:
-            policy = NONE
-            if FORCE_COARSE_ID not in seen:
-                seen.add(FORCE_COARSE_ID)
-                reasons.append(forced)
-        demotion = _sound_demotion(policy, ctx)
-        if demotion is not None:
-            policy = max(policy, demotion.policy)
-            reasons.append(demotion)
-        decision = Decision(policy, ctx, tuple(reasons))
-        return Explanation(
-            decision,
-            self.flags,
-            self.spec,
-            record.policy,
-            record.chain,
-            tuple(checks),
-            record.children,
-            demotion,
-            record.declarations,
-            forced,
-        )
-
-    def _force_coarse(self) -> Optional[Reason]:
-        for flag in self.flags:
-            if flag.name == FORCE_COARSE.name and flag.value:
-                return Reason(
-                    FORCE_COARSE_ID,
-                    f"the operator forced the coarse barrier (force_coarse from {flag.source})",
-                    NONE,
-                    BUILT_IN,
-                )
-        return None
-
-    def _declared(self, lineage: Sequence[Backend]) -> Declared:
-        """The latest of every declaration the backend reaches, and its children's decisions."""
-        mode = self.ctx.mode
-        name = lineage[0].name
-        declarations = []
-        chain: list[str] = []
-        for entry in lineage:
-            if mode in entry.reads_end:
-                policy = entry.reads_end[mode]
-                origin = str(entry.reads_end_origins.get(mode, entry.origin))
-                via = "own" if entry.name == name else f"inherited from {entry.name}"
-                declarations.append(Declaration(entry.name, policy, origin, via))
-                chain.append(
-                    f"{name} declares {mode.label}: {policy.label}"
-                    + ("" if via == "own" else f" ({via})")
-                )
-        children = []
-        parts = [f"{d.backend}={d.policy.label}" for d in declarations]
-        for child_name, how in self._children(lineage):
-            child = self.memo[child_name]
-            children.append(child)
-            parts.append(f"{child_name}={child.declared.label}")
-            chain.append(
-                f"{name} runs {child_name} for {mode.label} ({how}): declared "
-                f"{child.declared.label}, decided {child.decision.policy.label}"
-            )
-        if not declarations and not children:
-            chain.append(f"{name} does not declare {mode.label}: not audited, none")
-            return Declared(NONE, NONE, str(lineage[0].origin), tuple(chain), (), ())
-        candidates = [(d.policy, d.origin) for d in declarations]
-        candidates += [(c.declared, str(self.registry.backends[name].origin)) for c in children]
-        declared, origin = max(candidates, key=lambda item: item[0])
-        floor = max([declared] + [c.decision.policy for c in children])
-        if len(candidates) > 1 or children:
-            kind = "the latest of its children" if children else "the latest of its declarations"
-            chain.append(
-                f"{name} is {kind}: declared {declared.label} ({', '.join(parts)}), "
-                f"decided at least {floor.label}"
-            )
-        return Declared(declared, floor, origin, tuple(chain), tuple(declarations), tuple(children))
-
-
 class CompiledPolicy:
     """Per-step lookup for one (backend, spec, flags, platform).
 
@@ -928,76 +537,3 @@ def _flag_from_env(flag: Flag, environ: Mapping[str, str]) -> FlagValue:
         if raw.strip():
             return FlagValue(flag.name, parse_bool(raw, var), f"env {var}")
     return FlagValue(flag.name, flag.default, "default")
-
-
-def _sound_demotion(policy: WarReadDonePolicy, ctx: Context) -> Optional[Reason]:
-    """In-graph is only sound when the node really exists; otherwise at least post-replay."""
-    if policy != IN_GRAPH:
-        return None
-    if ctx.eager:
-        why = "the forward ran eagerly (no captured graph), so no in-graph node exists"
-    elif not ctx.external_events:
-        why = "the platform has no external events, so no in-graph node can be planted"
-    elif not ctx.planted:
-        why = "the read-done node was not planted in this graph"
-    else:
-        return None
-    return Reason(SOUND_DEMOTION_ID, f"{why}; demoted to post_replay", POST_REPLAY, BUILT_IN)
-
-
-def _gate_matches(
-    when: Conditions,
-    ctx: Context,
-    spec: SpecAlgorithm,
-    flags: Mapping[str, bool],
-    declared: WarReadDonePolicy,
-    lineage: frozenset[str],
-) -> tuple[bool, Callable[[], str]]:
-    """Whether every condition of ``when`` holds, and a callable naming the first that does not
-    (called only when an explanation is rendered)."""
-    if when.mode is not None and ctx.mode not in when.mode:
-        return False, lambda: f"mode is {ctx.mode.label}, not {_names(when.mode)}"
-    if when.backend is not None and not (lineage & when.backend):
-        return False, lambda: f"backend is {ctx.backend}, not {_names(when.backend)}"
-    if when.spec is not None and ctx.spec not in when.spec:
-        return False, lambda: f"spec is {ctx.spec}, not {_names(when.spec)}"
-    if when.spec_family is not None and spec.family not in when.spec_family:
-        return False, lambda: f"spec family is {spec.family}, not {_names(when.spec_family)}"
-    if when.spec_has is not None and not any(spec.has(c) for c in when.spec_has):
-        return False, lambda: f"{ctx.spec} has none of {_names(when.spec_has)}"
-    if when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks):
-        return False, lambda: f"{ctx.spec} has {_names(when.spec_lacks)}"
-    for name, want in when.flags.items():
-        if flags.get(name) != want:
-            have = flags.get(name)
-            return (
-                False,
-                lambda n=name, h=have, w=want: (
-                    f"flag {n} is {str(h).lower()}, not {str(w).lower()}"
-                ),
-            )
-    if when.declared is not None and declared not in when.declared:
-        return False, lambda: f"declared is {declared.label}, not {_names(when.declared)}"
-    if when.platform is not None and ctx.platform not in when.platform:
-        return False, lambda: f"platform is {ctx.platform}, not {_names(when.platform)}"
-    for fact in ("eager", "planted", "external_events"):
-        want = getattr(when, fact)
-        if want is not None and getattr(ctx, fact) != want:
-            have = getattr(ctx, fact)
-            return (
-                False,
-                lambda f=fact, h=have, w=want: f"{f} is {str(h).lower()}, not {str(w).lower()}",
-            )
-    return True, _ALL_HOLD
-
-
-def _all_hold() -> str:
-    return "all conditions hold"
-
-
-_ALL_HOLD = _all_hold
-
-
-def _names(values: Iterable[object]) -> str:
-    labels = sorted(str(getattr(v, "label", v)) for v in values)
-    return labels[0] if len(labels) == 1 else "any of " + ", ".join(labels)

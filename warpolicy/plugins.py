@@ -11,6 +11,9 @@ Environment:
   entry point is not even imported, so this is how to get past a broken plugin.
 * ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr (observer calls then go through
   pluggy so the trace shows them).
+
+Over 400 lines: the composition root also owns entry-point loading with one-line errors per
+broken plugin shape, the platform claim and the cached observer calls.
 """
 
 from __future__ import annotations

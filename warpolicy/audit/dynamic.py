@@ -28,6 +28,9 @@ declaration: the declared point published by a captured graph in every trial, th
 step publishing the same event as its reference, every element of every shared buffer changed
 by the poison, every captured bucket replayed, a race window widened by stalls or simulated,
 and on a real device at least `MIN_TRIALS` trials. INCONCLUSIVE with the reasons otherwise.
+
+Over 400 lines: trials, poisoning at the release, reference replays and the checks that make a
+trial count (same publication, every bucket covered) belong to one loop.
 """
 
 from __future__ import annotations

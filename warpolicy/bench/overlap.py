@@ -32,6 +32,9 @@ four points of each step (forward: launch, end; schedule stream: released, writt
 
 With ``device="sim"`` (alias ``fake``) it runs a tiny config on the simulated platform (numbers are host times
 and meaningless); otherwise it needs CUDA and raises `CudaUnavailableError` without it.
+
+Over 400 lines: the benchmark's variants (coarse, post_replay, in_graph, derived, pre_replay,
+no barrier), its measuring loop and its report share one set of per-step probes.
 """
 
 from __future__ import annotations

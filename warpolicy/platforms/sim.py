@@ -46,6 +46,9 @@ returns for each captured graph (set ``SimPlatform.graph_model``; without it the
 unavailable and a runner fails closed). A derived node fires at each replay after the whole
 body (the sim cannot place it inside the body), on the launching stream; a test's graph model
 says which readers it found.
+
+Over 400 lines: a whole platform (events, streams, graphs, capture and replay) plus its
+happens-before model and fault injection, which the CPU suite and the fault matrix rely on.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ bucket runs eagerly with the eager policy (``eager=True, planted=False``), so a 
 With ``process_group=`` (tensor parallelism) the runner compares its policy across the group's
 ranks before its first capture (`warpolicy.distributed.consistent_policy`); on any difference
 every rank runs every cell coarse, or raises with ``consistency_strict=True``.
+
+Over 400 lines: capture has three placements (marker, derived, self-checked marker) and every
+step path must fail closed; they share the bucket state, so they stay in one class.
 """
 
 from __future__ import annotations
