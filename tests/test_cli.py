@@ -380,15 +380,16 @@ def speedy_plugin(monkeypatch):
 
 def test_diff_with_and_without_plugins(capsys, speedy_plugin):
     """0.1.0 loaded plugins on both sides: a plugin's own effect printed nothing."""
-    doc = diff_json(capsys, "default", "default", "--plugins", "new")
+    decode = ("--mode", "decode")  # the plugin changes decode only; every mode is tested above
+    doc = diff_json(capsys, "default", "default", "--plugins", "new", *decode)
     assert {(c["backend"], c["mode"], c["change"]) for c in doc["cells"]} == {
         ("fa3", "decode", "earlier"),
         ("tbo_fa3", "decode", "earlier"),  # and its wrappers
         ("minimax_sparse", "decode", "earlier"),
         ("dots_hybrid", "decode", "earlier"),
     }
-    assert diff_json(capsys, "default", "default", "--plugins", "on")["cells"] == []
-    assert diff_json(capsys, "default", "default", "--plugins", "none")["cells"] == []
+    assert diff_json(capsys, "default", "default", "--plugins", "on", *decode)["cells"] == []
+    assert diff_json(capsys, "default", "default", "--plugins", "none", *decode)["cells"] == []
 
 
 def test_layer_report_names_the_plugin(capsys, speedy_plugin):
