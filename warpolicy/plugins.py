@@ -34,7 +34,7 @@ from warpolicy.errors import PluginError, Problem
 from warpolicy.inputs import env_switch
 from warpolicy.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
 from warpolicy.nvtx import nvtx_plugin_if_enabled
-from warpolicy.platforms import PlatformImpl, cuda
+from warpolicy.platforms import PLATFORM_OPERATIONS, PlatformImpl, cuda
 from warpolicy.platforms.sim import SimPlugin
 
 log = logging.getLogger("warpolicy")
@@ -44,25 +44,7 @@ DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
 TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
 
 #: The members `PlatformImpl` requires (checked on every claim, so a bad one is one line).
-_IMPL_MEMBERS = (
-    "name",
-    "device",
-    "external_events_supported",
-    "create_event",
-    "record",
-    "wait_event",
-    "wait_stream",
-    "is_capturing",
-    "new_stream",
-    "current_stream",
-    "use_stream",
-    "new_graph",
-    "graph_pool",
-    "capture",
-    "capture_callable",
-    "replay",
-    "synchronize",
-)
+_IMPL_MEMBERS = ("name", "device", "external_events_supported", *PLATFORM_OPERATIONS)
 
 
 @attrs.frozen

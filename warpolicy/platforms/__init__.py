@@ -101,6 +101,24 @@ class PlatformImpl(Protocol):
 #: * ``instantiate(graph) -> None``: build the executable graph of a kept graph.
 #:
 #: The two walking methods raise ``warpolicy.graphwalk.PlacementError`` on any failure.
+#: The operations every `PlatformImpl` provides (its methods), in one place for the claim check
+#: and the simulated platform's fault injection.
+PLATFORM_OPERATIONS = (
+    "create_event",
+    "record",
+    "wait_event",
+    "wait_stream",
+    "is_capturing",
+    "new_stream",
+    "current_stream",
+    "use_stream",
+    "new_graph",
+    "graph_pool",
+    "capture",
+    "capture_callable",
+    "replay",
+    "synchronize",
+)
 GRAPH_WALK_METHODS = ("graph_walk_unavailable", "plant_derived", "check_marker", "instantiate")
 
 
@@ -122,6 +140,7 @@ def cuda_available() -> bool:
 
 
 __all__ = [
+    "PLATFORM_OPERATIONS",
     "GRAPH_WALK_METHODS",
     "EventHandle",
     "GraphHandle",

@@ -65,7 +65,7 @@ import attrs
 from warpolicy.graphwalk import DerivedPlant, Graph, Outcome, PlacementError, SelfCheck, derive_plan
 from warpolicy.graphwalk.plant import SharedBuffers, check_walked, ranges_of
 from warpolicy.hookspecs import hookimpl
-from warpolicy.platforms import device_type
+from warpolicy.platforms import PLATFORM_OPERATIONS, device_type
 
 #: Device types the simulated platform claims (``fake`` is the 0.1 name, kept as an alias).
 DEVICE_TYPES = ("sim", "fake")
@@ -74,25 +74,7 @@ DEVICE_TYPES = ("sim", "fake")
 DEFAULT_LOG_CAP = 100_000
 
 #: The operations `SimPlatform.inject` can make fail (every `PlatformImpl` method).
-OPERATIONS = (
-    "create_event",
-    "record",
-    "wait_event",
-    "wait_stream",
-    "is_capturing",
-    "new_stream",
-    "current_stream",
-    "use_stream",
-    "new_graph",
-    "graph_pool",
-    "capture",
-    "capture_callable",
-    "replay",
-    "synchronize",
-    "plant_derived",
-    "check_marker",
-    "instantiate",
-)
+OPERATIONS = (*PLATFORM_OPERATIONS, "plant_derived", "check_marker", "instantiate")
 
 #: Fault modes accepted by `SimPlatform.inject`.
 FAULT_MODES = ("raise", "none", "act_then_raise")
