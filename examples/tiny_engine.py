@@ -35,8 +35,14 @@ from warpolicy.bench.models import (
     TokenBatch,
     fixed_policy,
 )
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
-from warpolicy.runners import DecodeRunner, GraphRunner, OverlapLoop, PrefillRunner, VerifyRunner
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.runners import (
+    DecodeRunner,
+    GraphRunner,
+    OverlapLoop,
+    PrefillRunner,
+    VerifyRunner,
+)
 
 # A small config with buckets that leave room for eager fallback in every mode.
 EXAMPLE_CONFIG = TinyConfig(
@@ -141,7 +147,7 @@ class TinyEngine:
         platform: Any = None,
         late_shared_read: bool = False,
     ) -> None:
-        from warpolicy.platform import Platform
+        from warpolicy.runtime.platform import Platform
 
         self.cfg = cfg
         self.platform = platform if platform is not None else Platform.for_device(device)
@@ -230,7 +236,7 @@ def resolve_policy(name: str, platform: Any, backend: str, spec: str) -> Any:
     """``engine``: compile from the default registry; otherwise one fixed policy for all modes."""
     if name != "engine":
         return fixed_policy(WarReadDonePolicy.parse(name))
-    from warpolicy.engine import PolicyEngine
+    from warpolicy.registry.engine import PolicyEngine
 
     return PolicyEngine.load().compile(
         backend,
@@ -258,7 +264,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-spec", action="store_true", help="no verify steps")
     args = ap.parse_args(argv)
 
-    from warpolicy.platform import Platform
+    from warpolicy.runtime.platform import Platform
 
     platform = Platform.for_device(args.device)
     cfg = EXAMPLE_CONFIG

@@ -13,9 +13,9 @@ import attrs
 import torch
 
 from warpolicy.audit import AuditSubject
-from warpolicy.platform import sim_platform
-from warpolicy.policy import IN_GRAPH, POST_REPLAY, WarReadDonePolicy
-from warpolicy.runners import DecodeRunner
+from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, WarReadDonePolicy
+from warpolicy.runtime.platform import sim_platform
+from warpolicy.runtime.runners import DecodeRunner
 
 BUCKETS = (2, 4)
 

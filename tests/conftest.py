@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from warpolicy.loader import reading
-from warpolicy.plugins import new_plugin_manager
+from warpolicy.registry.loader import reading
+from warpolicy.runtime.manager import new_plugin_manager
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -4,8 +4,8 @@ The registry, engine and CLI import without torch; the runtime (fence, CUDA plug
 audit) imports torch lazily.
 """
 
-from warpolicy.hookspecs import hookimpl, hookspec
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.hookspecs import hookimpl, hookspec
 
 __version__ = "0.2.0"
 

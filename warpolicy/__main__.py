@@ -1,6 +1,6 @@
 """``python -m warpolicy``: the same as the ``warpolicy`` console script."""
 
-from warpolicy.cli import run
+from warpolicy.cli.main import run
 
 if __name__ == "__main__":
     run()

@@ -28,7 +28,7 @@ pytestmark = [
     ),
 ]
 
-from warpolicy.graphwalk import PlacementError, check_marker, derive_and_plant  # noqa: E402
+from warpolicy.runtime.graphwalk import PlacementError, check_marker, derive_and_plant  # noqa: E402
 
 DEMO = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "derived-demo"
 TARGET_NODES = 1000

@@ -17,10 +17,10 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-from warpolicy.fence import ReadDoneFence, SchedulerBarrier  # noqa: E402
-from warpolicy.platform import Platform  # noqa: E402
-from warpolicy.plugins import new_plugin_manager  # noqa: E402
-from warpolicy.policy import WarReadDonePolicy as P  # noqa: E402
+from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
+from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier  # noqa: E402
+from warpolicy.runtime.manager import new_plugin_manager  # noqa: E402
+from warpolicy.runtime.platform import Platform  # noqa: E402
 
 ROWS = 4096
 SPIN_CYCLES = 2_000_000  # ~1 ms on an H200: a wide window for a too-early release to be caught

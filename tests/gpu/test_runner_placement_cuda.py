@@ -29,9 +29,9 @@ pytestmark = [
 
 from warpolicy.audit.synthetic import make_synthetic  # noqa: E402
 from warpolicy.bench.models import fixed_policy  # noqa: E402
-from warpolicy.platform import Platform  # noqa: E402
-from warpolicy.policy import WarReadDonePolicy as P  # noqa: E402
-from warpolicy.runners import DecodeRunner  # noqa: E402
+from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
+from warpolicy.runtime.platform import Platform  # noqa: E402
+from warpolicy.runtime.runners import DecodeRunner  # noqa: E402
 
 UNSAFE_MARKER = [
     "late_swa_read",

@@ -28,15 +28,15 @@ def te():
 
 
 def _platform():
-    from warpolicy.platform import Platform
-    from warpolicy.plugins import new_plugin_manager
+    from warpolicy.runtime.manager import new_plugin_manager
+    from warpolicy.runtime.platform import Platform
 
     return Platform.for_device("cuda", new_plugin_manager(load_entry_points=False, environ={}))
 
 
 @pytest.mark.parametrize("policy", ["in_graph", "post_replay", "none", "engine"])
 def test_example_engine_matches_sequential_reference(te, policy):
-    from warpolicy.policy import ForwardMode
+    from warpolicy.registry.vocabulary import ForwardMode
 
     platform = _platform()
     engine = te.TinyEngine(te.resolve_policy(policy, platform, "fa3", "dflash"), platform=platform)

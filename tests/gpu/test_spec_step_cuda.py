@@ -24,11 +24,17 @@ pytestmark = [
 ]
 
 from warpolicy.bench.models import fixed_policy  # noqa: E402
-from warpolicy.engine import PolicyEngine  # noqa: E402
-from warpolicy.platform import Platform  # noqa: E402
-from warpolicy.plugins import new_plugin_manager  # noqa: E402
-from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
-from warpolicy.runners import DecodeRunner, DraftExtendRunner, OverlapLoop, SpecStep, VerifyRunner  # noqa: E402
+from warpolicy.registry.engine import PolicyEngine  # noqa: E402
+from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
+from warpolicy.runtime.manager import new_plugin_manager  # noqa: E402
+from warpolicy.runtime.platform import Platform  # noqa: E402
+from warpolicy.runtime.runners import (  # noqa: E402
+    DecodeRunner,
+    DraftExtendRunner,
+    OverlapLoop,
+    SpecStep,
+    VerifyRunner,
+)
 
 ROWS, CTX, BATCH = 512, 64, 32
 SPIN_CYCLES = 2_000_000  # ~1 ms on an H200: the late reader is still pending at the release

@@ -5,7 +5,7 @@
 * `warpolicy.audit.dynamic`: the differential race test (poison at the release, compare);
 * `warpolicy.audit.poison`: poison values per dtype and the output comparison;
 * `warpolicy.audit.static`: the walk of every captured graph (late readers of shared buffers,
-  read through `warpolicy.graphwalk`), with the verdicts in `warpolicy.audit.graph` and the
+  read through `warpolicy.runtime.graphwalk`), with the verdicts in `warpolicy.audit.graph` and the
   choice of graph in `warpolicy.audit.cuda_graph`;
 * `warpolicy.audit.report`: verdicts, results and exit codes;
 * `warpolicy.audit.synthetic` / `warpolicy.audit.synthetic_model`: the synthetic backends behind

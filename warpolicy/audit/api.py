@@ -16,9 +16,9 @@ from warpolicy.audit.dynamic import SIMULATED, audit_mode
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
-from warpolicy.inputs import parse_positive_int
-from warpolicy.platform import Platform, cuda_available, device_type
-from warpolicy.policy import ForwardMode
+from warpolicy.registry.inputs import parse_positive_int
+from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.platform import Platform, cuda_available, device_type
 
 #: ``--synthetic all`` audits every synthetic backend.
 ALL = "all"

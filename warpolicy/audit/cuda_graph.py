@@ -1,6 +1,6 @@
 """The static audit's CUDA side: which ``cudaGraph_t`` to walk for a captured bucket.
 
-Reading the graph is `warpolicy.graphwalk.cuda.read_graph` (the walk derived placement and the
+Reading the graph is `warpolicy.runtime.graphwalk.cuda.read_graph` (the walk derived placement and the
 marker self-check use); this module only finds the graph and its planted event: the runner's
 own kept graph (``keep_graph=True``) when there is one, else a fresh capture of the same body
 into a kept, never-instantiated graph. torch is imported inside the functions that need it.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from warpolicy.graphwalk.errors import PlacementError
-from warpolicy.graphwalk.plant import event_handle, raw_graph_of
+from warpolicy.runtime.graphwalk.errors import PlacementError
+from warpolicy.runtime.graphwalk.plant import event_handle, raw_graph_of
 
 
 class graph_for:  # noqa: N801 - used like a function: ``with graph_for(...) as (raw, event)``

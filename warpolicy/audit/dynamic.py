@@ -64,7 +64,7 @@ from warpolicy.audit.subject import (
     make_stall,
 )
 from warpolicy.errors import WarpolicyError
-from warpolicy.policy import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
 
 #: The head stall holds the forward stream while the host enqueues step + poison.
 HEAD_STALL_MIN_US = 2000.0
@@ -116,7 +116,7 @@ class _Harness:
     def __init__(
         self, subject: AuditSubject, mode: ForwardMode, runner: Any, stall_us: float
     ) -> None:
-        from warpolicy.fence import SchedulerBarrier
+        from warpolicy.runtime.fence import SchedulerBarrier
 
         self.subject = subject
         self.mode = mode

@@ -1,8 +1,8 @@
-"""The static audit's verdicts: `warpolicy.graphwalk`'s readers mapped to SAFE / UNSAFE /
+"""The static audit's verdicts: `warpolicy.runtime.graphwalk`'s readers mapped to SAFE / UNSAFE /
 INCONCLUSIVE for one captured graph and the policy its bucket publishes.
 
 Reading the graph, matching addresses, opaque nodes and ordering are the graph walk's
-(`warpolicy.graphwalk.analysis`: `find_readers`, `late_readers`, `find_event_record`); this
+(`warpolicy.runtime.graphwalk.analysis`: `find_readers`, `late_readers`, `find_event_record`); this
 module only decides which node is the release point and what the late readers mean: a late
 reader seen touching a shared buffer is an `Offender` (UNSAFE), a late opaque node (host code,
 child or conditional graph, unknown type, a kernel whose arguments cannot be read) blocks SAFE
@@ -14,11 +14,16 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult
-from warpolicy.graphwalk.analysis import Reader, find_event_record, find_readers, late_readers
-from warpolicy.graphwalk.cuda import NODE_KINDS
-from warpolicy.graphwalk.errors import PlacementError
-from warpolicy.graphwalk.model import BufferRange, Graph, NodeKind
-from warpolicy.policy import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
+from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
+from warpolicy.runtime.graphwalk.analysis import (
+    Reader,
+    find_event_record,
+    find_readers,
+    late_readers,
+)
+from warpolicy.runtime.graphwalk.cuda import NODE_KINDS
+from warpolicy.runtime.graphwalk.errors import PlacementError
+from warpolicy.runtime.graphwalk.model import BufferRange, Graph, NodeKind
 
 #: Model kinds -> the driver's node type names, for naming opaque nodes in reasons.
 _DRIVER_NAMES = {kind: name for name, kind in NODE_KINDS.items()}

@@ -18,9 +18,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import attrs
 
-from warpolicy import report as report_formats
 from warpolicy.errors import InputError
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.registry import report as report_formats
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 
 #: Exit codes of ``warpolicy audit`` (2 is the CLI's usage error).
 EXIT_OK = 0

@@ -3,7 +3,7 @@ readers that are not ordered before its release point.
 
 `audit_static_buckets` walks each captured bucket with the policy that bucket publishes and
 combines the results (UNSAFE if any bucket has a late reader, naming the bucket). Each graph is
-found by `warpolicy.audit.cuda_graph`, read by `warpolicy.graphwalk.cuda.read_graph` (the walk
+found by `warpolicy.audit.cuda_graph`, read by `warpolicy.runtime.graphwalk.cuda.read_graph` (the walk
 the marker self-check uses) and judged by `warpolicy.audit.graph`. Any failure here is an
 INCONCLUSIVE result with the reason, never an exception.
 """
@@ -17,9 +17,9 @@ import attrs
 from warpolicy.audit.cuda_graph import graph_for
 from warpolicy.audit.graph import analyze_graph
 from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult, Verdict
-from warpolicy.graphwalk.cuda import read_graph
-from warpolicy.graphwalk.model import Graph, buffer_ranges
-from warpolicy.policy import NONE, WarReadDonePolicy
+from warpolicy.registry.vocabulary import NONE, WarReadDonePolicy
+from warpolicy.runtime.graphwalk.cuda import read_graph
+from warpolicy.runtime.graphwalk.model import Graph, buffer_ranges
 
 
 def unavailable(why: str) -> StaticResult:

@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 
 #: Default stall before each captured segment, in microseconds.
 DEFAULT_STALL_US = 200.0

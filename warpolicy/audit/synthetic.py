@@ -45,7 +45,7 @@ Work the graph does not contain (``reread_after_replay``) or a ``pre_replay`` de
 self-check (``self_check="off"``): the audit judges the declaration itself.
 
 `make_synthetic(name, device)` returns an `AuditSubject` whose runners are built through
-`warpolicy.runners` with the policy compiled from that declaration by the real engine; its
+`warpolicy.runtime.runners` with the policy compiled from that declaration by the real engine; its
 ``extra_outputs`` name the KV pool, so the audit compares what the step wrote there too.
 """
 
@@ -60,11 +60,18 @@ import torch
 from warpolicy.audit.report import SAFE, UNSAFE, Verdict
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-from warpolicy.engine import Context, PolicyEngine
 from warpolicy.errors import InputError, UnknownNameError
-from warpolicy.policy import IN_GRAPH, NONE, PRE_REPLAY, ForwardMode, Placement, WarReadDonePolicy
-from warpolicy.registry import Backend, Registry, SpecAlgorithm
-from warpolicy.runners import DecodeRunner, PrefillRunner, VerifyRunner
+from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.model import Backend, Registry, SpecAlgorithm
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    PRE_REPLAY,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
+from warpolicy.runtime.runners import DecodeRunner, PrefillRunner, VerifyRunner
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 
@@ -263,7 +270,7 @@ def make_synthetic(
     backend = synthetic_backend(name)
     forced = parse_placement(placement)
     if platform is None:
-        from warpolicy.platform import Platform
+        from warpolicy.runtime.platform import Platform
 
         platform = Platform.for_device(device)
     cfg = config or SyntheticConfig()

@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import attrs
 import torch
 
-from warpolicy.policy import ForwardMode
+from warpolicy.registry.vocabulary import ForwardMode
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 

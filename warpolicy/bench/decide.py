@@ -12,8 +12,15 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode, WarReadDonePolicy
-from warpolicy.report import json_document
+from warpolicy.registry.report import json_document
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    POST_REPLAY,
+    PRE_REPLAY,
+    ForwardMode,
+    WarReadDonePolicy,
+)
 
 
 class _AnchorMode:
@@ -114,7 +121,7 @@ def _mode_mix(count: int) -> list[ForwardMode]:
 
 def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     """Engine lookup vs anchor if-chain on the default registry (backend fa3, spec none)."""
-    from warpolicy.engine import PolicyEngine
+    from warpolicy.registry.engine import PolicyEngine
 
     engine = PolicyEngine.load(files=None, plugins=False, environ={})
     compiled = engine.compile("fa3", "none", strict=True)
@@ -167,8 +174,8 @@ def synthetic_registry_yaml(backends: int = 1000, gates: int = 100) -> str:
 
 def bench_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> dict:
     """Time loading + validating a synthetic registry, and a full table over it."""
-    from warpolicy.engine import PolicyEngine
-    from warpolicy.loader import Fragment, load_registry
+    from warpolicy.registry.engine import PolicyEngine
+    from warpolicy.registry.loader import Fragment, load_registry
 
     text = synthetic_registry_yaml(backends, gates)
     load_s = []

@@ -25,14 +25,14 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.fence import ReadDoneFence, SchedulerBarrier
-from warpolicy.hookspecs import hookimpl
-from warpolicy.platform import Platform
-from warpolicy.platforms import EventHandle, StreamHandle, cuda_available, device_type
-from warpolicy.platforms.sim import DEVICE_TYPES as SIM_DEVICE_TYPES
-from warpolicy.plugins import new_plugin_manager
-from warpolicy.policy import WarReadDonePolicy as P
-from warpolicy.report import json_document
+from warpolicy.registry.report import json_document
+from warpolicy.registry.vocabulary import WarReadDonePolicy as P
+from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
+from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.manager import new_plugin_manager
+from warpolicy.runtime.platform import Platform
+from warpolicy.runtime.platforms import EventHandle, StreamHandle, cuda_available, device_type
+from warpolicy.runtime.platforms.sim import DEVICE_TYPES as SIM_DEVICE_TYPES
 
 BLOCK = 100  # steps per timed block (fewer when iters is small); medians are over blocks
 

@@ -24,8 +24,8 @@ from typing import Sequence
 import attrs
 import torch
 
-from warpolicy.policy import ForwardMode, WarReadDonePolicy
-from warpolicy.runners.base import PolicyFn, sound
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.runners.base import PolicyFn, sound
 
 
 def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:

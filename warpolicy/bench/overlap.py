@@ -52,8 +52,8 @@ from warpolicy.bench.timing import (
     spin_work,
 )
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
-from warpolicy.report import json_document
+from warpolicy.registry.report import json_document
+from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 
 #: (name, policy, sound for the plain model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -178,7 +178,7 @@ class OverlapBench:
         import warnings
 
         from warpolicy.bench.models import fixed_policy
-        from warpolicy.runners import DecodeRunner
+        from warpolicy.runtime.runners import DecodeRunner
 
         policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
@@ -205,7 +205,7 @@ class OverlapBench:
     def overlapped(
         self, runner: Any, skip_barrier: bool
     ) -> tuple[list[Any], dict[str, list[float]]]:
-        from warpolicy.runners import OverlapLoop
+        from warpolicy.runtime.runners import OverlapLoop
 
         p, plan = self.platform, self.plan
         plan.write_step(0)
@@ -271,8 +271,8 @@ def run_overlap_bench(
     import torch
 
     from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-    from warpolicy.platform import Platform
-    from warpolicy.policy import ForwardMode
+    from warpolicy.registry.vocabulary import ForwardMode
+    from warpolicy.runtime.platform import Platform
 
     if sched_kind not in SCHED_KINDS:
         raise InputError(

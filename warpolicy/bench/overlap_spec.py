@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 from warpolicy.bench.overlap import SchedulePlan
 from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.policy import ForwardMode
-from warpolicy.report import json_document
+from warpolicy.registry.report import json_document
+from warpolicy.registry.vocabulary import ForwardMode
 
 SHAPES = ("eagle", "dflash")
 RUNS = ("coarse", "step", "no_barrier")
@@ -70,7 +70,7 @@ class _Shape:
 
     def step(self, run: str) -> Any:
         from warpolicy.bench.models import fixed_policy
-        from warpolicy.runners import (
+        from warpolicy.runtime.runners import (
             DecodeRunner,
             DraftExtendRunner,
             GraphRunner,
@@ -125,8 +125,8 @@ def run_overlap_spec_bench(
     import torch
 
     from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-    from warpolicy.platform import Platform
-    from warpolicy.runners import OverlapLoop
+    from warpolicy.runtime.platform import Platform
+    from warpolicy.runtime.runners import OverlapLoop
 
     if min(layers, draft_layers, batch, steps) <= 0:
         raise InputError(

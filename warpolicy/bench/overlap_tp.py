@@ -9,7 +9,7 @@ CUDA graph),
 its own `DecodeRunner` and fence, and its own scheduler (`OverlapLoop`) writing its own shared
 tables on its own schedule stream. Before capturing, every rank compiles its policy from the
 registry and its environment and runs the cross-rank consistency check
-(`warpolicy.distributed.compile_consistent`); every variant's policy follows the verdict, so a
+(`warpolicy.runtime.distributed.compile_consistent`); every variant's policy follows the verdict, so a
 mismatch on any rank runs every variant under the coarse barrier on every rank.
 
 Variants, in one run: ``coarse`` (policy none), ``post_replay``, ``in_graph`` and ``no_barrier``
@@ -57,10 +57,16 @@ from warpolicy.bench.timing import (
     matmul_work,
     spin_work,
 )
-from warpolicy.distributed import all_gather_json, compile_consistent, guard_policy
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
-from warpolicy.policy import IN_GRAPH, NONE, POST_REPLAY, ForwardMode, WarReadDonePolicy
-from warpolicy.report import json_document
+from warpolicy.registry.report import json_document
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    POST_REPLAY,
+    ForwardMode,
+    WarReadDonePolicy,
+)
+from warpolicy.runtime.distributed import all_gather_json, compile_consistent, guard_policy
 
 #: (name, policy, sound for this model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -192,8 +198,8 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
 
     from warpolicy.audit.synthetic_model import SyntheticConfig
     from warpolicy.bench.models import fixed_policy
-    from warpolicy.engine import PolicyEngine
-    from warpolicy.platform import Platform
+    from warpolicy.registry.engine import PolicyEngine
+    from warpolicy.runtime.platform import Platform
 
     fake = config.simulated
     platform = Platform.for_device("sim" if fake else device)

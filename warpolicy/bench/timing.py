@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any, Callable
 
-#: The points a `StepProbe` marks in each step (see `warpolicy.runners.OverlapLoop`).
+#: The points a `StepProbe` marks in each step (see `warpolicy.runtime.runners.OverlapLoop`).
 POINTS = ("launch", "launched", "released", "written")
 
 

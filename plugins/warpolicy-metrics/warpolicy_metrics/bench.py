@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
-from warpolicy.hookspecs import hookimpl
-from warpolicy.plugins import new_plugin_manager
-from warpolicy.policy import IN_GRAPH
+from warpolicy.registry.vocabulary import IN_GRAPH
+from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.manager import new_plugin_manager
 from warpolicy_metrics import WarpolicyMetrics
 
 

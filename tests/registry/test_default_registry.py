@@ -1,0 +1,382 @@
+"""The CONTENT of the packaged capabilities.yaml (engine decisions are tested in test_engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.loader import Fragment, default_registry_path, load_registry
+from warpolicy.registry.model import Conditions, Registry
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+
+P = WarReadDonePolicy
+DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
+DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND
+
+#: SGLang's registered attention backends (docs/background.md; SGLang's backend list).
+SGLANG_BACKENDS = [
+    "flashinfer",
+    "triton",
+    "torch_native",
+    "flex_attention",
+    "fa3",
+    "fa4",
+    "flashmla",
+    "cutlass_mla",
+    "trtllm_mla",
+    "trtllm_mha",
+    "tokenspeed_mla",
+    "cutedsl_mla",
+    "aiter",
+    "wave",
+    "ascend",
+    "dsa",
+    "nsa",
+    "dsv4",
+    "hpc_ops",
+    "intel_amx",
+    "dual_chunk_flash_attn",
+    "intel_xpu",
+]
+SPECS = [
+    "none",
+    "eagle",
+    "eagle3",
+    "frozen_kv_mtp",
+    "standalone",
+    "ngram",
+    "dflash",
+    "dspark",
+    "uno",
+]
+#: Backends and wrappers added for SGLang 0.5.23 (SGLang 0.5.23).
+NEW_BACKENDS = [
+    "minimax_sparse_nvfp4",
+    "minimax_sparse",
+    "hybrid_linear",
+    "hybrid_attention",
+    "dots_hybrid",
+]
+#: The last shared reader each algorithm declares (``last_reader:``): the EAGLE family's draft
+#: extend rereads shared rows after verify; DFlash, DSpark, UNO and NGRAM read nothing after it.
+INTENDED_LAST_READERS = {
+    "eagle": DRAFT_EXTEND,
+    "eagle3": DRAFT_EXTEND,
+    "frozen_kv_mtp": DRAFT_EXTEND,
+    "standalone": DRAFT_EXTEND,
+    "dflash": VERIFY,
+    "dspark": VERIFY,
+    "uno": VERIFY,
+    "ngram": VERIFY,
+}
+
+
+@pytest.fixture(scope="module")
+def reg() -> Registry:
+    return load_registry([default_registry_path()])
+
+
+def test_loads_cleanly_and_from_its_own_path(reg):
+    assert reg.sources == (str(default_registry_path()),)
+
+
+def test_every_entry_has_a_one_line_doc(reg):
+    entries = [*reg.flags.values(), *reg.spec_algorithms.values(), *reg.backends.values()]
+    for entry in entries:
+        assert entry.doc.strip(), entry.name
+        assert "\n" not in entry.doc
+    for gate in reg.gates:
+        assert gate.because.strip() and "\n" not in gate.because, gate.id
+
+
+def test_flags(reg):
+    assert set(reg.flags) == {
+        "prefill_read_done",
+        "force_coarse",
+        "hierarchical_cache",
+        "hicache_storage",
+        "lmcache",
+        "context_parallel",
+        "hisparse",
+    }
+    assert reg.flag("prefill_read_done").env == (
+        "WARPOLICY_PREFILL_READ_DONE",
+        "SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
+    )
+    assert reg.flag("force_coarse").env == (
+        "WARPOLICY_FORCE_COARSE",
+        "SGLANG_FORCE_COARSE_WAR_BARRIER",
+    )
+    assert reg.flag("hierarchical_cache").env == ("WARPOLICY_HIERARCHICAL_CACHE",)
+    # no SGLang alias for the new flags: the anchor names none
+    for name in ["hicache_storage", "lmcache", "context_parallel", "hisparse"]:
+        assert reg.flag(name).env == (f"WARPOLICY_{name.upper()}",), name
+    assert not any(f.default for f in reg.flags.values())
+    for flag in reg.flags.values():
+        assert flag.env[0].startswith("WARPOLICY_"), flag.name
+
+
+def test_spec_algorithms(reg):
+    assert set(reg.spec_algorithms) == set(SPECS)
+    for spec in reg.spec_algorithms.values():
+        assert {"target_verify_read_done", "prefill_read_done"} <= set(spec.capabilities)
+    verify = {n for n, s in reg.spec_algorithms.items() if s.has("target_verify_read_done")}
+    prefill = {n for n, s in reg.spec_algorithms.items() if s.has("prefill_read_done")}
+    in_replay = {n for n, s in reg.spec_algorithms.items() if s.has("dsv4_verify_in_replay")}
+    # verify publishes for every algorithm whose last reader is target verify
+    assert verify == {n for n, r in INTENDED_LAST_READERS.items() if r is VERIFY}
+    assert verify == {"dflash", "dspark", "ngram", "uno"}
+    assert prefill == {"none", "dflash", "dspark"}
+    assert in_replay == {"dspark"}
+    assert "35198" in reg.spec("ngram").doc
+    assert reg.spec("uno").family is None
+    assert reg.spec("dflash").family == reg.spec("dspark").family == "dflash"
+    for name in ["eagle", "eagle3", "frozen_kv_mtp", "standalone"]:
+        assert reg.spec(name).family == "eagle"
+    assert "draft-extend" in reg.spec("eagle").doc
+
+
+def test_last_readers_are_declared(reg):
+    declared = {n: s.last_reader for n, s in reg.spec_algorithms.items()}
+    assert declared == {**INTENDED_LAST_READERS, "none": None}  # none: the only phase
+    # verify may publish exactly where verify is the last reader
+    for name, reader in INTENDED_LAST_READERS.items():
+        assert reg.spec(name).has("target_verify_read_done") == (reader is VERIFY), name
+
+
+def test_every_sglang_backend_keeps_the_base_contract(reg):
+    base = reg.backend("base")
+    assert base.abstract
+    assert base.reads_end == {DECODE: P.IN_GRAPH, VERIFY: P.IN_GRAPH}
+    for name in SGLANG_BACKENDS:
+        backend = reg.backend(name)
+        assert backend.inherits == "base" and not backend.abstract, name
+        assert not backend.latest_of and not backend.per_mode, name
+
+
+def test_backend_exceptions(reg):
+    declared = {n: dict(reg.backend(n).reads_end) for n in SGLANG_BACKENDS}
+    exceptions = {n: d for n, d in declared.items() if d}
+    assert exceptions == {
+        "trtllm_mha": {EXTEND: P.PRE_REPLAY},
+        "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY},
+    }
+    assert "32460" in reg.backend("trtllm_mha").doc
+    scoped = {n: {g.id for g in reg.backend(n).gates} for n in reg.backends if reg.backend(n).gates}
+    assert scoped == {
+        "dsv4": {
+            "dsv4-verify-rereads-segments",
+            "dsv4-extend-context-parallel",
+            "dsv4-extend-hisparse",
+        },
+        "dots_hybrid": {"dots-hybrid-extend-without-spec"},
+    }
+
+
+def test_wrappers(reg):
+    composites = {n: b.latest_of for n, b in reg.backends.items() if b.latest_of}
+    per_mode = {n: dict(b.per_mode) for n, b in reg.backends.items() if b.per_mode}
+    assert composites == {
+        "tbo_fa3": ("fa3",),
+        "minimax_sparse": ("fa3",),
+        "hybrid_linear": ("fa3", "linear_attn"),
+    }
+    assert per_mode == {
+        "hybrid_trtllm_mha_flashinfer": {EXTEND: "trtllm_mha", DECODE: "flashinfer"},
+        "hybrid_attention": {
+            EXTEND: "trtllm_mha",
+            DECODE: "flashinfer",
+            VERIFY: "flashinfer",
+            DRAFT_EXTEND: "flashinfer",
+        },
+        "dots_hybrid": {m: "fa3" for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)},
+    }
+    for name in ["tbo_fa3", "hybrid_trtllm_mha_flashinfer"]:
+        assert "llustrates" in reg.backend(name).doc
+    for name in ["minimax_sparse", "hybrid_linear", "hybrid_attention", "dots_hybrid"]:
+        assert "0.5.23" in reg.backend(name).doc, name
+    linear = reg.backend("linear_attn")
+    assert linear.abstract and linear.inherits == "base" and not linear.reads_end
+
+
+def test_only_sglang_backends_and_wrappers_are_concrete(reg):
+    assert set(reg.concrete_backends()) == set(SGLANG_BACKENDS) | set(NEW_BACKENDS) | {
+        "tbo_fa3",
+        "hybrid_trtllm_mha_flashinfer",
+    }
+
+
+def test_draft_extend_is_declared_only_by_minimax_sparse_nvfp4(reg):
+    """The draft-extend rule: unknown (none) unless a backend declares it."""
+    declared = {n for n, b in reg.backends.items() if DRAFT_EXTEND in b.reads_end}
+    assert declared == {"minimax_sparse_nvfp4"}
+    for backend in reg.backends.values():
+        assert set(backend.reads_end) <= {DECODE, EXTEND, VERIFY, DRAFT_EXTEND}, backend.name
+    assert dict(reg.backend("minimax_sparse_nvfp4").reads_end) == {
+        m: P.PRE_REPLAY for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)
+    }
+
+
+def gate(reg: Registry, gate_id: str):
+    (found,) = [g for g in reg.gates if g.id == gate_id]
+    return found
+
+
+def test_gates(reg):
+    assert {g.id for g in reg.gates} == {
+        "force-coarse",
+        "target-verify-needs-capability",
+        "prefill-opt-in",
+        "prefill-needs-capability",
+        "prefill-hierarchical-cache",
+        "prefill-hicache-storage",
+        "prefill-lmcache",
+    }
+    assert all(g.at_least is P.NONE and g.scope is None for g in reg.gates)
+    assert gate(reg, "force-coarse").when == Conditions(flags={"force_coarse": True})
+    assert gate(reg, "target-verify-needs-capability").when == Conditions(
+        mode=frozenset({VERIFY}), spec_lacks=frozenset({"target_verify_read_done"})
+    )
+    assert gate(reg, "prefill-opt-in").when == Conditions(
+        mode=frozenset({EXTEND}), flags={"prefill_read_done": False}
+    )
+    assert gate(reg, "prefill-needs-capability").when == Conditions(
+        mode=frozenset({EXTEND}), spec_lacks=frozenset({"prefill_read_done"})
+    )
+    for flag in ["hierarchical_cache", "hicache_storage", "lmcache"]:
+        gate_id = {"hierarchical_cache": "prefill-hierarchical-cache"}.get(
+            flag, "prefill-" + flag.replace("_", "-")
+        )
+        assert gate(reg, gate_id).when == Conditions(mode=frozenset({EXTEND}), flags={flag: True})
+
+
+def test_sound_demotion_is_not_a_gate_in_the_file(reg):
+    """It is built into the engine for every registry; no gate tests runner facts."""
+    for g in reg.gates:
+        assert (g.when.planted, g.when.eager, g.when.external_events) == (None, None, None)
+        assert g.when.declared is None
+
+
+# -- decisions of the cells added for SGLang 0.5.23 ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(reg) -> PolicyEngine:
+    return PolicyEngine(reg, environ={})
+
+
+def decide(engine, backend, mode, spec="none", eager=False, planted=True, **flags):
+    return engine.decision(Context(backend, mode, spec, flags, eager=eager, planted=planted)).policy
+
+
+ON = {"prefill_read_done": True}
+
+#: (backend, mode, spec, flags) -> policy, every new cell of the 0.5.23 registry
+CELLS = [
+    # DeepSeek-V4 verify: in_graph only under DSpark, post_replay for the rest of DFlash
+    ("dsv4", VERIFY, "dspark", {}, P.IN_GRAPH),
+    ("dsv4", VERIFY, "dflash", {}, P.POST_REPLAY),
+    ("dsv4", VERIFY, "uno", {}, P.POST_REPLAY),
+    ("dsv4", VERIFY, "ngram", {}, P.POST_REPLAY),
+    ("dsv4", VERIFY, "eagle", {}, P.NONE),
+    ("dsv4", DECODE, "dspark", {}, P.IN_GRAPH),
+    # DeepSeek-V4 extend: pre_replay (opted in) except under context parallelism or HiSparse
+    ("dsv4", EXTEND, "none", ON, P.PRE_REPLAY),
+    ("dsv4", EXTEND, "dflash", ON, P.PRE_REPLAY),
+    ("dsv4", EXTEND, "none", {**ON, "context_parallel": True}, P.NONE),
+    ("dsv4", EXTEND, "none", {**ON, "hisparse": True}, P.NONE),
+    ("dsv4", EXTEND, "none", {}, P.NONE),
+    # minimax sparse NVFP4: pre_replay in every publishing mode
+    ("minimax_sparse_nvfp4", DECODE, "none", {}, P.PRE_REPLAY),
+    ("minimax_sparse_nvfp4", VERIFY, "dflash", {}, P.PRE_REPLAY),
+    ("minimax_sparse_nvfp4", VERIFY, "eagle", {}, P.NONE),
+    ("minimax_sparse_nvfp4", EXTEND, "none", ON, P.PRE_REPLAY),
+    ("minimax_sparse_nvfp4", DRAFT_EXTEND, "eagle", {}, P.PRE_REPLAY),
+    # minimax sparse and hybrid linear: the latest of their children
+    ("minimax_sparse", DECODE, "none", {}, P.IN_GRAPH),
+    ("minimax_sparse", EXTEND, "none", ON, P.NONE),
+    ("hybrid_linear", DECODE, "none", {}, P.IN_GRAPH),
+    ("hybrid_linear", VERIFY, "dflash", {}, P.IN_GRAPH),
+    ("hybrid_linear", EXTEND, "none", ON, P.NONE),
+    ("hybrid_linear", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    # hybrid attention: the child chosen for the mode
+    ("hybrid_attention", EXTEND, "none", ON, P.PRE_REPLAY),
+    ("hybrid_attention", DECODE, "none", {}, P.IN_GRAPH),
+    ("hybrid_attention", VERIFY, "dflash", {}, P.IN_GRAPH),
+    ("hybrid_attention", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    # dots hybrid: extend without spec unknown, other modes delegate
+    ("dots_hybrid", EXTEND, "none", ON, P.NONE),
+    ("dots_hybrid", DECODE, "none", {}, P.IN_GRAPH),
+    ("dots_hybrid", VERIFY, "dflash", {}, P.IN_GRAPH),
+    ("dots_hybrid", VERIFY, "uno", {}, P.IN_GRAPH),
+    # NGRAM and UNO verify follow the base declaration; prefill not audited for either
+    ("fa3", VERIFY, "ngram", {}, P.IN_GRAPH),
+    ("fa3", VERIFY, "uno", {}, P.IN_GRAPH),
+    ("trtllm_mha", EXTEND, "ngram", ON, P.NONE),
+    ("trtllm_mha", EXTEND, "uno", ON, P.NONE),
+    ("trtllm_mha", EXTEND, "dflash", ON, P.PRE_REPLAY),
+    # prefill gates next to hierarchical cache
+    ("trtllm_mha", EXTEND, "none", ON, P.PRE_REPLAY),
+    ("trtllm_mha", EXTEND, "none", {**ON, "hierarchical_cache": True}, P.NONE),
+    ("trtllm_mha", EXTEND, "none", {**ON, "hicache_storage": True}, P.NONE),
+    ("trtllm_mha", EXTEND, "none", {**ON, "lmcache": True}, P.NONE),
+    ("trtllm_mha", EXTEND, "none", {}, P.NONE),
+    # the draft-extend rule: unknown unless declared
+    ("fa3", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.NONE),
+]
+
+
+@pytest.mark.parametrize(
+    "backend,mode,spec,flags,expected",
+    CELLS,
+    ids=[f"{b}-{m.label}-{s}-{'+'.join(f) or 'default'}" for b, m, s, f, _ in CELLS],
+)
+def test_new_cells(engine, backend, mode, spec, flags, expected):
+    assert decide(engine, backend, mode, spec, **flags) is expected
+
+
+def test_dsv4_dspark_verify_is_demoted_without_a_node(engine):
+    assert decide(engine, "dsv4", VERIFY, "dspark", planted=False) is P.POST_REPLAY
+
+
+def test_eager_prefill_publishes_too(engine):
+    assert decide(engine, "trtllm_mha", EXTEND, "none", eager=True, **ON) is P.PRE_REPLAY
+
+
+def test_draft_extend_is_none_for_every_backend_but_the_declaring_one(engine, reg):
+    for name in reg.concrete_backends():
+        expected = P.PRE_REPLAY if name == "minimax_sparse_nvfp4" else P.NONE
+        assert decide(engine, name, DRAFT_EXTEND, "eagle") is expected, name
+
+
+def test_prefill_flag_default_off_with_the_sglang_alias(reg):
+    flag = reg.flag("prefill_read_done")
+    assert flag.default is False and "0.5.23" in flag.doc
+    on = PolicyEngine(reg, environ={"SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1"})
+    assert decide(on, "trtllm_mha", EXTEND) is P.PRE_REPLAY
+    assert decide(PolicyEngine(reg, environ={}), "trtllm_mha", EXTEND) is P.NONE
+
+
+@pytest.mark.parametrize(
+    "capabilities,expected",
+    [
+        ("{}", P.NONE),
+        ("{prefill_read_done: false}", P.NONE),
+        ("{prefill_read_done: true}", P.PRE_REPLAY),
+    ],
+)
+def test_plugin_spec_algorithms_must_opt_in_to_prefill(capabilities, expected):
+    fragment = Fragment(
+        "plugin:myspec",
+        f"""version: 1
+spec_algorithms:
+  myspec:
+    capabilities: {capabilities}
+    doc: a plugin algorithm
+""",
+    )
+    registry = load_registry([default_registry_path(), fragment])
+    engine = PolicyEngine(registry, environ={})
+    assert decide(engine, "trtllm_mha", EXTEND, "myspec", **ON) is expected
+    assert decide(engine, "dsv4", VERIFY, "myspec") is P.NONE  # no verify capability either

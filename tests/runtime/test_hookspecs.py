@@ -1,0 +1,92 @@
+"""The hook specifications: naming, documentation and types, the one platform hook, and the
+observer hooks reaching every plugin."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from warpolicy.runtime import hookspecs
+from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.manager import new_plugin_manager
+
+SPECS = {
+    name: fn
+    for name, fn in vars(hookspecs).items()
+    if callable(fn) and hasattr(fn, "warpolicy_spec")
+}
+OBSERVERS = {
+    "warpolicy_on_decision",
+    "warpolicy_on_publish",
+    "warpolicy_on_barrier",
+    "warpolicy_on_fallback",
+    "warpolicy_on_demotion",
+}
+FRAGMENTS = {"warpolicy_capabilities"}
+
+
+@pytest.fixture
+def pm():
+    return new_plugin_manager(load_entry_points=False, environ={})
+
+
+def test_the_hooks_are_exactly_fragments_platform_and_observers():
+    assert set(SPECS) == FRAGMENTS | OBSERVERS | {"warpolicy_platform"}
+    assert set(hookspecs.OBSERVER_HOOKS) == OBSERVERS
+    assert not set(hookspecs.REMOVED_PLATFORM_HOOKS) & set(SPECS)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_each_hook_is_prefixed_typed_and_documented(name):
+    fn = SPECS[name]
+    assert name.startswith("warpolicy_")
+    doc = inspect.getdoc(fn) or ""
+    assert len(doc.split()) >= 8, f"{name} needs a docstring saying when it fires"
+    assert "fires" in doc.lower()
+    sig = inspect.signature(fn)
+    assert "return" in fn.__annotations__
+    assert all(p.name in fn.__annotations__ for p in sig.parameters.values())
+    assert all("Any" not in str(fn.__annotations__[p]) for p in sig.parameters), "typed, not Any"
+    assert all(f":param {p}:" in doc for p in sig.parameters)
+
+
+@pytest.mark.parametrize("name", sorted(OBSERVERS))
+def test_observer_argument_order_is_the_spec_order(name):
+    assert tuple(inspect.signature(SPECS[name]).parameters) == hookspecs.OBSERVER_HOOKS[name]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_no_hook_is_firstresult(name):
+    assert not SPECS[name].warpolicy_spec.get("firstresult")
+
+
+def test_every_builtin_answers_the_platform_hook_for_its_devices_only(pm):
+    answers = pm.hook.warpolicy_platform(device="sim")
+    assert [type(a).__name__ for a in answers] == ["SimPlatform"]
+    assert pm.hook.warpolicy_platform(device="tpu") == []
+    assert pm.hook.warpolicy_platform(device="cpu") == []
+
+
+def test_observer_hooks_reach_every_plugin(pm):
+    calls = []
+
+    class A:
+        @hookimpl
+        def warpolicy_on_decision(self, decision, where):
+            calls.append(("A", decision, where))
+
+    class B:
+        @hookimpl
+        def warpolicy_on_decision(self, where):  # a subset of the arguments is fine
+            calls.append(("B", where))
+
+    a, b = A(), B()
+    pm.register(a)
+    pm.register(b)
+    try:
+        assert pm.hook.warpolicy_on_decision(decision="d", where="engine") == []
+    finally:
+        pm.unregister(a)
+        pm.unregister(b)
+    assert sorted(calls) == [("A", "d", "engine"), ("B", "engine")]

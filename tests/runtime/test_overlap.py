@@ -1,0 +1,307 @@
+"""The overlap loop on the fake platform, and the overlap benchmark's fake-device path."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from warpolicy.bench.models import fixed_policy
+from warpolicy.errors import CudaUnavailableError, InputError
+from warpolicy.runtime.platform import sim_impl, sim_platform
+from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
+
+from recording import RecModel
+
+
+@pytest.fixture
+def platform():
+    return sim_platform()
+
+
+def setup(platform, policy="in_graph", **kw):
+    model = RecModel()
+    runner = DecodeRunner(model, fixed_policy(policy), platform)
+    runner.capture()
+    log = sim_impl(platform).log
+    loop = OverlapLoop(runner, **kw)
+    return runner, loop, log
+
+
+def step_entries(log, start):
+    return [
+        e
+        for e in log[start:]
+        if e[0] in ("replay", "wait_event", "wait_stream", "record") or e[0] == "write"
+    ]
+
+
+def test_step_barrier_after_launch_then_writes_on_schedule_stream(platform):
+    runner, loop, log = setup(platform)
+    fwd = platform.current_stream()
+    seen = []
+
+    def write_next():
+        seen.append(platform.current_stream())
+        log.append(("write",))
+
+    start = len(log)
+    loop.step([1.0], write_next)
+    seq = step_entries(log, start)
+    kinds = [e[0] for e in seq]
+    assert kinds.index("replay") < kinds.index("wait_event") < kinds.index("write")
+    wait = seq[kinds.index("wait_event")]
+    assert wait == ("wait_event", loop.schedule_stream.id, runner.fence.event.id)
+    assert seen == [loop.schedule_stream] and loop.schedule_stream is not fwd
+    # after the writes: an event recorded on the schedule stream
+    assert seq[-1][0] == "record" and seq[-1][2] == loop.schedule_stream.id
+    assert loop.last_barrier == "event"
+
+
+def test_forward_waits_for_previous_writes_before_next_launch(platform):
+    runner, loop, log = setup(platform)
+    loop.step([1.0], lambda: None)
+    writes_ev = [e for e in log if e[0] == "record"][-1][1]
+    start = len(log)
+    loop.step([1.0], lambda: None)
+    seq = step_entries(log, start)
+    fwd = platform.current_stream()
+    assert seq[0] == ("wait_event", fwd.id, writes_ev)
+    assert [e[0] for e in seq].index("replay") > 0
+
+
+def test_no_event_means_coarse(platform):
+    runner, loop, log = setup(platform, "none")
+    start = len(log)
+    loop.step([1.0], None)
+    fwd = platform.current_stream()
+    assert ("wait_stream", loop.schedule_stream.id, fwd.id) in log[start:]
+    assert loop.last_barrier == "coarse" and loop.last_read_done is None
+
+
+def test_force_coarse_ignores_the_event(platform):
+    runner, loop, log = setup(platform, force_coarse=True)
+    start = len(log)
+    loop.step([1.0], None)
+    assert [
+        e for e in log[start:] if e[0] == "wait_event" and e[1] == loop.schedule_stream.id
+    ] == []
+    assert loop.last_barrier == "coarse"
+
+
+def test_unsafe_skip_barrier_waits_on_nothing(platform):
+    runner, loop, log = setup(platform, unsafe_skip_barrier=True)
+    start = len(log)
+    loop.step([1.0], None)
+    sched = loop.schedule_stream.id
+    assert [e for e in log[start:] if e[0] in ("wait_event", "wait_stream") and e[1] == sched] == []
+    assert loop.last_barrier == "skipped"
+
+
+def test_barrier_failure_falls_back_to_coarse(platform, monkeypatch):
+    runner, loop, log = setup(platform)
+    monkeypatch.setattr(loop.barrier, "apply", lambda *a: 1 / 0)
+    start = len(log)
+    with pytest.warns(RuntimeWarning, match="barrier failed"):
+        loop.step([1.0], None)
+    assert ("wait_stream", loop.schedule_stream.id, platform.current_stream().id) in log[start:]
+    assert loop.last_barrier == "coarse"
+
+
+def test_write_events_come_from_a_ring(platform):
+    runner, loop, log = setup(platform, ring_size=3)
+    ids = []
+    for _ in range(6):
+        loop.step([1.0], None)
+        ids.append([e for e in log if e[0] == "record"][-1][1])
+    assert len(set(ids[:3])) == 3 and ids[3:] == ids[:3]
+
+
+def test_probe_marks_each_point_on_its_stream(platform):
+    marks = []
+
+    class Probe:
+        def mark(self, point, stream):
+            marks.append((point, stream))
+
+    runner, loop, log = setup(platform, probe=Probe())
+    loop.step([1.0], None)
+    fwd, sched = platform.current_stream(), loop.schedule_stream
+    assert marks == [("launch", fwd), ("launched", fwd), ("released", sched), ("written", sched)]
+
+
+def test_step_takes_a_runner_per_call(platform):
+    runner, _, _ = setup(platform)
+    loop = OverlapLoop(None, platform)
+    out = loop.step([1.0, 2.0], None, runner=runner)
+    assert out.tolist() == [2.0, 4.0]
+    with pytest.raises(TypeError):
+        loop.step([1.0], None)
+    with pytest.raises(TypeError):
+        OverlapLoop()
+
+
+def test_explicit_forward_stream_is_made_current(platform):
+    runner, _, log = setup(platform)
+    fwd = platform.new_stream()
+    loop = OverlapLoop(runner, forward_stream=fwd)
+    start = len(log)
+    loop.step([1.0], None)
+    assert loop.last_read_done is not None
+    # PRE/POST records would be on fwd; the planted node fires on the launch stream
+    fired = [e for e in log[start:] if e[0] == "record" and e[3] == "in_graph"]
+    assert fired and fired[0][2] == fwd.id
+
+
+# -- overlap benchmark (fake path) ---------------------------------------------------------------
+
+
+def test_overlap_bench_needs_cuda_without_fake():
+    from warpolicy.bench.overlap import run_overlap_bench
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(CudaUnavailableError):
+        run_overlap_bench(steps=5)
+
+
+def test_overlap_bench_fake_reports_every_variant(tmp_path):
+    from warpolicy.bench.overlap import format_overlap, run_overlap_bench
+
+    trace = tmp_path / "t.json"
+    result = run_overlap_bench(device="fake", trace=str(trace))
+    names = [r["name"] for r in result["rows"]]
+    assert names == ["coarse", "post_replay", "in_graph", "derived", "pre_replay", "no_barrier"]
+    by = {r["name"]: r for r in result["rows"]}
+    assert by["in_graph"]["resolved"] == "in_graph"
+    assert not by["pre_replay"]["sound"] and not by["no_barrier"]["barrier"]
+    assert result["targets"]["sound_policies_zero_corrupted"]
+    assert all(r["checked"] == result["config"]["steps"] for r in result["rows"])
+    text = format_overlap(result)
+    assert "in_graph" in text and "unsafe bound" in text
+    assert json.loads(format_overlap(result, "json"))["rows"][0]["name"] == "coarse"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["args"]["name"] for e in events if e.get("name") == "process_name"} == set(names)
+    with pytest.raises(InputError):
+        format_overlap(result, "xml")
+
+
+def test_overlap_bench_fake_first_layer_rebuild_has_derived_targets():
+    from warpolicy.bench.overlap import format_overlap, run_overlap_bench
+
+    result = run_overlap_bench(device="fake", model_name="first_layer_rebuild")
+    by = {r["name"]: r for r in result["rows"]}
+    assert not by["in_graph"]["sound"] and by["derived"]["sound"]
+    assert set(result["targets"]) == {
+        "derived_closes_90pct",
+        "derived_zero_corrupted",
+        "post_replay_closes_under_10pct",
+        "sound_policies_zero_corrupted",
+    }
+    # the simulated platform has no graph model here: derived cannot plant and says why
+    derived = result["capture"]["derived"]
+    assert derived["buckets"] and not any(b["planted"] for b in derived["buckets"].values())
+    assert by["derived"]["resolved"] == "post_replay"
+    text = format_overlap(result)
+    assert "model first_layer_rebuild" in text and "derived plant of the" in text
+    with pytest.raises(InputError, match="model must be one of"):
+        run_overlap_bench(device="fake", model_name="nope")
+
+
+def test_overlap_bench_rejects_nonpositive_sizes():
+    from warpolicy.bench.overlap import run_overlap_bench
+
+    with pytest.raises(InputError):
+        run_overlap_bench(device="fake", steps=0)
+
+
+def testgap_closed_is_relative_to_coarse_and_bound():
+    from warpolicy.bench.overlap import gap_closed
+
+    rows = [
+        {"name": "coarse", "step_us": 100.0},
+        {"name": "in_graph", "step_us": 91.0},
+        {"name": "no_barrier", "step_us": 90.0},
+    ]
+    gap_closed(rows)
+    assert [r["gap_closed"] for r in rows] == [0.0, pytest.approx(0.9), 1.0]
+    rows = [{"name": "coarse", "step_us": 100.0}, {"name": "no_barrier", "step_us": 99.9}]
+    gap_closed(rows)
+    assert rows[0]["gap_closed"] is None  # no gap to close: not a ratio of noise
+
+
+def test_failing_write_next_still_orders_the_next_forward_after_its_writes(platform):
+    runner, loop, log = setup(platform)
+
+    def broken():
+        log.append(("write",))
+        raise ValueError("scheduler bug")
+
+    with pytest.raises(ValueError):
+        loop.step([1.0], broken)
+    after = [e for e in log if e[0] in ("write", "record")]
+    assert after[-2] == ("write",) and after[-1][2] == loop.schedule_stream.id
+    written = after[-1][1]
+    start = len(log)
+    loop.step([1.0], None)
+    assert step_entries(log, start)[0] == ("wait_event", platform.current_stream().id, written)
+
+
+# -- ordered after failures ----------------------------------------------------------------------
+
+
+def test_a_failed_write_record_makes_the_next_forward_wait_for_the_whole_schedule_stream(platform):
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    writes = []
+
+    def write_next():
+        writes.append(impl.mark("write"))
+
+    loop.step([1.0], write_next)  # a good step: the next forward waits on its event
+    impl.inject("record", "raise", when=lambda: impl.current_stream() is loop.schedule_stream)
+    with pytest.warns(RuntimeWarning, match="recording the writes failed"):
+        loop.step([1.0], write_next)
+    impl.clear_faults()
+    reads = []
+    runner.model.graph_prep = lambda bucket: reads.append(impl.mark("read"))
+    start = len(log)
+    loop.step([1.0], None)
+    fwd = platform.current_stream()
+    assert step_entries(log, start)[0] == ("wait_stream", fwd.id, loop.schedule_stream.id)
+    assert impl.happens_before(writes[-1], reads[-1])  # read-after-write still ordered
+
+
+@pytest.mark.parametrize("fault", ["wait_event", "wait_event+wait_stream"])
+def test_a_failed_wait_for_the_writes_falls_back_and_keeps_the_order(platform, fault):
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    writes, reads = [], []
+    loop.step([1.0], lambda: writes.append(impl.mark("write")))
+    runner.model.graph_prep = lambda bucket: reads.append(impl.mark("read"))
+    fwd = platform.current_stream()
+    impl.inject("wait_event", "raise", when=lambda: impl.current_stream() is fwd)
+    if fault == "wait_event+wait_stream":
+        impl.inject("wait_stream", "raise", when=lambda: impl.current_stream() is fwd)
+    # two warnings, both the product's: the barrier's own fallback, then the loop's
+    with (
+        pytest.warns(RuntimeWarning, match="falling back to the coarse barrier"),
+        pytest.warns(RuntimeWarning, match="waiting for the last writes failed"),
+    ):
+        loop.step([1.0], None)
+    assert impl.happens_before(writes[-1], reads[-1])
+
+
+def test_when_every_barrier_fails_nothing_is_written(platform):
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    for op in ("wait_event", "wait_stream", "synchronize"):
+        impl.inject(op, "raise", when=lambda: impl.current_stream() is not loop.schedule_stream)
+    written = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Exception, match="injected"):
+            loop.step([1.0], lambda: written.append(1))
+    assert written == []

@@ -1,0 +1,1 @@
+"""The ``warpolicy`` command line."""

@@ -1,0 +1,329 @@
+"""Stage 3 of loading: one source's converted sections -> entries (flags, spec algorithms,
+backends, gates), each with its origin, its key path and the names it refers to.
+
+An entry with any invalid field is left out, but its name is remembered (``broken``) so a
+reference to it is not reported a second time, and the references it makes are still checked
+(``orphan_refs``) so every problem shows at once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import attrs
+from yaml.nodes import Node, SequenceNode
+
+from warpolicy.errors import Problem
+from warpolicy.registry.loader.fields import (
+    Converter,
+    Fields,
+    Located,
+    Raw,
+    Reporter,
+    is_null,
+    join,
+)
+from warpolicy.registry.model import (
+    Backend,
+    Conditions,
+    Flag,
+    Gate,
+    Origin,
+    SpecAlgorithm,
+    shape_problems,
+)
+from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
+
+
+@attrs.frozen
+class Ref:
+    """A name one entry refers to, checked once every source is merged."""
+
+    kind: str  # backend | spec algorithm | spec family | capability | flag
+    name: str
+    origin: Origin
+    path: str
+
+
+Value = Union[Flag, SpecAlgorithm, Backend, Gate]
+
+
+@attrs.frozen
+class Entry:
+    """A flag, spec algorithm, backend or gate from one source, before merging."""
+
+    kind: str  # flag | spec algorithm | backend | gate
+    name: str
+    value: Value
+    origin: Origin
+    path: str
+    override: bool
+    source: int  # index of the source in layering order
+    refs: tuple[Ref, ...] = ()
+    #: a backend's scoped gates (they merge like any gate); a flag's env var origins
+    gates: tuple[Entry, ...] = ()
+    env_origins: tuple[Origin, ...] = ()
+
+
+@attrs.frozen
+class Parsed:
+    """Everything one source contributes."""
+
+    name: str
+    entries: tuple[Entry, ...]  # flags, spec algorithms, backends, then global gates
+    broken: frozenset[tuple[str, str]]  # (kind, name) of entries left out for problems
+    orphan_refs: tuple[Ref, ...]
+
+
+_SECTIONS = (
+    ("flags", "flag", "flag"),
+    ("spec_algorithms", "spec_algorithm", "spec algorithm"),
+    ("backends", "backend", "backend"),
+)
+#: ``when`` keys holding names, and the kind of name each refers to ("" = not checked).
+_WHEN_REFS = {
+    "backend": "backend",
+    "spec": "spec algorithm",
+    "spec_family": "spec family",
+    "spec_has": "capability",
+    "spec_lacks": "capability",
+    "platform": "",
+}
+
+
+class EntryBuilder:
+    """Builds one source's entries from its root node."""
+
+    def __init__(self, name: str, problems: list[Problem], index: int) -> None:
+        self.report = Reporter(name, problems)
+        self.convert = Converter(self.report)
+        self.index = index
+        self.broken: set[tuple[str, str]] = set()
+        self.orphan_refs: list[Ref] = []
+
+    def parse(self, root: Node) -> Optional[Parsed]:
+        top = self.convert.section(root, "", "registry")
+        if top is None:
+            return None
+        builders: dict[str, Callable[[str, Fields, Origin, str], Optional[Entry]]] = {
+            "flag": self.flag,
+            "spec_algorithm": self.spec,
+            "backend": self.backend,
+        }
+        entries: list[Entry] = []
+        for key, section, kind in _SECTIONS:
+            raw = top.get(key, Raw)
+            if raw is not None:
+                entries += self.named_entries(raw.node, key, section, kind, builders[section])
+        gates = top.get("gates", Raw)
+        if gates is not None:
+            entries += self.gate_list(gates.node, "gates", scope=None)
+        return Parsed(
+            self.report.name, tuple(entries), frozenset(self.broken), tuple(self.orphan_refs)
+        )
+
+    def named_entries(
+        self,
+        node: Node,
+        path: str,
+        section: str,
+        kind: str,
+        build: Callable[[str, Fields, Origin, str], Optional[Entry]],
+    ) -> list[Entry]:
+        pairs = self.convert.pairs(node, path, f"a mapping of name -> {kind}", null_ok=True)
+        out: list[Entry] = []
+        for key, value in pairs or ():
+            name = self.convert.key_name(key, path, kind)
+            sub = join(path, key.value)
+            fields = self.convert.section(value, sub, section)
+            entry = None
+            if name is not None and fields is not None:
+                entry = build(name, fields, self.report.origin(key), sub)
+            if entry is not None:
+                out.append(entry)
+            elif name is not None:
+                self.broken.add((kind, name))
+        return out
+
+    def flag(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+        if not f.ok:
+            return None
+        env: list[Located[str]] = f.get("env", list) or []
+        flag = Flag(
+            name=name,
+            default=bool(f.get("default", bool)),
+            doc=f.get("doc", str) or "",
+            env=tuple(e.value for e in env),
+            origin=origin,
+        )
+        return Entry(
+            "flag",
+            name,
+            flag,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            env_origins=tuple(e.origin for e in env),
+        )
+
+    def spec(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+        if not f.ok:
+            return None
+        family = f.get("family", Located)
+        caps: dict[str, Located[bool]] = f.get("capabilities", dict) or {}
+        spec = SpecAlgorithm(
+            name=name,
+            family=family.value if family else None,
+            capabilities={c: v.value for c, v in caps.items()},
+            doc=f.get("doc", str) or "",
+            origin=origin,
+            last_reader=f.get("last_reader", ForwardMode),
+        )
+        return Entry(
+            "spec algorithm", name, spec, origin, path, bool(f.get("override", bool)), self.index
+        )
+
+    def backend(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+        gates_raw = f.get("gates", Raw)
+        gates = self.gate_list(gates_raw.node, f"{path}.gates", name) if gates_raw else []
+        refs = self.backend_refs(f, path)
+        if not f.ok:
+            self.orphan_refs.extend(refs)
+            self.orphan_refs.extend(r for g in gates for r in g.refs)
+            return None
+        reads_end: dict[ForwardMode, Located[WarReadDonePolicy]] = f.get("reads_end", dict) or {}
+        per_mode: dict[ForwardMode, Located[Located[str]]] = f.get("per_mode", dict) or {}
+        inherits = f.get("inherits", Located)
+        plant: dict[ForwardMode, Placement] = f.get("plant", dict) or {}
+        latest_of = tuple(c.value for c in f.get("latest_of", list) or [])
+        delegates = {m: c.value.value for m, c in per_mode.items()}
+        parent = inherits.value if inherits else None
+        shape = shape_problems(
+            reads_end=reads_end, inherits=parent, latest_of=latest_of, per_mode=delegates
+        )
+        for key, mode, message in shape:
+            at = per_mode[mode].origin if mode is not None and mode in per_mode else origin
+            self.report.at(at, join(path, key) if key else path, message)
+        if shape:
+            self.orphan_refs.extend(refs)
+            return None
+        backend = Backend(
+            name=name,
+            reads_end={m: p.value for m, p in reads_end.items()},
+            inherits=parent,
+            latest_of=latest_of,
+            per_mode=delegates,
+            abstract=bool(f.get("abstract", bool)),
+            doc=f.get("doc", str) or "",
+            origin=origin,
+            plant=plant,
+            reads_end_origins={m: p.origin for m, p in reads_end.items()},
+        )
+        return Entry(
+            "backend",
+            name,
+            backend,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            tuple(refs),
+            tuple(gates),
+        )
+
+    @staticmethod
+    def backend_refs(f: Fields, path: str) -> list[Ref]:
+        """The backends this one names, wherever the field itself was valid."""
+        refs = []
+        inherits = f.get("inherits", Located)
+        if inherits is not None:
+            refs.append(Ref("backend", inherits.value, inherits.origin, f"{path}.inherits"))
+        for i, child in enumerate(f.get("latest_of", list) or []):
+            refs.append(Ref("backend", child.value, child.origin, f"{path}.latest_of[{i}]"))
+        per_mode: dict[ForwardMode, Located[Located[str]]] = f.get("per_mode", dict) or {}
+        for mode, keyed in per_mode.items():
+            child = keyed.value
+            refs.append(Ref("backend", child.value, child.origin, f"{path}.per_mode.{mode.label}"))
+        return refs
+
+    def gate_list(self, node: Node, path: str, scope: Optional[str]) -> list[Entry]:
+        if is_null(node):
+            return []
+        if not isinstance(node, SequenceNode):
+            self.report.expected(node, path, "a list of gates")
+            return []
+        out = []
+        for i, item in enumerate(node.value):
+            entry = self.gate(item, f"{path}[{i}]", scope)
+            if entry is not None:
+                out.append(entry)
+        return out
+
+    def gate(self, node: Node, path: str, scope: Optional[str]) -> Optional[Entry]:
+        f = self.convert.section(node, path, "gate")
+        if f is None:
+            return None
+        when_raw = f.get("when", Raw)
+        when = self.when(when_raw.node, f"{path}.when") if when_raw else (Conditions(), [])
+        gate_id, at_least = f.get("id", Located), f.get("at_least", WarReadDonePolicy)
+        if (
+            not f.ok
+            or when is None
+            or gate_id is None
+            or at_least is None
+            or f.get("because", str) is None
+        ):
+            if when is not None:
+                self.orphan_refs.extend(when[1])
+            return None
+        conditions, refs = when
+        origin = self.report.origin(node)
+        gate = Gate(
+            id=gate_id.value,
+            when=conditions,
+            at_least=at_least,
+            because=f.get("because", str) or "",
+            origin=origin,
+            scope=scope,
+            doc=f.get("doc", str) or "",
+        )
+        return Entry(
+            "gate",
+            gate_id.value,
+            gate,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            tuple(refs),
+        )
+
+    def when(self, node: Node, path: str) -> Optional[tuple[Conditions, list[Ref]]]:
+        """A gate's conditions and the names they refer to (checked once all is merged).
+        Null is not "no conditions": a gate that applies always leaves ``when`` out."""
+        f = self.convert.section(node, path, "when")
+        if f is None:
+            return None
+        refs: list[Ref] = []
+        flags: dict[str, Located[bool]] = f.get("flags", dict) or {}
+        refs += [Ref("flag", n, v.origin, f"{path}.flags") for n, v in flags.items()]
+        sets: dict[str, Optional[frozenset[str]]] = {}
+        for key, kind in _WHEN_REFS.items():
+            names: Optional[list[Located[str]]] = f.get(key, list)
+            sets[key] = None if names is None else frozenset(n.value for n in names)
+            if kind and names is not None:
+                refs += [Ref(kind, n.value, n.origin, f"{path}.{key}") for n in names]
+        if not f.ok:
+            self.orphan_refs.extend(refs)
+            return None
+        conditions = Conditions(
+            mode=f.get("mode", frozenset),
+            flags={n: v.value for n, v in flags.items()},
+            declared=f.get("declared", frozenset),
+            eager=f.get("eager", bool),
+            planted=f.get("planted", bool),
+            external_events=f.get("external_events", bool),
+            **sets,
+        )
+        return conditions, refs

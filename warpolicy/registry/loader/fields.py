@@ -1,0 +1,463 @@
+"""Stage 2 of loading: YAML nodes -> typed, located values, problems recorded on the way.
+
+A `Converter` turns one node into one value of a schema *kind* (`warpolicy.registry.schema`). Every
+converter returns the value, or None after recording why it is invalid: no registry value is
+None, so None means "invalid, already reported" and callers never report twice. Names keep
+where they were written (`Located`), so a later reference check can point at them.
+
+Over 400 lines: one converter per schema kind, each recording located problems; they share
+the alias memo.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Callable, Generic, Mapping, Optional, TypeVar
+
+import attrs
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from warpolicy.errors import Problem, UnknownNameError
+from warpolicy.registry import schema as S
+from warpolicy.registry.loader.reading import BOOL, FLOAT, INT, NULL, STR, TAG
+from warpolicy.registry.model import Origin
+from warpolicy.registry.vocabulary import (
+    _MODE_ALIASES,
+    _POLICY_ALIASES,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+NAME_RE = re.compile(S.NAME_PATTERN)
+ENV_RE = re.compile(S.ENV_PATTERN)
+TEXT_RE = re.compile(S.TEXT_PATTERN)
+_NAME_RULE = "letters, digits, _ . + -; no spaces, '=' or line breaks"
+
+
+@attrs.frozen
+class Located(Generic[T]):
+    """A value and where it was written."""
+
+    value: T
+    origin: Origin
+
+
+@attrs.frozen
+class Raw:
+    """A key whose value is a nested section, converted by the entry builders."""
+
+    key: ScalarNode
+    node: Node
+
+
+def join(path: str, key: str) -> str:
+    """``path.key`` in the file's own key names; odd keys quoted so a message stays one line."""
+    if not NAME_RE.match(key):
+        return f"{path}[{key!r}]"
+    return f"{path}.{key}" if path else key
+
+
+def describe(node: Node) -> str:
+    """What a node is, for 'expected X, got Y' messages."""
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    value = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+    kinds = {
+        STR: f"the string {value!r}",
+        BOOL: f"the boolean {value}",
+        NULL: "null",
+        INT: f"the integer {value}",
+        FLOAT: f"the number {value}",
+    }
+    return kinds.get(node.tag, f"{value!r} (a {node.tag.replace(TAG, '')})")
+
+
+class Reporter:
+    """Records located problems for one source, in the file's own key paths."""
+
+    def __init__(self, name: str, problems: list[Problem]) -> None:
+        self.name = name
+        self.problems = problems
+
+    def origin(self, node: Node) -> Origin:
+        mark = node.start_mark
+        if mark is None:  # a plugin's mapping: no text, no marks
+            return Origin(self.name)
+        return Origin(self.name, mark.line + 1, mark.column + 1)
+
+    def at(self, origin: Origin, path: str, message: str) -> None:
+        prefix = f"{path}: " if path else ""
+        self.problems.append(Problem(origin.file, origin.line, origin.col, prefix + message))
+
+    def on(self, node: Node, path: str, message: str) -> None:
+        self.at(self.origin(node), path, message)
+
+    def expected(self, node: Node, path: str, what: str) -> None:
+        self.on(node, path, f"expected {what}, got {describe(node)}")
+
+
+class Fields:
+    """The converted values of one fixed-key section; ``ok`` when none was invalid."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.values: dict[str, object] = {}
+        self.ok = True
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def get(self, key: str, kind: type[T]) -> Optional[T]:
+        """The value of ``key`` if given and valid."""
+        value = self.values.get(key)
+        return value if isinstance(value, kind) else None
+
+
+class Pairs(list[tuple[ScalarNode, Node]]):
+    """A mapping's valid (key, value) pairs; ``ok`` is False when some key was left out."""
+
+    ok = True
+
+
+def is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == NULL
+
+
+class Converter:
+    """Converts nodes of one source into values of the schema's kinds."""
+
+    def __init__(self, report: Reporter) -> None:
+        self.report = report
+        self.by_kind: dict[str, Callable[[Node, str], object]] = {
+            S.VERSION: self.version,
+            S.BOOL: self.boolean,
+            S.TEXT: self.text,
+            S.NAME: self.name,
+            S.POLICY: self.policy,
+            S.NAME_LIST: self.name_list,
+            S.NAME_SET: self.name_set,
+            S.ENV_LIST: self.env_list,
+            S.POLICY_SET: self.policy_set,
+            S.MODE_SET: self.mode_set,
+            S.MODE_POLICY_MAP: self.mode_policy_map,
+            S.MODE_NAME_MAP: self.mode_name_map,
+            S.BOOL_MAP: self.bool_map,
+            S.PLANT: self.plant,
+            S.LAST_READER: self.last_reader,
+        }
+        self.keys = {section: S.keys_by_name(section) for section in S.SECTIONS}
+        #: converted values by (node, kind): a node shared through YAML aliases is converted
+        #: (and its problems reported) once, so aliases cannot multiply the work
+        self.memo: dict[tuple[int, str], object] = {}
+
+    # -- structure --
+
+    def pairs(self, node: Node, path: str, what: str, null_ok: bool = False) -> Optional[Pairs]:
+        """The (key, value) pairs of a mapping with string keys; duplicate, merge and
+        non-string keys reported and left out (``ok`` False). None when not a mapping; null is
+        an empty mapping only where ``null_ok``."""
+        if null_ok and is_null(node):
+            return Pairs()
+        if not isinstance(node, MappingNode):
+            self.report.expected(node, path, what)
+            return None
+        seen: dict[str, Node] = {}
+        out = Pairs()
+        for key, value in node.value:
+            if isinstance(key, ScalarNode) and key.tag == TAG + "merge":
+                self.report.on(
+                    key,
+                    path,
+                    "YAML merge keys (<<) are not supported; use inherits: or repeat the keys",
+                )
+            elif not (isinstance(key, ScalarNode) and key.tag == STR):
+                self.report.on(key, path, f"keys must be names, got {describe(key)}")
+            elif key.value in seen:
+                self.report.on(
+                    key,
+                    path,
+                    f"duplicate key {key.value!r} (first at line "
+                    f"{self.report.origin(seen[key.value]).line}); YAML "
+                    "would silently keep only the last one",
+                )
+            else:
+                seen[key.value] = key
+                out.append((key, value))
+                continue
+            out.ok = False
+        return out
+
+    def section(self, node: Node, path: str, section: str) -> Optional[Fields]:
+        """A fixed-key section converted by key kind; unknown and missing keys reported.
+        None when the node is not a mapping (or has bad keys)."""
+        pairs = self.pairs(node, path, f"a {section.replace('_', ' ')} mapping")
+        if pairs is None:
+            return None
+        known = self.keys[section]
+        fields = Fields(node)
+        fields.ok = pairs.ok
+        for key, value in pairs:
+            spec = known.get(key.value)
+            if spec is None:
+                self.unknown_key(key, path, known)
+                fields.ok = False
+                continue
+            result = self.convert(spec.kind, key, value, join(path, key.value))
+            if result is None:
+                fields.ok = False
+            fields.values[key.value] = result
+        for spec in known.values():
+            if spec.required and spec.name not in fields:
+                hint = f" (the integer {S.FORMAT_VERSION})" if spec.kind == S.VERSION else ""
+                self.report.on(node, path, f"missing required key {spec.name!r}{hint}")
+                fields.ok = False
+        return fields
+
+    def convert(self, kind: str, key: ScalarNode, node: Node, path: str) -> object:
+        """``node`` as a value of ``kind`` (None when invalid); nested sections stay `Raw`."""
+        convert = self.by_kind.get(kind)
+        if convert is None:
+            return Raw(key, node)
+        memo_key = (id(node), kind)
+        if memo_key in self.memo:
+            return self.memo[memo_key]
+        result = self.memo[memo_key] = convert(node, path)
+        return result
+
+    def unknown_key(self, key: ScalarNode, path: str, known: Mapping[str, S.Key]) -> None:
+        close = difflib.get_close_matches(str(key.value), list(known), n=3, cutoff=0.6)
+        hint = (
+            "; did you mean " + ", ".join(repr(c) for c in close) + "?"
+            if close
+            else "; known keys: " + ", ".join(known)
+        )
+        where = "top-level key" if not path else "key"
+        self.report.on(key, path, f"unknown {where} {key.value!r}{hint}")
+
+    # -- scalars --
+
+    def version(self, node: Node, path: str) -> Optional[int]:
+        value: object = None
+        if isinstance(node, ScalarNode) and node.tag in (INT, FLOAT):
+            constructor = yaml.constructor.SafeConstructor()
+            try:  # YAML ints include 0x1, 0o1, 1_0; JSON Schema's integer includes 1.0
+                value = (
+                    constructor.construct_yaml_int(node)
+                    if node.tag == INT
+                    else constructor.construct_yaml_float(node)
+                )
+            except ValueError:
+                value = None
+        if value is None:
+            self.report.expected(node, path, f"the integer {S.FORMAT_VERSION}")
+            return None
+        if value != S.FORMAT_VERSION:
+            self.report.on(
+                node,
+                path,
+                f"unsupported registry version {node.value}; this "
+                f"warpolicy reads version {S.FORMAT_VERSION}",
+            )
+            return None
+        return S.FORMAT_VERSION
+
+    def boolean(self, node: Node, path: str) -> Optional[bool]:
+        if isinstance(node, ScalarNode) and node.tag == BOOL:
+            return node.value.lower() in ("true", "yes", "on")
+        self.report.expected(node, path, "true or false")
+        return None
+
+    def text(self, node: Node, path: str) -> Optional[str]:
+        if isinstance(node, ScalarNode) and node.tag == STR and TEXT_RE.search(node.value):
+            return " ".join(node.value.split())  # folded docs read as one line
+        self.report.expected(node, path, "a non-empty string")
+        return None
+
+    def name(self, node: Node, path: str) -> Optional[Located[str]]:
+        """A registry name, with where it was written (for reference checks)."""
+        if not (isinstance(node, ScalarNode) and node.tag == STR):
+            self.report.expected(node, path, "a name")
+            return None
+        if not NAME_RE.match(node.value):
+            self.report.on(node, path, f"{node.value!r} is not a valid name ({_NAME_RULE})")
+            return None
+        return Located(node.value, self.report.origin(node))
+
+    def key_name(self, key: ScalarNode, path: str, kind: str) -> Optional[str]:
+        if NAME_RE.match(key.value):
+            return str(key.value)
+        self.report.on(key, path, f"{key.value!r} is not a valid {kind} name ({_NAME_RULE})")
+        return None
+
+    def _spelling(
+        self, node: Node, path: str, table: Mapping[str, V], kind: str, what: str
+    ) -> Optional[V]:
+        """One of ``table``'s exact spellings (case and spaces as the schema lists them)."""
+        if not (isinstance(node, ScalarNode) and node.tag == STR):
+            self.report.expected(node, path, what)
+            return None
+        if node.value in table:
+            return table[node.value]
+        self.report.on(node, path, str(UnknownNameError(kind, node.value, table)))
+        return None
+
+    def policy(self, node: Node, path: str) -> Optional[WarReadDonePolicy]:
+        return self._spelling(
+            node,
+            path,
+            _POLICY_ALIASES,
+            "policy",
+            "a policy (pre_replay, in_graph, post_replay, none)",
+        )
+
+    def mode(self, node: Node, path: str) -> Optional[ForwardMode]:
+        return self._spelling(node, path, _MODE_ALIASES, "mode", "a forward mode")
+
+    def placement(self, node: Node, path: str) -> Optional[Placement]:
+        return self._spelling(
+            node,
+            path,
+            {p.value: p for p in Placement},
+            "placement",
+            "a placement (marker, derived)",
+        )
+
+    def last_reader(self, node: Node, path: str) -> Optional[ForwardMode]:
+        readers = {m.value: m for m in (ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)}
+        return self._spelling(node, path, readers, "last reader", "draft_extend or target_verify")
+
+    def env_name(self, node: Node, path: str) -> Optional[Located[str]]:
+        if not (isinstance(node, ScalarNode) and node.tag == STR):
+            self.report.expected(node, path, "an environment variable name")
+            return None
+        if not ENV_RE.match(node.value):
+            self.report.on(node, path, f"{node.value!r} is not an environment variable name")
+            return None
+        return Located(node.value, self.report.origin(node))
+
+    # -- collections --
+
+    def _many(
+        self,
+        node: Node,
+        path: str,
+        convert: Callable[[Node, str], Optional[T]],
+        scalar_ok: bool,
+        what: str,
+    ) -> Optional[list[T]]:
+        """A list of values (or a lone non-null scalar where a set allows one); an empty list
+        is reported, and so is every invalid item."""
+        if scalar_ok and isinstance(node, ScalarNode) and not is_null(node):
+            one = convert(node, path)
+            return None if one is None else [one]
+        if not isinstance(node, SequenceNode):
+            self.report.expected(node, path, what)
+            return None
+        if not node.value:
+            self.report.on(node, path, "an empty list; leave the key out instead")
+            return None
+        values = [convert(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        if any(v is None for v in values):
+            return None
+        return [v for v in values if v is not None]
+
+    def _unique(
+        self, values: Optional[list[Located[str]]], path: str
+    ) -> Optional[list[Located[str]]]:
+        if values is None:
+            return None
+        seen: set[str] = set()
+        for item in values:
+            if item.value in seen:
+                self.report.at(item.origin, path, f"{item.value!r} is listed twice")
+                return None
+            seen.add(item.value)
+        return values
+
+    def name_list(self, node: Node, path: str) -> Optional[list[Located[str]]]:
+        return self._unique(self._many(node, path, self.name, False, "a list of names"), path)
+
+    def name_set(self, node: Node, path: str) -> Optional[list[Located[str]]]:
+        return self._many(node, path, self.name, True, "a name or a list of names")
+
+    def env_list(self, node: Node, path: str) -> Optional[list[Located[str]]]:
+        return self._unique(
+            self._many(node, path, self.env_name, True, "a list of environment variable names"),
+            path,
+        )
+
+    def policy_set(self, node: Node, path: str) -> Optional[frozenset[WarReadDonePolicy]]:
+        values = self._many(node, path, self.policy, True, "a policy or a list of policies")
+        return None if values is None else frozenset(values)
+
+    def mode_set(self, node: Node, path: str) -> Optional[frozenset[ForwardMode]]:
+        values = self._many(node, path, self.mode, True, "a mode or a list of modes")
+        return None if values is None else frozenset(values)
+
+    def _mode_map(
+        self, node: Node, path: str, convert: Callable[[Node, str], Optional[V]]
+    ) -> Optional[dict[ForwardMode, Located[V]]]:
+        """mode -> value, each with the origin of its mode key; aliases of one mode collide."""
+        pairs = self.pairs(node, path, "a mapping of forward mode -> value")
+        if pairs is None:
+            return None
+        out: dict[ForwardMode, Located[V]] = {}
+        spelled: dict[ForwardMode, str] = {}
+        ok = pairs.ok
+        for key, value in pairs:
+            mode = self.mode(key, path)
+            converted = convert(value, join(path, key.value))
+            if mode is None or converted is None:
+                ok = False
+            elif mode in out:
+                self.report.on(
+                    key,
+                    path,
+                    f"{key.value!r} is mode {mode.label!r}, already given as {spelled[mode]!r}",
+                )
+                ok = False
+            else:
+                out[mode] = Located(converted, self.report.origin(key))
+                spelled[mode] = key.value
+        return out if ok else None
+
+    def mode_policy_map(
+        self, node: Node, path: str
+    ) -> Optional[dict[ForwardMode, Located[WarReadDonePolicy]]]:
+        return self._mode_map(node, path, self.policy)
+
+    def mode_name_map(
+        self, node: Node, path: str
+    ) -> Optional[dict[ForwardMode, Located[Located[str]]]]:
+        return self._mode_map(node, path, self.name)
+
+    def plant(self, node: Node, path: str) -> Optional[dict[ForwardMode, Placement]]:
+        """``derived`` (every mode) or ``{mode: derived|marker}``."""
+        if isinstance(node, ScalarNode):
+            one = self.placement(node, path)
+            return None if one is None else {mode: one for mode in ForwardMode}
+        by_mode = self._mode_map(node, path, self.placement)
+        return None if by_mode is None else {m: p.value for m, p in by_mode.items()}
+
+    def bool_map(self, node: Node, path: str) -> Optional[dict[str, Located[bool]]]:
+        pairs = self.pairs(node, path, "a mapping of name -> true/false")
+        if pairs is None:
+            return None
+        out: dict[str, Located[bool]] = {}
+        ok = pairs.ok
+        for key, value in pairs:
+            name = self.key_name(key, path, "capability or flag")
+            parsed = self.boolean(value, join(path, key.value))
+            if name is None or parsed is None:
+                ok = False
+            else:
+                out[name] = Located(parsed, self.report.origin(key))
+        return out if ok else None

@@ -1,0 +1,361 @@
+"""Rendering decisions, explanations, tables, diffs and plugin lists as text, JSON or markdown.
+
+One table renderer (`render_table`) serves every tabular output; every JSON document carries
+``schema_version`` (`JSON_SCHEMA_VERSION`), bumped when a field is removed or changes meaning.
+Output is ASCII apart from what registry files themselves contain.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Optional, Sequence
+
+from warpolicy.registry.compare import CellSpace, DiffCell, LayerChange
+from warpolicy.registry.engine import Decision, Explanation, GateCheck
+
+#: Every output format a command may offer.
+FORMATS = ("text", "json", "markdown")
+#: The ``schema_version`` of every JSON document the CLI prints.
+JSON_SCHEMA_VERSION = 1
+
+
+def json_document(body: Mapping[str, object]) -> str:
+    """A JSON document: ``schema_version`` first, then ``body``."""
+    return json.dumps({"schema_version": JSON_SCHEMA_VERSION, **body}, indent=2, default=str)
+
+
+def _md(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    fmt: str = "text",
+    records: Optional[Sequence[Mapping[str, object]]] = None,
+    extra: Optional[Mapping[str, object]] = None,
+) -> str:
+    """``rows`` under ``header`` as an aligned text grid, a markdown table, or a JSON document
+    ``{"schema_version", **extra, "rows": records}`` (records default to dicts of the header)."""
+    if fmt == "json":
+        if records is None:
+            records = [dict(zip(header, row)) for row in rows]
+        return json_document({**(extra or {}), "rows": list(records)})
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(_md(x) for x in r) + " |" for r in rows]
+        return "\n".join(lines)
+    cells = [[str(x) for x in r] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells)]
+    fmt_line = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt_line.format(*header), fmt_line.format(*("-" * w for w in widths))]
+    lines += [fmt_line.format(*r) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# -- query, table ------------------------------------------------------------------------------
+
+
+def format_decision(decision: Decision, fmt: str = "text") -> str:
+    """The policy first (text: the first word), then the reasons that moved it."""
+    if fmt == "json":
+        return json_document(decision.to_json())
+    ctx = decision.context
+    if fmt == "markdown":
+        head = (
+            f"**{decision.policy.label}** for `{ctx.backend}` {ctx.mode.label} "
+            f"(spec `{ctx.spec}`)\n\n"
+        )
+        return head + render_table(
+            ("reason", "at least", "message", "origin"),
+            [(r.id, r.policy.label, r.message, r.origin or "-") for r in decision.reasons],
+            "markdown",
+        )
+    lines = [decision.policy.label]
+    lines += [
+        f"  {r.id}: {r.message}" + (f" [{r.origin}]" if r.origin else "") for r in decision.reasons
+    ]
+    return "\n".join(lines)
+
+
+def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
+    """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration."""
+    header = ("backend", "mode", "spec", "policy", "because")
+    rows, records = [], []
+    for d in decisions:
+        why = ",".join(r.id for r in d.reasons[1:]) or "declared"
+        rows.append((d.context.backend, d.context.mode.label, d.context.spec, d.policy.label, why))
+        records.append(
+            {
+                "backend": d.context.backend,
+                "mode": d.context.mode.label,
+                "spec": d.context.spec,
+                "policy": d.policy.label,
+                "reasons": [r.id for r in d.reasons],
+            }
+        )
+    return render_table(header, rows, fmt, records)
+
+
+# -- explain -----------------------------------------------------------------------------------
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def _context_lines(exp: Explanation) -> list[tuple[str, str]]:
+    ctx = exp.decision.context
+    caps = ", ".join(f"{k}={_yes(v)}" for k, v in sorted(exp.spec.capabilities.items()))
+    return [
+        ("backend", f"{ctx.backend}, mode {ctx.mode.label}"),
+        ("spec", f"{ctx.spec} (family {exp.spec.family or '-'}; {caps or 'no capabilities'})"),
+        (
+            "platform",
+            f"{ctx.platform}: external events {_yes(ctx.external_events)}, "
+            f"{'eager' if ctx.eager else 'captured graph'}, node "
+            f"{'planted' if ctx.planted else 'not planted'}",
+        ),
+        (
+            "flags",
+            ", ".join(f"{f.name}={str(f.value).lower()} ({f.source})" for f in exp.flags) or "-",
+        ),
+    ]
+
+
+def _gate_mark(check: GateCheck) -> str:
+    return "raised" if check.raised else ("matched, no effect" if check.matched else "skipped")
+
+
+def format_explanation(exp: Explanation, fmt: str = "text") -> str:
+    """Every input considered: context, flags, spec, every declaration and child that took part,
+    every gate, the built-ins, the result. A child shared by several parents is shown once."""
+    if fmt == "json":
+        return json_document(exp.to_json())
+    if fmt == "markdown":
+        return _explanation_markdown(exp)
+    return "\n".join(_explanation_text(exp, "", set()))
+
+
+def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str]:
+    seen.add(exp.backend)
+    ctx = exp.decision.context
+    lines = [f"{indent}{exp.decision.policy.label}"]
+    lines += [
+        f"{indent}  {name} {value}"
+        if name in ("backend", "spec", "platform")
+        else f"{indent}  {name}: {value}"
+        for name, value in _context_lines(exp)
+    ]
+    if not indent:
+        lines.append(f"  placement: {exp.placement_text}")
+    lines.append(f"{indent}  declared: {exp.declared.label}")
+    lines += [f"{indent}    {step}" for step in exp.chain]
+    lines += [
+        f"{indent}    ({d.backend} declares {ctx.mode.label} at {d.origin})"
+        for d in exp.declarations
+    ]
+    for child in exp.children:
+        if child.backend in seen:
+            lines.append(
+                f"{indent}    child {child.backend}: {child.decision.policy.label} "
+                "(explained above)"
+            )
+            continue
+        lines.append(f"{indent}    child {child.backend}:")
+        lines += _explanation_text(child, indent + "      ", seen)
+    lines.append(f"{indent}  gates:")
+    for check in exp.gates:
+        lines.append(
+            f"{indent}    [{_gate_mark(check)}] {check.gate.id} (at_least "
+            f"{check.gate.at_least.label}): {check.why}"
+            + (f" -- {check.gate.because}" if check.matched else "")
+            + f" [{check.gate.origin}]"
+        )
+    if not exp.gates:
+        lines.append(f"{indent}    (none)")
+    if exp.force_coarse is not None:
+        lines.append(f"{indent}  kill switch: {exp.force_coarse.message}")
+    if exp.demotion is not None:
+        lines.append(f"{indent}  sound demotion: {exp.demotion.message}")
+    lines.append(f"{indent}  result: {exp.decision.policy.label}")
+    return lines
+
+
+def _walk(exp: Explanation) -> list[Explanation]:
+    """``exp`` and every distinct backend it runs, parents before children."""
+    out, seen, todo = [], set(), [exp]
+    while todo:
+        node = todo.pop(0)
+        if node.backend in seen:
+            continue
+        seen.add(node.backend)
+        out.append(node)
+        todo.extend(node.children)
+    return out
+
+
+def _explanation_markdown(exp: Explanation) -> str:
+    """For a pull-request comment: a heading with the result, then tables."""
+    ctx = exp.decision.context
+    parts = [
+        f"### warpolicy: `{ctx.backend}` {ctx.mode.label} (spec `{ctx.spec}`) -> "
+        f"**{exp.decision.policy.label}**",
+        "",
+        render_table(
+            ("input", "value"),
+            _context_lines(exp) + [("placement", exp.placement_text)],
+            "markdown",
+        ),
+        "",
+        "**Reasons**",
+        "",
+        render_table(
+            ("reason", "at least", "message", "origin"),
+            [(r.id, r.policy.label, r.message, r.origin or "-") for r in exp.decision.reasons],
+            "markdown",
+        ),
+        "",
+    ]
+    nodes = _walk(exp)
+    declarations = [
+        (n.backend, d.backend, d.policy.label, d.via, d.origin)
+        for n in nodes
+        for d in n.declarations
+    ]
+    parts += ["**Declarations that took part**", ""]
+    if declarations:
+        parts.append(
+            render_table(
+                ("for", "declared by", ctx.mode.label, "how", "origin"), declarations, "markdown"
+            )
+        )
+    else:
+        parts.append(f"None: `{ctx.backend}` does not declare {ctx.mode.label} (not audited).")
+    runs = [
+        (n.backend, c.backend, c.declared.label, c.decision.policy.label)
+        for n in nodes
+        for c in n.children
+    ]
+    if runs:
+        parts += [
+            "",
+            "**Backends it runs**",
+            "",
+            render_table(("backend", "runs", "declared", "decided"), runs, "markdown"),
+        ]
+    parts += ["", "**Gates**", ""]
+    if exp.gates:
+        parts.append(
+            render_table(
+                ("gate", "at least", "result", "why", "origin"),
+                [
+                    (c.gate.id, c.gate.at_least.label, _gate_mark(c), c.why, str(c.gate.origin))
+                    for c in exp.gates
+                ],
+                "markdown",
+            )
+        )
+    else:
+        parts.append("None.")
+    return "\n".join(parts)
+
+
+# -- diff, layers, plugins ---------------------------------------------------------------------
+
+
+def format_diff(
+    cells: Sequence[DiffCell], space: CellSpace, fmt: str = "text", plugins: Optional[str] = None
+) -> str:
+    """Changed cells (``earlier`` first) and what was compared and held fixed."""
+    order = {"earlier": 0, "removed": 1, "added": 2, "later": 3}
+    cells = sorted(
+        cells,
+        key=lambda c: (order[c.change], c.backend, c.mode.label, c.spec, c.plugins or "", c.when),
+    )
+    with_plugins = any(c.plugins for c in cells) or plugins == "both"
+    header = ("backend", "mode", "spec", "when", "old", "new", "change") + (
+        ("plugins",) if with_plugins else ()
+    )
+    rows = [
+        (c.backend, c.mode.label, c.spec, c.when, c.old, c.new, c.change)
+        + ((c.plugins or "-",) if with_plugins else ())
+        for c in cells
+    ]
+    if fmt == "json":
+        records = [
+            {
+                "backend": c.backend,
+                "mode": c.mode.label,
+                "spec": c.spec,
+                "when": c.when,
+                "settings": [s.assignments() for s in c.settings],
+                "old": c.old,
+                "new": c.new,
+                "change": c.change,
+                "plugins": c.plugins,
+            }
+            for c in cells
+        ]
+        return json_document({"compared": space.to_json(), "plugins": plugins, "cells": records})
+    about = space.describe() + ([f"plugins: {plugins}"] if plugins else [])
+    if fmt == "markdown":
+        body = render_table(header, rows, "markdown") if cells else "No policy changes."
+        return body + "\n\n" + "\n".join(f"- {line}" for line in about)
+    body = render_table(header, rows) if cells else "no policy changes"
+    return body + "\n\n" + "\n".join(about)
+
+
+def layer_warnings(changes: Sequence[LayerChange]) -> list[str]:
+    """One line per layer that makes cells earlier (or could not be compared)."""
+    lines = []
+    for change in changes:
+        if change.note:
+            lines.append(f"layer {change.layer}: {change.note}")
+            continue
+        first = change.cells[0]
+        lines.append(
+            f"layer {change.layer} makes {len(change.cells)} cell(s) earlier than the "
+            f"layers below it, e.g. {first.backend} {first.mode.label} spec {first.spec} "
+            f"({first.when}): {first.old} -> {first.new}"
+        )
+    return lines
+
+
+def _plugin_of(layer: str) -> Optional[str]:
+    """``plugin:NAME``, ``plugin:NAME[i]`` or ``plugin:NAME:PATH`` -> NAME."""
+    if not layer.startswith("plugin:"):
+        return None
+    return layer[len("plugin:") :].split("[", 1)[0].split(":", 1)[0] or None
+
+
+def _strings(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
+def format_plugins(
+    plugins: Sequence[Mapping[str, object]], fmt: str = "text", layers: Sequence[LayerChange] = ()
+) -> str:
+    """Every plugin, and how many cells its registry fragment makes earlier."""
+    earlier: dict[str, list[str]] = {}
+    for change in layers:
+        name = _plugin_of(change.layer)
+        if name is not None:
+            earlier.setdefault(name, []).extend(layer_warnings([change]))
+    records = [{**p, "earlier": earlier.get(str(p["name"]), [])} for p in plugins]
+    header = ("name", "version", "source", "status", "hooks", "earlier cells")
+    rows = []
+    for p in plugins:  # text drops the common warpolicy_ prefix; json keeps full names
+        hooks = [str(h).removeprefix("warpolicy_") for h in _strings(p.get("hooks"))]
+        found = earlier.get(str(p["name"]), [])
+        rows.append(
+            (
+                p["name"],
+                p.get("version") or "-",
+                p["source"],
+                p.get("status", "active"),
+                ", ".join(hooks) or "-",
+                "; ".join(found) if found else "-",
+            )
+        )
+    return render_table(header, rows, fmt, records)

@@ -1,0 +1,166 @@
+"""The ``warpolicy_*`` hook specifications.
+
+Three kinds of hooks:
+
+* **Fragment hook** (`warpolicy_capabilities`): every plugin's result is collected and
+  merged by the registry's own rules (`warpolicy.runtime.manager.collect_fragments` sorts them by
+  plugin name), never by pluggy call order.
+* **Platform hook** (`warpolicy_platform`): asked once when a `warpolicy.runtime.platform.Platform` is
+  built for a device. A plugin claims the device by returning an object implementing
+  `warpolicy.runtime.platforms.PlatformImpl`; from then on its methods are called directly, with no
+  plugin dispatch per operation. Exactly one plugin may claim a device type.
+* **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier,
+  fallback and capture-time demotion, for logging, metrics and tracing. With none registered
+  the runtime pays nothing; each registered one costs one direct call. An observer that
+  raises is reported (a warning and `warpolicy_on_fallback`) and never changes what is
+  published or when the scheduler is released.
+
+Implementations may accept any subset of a hook's arguments (pluggy passes only the ones
+they name), so new arguments can be added here without breaking plugins.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+
+import pluggy
+
+from warpolicy.registry.vocabulary import WarReadDonePolicy
+
+if TYPE_CHECKING:  # annotations only: the engine and the platforms build on this module
+    from warpolicy.registry.engine import Decision
+    from warpolicy.runtime.platforms import EventHandle, PlatformImpl
+
+PROJECT = "warpolicy"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: What `warpolicy_capabilities` may return: a file (``pathlib.Path``), YAML text (``str``),
+#: an already-parsed mapping, or a list of these.
+FragmentResult = Union[
+    os.PathLike, str, Mapping[str, Any], Sequence[Union[os.PathLike, str, Mapping[str, Any]]]
+]
+
+#: The 0.1 per-operation platform hooks. A plugin still implementing one is refused at
+#: registration with an error naming `warpolicy_platform`.
+REMOVED_PLATFORM_HOOKS = (
+    "warpolicy_platform_name",
+    "warpolicy_external_events_supported",
+    "warpolicy_platform_log",
+    "warpolicy_create_event",
+    "warpolicy_record_event",
+    "warpolicy_wait_event",
+    "warpolicy_wait_stream",
+    "warpolicy_is_capturing",
+    "warpolicy_new_stream",
+    "warpolicy_current_stream",
+    "warpolicy_use_stream",
+    "warpolicy_new_graph",
+    "warpolicy_graph_pool",
+    "warpolicy_capture",
+    "warpolicy_capture_callable",
+    "warpolicy_replay",
+    "warpolicy_synchronize",
+)
+
+#: The observer hooks, in the order of their arguments as the runtime passes them.
+OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = {
+    "warpolicy_on_decision": ("decision", "where"),
+    "warpolicy_on_publish": ("runner", "step", "policy", "event"),
+    "warpolicy_on_barrier": ("runner", "step", "kind", "reason"),
+    "warpolicy_on_fallback": ("where", "error"),
+    "warpolicy_on_demotion": ("runner", "bucket", "reason"),
+}
+
+
+# -- registry fragments ------------------------------------------------------------------------
+
+
+@hookspec
+def warpolicy_capabilities() -> Optional[FragmentResult]:
+    """Contribute registry fragments: backends, spec algorithms, flags or gates.
+
+    Fires when a registry is loaded with plugins (`PolicyEngine.load`, the CLI). Return a
+    ``pathlib.Path`` naming a YAML file, a ``str`` of YAML *text* (a ``str`` is never taken as
+    a file name), a mapping in the registry format, a list of these, or ``None``.
+
+    Results combine: all are collected, ordered by plugin name (not call order) and merged
+    after the core file by the registry's rules; an invalid fragment stops loading with an
+    error naming the plugin.
+    """
+
+
+# -- platform ----------------------------------------------------------------------------------
+
+
+@hookspec
+def warpolicy_platform(device: str) -> Optional[PlatformImpl]:
+    """Claim a device: return a `warpolicy.runtime.platforms.PlatformImpl` for ``device``, or None.
+
+    Fires once each time a `Platform` is built (`Platform.for_device`). ``device`` is a
+    lower-case string such as ``"cuda:0"`` or ``"sim"``; read its type with
+    `warpolicy.runtime.platforms.device_type`. Every plugin is asked; exactly one may claim a device
+    type (two claims are a `PluginError` naming both plugins, whatever the registration
+    order), and a device nobody claims is an unknown device type.
+
+    :param device: the device asked for, normalised to a lower-case string
+    """
+
+
+# -- observers ---------------------------------------------------------------------------------
+
+
+@hookspec
+def warpolicy_on_decision(decision: Decision, where: str) -> None:
+    """A policy decision was made; fires when a runner resolves a bucket's policy at capture.
+
+    :param decision: the `warpolicy.registry.engine.Decision`, with every reason that moved it
+    :param where: the caller, e.g. ``"engine"`` or ``"runner:decode"``
+    """
+
+
+@hookspec
+def warpolicy_on_publish(
+    runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
+) -> None:
+    """A fence published for one step; fires at the end of `ReadDoneFence.after_replay`.
+
+    :param runner: the fence's (runner's) name
+    :param step: the fence's step number
+    :param policy: the policy really applied (``NONE`` when nothing was published)
+    :param event: the handed-out event, or None (the scheduler goes coarse)
+    """
+
+
+@hookspec
+def warpolicy_on_barrier(runner: str, step: Optional[int], kind: str, reason: str) -> None:
+    """The scheduler barrier was applied; fires at the end of `SchedulerBarrier.apply`.
+
+    :param runner: the publishing fence's name (the barrier's name when nothing was taken)
+    :param step: the published step, or None when nothing was taken
+    :param kind: ``"event"`` or ``"coarse"``
+    :param reason: the policy label, ``"forced"``, ``"no read-done event"`` or ``"hook failed"``
+    """
+
+
+@hookspec
+def warpolicy_on_fallback(where: str, error: BaseException) -> None:
+    """A runtime failure was absorbed by failing closed; fires once per failure.
+
+    :param where: the component and place, e.g. ``"fence 'decode':after_replay"``
+    :param error: the exception absorbed
+    """
+
+
+@hookspec
+def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
+    """A captured bucket was demoted at capture time (fires once per bucket and capture): its
+    marker failed the self-check, or derived placement could not plant its node, so the bucket
+    publishes no earlier than ``post_replay``.
+
+    :param runner: the runner's name
+    :param bucket: the bucket's size
+    :param reason: one line naming what failed (for a failed self-check: kernel, buffer, bucket)
+    """

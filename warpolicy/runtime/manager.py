@@ -1,0 +1,489 @@
+"""The plugin manager, the composition root: built-ins, entry points ``warpolicy``, switches,
+the platform claim, observer calls and fragments.
+
+Built-ins are ordinary plugins registered by name: ``"cuda"`` (`warpolicy.runtime.platforms.cuda`) and
+``"sim"`` (a `warpolicy.runtime.platforms.sim.SimPlugin`). Third-party plugins come from the
+entry-point group ``warpolicy``; the entry point's name is the plugin name.
+
+Environment:
+
+* ``WARPOLICY_DISABLE_PLUGINS=a,b``: block these plugin names (built-ins too); a blocked
+  entry point is not even imported, so this is how to get past a broken plugin.
+* ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr (observer calls then go through
+  pluggy so the trace shows them).
+
+Over 400 lines: the composition root also owns entry-point loading with one-line errors per
+broken plugin shape, the platform claim and the cached observer calls.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import sys
+import threading
+import types
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
+
+import attrs
+import pluggy
+
+from warpolicy import __version__
+from warpolicy.errors import PluginError, Problem
+from warpolicy.registry.inputs import env_switch
+from warpolicy.registry.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
+from warpolicy.runtime import hookspecs
+from warpolicy.runtime.nvtx import nvtx_plugin_if_enabled
+from warpolicy.runtime.platforms import PLATFORM_OPERATIONS, PlatformImpl, cuda
+from warpolicy.runtime.platforms.sim import SimPlugin
+
+log = logging.getLogger("warpolicy")
+
+GROUP = "warpolicy"
+DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
+TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
+
+#: The members `PlatformImpl` requires (checked on every claim, so a bad one is one line).
+_IMPL_MEMBERS = ("name", "device", "external_events_supported", *PLATFORM_OPERATIONS)
+
+
+@attrs.frozen
+class PluginSource:
+    """Where a plugin came from, for `describe_plugins` and error messages."""
+
+    source: str  # "builtin" or "distribution:<dist>"
+    version: str
+    entry_point: Optional[str] = None  # "warpolicy:name = value"
+
+
+#: An observer call: the hook's arguments, positionally, in `hookspecs.OBSERVER_HOOKS` order.
+ObserverCall = Callable[..., None]
+
+
+class Observers:
+    """Direct calls to the registered observer implementations, one tuple per hook, refreshed
+    by the manager on every registration change (so a step reads a tuple, never pluggy).
+
+    An empty tuple means nobody observes: the runtime skips the call entirely. While hook-call
+    monitoring or tracing is on (or an observer is a wrapper), a hook's tuple holds one call
+    through pluggy instead, so the monitor sees it.
+    """
+
+    __slots__ = (
+        "on_decision",
+        "on_publish",
+        "on_barrier",
+        "on_fallback",
+        "on_demotion",
+        "plugin_of",
+    )
+
+    def __init__(self) -> None:
+        self.on_decision: tuple[ObserverCall, ...] = ()
+        self.on_publish: tuple[ObserverCall, ...] = ()
+        self.on_barrier: tuple[ObserverCall, ...] = ()
+        self.on_fallback: tuple[ObserverCall, ...] = ()
+        self.on_demotion: tuple[ObserverCall, ...] = ()
+        self.plugin_of: dict[ObserverCall, str] = {}  # for naming a failing observer
+
+    def refresh(self, pm: pluggy.PluginManager, through_pluggy: bool) -> None:
+        plugin_of: dict[ObserverCall, str] = {}
+        for hook_name, argnames in hookspecs.OBSERVER_HOOKS.items():
+            caller = getattr(pm.hook, hook_name, None)
+            impls = caller.get_hookimpls() if caller is not None else []
+            calls: tuple[ObserverCall, ...] = ()
+            if impls and (through_pluggy or any(i.hookwrapper or i.wrapper for i in impls)):
+                call = _through_pluggy(caller, argnames)
+                plugin_of[call] = ",".join(sorted({i.plugin_name for i in impls}))
+                calls = (call,)
+            elif impls:
+                # pluggy calls the last registered first (tryfirst/trylast already sorted in)
+                calls = tuple(
+                    _direct(impl.function, tuple(impl.argnames), argnames)
+                    for impl in reversed(impls)
+                )
+                for call, impl in zip(calls, reversed(impls)):
+                    plugin_of[call] = impl.plugin_name
+            setattr(self, hook_name[len("warpolicy_") :], calls)
+        self.plugin_of = plugin_of
+
+
+def _direct(
+    function: Callable[..., Any], names: tuple[str, ...], spec: tuple[str, ...]
+) -> ObserverCall:
+    """``function`` called positionally; an implementation naming a subset (or another order)
+    of the arguments gets exactly those, as pluggy would pass them."""
+    if names == spec:
+        return function
+    index = tuple(spec.index(name) for name in names)
+
+    def call(*args: Any) -> None:
+        function(*[args[i] for i in index])
+
+    return call
+
+
+def _through_pluggy(caller: Any, spec: tuple[str, ...]) -> ObserverCall:
+    def call(*args: Any) -> None:
+        caller(**dict(zip(spec, args)))
+
+    return call
+
+
+class WarpolicyPluginManager(pluggy.PluginManager):
+    """A pluggy manager that remembers where each plugin came from, refuses plugins written
+    against the removed 0.1 platform hooks, and keeps `observers` current."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.sources: dict[str, PluginSource] = {}
+        self.observers = Observers()
+        self._monitored = 0  # active hook-call monitors (tracing is one)
+
+    def register(self, plugin: object, name: Optional[str] = None) -> Optional[str]:
+        plugin_name = name or self.get_canonical_name(plugin)
+        if not self.is_blocked(plugin_name):
+            for hook in hookspecs.REMOVED_PLATFORM_HOOKS:
+                # hasattr first: older pluggy releases' parse_hookimpl_opts assumes the name
+                # exists on the plugin
+                if hasattr(plugin, hook) and self.parse_hookimpl_opts(plugin, hook) is not None:
+                    raise PluginError(
+                        plugin_name,
+                        f"implements {hook}, a 0.1 platform hook removed "
+                        "in 0.2; implement warpolicy_platform(device) returning a "
+                        "PlatformImpl instead (CHANGELOG: Migrating from 0.1)",
+                    )
+        registered = super().register(plugin, name)
+        self._refresh()
+        return registered
+
+    def unregister(self, plugin: object | None = None, name: Optional[str] = None) -> Any:
+        removed = super().unregister(plugin, name)
+        self._refresh()
+        return removed
+
+    def add_hookspecs(self, module_or_class: types.ModuleType | type) -> None:
+        super().add_hookspecs(module_or_class)
+        self._refresh()
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        undo_monitoring = super().add_hookcall_monitoring(before, after)
+        self._monitored += 1
+        self._refresh()
+
+        def undo() -> None:
+            undo_monitoring()
+            self._monitored -= 1
+            self._refresh()
+
+        return undo
+
+    def _refresh(self) -> None:
+        self.observers.refresh(self, through_pluggy=self._monitored > 0)
+
+
+def observers_of(pm: pluggy.PluginManager) -> Observers:
+    """The manager's cached observer calls (the runtime needs a `WarpolicyPluginManager`)."""
+    observers = getattr(pm, "observers", None)
+    if not isinstance(observers, Observers):
+        raise TypeError(
+            "the warpolicy runtime needs a plugin manager from "
+            "warpolicy.runtime.manager.new_plugin_manager, not a bare pluggy.PluginManager"
+        )
+    return observers
+
+
+def _builtin_version() -> str:
+    return __version__
+
+
+def _disabled(environ: Mapping[str, str]) -> list[str]:
+    raw = environ.get(DISABLE_ENV, "")
+    return [name.strip() for name in raw.split(",") if name.strip()]
+
+
+def new_plugin_manager(
+    *, load_entry_points: bool = True, environ: Mapping[str, str] = os.environ
+) -> WarpolicyPluginManager:
+    """A fresh manager: hookspecs, built-ins, then (optionally) the ``warpolicy`` entry points.
+
+    Raises `PluginError` naming the plugin and its entry point when one fails to import or
+    register; the message says how to disable it.
+    """
+    pm = WarpolicyPluginManager()
+    pm.add_hookspecs(hookspecs)
+    for name in _disabled(environ):
+        pm.set_blocked(name)
+    if env_switch(environ, TRACE_ENV):
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    _register_builtins(pm)
+    nvtx = nvtx_plugin_if_enabled(environ)  # WARPOLICY_NVTX: Nsight ranges, off by default
+    if nvtx is not None:
+        pm.sources["nvtx"] = PluginSource("builtin", _builtin_version())
+        pm.register(nvtx, name="nvtx")
+    if load_entry_points:
+        load_entry_point_plugins(pm)
+    _check_pending(pm)
+    return pm
+
+
+def _register_builtins(pm: WarpolicyPluginManager) -> None:
+    version = _builtin_version()
+    for name, plugin in (("cuda", cuda), ("sim", SimPlugin())):
+        pm.sources[name] = PluginSource("builtin", version)  # also when blocked: describe shows it
+        pm.register(plugin, name=name)
+
+
+def _entry_points() -> list[tuple[importlib.metadata.EntryPoint, str, str]]:
+    """(entry point, distribution name, version) of group ``warpolicy``, one per name
+    (the first distribution on sys.path wins, as imports do)."""
+    found: dict[str, tuple[importlib.metadata.EntryPoint, str, str]] = {}
+    for dist in importlib.metadata.distributions():
+        try:
+            eps = [ep for ep in dist.entry_points if ep.group == GROUP]
+            if not eps:
+                continue
+            dist_name, version = dist.metadata["Name"] or "?", dist.version or "?"
+        except Exception as exc:  # noqa: BLE001 - any installed distribution, not only ours
+            # Broken metadata (unparseable entry_points.txt, non-UTF-8 METADATA) breaks that
+            # distribution for every consumer; it must not stop warpolicy: one line, skip it.
+            where = getattr(dist, "_path", None) or "a distribution"
+            log.warning(
+                "warpolicy: skipping %s: unreadable metadata (%s: %s)",
+                where,
+                type(exc).__name__,
+                _one_line(str(exc)),
+            )
+            continue
+        for ep in eps:
+            if ep.name not in found:
+                found[ep.name] = (ep, dist_name, version)
+    return [found[name] for name in sorted(found)]
+
+
+def _one_line(text: str) -> str:
+    """Error text on one line (pluggy's validation messages span several)."""
+    return " ".join(str(text).split())
+
+
+def _ep_text(ep: importlib.metadata.EntryPoint) -> str:
+    return f"{ep.group}:{ep.name} = {ep.value}"
+
+
+def load_entry_point_plugins(pm: WarpolicyPluginManager) -> list[str]:
+    """Import and register every ``warpolicy`` entry point that is not blocked.
+
+    Returns the names registered. Blocked ones are recorded (for `describe_plugins`) but never
+    imported.
+    """
+    loaded: list[str] = []
+    for ep, dist_name, version in _entry_points():
+        source = PluginSource(f"distribution:{dist_name}", version, _ep_text(ep))
+        if pm.is_blocked(ep.name):
+            pm.sources.setdefault(ep.name, source)
+            continue
+        if ep.name in pm.sources:
+            raise PluginError(
+                ep.name,
+                f"its name clashes with the {pm.sources[ep.name].source} plugin "
+                f"{ep.name!r}; rename the entry point",
+                entry_point=_ep_text(ep),
+            )
+        try:
+            plugin = ep.load()
+        except (Exception, SystemExit) as exc:
+            raise PluginError(
+                ep.name,
+                _one_line(f"failed to import: {type(exc).__name__}: {exc}"),
+                entry_point=_ep_text(ep),
+            ) from exc
+        try:
+            pm.register(plugin, name=ep.name)
+        except PluginError as exc:
+            raise PluginError(ep.name, exc.message, entry_point=_ep_text(ep)) from exc
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                ep.name, _one_line(f"invalid hook implementation: {exc}"), entry_point=_ep_text(ep)
+            ) from exc
+        except ValueError as exc:  # e.g. two entry points naming the same module
+            other = pm.get_name(plugin)
+            why = (
+                f"it is the same object as the already registered plugin {other!r}"
+                if other is not None
+                else str(exc)
+            )
+            raise PluginError(
+                ep.name, _one_line(f"cannot be registered: {why}"), entry_point=_ep_text(ep)
+            ) from exc
+        pm.sources[ep.name] = source
+        loaded.append(ep.name)
+    return loaded
+
+
+def _check_pending(pm: WarpolicyPluginManager) -> None:
+    """A ``warpolicy_*`` implementation with no matching spec is a typo: report it."""
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        name = pm.get_name(exc.plugin) or repr(exc.plugin)
+        source = _source_of(pm, name)
+        raise PluginError(
+            name, _one_line(f"unknown hook: {exc}"), entry_point=source.entry_point
+        ) from exc
+
+
+_DEFAULT: Optional[WarpolicyPluginManager] = None
+_LOCK = threading.Lock()
+
+
+def get_plugin_manager() -> WarpolicyPluginManager:
+    """The process-wide default manager (built on first use from ``os.environ``)."""
+    global _DEFAULT
+    with _LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = new_plugin_manager()
+        return _DEFAULT
+
+
+def reset_plugin_manager() -> None:
+    """Forget the process-wide manager (tests, or after installing a plugin)."""
+    global _DEFAULT
+    with _LOCK:
+        _DEFAULT = None
+
+
+# -- platform claim --------------------------------------------------------------------------
+
+
+def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str, PlatformImpl]]:
+    """Ask every plugin's `warpolicy_platform` for ``device`` once; (plugin name, impl) of the
+    one claim, or None when nobody claims it.
+
+    Two claims are a `PluginError` naming both plugins (sorted, so never pluggy call order); a
+    plugin that raises or returns something that is not a `PlatformImpl` is a `PluginError`
+    naming it.
+    """
+    claims: list[tuple[str, PlatformImpl]] = []
+    for impl in pm.hook.warpolicy_platform.get_hookimpls():
+        if impl.hookwrapper or impl.wrapper:  # wraps the others' calls; claims nothing itself
+            continue
+        name = impl.plugin_name
+        try:
+            result = impl.function(**({"device": device} if "device" in impl.argnames else {}))
+        except Exception as exc:
+            raise _plugin_error(
+                pm, name, f"warpolicy_platform({device!r}) raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if result is None:
+            continue
+        missing = [m for m in _IMPL_MEMBERS if not hasattr(result, m)]
+        if missing:
+            raise _plugin_error(
+                pm,
+                name,
+                f"warpolicy_platform({device!r}) returned a "
+                f"{type(result).__name__} without {', '.join(missing)}",
+            )
+        claims.append((name, cast(PlatformImpl, result)))
+    if len(claims) > 1:
+        first, second = sorted(name for name, _ in claims)[:2]
+        raise _plugin_error(
+            pm,
+            first,
+            f"claims device {device!r}, and so does plugin {second!r}; "
+            "exactly one plugin may claim a device type",
+        )
+    return claims[0] if claims else None
+
+
+# -- fragments ---------------------------------------------------------------------------------
+
+
+def collect_fragments(pm: pluggy.PluginManager) -> list[Fragment]:
+    """Every plugin's `warpolicy_capabilities` result as `warpolicy.registry.loader.Fragment` objects,
+    ordered by plugin name (never pluggy call order), read and composed once by the loader.
+
+    Unreadable files, YAML that does not compose, wrong result types and exceptions raise
+    `PluginError` naming the plugin and its entry point. Problems in a fragment's content are
+    the loader's (located at ``plugin:<name>``; `blame_plugins` adds the entry point).
+    """
+    impls = pm.hook.warpolicy_capabilities.get_hookimpls()
+    fragments: list[Fragment] = []
+    for impl in sorted(impls, key=lambda i: i.plugin_name):
+        if impl.hookwrapper or impl.wrapper:  # wraps the others' calls; contributes nothing itself
+            continue
+        name = impl.plugin_name
+        try:
+            result = impl.function()
+        except Exception as exc:
+            raise _plugin_error(
+                pm, name, f"warpolicy_capabilities raised {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            fragments.extend(plugin_fragments(name, result))
+        except FragmentError as exc:
+            raise _plugin_error(pm, name, exc.message) from exc
+    return fragments
+
+
+def blame_plugins(pm: pluggy.PluginManager, problems: Sequence[Problem]) -> list[Problem]:
+    """Registry problems located in a plugin fragment also name its entry point and how to
+    disable it, so a broken plugin's fragment reads like any other broken plugin."""
+    out = []
+    for problem in problems:
+        name = fragment_plugin(problem.file)
+        if name is None:
+            out.append(problem)
+            continue
+        err = _plugin_error(pm, name, problem.message)
+        out.append(attrs.evolve(problem, message=str(err)))
+    return out
+
+
+def _plugin_error(pm: pluggy.PluginManager, plugin: str, message: str) -> PluginError:
+    return PluginError(plugin, _one_line(message), entry_point=_source_of(pm, plugin).entry_point)
+
+
+# -- description -------------------------------------------------------------------------------
+
+
+def _source_of(pm: pluggy.PluginManager, name: str) -> PluginSource:
+    sources = getattr(pm, "sources", {})
+    if name in sources:
+        return sources[name]
+    return PluginSource("registered", "?")  # registered by hand (pm.register) at runtime
+
+
+def describe_plugins(pm: pluggy.PluginManager) -> list[dict]:
+    """One dict per plugin, sorted by name: ``name``, ``version``, ``source`` (``"builtin"``,
+    ``"distribution:<dist>"`` or ``"registered"``), ``hooks`` (sorted hook names),
+    ``entry_point`` (or None) and ``status`` (``"active"`` or ``"disabled"``)."""
+    rows: list[dict] = []
+    names = {name for name, _ in pm.list_name_plugin()} | set(getattr(pm, "sources", {}))
+    for name in sorted(names):
+        plugin = pm.get_plugin(name)
+        source = _source_of(pm, name)
+        blocked = plugin is None or pm.is_blocked(name)
+        hooks = [] if blocked else sorted(c.name for c in (pm.get_hookcallers(plugin) or []))
+        rows.append(
+            {
+                "name": name,
+                "version": source.version,
+                "source": source.source,
+                "hooks": hooks,
+                "entry_point": source.entry_point,
+                "status": "disabled" if blocked else "active",
+            }
+        )
+    return rows
+
+
+def hook_names(pm: pluggy.PluginManager) -> list[str]:
+    """All ``warpolicy_*`` hook names with a spec (for docs and the CLI)."""
+    return sorted(name for name in dir(pm.hook) if name.startswith("warpolicy_"))
+
+
+def plugin_names(pm: pluggy.PluginManager) -> Iterable[str]:
+    return sorted(name for name, plugin in pm.list_name_plugin() if plugin is not None)

@@ -1,0 +1,590 @@
+"""The built-in simulated platform: device type ``sim`` (alias ``fake``), no CUDA needed.
+
+It runs everything eagerly on the host, in program order, and keeps three things a CPU test or
+demo can inspect:
+
+* **A call log** (`CallLog`), bounded: the last `DEFAULT_LOG_CAP` entries (``log_cap=``), with
+  ``log.dropped`` counting what fell off the front. Entries::
+
+      ("create_event", event_id, external)
+      ("record", event_id, stream_id, phase)   phase: False = eager record,
+                                               True = recorded during a capture,
+                                               "in_graph" = a planted node firing in a replay
+      ("wait_event", stream_id, event_id)
+      ("wait_stream", stream_id, other_stream_id)
+      ("capture_begin", graph_id) / ("capture_end", graph_id)
+      ("replay", graph_id)
+      ("synchronize",)
+
+* **A happens-before model**: every stream carries a vector clock; a record snapshots its
+  stream's clock into the event, ``wait_event`` / ``wait_stream`` merge clocks, ``synchronize``
+  orders everything after all queued work. `SimPlatform.mark` stamps a point on the current
+  stream (say, a read of a shared buffer) and `happens_before` answers whether one mark is
+  ordered before another, which is how the fault-injection matrix proves "no early release".
+
+* **Fault injection** (`SimPlatform.inject`): make any operation raise, return None, or act and
+  then raise, optionally only when a condition holds.
+
+Graph semantics, modelled on CUDA:
+
+* A capture runs its body once, eagerly, with ``is_capturing()`` True and the graph's capture
+  stream current. Work done during a capture is not executed work: marks made then are flagged
+  ``executed=False``.
+* A record during capture *plants* a node only for an external event recorded on the capture
+  stream (``stream=None`` or the capture stream itself). A non-external event recorded during
+  capture makes no node and becomes unusable: waiting on it later raises
+  ``RuntimeError("invalid argument")``, as on the H200.
+* ``replay`` logs ``("replay", id)`` and then fires the planted nodes. A graph captured with
+  ``capture_callable`` re-runs its body at each replay on the launching stream
+  (``is_capturing()`` True, ``replaying`` True), so a planted record fires at its place in the
+  body; other records in the body made no node and are skipped. A graph captured with the
+  context-manager form fires its planted nodes right after the replay entry.
+
+Graph walk (derived placement and the marker self-check): the simulated platform has no real
+graph to read, so it walks a hand-made `warpolicy.runtime.graphwalk.Graph` that ``graph_model(graph)``
+returns for each captured graph (set ``SimPlatform.graph_model``; without it the walk is
+unavailable and a runner fails closed). A derived node fires at each replay after the whole
+body (the sim cannot place it inside the body), on the launching stream; a test's graph model
+says which readers it found.
+
+Over 400 lines: a whole platform (events, streams, graphs, capture and replay) plus its
+happens-before model and fault injection, which the CPU suite and the fault matrix rely on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import itertools
+import weakref
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union, overload
+
+import attrs
+
+from warpolicy.runtime.graphwalk import (
+    DerivedPlant,
+    Graph,
+    Outcome,
+    PlacementError,
+    SelfCheck,
+    derive_plan,
+)
+from warpolicy.runtime.graphwalk.plant import SharedBuffers, check_walked, ranges_of
+from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.platforms import PLATFORM_OPERATIONS, device_type
+
+#: Device types the simulated platform claims (``fake`` is the 0.1 name, kept as an alias).
+DEVICE_TYPES = ("sim", "fake")
+
+#: Entries the call log keeps by default (about 10 MB of tuples); older ones are dropped.
+DEFAULT_LOG_CAP = 100_000
+
+#: The operations `SimPlatform.inject` can make fail (every `PlatformImpl` method).
+OPERATIONS = (*PLATFORM_OPERATIONS, "plant_derived", "check_marker", "instantiate")
+
+#: Fault modes accepted by `SimPlatform.inject`.
+FAULT_MODES = ("raise", "none", "act_then_raise")
+
+Clock = dict[int, int]  # stream id -> that stream's counter
+
+
+def _merge(into: Clock, other: Clock) -> None:
+    for key, value in other.items():
+        if value > into.get(key, 0):
+            into[key] = value
+
+
+@attrs.define(eq=False)
+class SimEvent:
+    """An event; ``records`` counts eager and in-graph fires, ``invalid`` mimics CUDA's error,
+    ``clock`` is the happens-before stamp of its latest record (None: never recorded)."""
+
+    id: int
+    external: bool
+    records: int = 0
+    invalid: bool = False
+    clock: Optional[Clock] = None
+
+    def __repr__(self) -> str:
+        return f"SimEvent(id={self.id}, external={self.external})"
+
+
+@attrs.define(eq=False)
+class SimStream:
+    id: int
+    clock: Clock = attrs.Factory(dict)
+
+    def __repr__(self) -> str:
+        return f"SimStream(id={self.id})"
+
+
+@attrs.define(eq=False)
+class SimGraph:
+    """A captured graph: the planted events and, for the callable form, the body."""
+
+    id: int
+    keep_graph: bool = False
+    captured: bool = False
+    stream: Optional[SimStream] = None
+    planted: list[SimEvent] = attrs.Factory(list)  # in plant order
+    fn: Optional[Callable[[], Any]] = None
+    replays: int = 0
+    derived: list[SimEvent] = attrs.Factory(list)  # derived nodes: fire after the whole body
+    instantiated: bool = False
+
+    def planted_ids(self) -> set[int]:
+        return {e.id for e in self.planted}
+
+
+@attrs.define(eq=False)
+class SimPool:
+    id: int
+
+
+@attrs.frozen
+class Mark:
+    """A point on a stream (see `SimPlatform.mark`); ``executed=False`` inside a capture."""
+
+    label: str
+    stream: int
+    tick: int
+    clock: Clock = attrs.field(eq=False, repr=False)
+    executed: bool = True
+
+
+@attrs.define(eq=False)
+class Fault:
+    """An injected failure of one operation (see `SimPlatform.inject`); ``fired`` counts hits."""
+
+    op: str
+    mode: str
+    when: Optional[Callable[[], bool]] = None
+    fired: int = 0
+
+
+class InjectedFault(RuntimeError):
+    """The error an injected ``raise`` / ``act_then_raise`` fault raises."""
+
+
+class CallLog:
+    """The bounded call log: the last ``cap`` entries (tuples), notifying ``listeners`` of each.
+
+    It reads like a list of the entries still held (``len``, iteration, indexing, slicing, and
+    equality with a list); ``dropped`` counts entries that fell off the front.
+    """
+
+    def __init__(self, cap: int = DEFAULT_LOG_CAP) -> None:
+        if int(cap) < 1:
+            raise ValueError(f"log cap must be at least 1, got {cap}")
+        self._entries: collections.deque[tuple] = collections.deque(maxlen=int(cap))
+        self.listeners: list[Callable[[tuple], None]] = []
+        self.dropped = 0
+
+    @property
+    def maxlen(self) -> int:
+        return self._entries.maxlen or 0
+
+    def append(self, entry: tuple) -> None:
+        if len(self._entries) == self._entries.maxlen:
+            self.dropped += 1
+        self._entries.append(entry)
+
+    def emit(self, entry: tuple) -> None:
+        self.append(entry)
+        for listener in list(self.listeners):
+            listener(entry)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._entries)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[tuple, list[tuple]]:
+        if isinstance(index, slice):
+            return list(self._entries)[index]
+        return self._entries[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, CallLog)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"CallLog({list(self._entries)!r}, dropped={self.dropped})"
+
+    def of(self, kind: str) -> list[tuple]:
+        """The entries of one kind, e.g. ``log.of("record")``."""
+        return [e for e in self._entries if e[0] == kind]
+
+    def kinds(self) -> list[str]:
+        return [e[0] for e in self._entries]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _faultable(method: _F) -> _F:
+    """Let `SimPlatform.inject` make this operation fail."""
+    op = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self: SimPlatform, *args: Any, **kwargs: Any) -> Any:
+        fault = self.faults.get(op) if self.faults else None
+        if fault is None or (fault.when is not None and not fault.when()):
+            return method(self, *args, **kwargs)
+        fault.fired += 1
+        if fault.mode == "none":
+            return None
+        if fault.mode == "act_then_raise":
+            method(self, *args, **kwargs)
+        raise InjectedFault(f"sim: injected {fault.mode} in {op}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+class SimPlatform:
+    """`PlatformImpl` of the simulated device: logs every call, models happens-before.
+
+    ``external_events=False`` simulates a platform (or torch) without external events:
+    creating an external event raises and the engine demotes ``in_graph``.
+    """
+
+    name = "sim"
+
+    def __init__(
+        self, external_events: bool = True, *, device: str = "sim", log_cap: int = DEFAULT_LOG_CAP
+    ) -> None:
+        self.device = device
+        self.external_events_supported = bool(external_events)
+        self.log = CallLog(log_cap)
+        self.faults: dict[str, Fault] = {}
+        self._ids = itertools.count(1)
+        self.default_stream = SimStream(0)
+        self._streams: list[SimStream] = [self.default_stream]  # the current-stream stack
+        self._all_streams: weakref.WeakSet[SimStream] = weakref.WeakSet([self.default_stream])
+        self._capturing: Optional[SimGraph] = None
+        self._replaying: Optional[SimGraph] = None
+        #: ``graph_model(graph) -> Graph``: the hand-made graph the walk reads for ``graph``
+        self.graph_model: Optional[Callable[[SimGraph], Graph]] = None
+
+    def __repr__(self) -> str:
+        return f"SimPlatform(external_events={self.external_events_supported})"
+
+    # -- state a test may read ---------------------------------------------------------------
+
+    @property
+    def listeners(self) -> list[Callable[[tuple], None]]:
+        return self.log.listeners
+
+    @property
+    def replaying(self) -> bool:
+        """True while a callable-captured graph's body re-runs for a replay."""
+        return self._replaying is not None
+
+    @property
+    def capturing(self) -> bool:
+        """True inside a capture (not during a replay's re-run)."""
+        return self._capturing is not None
+
+    def _next_id(self) -> int:
+        return next(self._ids)
+
+    def _stream(self, stream_id: Optional[int] = None) -> SimStream:
+        stream = SimStream(self._next_id() if stream_id is None else stream_id)
+        self._all_streams.add(stream)
+        return stream
+
+    # -- fault injection ---------------------------------------------------------------------
+
+    def inject(
+        self, op: str, mode: str = "raise", when: Optional[Callable[[], bool]] = None
+    ) -> Fault:
+        """Make operation ``op`` fail: ``"raise"`` (`InjectedFault`, nothing done), ``"none"``
+        (return None, nothing done) or ``"act_then_raise"`` (do it, then raise), whenever
+        ``when()`` is true (always by default). Replaces an earlier fault of ``op``."""
+        if mode not in FAULT_MODES:
+            raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}, not {mode!r}")
+        if op not in OPERATIONS:
+            raise ValueError(f"{op!r} is not a simulated platform operation")
+        fault = Fault(op, mode, when)
+        self.faults[op] = fault
+        return fault
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    # -- happens-before ----------------------------------------------------------------------
+
+    def mark(self, label: str = "") -> Mark:
+        """Stamp a point on the current stream (e.g. a read or write of shared state)."""
+        stream = self._streams[-1]
+        tick = stream.clock.get(stream.id, 0) + 1
+        stream.clock[stream.id] = tick
+        return Mark(label, stream.id, tick, dict(stream.clock), executed=self._capturing is None)
+
+    @staticmethod
+    def happens_before(first: Mark, second: Mark) -> bool:
+        """Whether ``first`` is ordered before ``second`` (same stream in order, or through
+        records, waits and synchronizes)."""
+        return second.clock.get(first.stream, 0) >= first.tick
+
+    # -- events -------------------------------------------------------------------------------
+
+    @_faultable
+    def create_event(self, external: bool) -> SimEvent:
+        if external and not self.external_events_supported:
+            raise TypeError("sim platform: external events are disabled")
+        event = SimEvent(self._next_id(), bool(external))
+        self.log.emit(("create_event", event.id, event.external))
+        return event
+
+    @_faultable
+    def record(self, event: SimEvent, stream: Optional[SimStream] = None) -> None:
+        current = self._streams[-1]
+        target = current if stream is None else stream
+        if self._replaying is not None:
+            self._fire_in_replay(self._replaying, event, target)
+        elif self._capturing is not None and target is current:
+            self._record_in_capture(self._capturing, event, target)
+        else:
+            event.records += 1
+            event.invalid = False
+            event.clock = dict(target.clock)
+            self.log.emit(("record", event.id, target.id, False))
+
+    def _record_in_capture(self, graph: SimGraph, event: SimEvent, stream: SimStream) -> None:
+        if event.external:
+            graph.planted.append(event)
+        else:
+            event.invalid = True  # CUDA: no node, and the event errors when used later
+        self.log.emit(("record", event.id, stream.id, True))
+
+    def _fire_in_replay(self, graph: SimGraph, event: SimEvent, stream: SimStream) -> None:
+        if event.id in graph.planted_ids():
+            event.records += 1
+            event.invalid = False
+            event.clock = dict(stream.clock)
+            self.log.emit(("record", event.id, stream.id, "in_graph"))
+        # any other record in the body made no node at capture: nothing fires
+
+    @_faultable
+    def wait_event(self, stream: SimStream, event: SimEvent) -> None:
+        if event.invalid:
+            raise RuntimeError(
+                "invalid argument (sim: a non-external event was recorded during "
+                "capture and then used)"
+            )
+        if event.clock is not None:  # a never-recorded event: a silent no-op, as on CUDA
+            _merge(stream.clock, event.clock)
+        self.log.emit(("wait_event", stream.id, event.id))
+
+    @_faultable
+    def wait_stream(self, stream: SimStream, other: SimStream) -> None:
+        _merge(stream.clock, other.clock)
+        self.log.emit(("wait_stream", stream.id, other.id))
+
+    # -- streams ------------------------------------------------------------------------------
+
+    @_faultable
+    def is_capturing(self) -> bool:
+        return self._capturing is not None or self._replaying is not None
+
+    @_faultable
+    def new_stream(self) -> SimStream:
+        return self._stream()
+
+    @_faultable
+    def current_stream(self) -> SimStream:
+        return self._streams[-1]
+
+    @_faultable
+    def use_stream(self, stream: SimStream) -> contextlib.AbstractContextManager[SimStream]:
+        return self._use_stream(stream)
+
+    @contextlib.contextmanager
+    def _use_stream(self, stream: SimStream) -> Iterator[SimStream]:
+        if not isinstance(stream, SimStream):
+            raise TypeError(f"sim platform: not a stream: {stream!r}")
+        self._streams.append(stream)
+        try:
+            yield stream
+        finally:
+            self._streams.pop()
+
+    # -- graphs -------------------------------------------------------------------------------
+
+    @_faultable
+    def new_graph(self, keep_graph: bool) -> SimGraph:
+        return SimGraph(self._next_id(), bool(keep_graph))
+
+    @_faultable
+    def graph_pool(self) -> SimPool:
+        return SimPool(self._next_id())
+
+    @_faultable
+    def capture(
+        self, graph: SimGraph, stream: Optional[SimStream] = None, pool: Optional[SimPool] = None
+    ) -> contextlib.AbstractContextManager[SimGraph]:
+        return self._capture(graph, stream)
+
+    @_faultable
+    def capture_callable(
+        self,
+        graph: SimGraph,
+        fn: Callable[[], Any],
+        stream: Optional[SimStream] = None,
+        pool: Optional[SimPool] = None,
+    ) -> None:
+        with self._capture(graph, stream):
+            fn()
+        graph.fn = fn
+
+    @contextlib.contextmanager
+    def _capture(self, graph: SimGraph, stream: Optional[SimStream]) -> Iterator[SimGraph]:
+        if self._capturing is not None or self._replaying is not None:
+            raise RuntimeError("sim platform: nested graph capture")
+        # torch.cuda.graph captures on a side stream unless one is given
+        graph.stream = stream if stream is not None else self._stream()
+        graph.planted.clear()
+        graph.derived.clear()
+        graph.instantiated = False
+        graph.captured = False
+        graph.fn = None
+        self.log.emit(("capture_begin", graph.id))
+        self._capturing = graph
+        self._streams.append(graph.stream)
+        try:
+            yield graph
+        finally:
+            self._streams.pop()
+            self._capturing = None
+            self.log.emit(("capture_end", graph.id))
+        graph.captured = True  # only reached when the body did not raise
+
+    @_faultable
+    def replay(self, graph: SimGraph) -> None:
+        if not graph.captured:
+            raise RuntimeError(f"sim platform: graph {graph.id} was never captured")
+        if self._capturing is not None or self._replaying is not None:
+            raise RuntimeError("sim platform: replay inside a capture or replay")
+        graph.replays += 1
+        self.log.emit(("replay", graph.id))
+        launch = self._streams[-1]
+        if graph.fn is None:
+            for event in graph.planted:
+                self._fire_in_replay(graph, event, launch)
+        else:
+            self._replaying = graph
+            try:
+                graph.fn()
+            finally:
+                self._replaying = None
+        for event in graph.derived:  # after the last reader: the end of the body
+            event.records += 1
+            event.invalid = False
+            event.clock = dict(launch.clock)
+            self.log.emit(("record", event.id, launch.id, "in_graph"))
+
+    @_faultable
+    def synchronize(self) -> None:
+        everything: Clock = {}
+        streams = list(self._all_streams)
+        for stream in streams:
+            _merge(everything, stream.clock)
+        for stream in streams:  # work issued from now on is ordered after all of it
+            _merge(stream.clock, everything)
+        self.log.emit(("synchronize",))
+
+    # -- graph walk (on the hand-made graph model) ---------------------------------------------
+
+    def graph_walk_unavailable(self) -> Optional[str]:
+        if self.graph_model is None:
+            return "the simulated platform has no graph model to walk (SimPlatform.graph_model)"
+        return None
+
+    def _model_of(self, graph: SimGraph) -> Graph:
+        if self.graph_model is None:
+            raise PlacementError(self.graph_walk_unavailable() or "no graph model")
+        if not graph.captured:
+            raise PlacementError(f"sim graph {graph.id} was never captured")
+        model = self.graph_model(graph)
+        if not isinstance(model, Graph):
+            raise PlacementError(
+                f"the graph model of sim graph {graph.id} is "
+                f"{type(model).__name__}, not a warpolicy.runtime.graphwalk.Graph"
+            )
+        return model
+
+    @_faultable
+    def plant_derived(
+        self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
+    ) -> DerivedPlant:
+        """Derive the read-done node on the graph model; the node fires after the body."""
+        if graph.instantiated:
+            raise PlacementError("the graph is already instantiated; plant before instantiate()")
+        if not isinstance(event, SimEvent) or event.records == 0:
+            raise PlacementError(
+                "the read-done event has no handle yet; record it once eagerly before planting"
+            )
+        if any(e is event for e in graph.planted):
+            raise PlacementError(
+                "the graph already records the read-done event (a marker was "
+                "planted); derived placement captures without one"
+            )
+        model = self._model_of(graph)
+        ranges = ranges_of(shared_buffers)
+        if not ranges:
+            raise PlacementError("no non-empty shared buffers to look for")
+        plan = derive_plan(model, ranges)
+        if plan.outcome is Outcome.NO_READERS:
+            names = ", ".join(r.name for r in ranges)
+            raise PlacementError(
+                f"no node of the {plan.nodes}-node graph was seen touching a "
+                f"shared buffer ({names}); no release point can be derived",
+                no_readers=True,
+            )
+        graph.derived.append(event)
+        by_index = {r.index: r for r in plan.readers}
+        return DerivedPlant(
+            plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes, 0.0, 0.0, 0.0
+        )
+
+    @_faultable
+    def check_marker(
+        self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
+    ) -> SelfCheck:
+        """The marker self-check on the graph model (the marker node records ``event.id``)."""
+        if not isinstance(event, SimEvent):
+            raise PlacementError("the marker event has no handle; nothing to look for")
+        return check_walked(self._model_of(graph), ranges_of(shared_buffers), event.id)
+
+    @_faultable
+    def instantiate(self, graph: SimGraph) -> None:
+        graph.instantiated = True
+
+
+class SimPlugin:
+    """The built-in plugin: claims ``sim`` (and ``fake``) devices with a fresh `SimPlatform`
+    per `Platform`, so each platform has its own log and clocks."""
+
+    def __init__(self, external_events: bool = True, log_cap: int = DEFAULT_LOG_CAP) -> None:
+        self.external_events = external_events
+        self.log_cap = log_cap
+
+    @hookimpl
+    def warpolicy_platform(self, device: str) -> Optional[SimPlatform]:
+        if device_type(device) not in DEVICE_TYPES:
+            return None
+        return SimPlatform(self.external_events, device="sim", log_cap=self.log_cap)

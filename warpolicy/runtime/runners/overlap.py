@@ -1,0 +1,205 @@
+"""The scheduler side of the fence: an overlap loop that owns the schedule stream.
+
+Where an engine calls it: in the scheduler's event loop, at the point where it launches the
+forward of batch N and then prepares batch N+1 while N runs. Replace::
+
+    out = runner.run(batch_n)                 # launch N on the forward stream
+    write_next_batch_device_state()           # req_to_token rows, SWA map, page tables, ...
+
+with::
+
+    out = loop.step(batch_n, write_next=write_next_batch_device_state)
+
+`OverlapLoop.step` then, in this order:
+
+1. makes the forward stream wait for the previous step's schedule-stream writes (an event:
+   read-after-write, so batch N reads what the scheduler wrote for it; the whole schedule
+   stream when recording that event failed);
+2. launches N through the runner (which publishes its read-done event per policy);
+3. takes the event from the runner's mailbox (consume-once) *right after the launch*, and
+   applies the barrier on the schedule stream: wait on the event, or on the whole forward
+   stream when there is none (coarse). Nothing is written before this point;
+4. runs ``write_next()`` with the schedule stream current, and records an event after it.
+
+Failures stay ordered: a failed barrier falls back to the coarse one (then to a host
+synchronize; if even that fails the step raises before anything is written), and a failed
+record after the writes makes the next forward wait for the whole schedule stream.
+
+Every device write the scheduler makes to state a forward reads must go through
+``write_next`` (a writer path that bypasses the barrier is the peers' largest bug class,
+docs/background.md §2). Host-only scheduling work can happen anywhere. Tensors that ``write_next``
+allocates and a later forward reads belong to the schedule stream; keep them alive (or
+``record_stream`` them) until that forward has run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Optional, Protocol
+
+from warpolicy.runtime.fence import ReadDone, SchedulerBarrier
+from warpolicy.runtime.platform import Platform
+from warpolicy.runtime.platforms import StreamHandle
+from warpolicy.runtime.runners.base import GraphRunner
+
+#: ``_pending`` when the record after the writes failed: wait for the whole schedule stream.
+_WHOLE_STREAM = object()
+
+
+class StepProbe(Protocol):
+    """Optional instrumentation (benchmarks, traces, audits): ``mark`` is called at four points
+    of each step with the stream the point belongs to; it may record timing events there.
+
+    Points: ``"launch"`` (forward stream, after the wait on the previous writes, before the
+    runner), ``"launched"`` (forward stream, after the runner), ``"released"`` (schedule
+    stream, after the barrier), ``"written"`` (schedule stream, after ``write_next``).
+    """
+
+    def mark(self, point: str, stream: Any) -> None: ...
+
+
+class OverlapLoop:
+    """Scheduler-side helper: barrier right after each launch, next-batch writes on the
+    schedule stream, forward waits for those writes before the next launch.
+
+    ``unsafe_skip_barrier`` removes step 3's barrier entirely: only for benchmarks' upper bound
+    and audits' controls; it races by construction.
+    """
+
+    def __init__(
+        self,
+        runner: Optional[GraphRunner] = None,
+        platform: Optional[Platform] = None,
+        force_coarse: bool = False,
+        *,
+        forward_stream: Optional[StreamHandle] = None,
+        schedule_stream: Optional[StreamHandle] = None,
+        probe: Optional[StepProbe] = None,
+        unsafe_skip_barrier: bool = False,
+        ring_size: int = 4,
+    ) -> None:
+        if platform is None:
+            if runner is None:
+                raise TypeError("OverlapLoop needs a runner or a platform")
+            platform = runner.platform
+        self.runner = runner
+        self.platform = platform
+        self.forward_stream = forward_stream
+        self.schedule_stream = (
+            schedule_stream if schedule_stream is not None else platform.new_stream()
+        )
+        self.barrier = SchedulerBarrier(platform, force_coarse=force_coarse)
+        self.probe = probe
+        self.unsafe_skip_barrier = bool(unsafe_skip_barrier)
+        # a ring, not one re-recorded event: several steps can be in flight (docs/background.md §2)
+        self._ring = [platform.create_event(False) for _ in range(max(2, int(ring_size)))]
+        self._next = 0
+        self._pending: Any = None  # event after the last step's writes (or _WHOLE_STREAM)
+        self.last_read_done: Optional[ReadDone] = None
+        self.last_barrier: Optional[str] = None  # "event", "coarse" or "skipped" (unsafe)
+        self.steps = 0
+        self._warned: set[str] = set()  # one warning per failing place
+
+    def step(
+        self,
+        batch: Any,
+        write_next: Optional[Callable[[], Any]] = None,
+        runner: Optional[GraphRunner] = None,
+    ) -> Any:
+        """Launch ``batch`` (on ``runner``, default the loop's), barrier, then ``write_next()``
+        on the schedule stream. Returns the runner's output."""
+        runner = runner if runner is not None else self.runner
+        if runner is None:
+            raise TypeError("OverlapLoop.step needs a runner (none given to the loop)")
+        p = self.platform
+        fwd = self.forward_stream if self.forward_stream is not None else p.current_stream()
+        with p.stream(fwd):
+            if self._pending is not None:
+                self._wait_for_writes(fwd)
+            self._mark("launch", fwd)
+            out = runner.run(batch)
+            self._mark("launched", fwd)
+        self.last_read_done = runner.fence.take()  # consume-once, right after the launch
+        if self.unsafe_skip_barrier:
+            self.last_barrier = "skipped"
+        else:
+            self.last_barrier = self._apply_barrier(fwd, self.last_read_done)
+        self._mark("released", self.schedule_stream)
+        with p.stream(self.schedule_stream):
+            try:
+                if write_next is not None:
+                    write_next()
+            finally:  # even if write_next raised: the next forward waits for what it wrote
+                self._record_writes()
+        self._mark("written", self.schedule_stream)
+        self.steps += 1
+        return out
+
+    def _record_writes(self) -> None:
+        """Record the ring event after the writes; on failure the next forward waits for the
+        whole schedule stream instead (never for an older step's event)."""
+        self._pending = _WHOLE_STREAM
+        ev = self._ring[self._next]
+        self._next = (self._next + 1) % len(self._ring)
+        try:
+            self.platform.record(ev, self.schedule_stream)
+        except Exception as exc:  # noqa: BLE001 - ordered anyway, through the whole stream
+            self._warn(
+                "record",
+                f"recording the writes failed ({exc!r}); the next forward waits for the "
+                "whole schedule stream",
+            )
+            return
+        self._pending = ev
+
+    def _wait_for_writes(self, fwd: StreamHandle) -> None:
+        """The forward stream waits for the last writes: their event, else the whole schedule
+        stream, else the host waits for everything. Raises (before the launch) if all fail."""
+        p = self.platform
+        pending, self._pending = self._pending, _WHOLE_STREAM  # until a wait succeeds
+        if pending is not _WHOLE_STREAM:
+            try:
+                p.wait_event(fwd, pending)
+                self._pending = None
+                return
+            except Exception as exc:  # noqa: BLE001 - fall back to the whole stream
+                error: Optional[Exception] = exc
+        else:
+            error = None
+        try:
+            p.wait_stream(fwd, self.schedule_stream)
+        except Exception:  # noqa: BLE001 - last resort: the host waits for everything
+            p.synchronize()
+        self._pending = None
+        if error is not None:
+            self._warn(
+                "wait",
+                f"waiting for the last writes failed ({error!r}); waited for the whole "
+                "schedule stream",
+            )
+
+    def _apply_barrier(self, fwd: StreamHandle, read_done: Optional[ReadDone]) -> str:
+        """The barrier; if it fails, the coarse one (never an earlier release), then a host
+        synchronize; if that fails too the step raises before anything is written."""
+        try:
+            return str(self.barrier.apply(self.schedule_stream, fwd, read_done))
+        except Exception as exc:  # noqa: BLE001 - fail closed
+            try:
+                self.platform.wait_stream(self.schedule_stream, fwd)
+            except Exception:  # noqa: BLE001
+                self.platform.synchronize()
+            self._warn("barrier", f"barrier failed ({exc!r}); using the coarse barrier")
+            return "coarse"
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"warpolicy overlap loop: {message}", RuntimeWarning, stacklevel=4)
+
+    def _mark(self, point: str, stream: Any) -> None:
+        if self.probe is not None:
+            self.probe.mark(point, stream)
+
+    def drain(self) -> None:
+        """Wait for everything in flight (both streams)."""
+        self.platform.synchronize()
