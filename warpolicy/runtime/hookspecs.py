@@ -24,18 +24,20 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
-import pluggy
-
 from warpolicy.registry.vocabulary import WarReadDonePolicy
+from warpolicy.runtime.markers import PROJECT, hookimpl, hookspec
 
-if TYPE_CHECKING:  # annotations only: the engine and the platforms build on this module
-    from warpolicy.registry.engine import Decision
+if TYPE_CHECKING:  # annotations only (no cycle: nothing below imports this module)
+    from warpolicy.registry.decision import Decision
     from warpolicy.runtime.platforms import EventHandle, PlatformImpl
 
-PROJECT = "warpolicy"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+__all__ = [
+    "OBSERVER_HOOKS",
+    "PROJECT",
+    "REMOVED_PLATFORM_HOOKS",
+    "hookimpl",
+    "hookspec",
+]
 
 #: What `warpolicy_capabilities` may return: a file (``pathlib.Path``), YAML text (``str``),
 #: an already-parsed mapping, or a list of these.

@@ -25,8 +25,8 @@ from warpolicy.runtime.graphwalk import (
 )
 from warpolicy.runtime.graphwalk.cuda import driver_module
 from warpolicy.runtime.graphwalk.plant import SharedBuffers, is_instantiated
-from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platforms import cuda_available, device_type
+from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.platforms.base import cuda_available, device_type
 
 
 def _torch() -> Any:
