@@ -65,6 +65,7 @@ from warpolicy.audit.subject import (
 )
 from warpolicy.errors import WarpolicyError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
 
 #: The head stall holds the forward stream while the host enqueues step + poison.
 HEAD_STALL_MIN_US = 2000.0
@@ -73,7 +74,7 @@ HEAD_STALL_MIN_US = 2000.0
 #: captured bucket replayed once is enough.
 MIN_TRIALS = 10
 #: Platform names whose race is simulated in program order (the simulated platform).
-SIMULATED = ("sim", "fake")
+SIMULATED = SIM_DEVICE_TYPES  # the one alias list (warpolicy.runtime.platforms)
 
 
 def dynamic_verdict(

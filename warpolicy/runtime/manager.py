@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
+from typing import Any, Iterable, Mapping, Optional, Sequence, cast
 
 import attrs
 import pluggy

@@ -40,10 +40,11 @@ from warpolicy.registry.vocabulary import (
 from warpolicy.runtime import hookspecs
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.manager import new_plugin_manager
-from warpolicy.runtime.platform import Platform
-from warpolicy.runtime.platforms.sim import FAULT_MODES, OPERATIONS, Mark, SimPlatform
+from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.platforms.sim import Mark, SimPlatform
 from warpolicy.runtime.runners.decode import DecodeRunner
 from warpolicy.runtime.runners.overlap import OverlapLoop
+from warpolicy.testing.sim import FAULT_MODES, OPERATIONS, FaultySimPlatform
 
 #: Phases of a runner's life a fault can be armed in.
 PHASES = (
@@ -231,16 +232,20 @@ def cases() -> Iterator[Case]:
 
 def run_case(case: Case) -> CaseResult:
     """Run one case from a fresh plugin manager and platform."""
-    impl = SimPlatform(log_cap=64)
+    impl = FaultySimPlatform(log_cap=64)
     state = _State(impl)
     pm = new_plugin_manager(load_entry_points=False, environ={})
     pm.register(_FaultyObservers(state), name="faulty-observers")
-    platform = Platform(impl, pm)
+    platform = Platform(impl)
     if case.target in OPERATIONS:
         fault = impl.inject(case.target, case.mode, when=lambda: state.on(case.target))
     policy = case.policy
     runner = DecodeRunner(
-        _Model(state, _READ_AT[policy]), lambda mode, eager, planted: policy, platform, ring_size=4
+        _Model(state, _READ_AT[policy]),
+        lambda mode, eager, planted: policy,
+        platform,
+        ring_size=4,
+        observers=pm.observers,
     )
     loop = OverlapLoop(runner, probe=_Probe(state))
     fence = runner.fence

@@ -62,7 +62,7 @@ NODE_KINDS = {
 def driver_module() -> ModuleType:
     """``cuda.bindings.driver``, imported here because cuda-bindings is optional."""
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # noqa: PLC0415 - cuda-bindings is optional
     except ImportError as exc:
         raise BindingsMissingError(
             f"cuda-bindings is not installed ({exc}); pip install 'cuda-bindings>=12.4'"

@@ -193,7 +193,7 @@ def device_type(device: Any) -> str:
 def cuda_available() -> bool:
     """Whether torch is installed and sees a CUDA device (False without torch)."""
     try:
-        import torch  # deferred: the registry, engine and CLI run without torch
+        import torch  # noqa: PLC0415 - deferred: the registry, engine and CLI run without torch
     except ImportError:
         return False
     return bool(torch.cuda.is_available())

@@ -30,7 +30,7 @@ from warpolicy.runtime.platforms.base import cuda_available, device_type
 
 
 def _torch() -> Any:
-    import torch  # deferred: importing warpolicy must not need torch
+    import torch  # noqa: PLC0415 - deferred: importing warpolicy must not need torch
 
     return torch
 
