@@ -14,8 +14,8 @@ import torch
 
 from warpolicy.audit import AuditSubject
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, WarReadDonePolicy
-from warpolicy.runtime.platform import sim_platform
 from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.testing import sim_platform
 
 BUCKETS = (2, 4)
 

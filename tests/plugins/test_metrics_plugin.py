@@ -25,11 +25,12 @@ from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY  # noqa: E402
 from warpolicy.runtime.hookspecs import hookimpl  # noqa: E402
 from warpolicy.runtime.manager import describe_plugins, new_plugin_manager, reset_plugin_manager  # noqa: E402
-from warpolicy.runtime.platform import sim_platform  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop  # noqa: E402
+from warpolicy.testing import (
+    RecModel,
+    sim_platform,
+)
 from warpolicy_metrics import WarpolicyMetrics  # noqa: E402
-
-from recording import RecModel  # noqa: E402
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:

@@ -164,10 +164,8 @@ class TestVerdict:
         assert guard_policy(compiled, compare_fingerprints([POOL[2]] * 3, 2)) is compiled
 
     def test_a_runner_with_the_coarse_policy_publishes_nothing(self):
-        from test_runners import RecModel
-
-        from warpolicy.runtime.platform import sim_platform
         from warpolicy.runtime.runners import DecodeRunner
+        from warpolicy.testing import RecModel, sim_platform
 
         result = compare_fingerprints([POOL[0], POOL[1], POOL[1]], 2)
         runner = DecodeRunner(
@@ -202,10 +200,8 @@ class _TwoRankStub:
 
 class TestRunnerOption:
     def runner(self, policy, **kw):
-        from test_runners import RecModel
-
-        from warpolicy.runtime.platform import sim_platform
         from warpolicy.runtime.runners import DecodeRunner
+        from warpolicy.testing import RecModel, sim_platform
 
         return DecodeRunner(RecModel(), policy, sim_platform(), name="decode", **kw)
 

@@ -15,10 +15,8 @@ from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runtime import nvtx as wnvtx
 from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platform import sim_platform
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
-
-from recording import RecModel
+from warpolicy.testing import RecModel, sim_platform
 
 
 class RecordingNvtx:

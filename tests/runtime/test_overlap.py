@@ -10,10 +10,8 @@ import torch
 
 from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
-
-from recording import RecModel
+from warpolicy.testing import RecModel, sim_impl, sim_platform
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -26,6 +25,7 @@ from warpolicy.runtime.runners import (
     VerifyRunner,
     last_reader_of,
 )
+from warpolicy.testing import sim_impl, sim_platform
 
 DECODE, VERIFY, DRAFT_EXTEND = (
     ForwardMode.DECODE,
