@@ -229,7 +229,8 @@ class TestDerived:
     @pytest.mark.parametrize("placement", ["derived", "marker"])
     def test_an_instantiate_failure_is_coarse_on_both_paths(self, placement):
         runner, _, platform, demotions = setup(
-            placement, lambda m, g: derived_graph(m) if placement == "derived" else marker_graph(m, g)
+            placement,
+            lambda m, g: derived_graph(m) if placement == "derived" else marker_graph(m, g),
         )
         sim_impl(platform).inject("instantiate")
         messages = capture_quietly(runner)

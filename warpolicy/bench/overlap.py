@@ -198,8 +198,7 @@ class OverlapBench:
         for k in range(self.steps):
             self.plan.write_step(k)
             self.bookkeeping()
-            outs.append(runner.run(self.plan.batch(k)).clone())
-            runner.fence.take()
+            outs.append(runner.run(self.plan.batch(k)).clone())  # nobody takes: no barrier
         self.platform.synchronize()
         return outs
 
@@ -233,8 +232,7 @@ class OverlapBench:
         fwd = p.current_stream()
         for k in range(self.steps):
             probe.mark("launch", fwd)
-            runner.run(self.plan.batch(k))
-            runner.fence.take()
+            runner.run(self.plan.batch(k))  # nobody takes: the next step empties the mailbox
             probe.mark("launched", fwd)
         p.synchronize()
         t = probe.times_us()

@@ -70,6 +70,13 @@ class ReadDone:
         """The step of this event's latest publish (the record a wait binds to)."""
         return self.slot.step
 
+    def discard(self) -> None:
+        """The scheduler will not wait on this read-done (it synchronized the host, or drops
+        the step): its event may be recorded again. A taken read-done must be waited on
+        through a `SchedulerBarrier` or discarded; otherwise its ring event stays reserved,
+        and once every ring event is, host-recorded steps publish nothing (coarse)."""
+        self.slot.taken = False
+
 
 def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
     """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is

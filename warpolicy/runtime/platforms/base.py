@@ -163,9 +163,9 @@ def implementation_problems(impl: object) -> list[str]:
         problems.append("no device")
     external = getattr(impl, "external_events_supported", None)
     if type(external) is not bool:
+        shown = f" {external!r}" if isinstance(external, (str, int, float)) else ""
         problems.append(
-            f"external_events_supported must be a bool, not {type(external).__name__} "
-            f"{external!r}"
+            f"external_events_supported must be a bool, not {type(external).__name__}{shown}"
         )
     missing = [op for op in PLATFORM_OPERATIONS if not callable(getattr(impl, op, None))]
     if missing:

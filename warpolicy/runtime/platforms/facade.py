@@ -117,9 +117,10 @@ class Platform:
     @property
     def log(self) -> CallLog:
         """The call log of the simulated platform; raises on real platforms."""
-        if not isinstance(self.impl, SimPlatform):
+        impl = self.impl
+        if not isinstance(impl, SimPlatform) or not isinstance(impl.log, CallLog):
             raise NotImplementedError(f"platform {self._name!r} does not record calls")
-        return self.impl.log
+        return impl.log
 
     # -- events and streams (not per step: checked) ---------------------------------------------
 
