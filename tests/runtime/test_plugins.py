@@ -244,7 +244,7 @@ def _observer(tag, hook, params, defaulted, log):
     """An observer of ``hook`` naming ``params``; those in ``defaulted`` have a default."""
     args = ", ".join(f"{p}='default'" if p in defaulted else p for p in params)
     namespace = {}
-    exec(  # noqa: S102 - builds a signature from the test's parameters
+    exec(
         f"def impl(self, {args}):\n    log.append((tag, dict(locals())))",
         {"log": log, "tag": tag},
         namespace,

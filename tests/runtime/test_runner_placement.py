@@ -22,8 +22,7 @@ from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePol
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.platforms.sim import SimGraph
-from warpolicy.runtime.runners import DecodeRunner, DraftExtendRunner
-from warpolicy.runtime.runners import SelfCheckError
+from warpolicy.runtime.runners import DecodeRunner, DraftExtendRunner, SelfCheckError
 from warpolicy.testing import sim_impl, sim_platform, sim_runtime
 
 P = WarReadDonePolicy

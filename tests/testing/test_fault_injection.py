@@ -12,9 +12,9 @@ import pytest
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY
 from warpolicy.runtime import hookspecs
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
-from warpolicy.runtime.platforms.sim import OPERATIONS
 from warpolicy.runtime.runners.overlap import OverlapLoop
 from warpolicy.testing import faults
+from warpolicy.testing.sim import OPERATIONS
 
 ALL_CASES = list(faults.cases())
 TARGETS = sorted({c.target for c in ALL_CASES})
@@ -90,15 +90,15 @@ def test_control_a_barrier_that_does_not_wait_is_caught(monkeypatch):
 
 
 def test_control_an_in_graph_publish_after_a_failed_replay_plant_is_caught(monkeypatch):
-    def plant_01(
-        self,
-    ):  # 0.1: a failed plant inside a replay is swallowed, in_graph still published
+    def plant_01(self, event=None):
+        # 0.1: a failed plant inside a replay is swallowed, in_graph still published
+        event = event if event is not None else self._event
         try:
             if self.platform.is_capturing():
-                self._record(self._event)
+                self._record(event)
         except Exception:
             return None
-        return self._event
+        return event
 
     case = faults.Case("record", "replay", IN_GRAPH, "raise")
     assert faults.run_case(case).early_releases == 0
@@ -107,14 +107,12 @@ def test_control_an_in_graph_publish_after_a_failed_replay_plant_is_caught(monke
 
 
 def test_control_waiting_on_an_older_write_event_after_a_failed_record_is_caught(monkeypatch):
-    def record_writes_01(self):  # 0.1: the failed record leaves the previous step's event pending
-        ev = self._ring[self._next]
-        self._next = (self._next + 1) % len(self._ring)
+    def record_writes_01(self):  # 0.1: a failed record is not followed by a whole-stream wait
         try:
-            self.platform.record(ev, self.schedule_stream)
+            slot = self._ring.record(self.schedule_stream)
         except Exception:
             return
-        self._pending = ev
+        self._pending = slot
 
     case = faults.Case("record", "write", POST_REPLAY, "raise")
     assert faults.run_case(case).stale_reads == 0
