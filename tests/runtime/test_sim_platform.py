@@ -338,6 +338,15 @@ def test_a_recapture_starts_a_new_launch_order(platform):
     assert g.done_clock is None
 
 
+def test_a_stream_created_after_a_synchronize_is_ordered_after_everything(platform):
+    impl = sim_impl(platform)
+    with platform.stream(platform.new_stream()):
+        read = impl.mark("read")
+    platform.synchronize()
+    with platform.stream(platform.new_stream()):
+        assert impl.happens_before(read, impl.mark("a later stream's work"))
+
+
 def test_a_wait_on_a_never_recorded_event_orders_nothing(platform):
     impl = sim_impl(platform)
     sched = platform.new_stream()

@@ -227,6 +227,8 @@ class SimPlatform:
         self.external_events_supported = bool(external_events)
         self.log = CallLog(log_cap)
         self._ids = itertools.count(1)
+        #: what every stream is ordered after: all work the host synchronized with
+        self._floor: Clock = {}
         self.default_stream = SimStream(0)
         self._streams: list[SimStream] = [self.default_stream]  # the current-stream stack
         self._all_streams: weakref.WeakSet[SimStream] = weakref.WeakSet([self.default_stream])
@@ -258,7 +260,8 @@ class SimPlatform:
         return next(self._ids)
 
     def _stream(self, stream_id: Optional[int] = None) -> SimStream:
-        stream = SimStream(self._next_id() if stream_id is None else stream_id)
+        # a new stream starts after everything the host has synchronized with
+        stream = SimStream(self._next_id() if stream_id is None else stream_id, dict(self._floor))
         self._all_streams.add(stream)
         return stream
 
@@ -426,7 +429,7 @@ class SimPlatform:
         graph.done_clock = dict(launch.clock)
 
     def synchronize(self) -> None:
-        everything: Clock = {}
+        everything = self._floor
         streams = list(self._all_streams)
         for stream in streams:
             _merge(everything, stream.clock)

@@ -77,6 +77,8 @@ def check_buckets(name: str, sizes: Sequence[Any]) -> tuple[int, ...]:
     out: set[int] = set()
     for size in values:
         try:
+            if isinstance(size, bool):  # an int to Python, never a size
+                raise TypeError
             value = operator.index(size)
         except TypeError:
             raise InputError(
