@@ -229,6 +229,7 @@ class SimPlatform:
         self._ids = itertools.count(1)
         #: what every stream is ordered after: all work the host synchronized with
         self._floor: Clock = {}
+        self._issued: Clock = {}  # the latest tick of every stream, dropped streams included
         self.default_stream = SimStream(0)
         self._streams: list[SimStream] = [self.default_stream]  # the current-stream stack
         self._all_streams: weakref.WeakSet[SimStream] = weakref.WeakSet([self.default_stream])
@@ -272,6 +273,7 @@ class SimPlatform:
         stream = self._streams[-1]
         tick = stream.clock.get(stream.id, 0) + 1
         stream.clock[stream.id] = tick
+        self._issued[stream.id] = tick
         return Mark(label, stream.id, tick, dict(stream.clock), executed=self._capturing is None)
 
     @staticmethod
@@ -430,10 +432,8 @@ class SimPlatform:
 
     def synchronize(self) -> None:
         everything = self._floor
-        streams = list(self._all_streams)
-        for stream in streams:
-            _merge(everything, stream.clock)
-        for stream in streams:  # work issued from now on is ordered after all of it
+        _merge(everything, self._issued)  # every stream's work, even a stream since dropped
+        for stream in list(self._all_streams):  # work issued from now on is ordered after it
             _merge(stream.clock, everything)
         self.log.emit(("synchronize",))
 
