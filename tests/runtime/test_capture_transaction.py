@@ -226,3 +226,16 @@ def test_a_runner_needs_a_platform():
 def test_the_mode_is_parsed():
     runner = DecodeRunner(RecModel((1,)), fixed_policy("in_graph"), sim_platform(), mode="extend")
     assert runner.mode is ForwardMode.EXTEND
+
+
+@pytest.mark.parametrize("facts", [(True, -1), (False, 1), (0, True), (None, False), ("yes", True)])
+def test_a_compiled_policy_refuses_facts_that_are_not_booleans(facts):
+    """Class 13: ``lookup(mode, True, -1)`` indexed the table and answered in_graph."""
+    from warpolicy.registry.engine import PolicyEngine
+
+    compiled = PolicyEngine.load(environ={}).compile("fa3")
+    with pytest.raises(InputError, match="must be booleans"):
+        compiled.lookup(ForwardMode.DECODE, *facts)
+    with pytest.raises(InputError, match="must be booleans"):
+        compiled.per_step(*facts)
+    assert compiled.lookup(ForwardMode.DECODE, False, True) is P.IN_GRAPH
