@@ -22,8 +22,10 @@ with::
 4. runs ``write_next()`` with the schedule stream current, and records an event after it.
 
 Failures stay ordered: a failed barrier falls back to the coarse one (then to a host
-synchronize; if even that fails the step raises before anything is written), and a failed
-record after the writes makes the next forward wait for the whole schedule stream.
+synchronize; if even that fails the step raises before anything is written), a failed
+record after the writes makes the next forward wait for the whole schedule stream, and a launch
+that raises leaves the schedule stream waiting for everything it enqueued and the next forward
+waiting for every write.
 
 A loop belongs to one thread (the first that steps it; `WrongThreadError` from any other).
 
@@ -137,7 +139,11 @@ class OverlapLoop:
             if self._pending is not None or self._whole_stream:
                 self._wait_for_writes(fwd)
             self._mark("launch", fwd)
-            out = runner.run(batch)
+            try:
+                out = runner.run(batch)
+            except BaseException:
+                self._launch_failed(runner, fwd)
+                raise
             self._mark("launched", fwd)
         self.last_read_done = runner.fence.take()  # consume-once, right after the launch
         if self.unsafe_skip_barrier:
@@ -156,6 +162,24 @@ class OverlapLoop:
         self._mark("written", self.schedule_stream)
         self.steps += 1
         return out
+
+    def _launch_failed(self, runner: Runner, fwd: StreamHandle) -> None:
+        """The launch raised (``KeyboardInterrupt`` too) after enqueuing some of its reads on
+        ``fwd``, and it consumed the wait for the last writes there: order the schedule stream
+        after everything on ``fwd`` (the coarse barrier, else a host synchronize), hand nothing
+        to a barrier, and make the next forward, on whatever stream, wait for every write."""
+        self._whole_stream = True
+        self._pending = None
+        try:
+            read_done = runner.fence.take()
+            if read_done is not None:
+                read_done.discard()
+        except Exception:  # noqa: BLE001 - nothing to hand out either way
+            pass
+        try:
+            self.platform.wait_stream(self.schedule_stream, fwd)
+        except Exception:  # noqa: BLE001 - last resort: the host waits for everything
+            self.platform.synchronize()
 
     def _record_writes(self) -> None:
         """Record a ring event after the writes; on failure the next forward waits for the
