@@ -159,9 +159,7 @@ def test_a_lagging_scheduler_on_host_recorded_events(platform, monkeypatch, lag)
     with monkeypatch.context() as patch:
         ring_without_enforcement(patch)
         control_model = SlotModel()
-        control = DecodeRunner(
-            control_model, fixed_policy("post_replay"), platform, ring_size=RING
-        )
+        control = DecodeRunner(control_model, fixed_policy("post_replay"), platform, ring_size=RING)
         early = lagging(platform, control, control_model, lag=lag, streams=3)
     print(
         f"\n[lag cuda] post_replay, lag {lag}, ring {RING}, 3 streams: enforced ring "

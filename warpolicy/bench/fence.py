@@ -34,6 +34,7 @@ from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.runtime.manager import WarpolicyPluginManager, new_plugin_manager, open_platform
 from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.observers import Reporter
 from warpolicy.runtime.platforms import (
     EventHandle,
     Platform,
@@ -354,7 +355,31 @@ def run_fence_bench(
     result["overhead"] = _overhead(platform, pm, iters, observers)
     standin_pm = new_plugin_manager(load_entry_points=False, environ={})
     result["standin"] = _overhead(Platform(_StandIn()), standin_pm, iters)
+    result["observer_call"] = _observer_call(iters)
     return result
+
+
+def _observer_call(iters: int) -> dict[str, float]:
+    """Per hook call with one no-op observer: pluggy's own ``HookCaller`` called directly, and
+    the runtime's call (`Reporter`, which goes through that same caller)."""
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(_NoOpObserver())
+    hook = pm.hook.warpolicy_on_publish
+    reporter = Reporter(pm.observers, "bench")
+
+    def pluggy_call() -> None:
+        hook(runner="bench", step=1, policy=P.IN_GRAPH, event=None)
+
+    def runtime_call() -> None:
+        reporter.publish("bench", 1, P.IN_GRAPH, None)
+
+    pluggy_s: list[float] = []
+    runtime_s: list[float] = []
+    nothing = lambda: None  # noqa: E731 - the host-only sync of _per_step_us
+    for _ in range(3):  # interleaved
+        pluggy_s += _per_step_us(pluggy_call, iters // 3, nothing)
+        runtime_s += _per_step_us(runtime_call, iters // 3, nothing)
+    return {"pluggy_us_median": _median(pluggy_s), "runtime_us_median": _median(runtime_s)}
 
 
 def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
@@ -393,6 +418,13 @@ def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
             f"fence's own cost per step ({name}, C-builtin stand-in platform): "
             f"{row['extra_us']:.2f} us (fence+hooks {row['hooks_us_median']:.2f} us, raw "
             f"{row['raw_us_median']:.2f} us); no-op observer +{row['observer_extra_us']:.2f} us"
+        )
+    call = result.get("observer_call")
+    if call:
+        lines.append(
+            f"one no-op observer, per hook call (a step makes two): pluggy's own HookCaller "
+            f"{call['pluggy_us_median']:.2f} us, through the runtime "
+            f"{call['runtime_us_median']:.2f} us"
         )
     if result["platform"] != "cuda":
         lines.append(

@@ -10,10 +10,12 @@ Three kinds of hooks:
   `warpolicy.runtime.platforms.PlatformImpl`; from then on its methods are called directly, with no
   plugin dispatch per operation. Exactly one plugin may claim a device type.
 * **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier,
-  fallback and capture-time demotion, for logging, metrics and tracing. With none registered
-  the runtime pays nothing; each registered one costs one direct call. An observer that
-  raises is reported (a warning and `warpolicy_on_fallback`) and never changes what is
-  published or when the scheduler is released.
+  fallback and capture-time demotion (every one, not only the first), for logging, metrics and
+  tracing. With none registered the runtime pays nothing; each registered one is called
+  through pluggy's own hook caller (`warpolicy.runtime.observers`), so it receives exactly
+  the arguments pluggy passes it. An observer that raises is reported (a warning and
+  `warpolicy_on_fallback`) and never changes what is published or when the scheduler is
+  released.
 
 Implementations may accept any subset of a hook's arguments (pluggy passes only the ones
 they name), so new arguments can be added here without breaking plugins.
@@ -158,9 +160,10 @@ def warpolicy_on_fallback(where: str, error: BaseException) -> None:
 
 @hookspec
 def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
-    """A captured bucket was demoted at capture time (fires once per bucket and capture): its
-    marker failed the self-check, or derived placement could not plant its node, so the bucket
-    publishes no earlier than ``post_replay``.
+    """A captured bucket was demoted at capture time (fires every time, once per bucket and
+    capture): its marker failed the self-check, derived placement could not plant its node (it
+    then publishes no earlier than ``post_replay``), or something raised or could not be
+    confirmed (it then publishes nothing).
 
     :param runner: the runner's name
     :param bucket: the bucket's size

@@ -60,6 +60,7 @@ GROUP = "warpolicy"
 DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
 TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
 
+
 @attrs.frozen
 class PluginSource:
     """Where a plugin came from, for `describe_plugins` and error messages."""

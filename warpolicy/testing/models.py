@@ -22,7 +22,9 @@ class RecModel:
     simulated platform's call log (``sim_impl(platform).listeners.append(events.append)``).
     """
 
-    def __init__(self, buckets: Sequence[int] = (1, 2, 4, 8), events: Optional[list] = None) -> None:
+    def __init__(
+        self, buckets: Sequence[int] = (1, 2, 4, 8), events: Optional[list] = None
+    ) -> None:
         torch = _torch()
         self.buckets = tuple(buckets)
         self.events: list = events if events is not None else []

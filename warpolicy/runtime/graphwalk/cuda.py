@@ -16,9 +16,6 @@ What a node touches:
 Edges: only plain full dependencies order nodes here. A programmatic (early-launch) edge does
 not promise that the parent finished, so it is dropped from ``deps`` (more readers, never fewer,
 look unordered) and counted in `RawGraph.weak_edges`.
-
-Over 400 lines: every cuda-bindings call is checked and mapped to a one-line error, for each
-node kind the walk reads.
 """
 
 from __future__ import annotations

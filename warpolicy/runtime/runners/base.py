@@ -185,7 +185,9 @@ class GraphRunner:
         try:
             return Placement(policy.placement(self.mode))
         except Exception as exc:  # noqa: BLE001 - the marker is the conservative default
-            self.reporter.warn("placement", f"placement lookup failed ({exc!r}); planting the marker")
+            self.reporter.warn(
+                "placement", f"placement lookup failed ({exc!r}); planting the marker"
+            )
             return Placement.MARKER
 
     def release_thread(self) -> None:

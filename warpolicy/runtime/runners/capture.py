@@ -389,7 +389,9 @@ def explain(
             decision = policy.decision(mode, eager, planted)
         else:
             ctx = Context(name, mode, eager=eager, planted=planted)
-            reason = Reason("policy-callable", "given by the engine's policy callable", release.policy)
+            reason = Reason(
+                "policy-callable", "given by the engine's policy callable", release.policy
+            )
             decision = Decision(release.policy, ctx, (reason,))
         if decision.policy != release.policy:  # the runtime moved it (later, never earlier)
             why = Reason("runtime-capture", release.reason or "capture-time facts", release.policy)
