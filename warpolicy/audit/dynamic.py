@@ -66,6 +66,7 @@ from warpolicy.audit.subject import (
 from warpolicy.errors import WarpolicyError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
+from warpolicy.runtime.runners.protocols import Runner
 
 #: The head stall holds the forward stream while the host enqueues step + poison.
 HEAD_STALL_MIN_US = 2000.0
@@ -115,7 +116,7 @@ class _Harness:
     """Runs reference and poisoned steps of one runner and keeps the subject's state honest."""
 
     def __init__(
-        self, subject: AuditSubject, mode: ForwardMode, runner: Any, stall_us: float
+        self, subject: AuditSubject, mode: ForwardMode, runner: Runner, stall_us: float
     ) -> None:
         from warpolicy.runtime.fence import SchedulerBarrier
 

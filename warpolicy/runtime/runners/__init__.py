@@ -8,6 +8,8 @@ scheduler side: barrier right after each launch, next-batch writes on the schedu
 hands the scheduler the event of the last phase that reads shared state.
 """
 
+from typing import TYPE_CHECKING
+
 from warpolicy.runtime.release import BucketRelease, sound
 from warpolicy.runtime.runners.base import GraphRunner, check_buckets
 from warpolicy.runtime.runners.capture import (
@@ -30,6 +32,12 @@ from warpolicy.runtime.runners.protocols import (
 )
 from warpolicy.runtime.runners.spec_step import Phase, SpecStep, StepMailbox, last_reader_of
 from warpolicy.runtime.runners.verify import VerifyRunner
+
+if TYPE_CHECKING:  # mypy checks that both are `Runner`s (no runtime cost)
+
+    def _both_are_runners(graph: GraphRunner, step: SpecStep) -> tuple[Runner, Runner]:
+        return graph, step
+
 
 __all__ = [
     "SELF_CHECK_MODES",
