@@ -56,6 +56,20 @@ class Outcome:
     phases: tuple[tuple[str, str], ...]  # (target, phase) pairs that saw calls
 
 
+_MANAGER: Optional[tuple[Any, HarnessObservers]] = None
+
+
+def _manager() -> tuple[Any, HarnessObservers]:
+    """One plugin manager (no entry points) with the harness's observers, per process."""
+    global _MANAGER
+    if _MANAGER is None:
+        observers = HarnessObservers()
+        pm = new_plugin_manager(load_entry_points=False, environ={})
+        pm.register(observers, name="harness-observers")
+        _MANAGER = (pm, observers)
+    return _MANAGER
+
+
 class Baton:
     """Strict turns between scheduler lanes at each `Harness.pause` (a reproducible
     interleaving of two threads: each runs from one pause to its next, then hands over)."""
@@ -81,9 +95,7 @@ class Baton:
             if lane not in self._active or len(self._active) < 2:
                 return
             self._hand_over(lane)
-            self._cond.wait_for(
-                lambda: self._turn == lane or len(self._active) < 2, timeout=5.0
-            )
+            self._cond.wait_for(lambda: self._turn == lane or len(self._active) < 2, timeout=5.0)
 
     def done(self, lane: int) -> None:
         with self._cond:
@@ -104,7 +116,7 @@ class _PerThreadStack:
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = [self._bottom]
-        return stack  # type: ignore[no-any-return]
+        return stack
 
     def __getitem__(self, index: int) -> Any:
         return self._stack()[index]
@@ -129,6 +141,8 @@ class Harness:
         external_events: bool = True,
         yield_points: bool = False,
         platform_hook: Optional[Callable[[Harness, SimPlatform], None]] = None,
+        runner_options: Optional[dict[str, Any]] = None,
+        wrap_runner: Optional[Callable[[Harness, Any], Any]] = None,
     ) -> None:
         self.injector = Injector(*faults, on_fire=self.fired)
         self.oracle = Oracle(check_stale=check_stale)
@@ -137,6 +151,10 @@ class Harness:
         self.oracle.attach(self.impl.log.listeners)
         self._current = self.impl.current_stream  # the sim's own call, never faulted
         self.yield_points = yield_points
+        #: extra keyword arguments for every runner the scenario builds (controls)
+        self.runner_options: dict[str, Any] = dict(runner_options or {})
+        #: what the engine steps instead of the runner (controls: a runner with a bug)
+        self.wrap_runner = wrap_runner
         self.baton: Optional[Baton] = Baton(2) if yield_points else None
         if yield_points and isinstance(getattr(self.impl, "_streams", None), list):
             self.impl._streams = _PerThreadStack(self.impl.default_stream)  # type: ignore[assignment]
@@ -150,7 +168,6 @@ class Harness:
         self._install()
         if platform_hook is not None:  # positive controls: a platform that misbehaves
             platform_hook(self, self.impl)
-        self.observers = HarnessObservers(self)
         self.platform = self._platform()
 
     # -- construction ---------------------------------------------------------------------------
@@ -194,8 +211,10 @@ class Harness:
 
     def _platform(self) -> Platform:
         """The platform the runtime uses, with the harness's observers (composition root)."""
-        pm = new_plugin_manager(load_entry_points=False, environ={})
-        pm.register(self.observers, name="harness-observers")
+        pm, observers = _manager()
+        observers.harness = self
+        observers.seen.clear()
+        self.observers = observers
         return Platform(self.impl, pm)
 
     # -- marks ------------------------------------------------------------------------------------

@@ -95,9 +95,7 @@ class Injector:
     calls to the platform, as the engine) are neither counted nor faulted. Thread-safe counts.
     """
 
-    def __init__(
-        self, *faults: Fault, on_fire: Optional[Callable[[], None]] = None
-    ) -> None:
+    def __init__(self, *faults: Fault, on_fire: Optional[Callable[[], None]] = None) -> None:
         self.faults = faults
         self.on_fire = on_fire
         self.phase = "setup"

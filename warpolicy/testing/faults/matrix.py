@@ -11,7 +11,7 @@ has no cases and shows in the report as never firing.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import attrs
 
@@ -88,22 +88,30 @@ class CaseResult:
         return None
 
 
-def run_case(case: Case, platform_hook: Optional[PlatformHook] = None) -> CaseResult:
-    """Run one case on a fresh harness (``platform_hook``: a misbehaving platform, for the
-    positive controls)."""
+def run_case(
+    case: Case,
+    platform_hook: Optional[PlatformHook] = None,
+    *,
+    runner_options: Optional[dict[str, Any]] = None,
+    wrap_runner: Optional[Callable[[Harness, Any], Any]] = None,
+) -> CaseResult:
+    """Run one case on a fresh harness. The positive controls add a misbehaving platform
+    (``platform_hook``), runner options, or a runner with a bug (``wrap_runner``)."""
     scenario = SCENARIOS[case.scenario]
     harness = Harness(
         *case.faults,
         check_stale=scenario.check_stale,
         yield_points=scenario.yield_points,
         platform_hook=platform_hook,
+        runner_options=runner_options,
+        wrap_runner=wrap_runner,
     )
     with harness.recording():
         scenario.run(harness, case.variant)
     return CaseResult(case, harness.outcome())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def baseline(scenario: str, variant: str, trigger: Optional[Fault] = None) -> Outcome:
     """The run of a scenario and variant without a fault (but the ``trigger``, if any), cached:
     it sizes the cases."""
@@ -131,8 +139,15 @@ def _sample(count: int, full: bool) -> list[int]:
 #: Operations whose success returns nothing: "return None" there is a platform that silently
 #: skips its work, which no caller can tell from success (the positive controls cover that).
 VOID_TARGETS = frozenset(
-    {"record", "wait_event", "wait_stream", "capture_callable", "replay", "synchronize",
-     "instantiate"}
+    {
+        "record",
+        "wait_event",
+        "wait_stream",
+        "capture_callable",
+        "replay",
+        "synchronize",
+        "instantiate",
+    }
 )
 
 
