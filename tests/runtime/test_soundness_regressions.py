@@ -32,7 +32,6 @@ from warpolicy.runtime import distributed as wd
 from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.manager import new_plugin_manager
-from warpolicy.runtime.platform import Platform
 from warpolicy.runtime.platforms.sim import SimPlatform
 from warpolicy.runtime.runners import (
     DecodeRunner,
@@ -42,6 +41,7 @@ from warpolicy.runtime.runners import (
     SpecStep,
     VerifyRunner,
 )
+from warpolicy.testing.faults.compat import component_kwargs, open_device
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import Fault, InjectedError
 from warpolicy.testing.faults.model import READ_PLANS, HarnessModel, policy_table
@@ -57,7 +57,7 @@ def runner_on(h, policy, reads="prep", cls=DecodeRunner, **kw):
     if cls is VerifyRunner:
         kw.setdefault("draft_tokens", 2)
     table = policy if callable(policy) else policy_table(h, dict.fromkeys(BUCKETS, policy))
-    return cls(model, table, h.platform, **kw)
+    return cls(model, table, h.platform, **h.kw, **kw)
 
 
 def steps(h, loop, runner, sizes):
@@ -119,7 +119,7 @@ def test_class_02_a_policy_lookup_failing_once_never_skips_the_self_check():
 def _spec_step(h, policy):
     verify = runner_on(h, policy, cls=VerifyRunner, reads="late")
     draft = runner_on(h, policy, cls=DraftExtendRunner, reads="late")
-    return SpecStep((Phase(verify), Phase(draft)), last_reader=DRAFT)
+    return SpecStep((Phase(verify), Phase(draft)), last_reader=DRAFT, **h.kw)
 
 
 @pytest.mark.parametrize("kind", ["decode", "spec_step"])
@@ -129,7 +129,7 @@ def test_class_03_an_interrupted_warm_up_join_still_orders_the_warm_up_reads(kin
     runner = (
         runner_on(h, POST_REPLAY, reads="late") if kind == "decode" else _spec_step(h, POST_REPLAY)
     )
-    loop = OverlapLoop(platform=h.platform)
+    loop = OverlapLoop(platform=h.platform, **h.kw)
     raised = KeyboardInterrupt if error == "interrupt" else BaseException
     with h.recording():
         with pytest.raises(raised):  # the caller sees the interrupt
@@ -192,7 +192,7 @@ def test_class_06_a_scheduler_ring_size_launches_behind_never_releases_early(pol
     ring = 4
     h = Harness(check_stale=False)
     runner = runner_on(h, policy, reads="host" if policy is PRE_REPLAY else "late", ring_size=ring)
-    barrier = SchedulerBarrier(h.platform)
+    barrier = SchedulerBarrier(h.platform, **h.kw)
     forward = [h.platform.new_stream() for _ in range(3)]
     schedule = h.platform.new_stream()
     taken, refusals = [], []
@@ -347,9 +347,8 @@ def _rank_runner(yaml):
     compiled = PolicyEngine(load_registry([Fragment("caps.yaml", yaml)]), environ={}).compile(
         "walked", platform="sim"
     )
-    return DecodeRunner(
-        HarnessModel(h, READ_PLANS["prep"], BUCKETS), compiled, h.platform, process_group=object()
-    )
+    model = HarnessModel(h, READ_PLANS["prep"], BUCKETS)
+    return DecodeRunner(model, compiled, h.platform, process_group=object(), **h.kw)
 
 
 def test_class_08_ranks_differing_only_in_placement_end_coarse(monkeypatch):
@@ -415,9 +414,10 @@ def test_class_09_observers_get_what_pluggy_passes_parameters_with_defaults_incl
             seen.append((policy, event))
 
     pm.register(Observer(), name="with-defaults")
-    platform = Platform.for_device("sim", pm)
+    platform = open_device(pm, "sim")
     model = HarnessModel(Harness(), READ_PLANS["late"], BUCKETS)
-    runner = DecodeRunner(model, lambda mode, eager, planted: POST_REPLAY, platform)
+    policy = lambda mode, eager, planted: POST_REPLAY  # noqa: E731
+    runner = DecodeRunner(model, policy, platform, **component_kwargs(pm))
     runner.capture()
     runner.run([0, 0])
     assert seen, "the observer was not called"
@@ -438,10 +438,10 @@ def test_class_09_the_platform_claim_gets_the_device_as_pluggy_passes_it():
 
     pm.register(Claims(), name="claims-mine")
     if _pluggy_passes_defaults():
-        assert Platform.for_device("mine:0", pm).impl.device == "mine"
+        assert open_device(pm, "mine:0").impl.device == "mine"
     else:
         with pytest.raises(WarpolicyError):
-            Platform.for_device("mine:0", pm)
+            open_device(pm, "mine:0")
 
 
 # -- 10. a claim's external_events_supported read as True whatever it was --------------------------------
@@ -464,7 +464,7 @@ def test_class_10_a_claim_with_a_non_bool_external_events_flag_is_refused(value)
 
     pm.register(Odd(), name="odd")
     with pytest.raises(PluginError, match="external_events_supported"):
-        Platform.for_device("odd", pm)
+        open_device(pm, "odd")
 
 
 # -- 11. demotions and fallbacks after the first were silent to observers ------------------------------
@@ -510,10 +510,10 @@ def test_class_12_a_phase_after_the_last_reader_that_publishes_is_refused_or_rel
         Phase(runner_on(h, PRE_REPLAY, cls=DraftExtendRunner, reads="host")),
         Phase(runner_on(h, IN_GRAPH, cls=DecodeRunner, reads="prep")),
     ]
-    loop = OverlapLoop(platform=h.platform)
+    loop = OverlapLoop(platform=h.platform, **h.kw)
     with h.recording():
         try:
-            step = SpecStep(phases, last_reader=DRAFT)
+            step = SpecStep(phases, last_reader=DRAFT, **h.kw)
             step.capture()
         except InputError:
             return  # refused at construction (or capture): sound

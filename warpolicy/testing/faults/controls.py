@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 import attrs
 
 from warpolicy.runtime.platforms.sim import SimPlatform
+from warpolicy.testing.faults.compat import publish_args
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import Fault
 from warpolicy.testing.faults.matrix import Case, CaseResult, run_case
@@ -130,11 +131,12 @@ class KeepsOldGraphs:
         if not fits:
             return self.runner.run(batch)
         bucket = self.old[fits[0]]
+        before, after = publish_args(bucket)
         self.model.host_prep(batch, bucket.size)
-        self.fence.before_replay(bucket.policy)
+        self.fence.before_replay(*before)
         self.platform.replay(bucket.graph)
-        self.fence.after_replay(bucket.policy, bucket.event)
-        return bucket.output
+        self.fence.after_replay(*after)
+        return getattr(bucket, "output", None)
 
 
 class JoinCatchesException:

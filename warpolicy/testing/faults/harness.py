@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterator, Optional
 import attrs
 
 from warpolicy.runtime.manager import new_plugin_manager
-from warpolicy.runtime.platform import Platform
 from warpolicy.runtime.platforms import PLATFORM_OPERATIONS
 from warpolicy.runtime.platforms.sim import SimGraph, SimPlatform
+from warpolicy.testing.faults.compat import component_kwargs, make_platform
 from warpolicy.testing.faults.injection import Fault, Injector
 from warpolicy.testing.faults.model import HarnessObservers, graph_model
 from warpolicy.testing.faults.oracle import Oracle, Point
@@ -209,13 +209,17 @@ class Harness:
     def _graph_model(self, graph: SimGraph) -> Any:
         return graph_model(self.oracle.captured.get(graph.id, ()), graph.planted_ids())
 
-    def _platform(self) -> Platform:
-        """The platform the runtime uses, with the harness's observers (composition root)."""
+    def _platform(self) -> Any:
+        """The platform the runtime uses, with the harness's observers (composition root);
+        `kw` is what every component the engine builds gets (its observers)."""
         pm, observers = _manager()
         observers.harness = self
         observers.seen.clear()
         self.observers = observers
-        return Platform(self.impl, pm)
+        self.pm = pm
+        #: keyword arguments for every runtime component (runner, loop, barrier, spec step)
+        self.kw = component_kwargs(pm)
+        return make_platform(self.impl, pm)
 
     # -- marks ------------------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ def _runner(
     model = HarnessModel(h, READ_PLANS[reads], BUCKETS, name=cls.mode.label)
     if cls is VerifyRunner:
         kw.setdefault("draft_tokens", DRAFT_TOKENS)
-    kw = {**kw, **h.runner_options}
+    kw = {**h.kw, **kw, **h.runner_options}
     built: Optional[GraphRunner] = h.guard(
         lambda: cls(model, policy_table(h, table), h.platform, **kw)
     )
@@ -148,7 +148,9 @@ def overlap(
     """Capture, then step through `OverlapLoop` (re-capturing once after a drain)."""
     if h.wrap_runner is not None:
         runner = h.wrap_runner(h, runner)
-    loop: Optional[OverlapLoop] = h.guard(lambda: OverlapLoop(platform=h.platform, probe=_Probe(h)))
+    loop: Optional[OverlapLoop] = h.guard(
+        lambda: OverlapLoop(platform=h.platform, probe=_Probe(h), **h.kw)
+    )
     if loop is None:
         return
     streams = _streams(h, forward_streams) if forward_streams > 1 else [None]
@@ -173,7 +175,7 @@ def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag:
     (forward streams round-robin, unordered) and waits on it ``lag`` launches later."""
     forward = _streams(h, streams)
     (schedule,) = _streams(h, 1)
-    barrier: Optional[SchedulerBarrier] = h.guard(lambda: SchedulerBarrier(h.platform))
+    barrier: Optional[SchedulerBarrier] = h.guard(lambda: SchedulerBarrier(h.platform, **h.kw))
     if barrier is None:
         return
     h.phase("capture")
@@ -275,7 +277,7 @@ def _spec_scenario(h: Harness, variant: str) -> None:
     draft = _runner(h, DraftExtendRunner, reads, table)
     if verify is None or draft is None:
         return
-    step = h.guard(lambda: SpecStep((Phase(verify), Phase(draft)), last_reader=DRAFT))
+    step = h.guard(lambda: SpecStep((Phase(verify), Phase(draft)), last_reader=DRAFT, **h.kw))
     if step is not None:
         overlap(h, step, STEPS["tokens"])
 
@@ -294,7 +296,7 @@ def _spec_late_phase(h: Harness, variant: str) -> None:
         if runner is None:
             return
         phases.append(Phase(runner))
-    step = h.guard(lambda: SpecStep(phases, last_reader=DRAFT))
+    step = h.guard(lambda: SpecStep(phases, last_reader=DRAFT, **h.kw))
     if step is not None:
         overlap(h, step, STEPS["tokens"])
 
