@@ -355,11 +355,11 @@ def test_class_08_ranks_differing_only_in_placement_end_coarse(monkeypatch):
     monkeypatch.setattr(wd, "_distributed", lambda: _TwoRanks())
     sent = {}
 
-    def agree(data, group=None, device=None, fixed=False):  # rank 1: records what it sends
-        sent[fixed] = data
-        return [data, data]
+    def record(data, group=None, device=None, fixed=False):  # rank 1: records what it sends
+        sent[fixed] = data  # (a differing digest takes it to the second round, the payload)
+        return [data, bytes(len(data)) if fixed else data]
 
-    monkeypatch.setattr(wd, "all_gather_bytes", agree)
+    monkeypatch.setattr(wd, "all_gather_bytes", record)
     peer = _rank_runner(MARKER_YAML)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -476,14 +476,15 @@ def test_class_11_every_failed_policy_lookup_reaches_the_observers():
     with h.recording():
         h.phase("capture")
         runner.capture()
+        runner.capture()  # the same failure again: the warning may be rate-limited, not this
         h.phase("run")
     failures = h.injector.fired
-    assert failures >= len(runner.buckets)
+    assert failures >= 2
     notified = h.observers.seen.get("warpolicy_on_fallback", 0) + h.observers.seen.get(
         "warpolicy_on_demotion", 0
     )
-    assert notified >= len(runner.buckets), (failures, h.observers.seen)
-    assert len(h.warned) >= 1  # the warning may be rate-limited; the notifications are not
+    assert notified >= failures, (failures, h.observers.seen)
+    assert len(h.warned) >= 1
 
 
 def test_class_11_every_failed_record_of_the_writes_reaches_the_observers():
