@@ -627,3 +627,25 @@ def test_barrier_applies_the_safe_wait_before_a_warning_can_raise(platform, inje
             )
     expected = {"wait_event": ("wait_stream", sched.id, 0), "wait_stream": ("synchronize",)}[inject]
     assert platform.log[-1] == expected and len(platform.log) > n
+
+
+@pytest.mark.parametrize("force_coarse", [False, True])
+def test_a_keyboard_interrupt_in_the_wait_still_orders_the_schedule_stream(platform, force_coarse):
+    """Whatever the caller does after a KeyboardInterrupt, the schedule stream is already
+    ordered after the forward stream (or the host waited)."""
+    fence, graph, _ = captured_fence(platform)
+    sched = platform.new_stream()
+    read_done, _ = step(platform, fence, graph, P.IN_GRAPH)
+    barrier = SchedulerBarrier(platform, force_coarse=force_coarse)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    if force_coarse:
+        barrier._wait_stream = interrupted
+    else:
+        barrier._wait_event = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        barrier.apply(sched, platform.current_stream(), read_done)
+    expected = ("synchronize",) if force_coarse else ("wait_stream", sched.id, 0)
+    assert platform.log[-1] == expected

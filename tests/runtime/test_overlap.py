@@ -363,3 +363,31 @@ def test_a_failed_launch_keeps_the_next_steps_ordered_on_any_stream(policy):
         if w < r and not impl.happens_before(write, read)
     ]
     assert early == [] and stale == []
+
+
+def test_a_barrier_interrupted_after_the_launch_keeps_the_next_forward_after_the_writes(
+    platform, monkeypatch
+):
+    """A KeyboardInterrupt in the barrier (or an observer of it) ends the step before its
+    writes are recorded: the next forward, on another stream, waits for the whole schedule
+    stream (it holds the writes of the step before)."""
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    forward = [platform.new_stream() for _ in range(2)]
+    writes = []
+    with platform.stream(forward[0]):
+        loop.step([1.0], lambda: writes.append(impl.mark("write")))
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop.barrier, "apply", interrupted)
+    with platform.stream(forward[1]), pytest.raises(KeyboardInterrupt):
+        loop.step([1.0], None)
+    monkeypatch.undo()
+    start = len(log)
+    with platform.stream(forward[0]):
+        loop.step([1.0], None)
+        read = impl.mark("after the next step's launch")
+    assert impl.happens_before(writes[0], read)
+    assert ("wait_stream", forward[0].id, loop.schedule_stream.id) in log[start:]

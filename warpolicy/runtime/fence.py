@@ -354,6 +354,9 @@ class SchedulerBarrier:
                 self._wait_event(schedule_stream, read_done.event)
             except Exception as exc:  # noqa: BLE001
                 return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+                self._interrupted(schedule_stream, forward_stream, read_done)
+                raise
             read_done.slot.taken = False
             if self._observers.on_barrier:
                 self.reporter.barrier(
@@ -378,6 +381,9 @@ class SchedulerBarrier:
                 self._wait_event(schedule_stream, read_done.event)
             except Exception as exc:  # noqa: BLE001
                 return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+                self._interrupted(schedule_stream, forward_stream, read_done)
+                raise
             read_done.slot.taken = False
             self.reporter.barrier(
                 read_done.source, read_done.slot.step, "event", read_done.policy.label
@@ -404,9 +410,23 @@ class SchedulerBarrier:
         self.reporter.barrier(read_done.source, read_done.slot.step, "coarse", "hook failed")
         return "coarse"
 
+    def _interrupted(
+        self, schedule_stream: StreamHandle, forward_stream: StreamHandle, read_done: ReadDone
+    ) -> None:
+        """The wait was interrupted (a ``BaseException``): whatever the caller does next, the
+        schedule stream must already be ordered after the forward's reads."""
+        try:
+            self._wait_stream(schedule_stream, forward_stream)
+        except BaseException:  # noqa: BLE001 - the interrupt being handled is re-raised by apply
+            self.platform.synchronize()
+        read_done.slot.taken = False
+
     def _coarse(self, schedule_stream: StreamHandle, forward_stream: StreamHandle) -> None:
         try:
             self._wait_stream(schedule_stream, forward_stream)
         except Exception as exc:  # noqa: BLE001 - last resort: the host waits for everything
             self.platform.synchronize()
             self.reporter.fallback("wait_stream", exc)
+        except BaseException:  # KeyboardInterrupt: the host waits for everything, then raise
+            self.platform.synchronize()
+            raise

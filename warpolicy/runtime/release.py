@@ -100,11 +100,23 @@ class ModePolicies:
     eager: WarReadDonePolicy
     #: why every answer is ``NONE`` (the lookup failed), else None
     failure: Optional[str] = None
+    #: the exception the lookup raised (for the fallback observers), else None
+    error: Optional[Exception] = attrs.field(default=None, eq=False)
+
+    @property
+    def reads_shared_state(self) -> bool:
+        """Whether the policy says this mode reads shared state: some answer names a release
+        point, or the lookup failed (unknown is a reader)."""
+        return self.failure is not None or any(
+            answer is not NONE for answer in (self.planted, self.unplanted, self.eager)
+        )
 
     @classmethod
-    def coarse(cls, mode: ForwardMode, failure: str) -> ModePolicies:
+    def coarse(
+        cls, mode: ForwardMode, failure: str, error: Optional[Exception] = None
+    ) -> ModePolicies:
         """Every answer ``NONE``, saying why."""
-        return cls(mode, NONE, NONE, NONE, failure)
+        return cls(mode, NONE, NONE, NONE, failure, error)
 
 
 def resolve_policies(policy: PolicyFn, mode: ForwardMode) -> ModePolicies:
@@ -119,7 +131,7 @@ def resolve_policies(policy: PolicyFn, mode: ForwardMode) -> ModePolicies:
         unplanted = sound(WarReadDonePolicy(policy(mode, False, False)), False, False)
         eager = sound(WarReadDonePolicy(policy(mode, True, False)), True, False)
     except Exception as exc:  # noqa: BLE001 - any failure means coarse, never earlier
-        return ModePolicies.coarse(mode, f"policy lookup failed ({exc!r})")
+        return ModePolicies.coarse(mode, f"policy lookup failed ({exc!r})", exc)
     return ModePolicies(mode, planted, unplanted, eager)
 
 

@@ -44,7 +44,7 @@ from warpolicy.runtime.distributed import ConsistencyResult, consistent_policy
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
-from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.platforms import Platform, StreamHandle
 from warpolicy.runtime.policy import PlacedPolicy, RunnerPolicy, policy_function
 from warpolicy.runtime.release import (
     BucketFacts,
@@ -165,6 +165,9 @@ class GraphRunner:
         self._eager_sizes: set[int] = set()
         self._eager: Optional[BucketRelease] = None  # decided on first need, and per capture
         self._coarse: Optional[str] = None  # why the runner is coarse (a failed capture)
+        # streams a failed capture left with work the host never waited for: every later step
+        # waits for them first (so the scheduler's barrier on that step covers them)
+        self._unsettled: tuple[StreamHandle, ...] = ()
         self._step = 0
         self.last_step: Optional[StepInfo] = None
 
@@ -232,13 +235,21 @@ class GraphRunner:
 
     # -- policy --------------------------------------------------------------------------------
 
+    def mode_policies(self) -> ModePolicies:
+        """The policy's answers for this runner's mode, asked once (never again: a re-capture
+        reuses them)."""
+        return self._mode_policies()
+
     def _mode_policies(self) -> ModePolicies:
         """The policy for this runner's mode, asked once (a failure is reported once)."""
         policies = self._policies
         if policies is None:
             policies = resolve_policies(self._policy_fn, self.mode)
-            if policies.failure is not None:
-                self.reporter.warn("policy", f"{policies.failure}; using the coarse barrier")
+            if policies.failure is not None:  # every failure reaches the fallback observers
+                error = policies.error or RuntimeError(policies.failure)
+                self.reporter.fallback(
+                    "policy", error, f"{policies.failure}; using the coarse barrier"
+                )
             self._policies = policies
         return policies
 
@@ -283,7 +294,11 @@ class GraphRunner:
         self._eager = None
         if self.process_group is not None and self.consistency is None:
             self._check_consistency()
-        result = self._transaction(self._mode_policies()).run()
+        transaction = self._transaction(self._mode_policies())
+        try:
+            result = transaction.run()
+        finally:
+            self._unsettled = transaction.unsettled  # () once its synchronize succeeded
         self._captured = result.captured
         self._reports = result.reports
         self._eager = result.eager
@@ -335,6 +350,8 @@ class GraphRunner:
         """
         if self._owner.ident != get_ident():
             self._owner.claim()
+        if self._unsettled:
+            self._settle()
         size = self.size_of(batch)
         i = bisect.bisect_left(self.buckets, size)
         captured = self._captured.get(self.buckets[i]) if i < len(self.buckets) else None
@@ -351,6 +368,19 @@ class GraphRunner:
             self._discard()
         self._done(size, bucket, published)
         return self._outputs[bucket]
+
+    def _settle(self) -> None:
+        """After a capture that failed before its host synchronize: order this step (on the
+        current stream) after the capture's unfinished work, or make the host wait for it."""
+        p = self.platform
+        try:
+            current = p.current_stream()
+            for stream in self._unsettled:
+                p.wait_stream(current, stream)
+        except Exception as exc:  # noqa: BLE001 - the host waits instead (raises if it cannot)
+            p.synchronize()
+            self._unsettled = ()
+            self.reporter.fallback("settle", exc)
 
     def _run_eager(self, batch: Any, size: int) -> Any:
         """No bucket fits: the same sequence without a graph, under the eager release."""

@@ -40,7 +40,13 @@ from warpolicy.runtime.placement import (
     plant_bucket_derived,
     walk_unavailable,
 )
-from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform, PoolHandle
+from warpolicy.runtime.platforms import (
+    EventHandle,
+    GraphHandle,
+    Platform,
+    PoolHandle,
+    StreamHandle,
+)
 from warpolicy.runtime.policy import ExplainedPolicy, RunnerPolicy
 from warpolicy.runtime.release import (
     BucketFacts,
@@ -134,6 +140,9 @@ class CaptureTransaction:
         self.keep_graphs = keep_graphs
         self.outputs = outputs
         self.derived = placement is Placement.DERIVED
+        #: streams with capture-time work (the warm-up's) the host has not yet waited for: a
+        #: runner whose transaction failed orders every later step after them
+        self.unsettled: tuple[StreamHandle, ...] = ()
 
     # -- the transaction -----------------------------------------------------------------------
 
@@ -152,6 +161,7 @@ class CaptureTransaction:
                 captured[bucket], reports[bucket] = self._capture_bucket(bucket, pool, walk)
         finally:
             p.synchronize()  # what the captures enqueued (and the warm-up) is done
+            self.unsettled = ()
         eager = decide_bucket(self.policies, BucketFacts(None), self.name)
         self.notify_decision(eager, eager=True, planted=False)
         return CaptureResult(captured, reports, eager)
@@ -166,6 +176,7 @@ class CaptureTransaction:
         p = self.platform
         main = p.current_stream()
         side = p.new_stream()
+        self.unsettled = (main, side)
         p.wait_stream(side, main)
         try:
             with p.stream(side):

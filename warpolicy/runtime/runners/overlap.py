@@ -138,6 +138,10 @@ class OverlapLoop:
         with p.stream(fwd):
             if self._pending is not None or self._whole_stream:
                 self._wait_for_writes(fwd)
+            # until this step's writes are recorded, whatever raises on the way (the launch,
+            # the barrier, an observer, KeyboardInterrupt), the next forward, on any stream,
+            # waits for the whole schedule stream
+            self._whole_stream = True
             self._mark("launch", fwd)
             try:
                 out = runner.run(batch)

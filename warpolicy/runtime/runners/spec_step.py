@@ -8,11 +8,12 @@ event: the one published by the last phase that reads shared state.
 
 Which phases read shared state: every phase up to and including the one the speculative
 algorithm declares as its last shared reader (``SpecAlgorithm.last_reader``; ``None`` means the
-last phase the step runs), and **any later phase that decides to publish**: a phase whose policy
-gives a release point says by that very answer that it reads shared state, whatever the
+last phase the step runs), and **any later phase whose policy names a release point** for its
+mode (or whose lookup failed): that answer says it reads shared state, whatever the
 declaration says, so the step releases at the latest such phase (one warning per phase, and
-every occurrence counted) rather than before that phase's reads. A later phase that decides
-``none`` is taken at the declaration's word (it reads nothing).
+every occurrence counted) rather than before that phase's reads; if that phase then publishes
+nothing (it decided ``none`` for the step, or failed closed), the step is coarse. A later phase
+whose policy answers ``none`` throughout is taken at the declaration's word (it reads nothing).
 
 Per step, for each reading phase in order, what its fence published replaces the step's
 mailbox (nothing if it decided ``none``). The release is sound for earlier phases too: they ran
@@ -251,8 +252,8 @@ class SpecStep:
                 outputs.append(phase.runner.run(phase_batch))
                 read_done, info, decided, ok = self._collect(phase)
                 infos[i] = info
-                if i > self.last_index and decided is NONE:
-                    if read_done is not None:  # declared a non-reader, and decided so: discard
+                if i > self.last_index and not phase.runner.mode_policies().reads_shared_state:
+                    if read_done is not None:  # declared a non-reader, and answers so: discard
                         read_done.slot.taken = False
                     continue
                 if i > self.last_index:

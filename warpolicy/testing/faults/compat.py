@@ -22,7 +22,7 @@ try:  # 0.3: the facade lives with the platforms and carries no plugin manager
 
     PLATFORM_CARRIES_PM = False
 except ImportError:  # 0.2
-    from warpolicy.runtime.platform import Platform  # type: ignore[no-redef,import-not-found,unused-ignore]
+    from warpolicy.runtime.platform import Platform  # type: ignore[no-redef,import-not-found,import-untyped,unused-ignore]
 
     PLATFORM_CARRIES_PM = True
 
@@ -32,7 +32,7 @@ OBSERVERS_PASSED_IN = "observers" in inspect.signature(GraphRunner.__init__).par
 
 def make_platform(impl: Any, pm: pluggy.PluginManager) -> Any:
     """The `Platform` facade over ``impl`` (observers on ``pm``)."""
-    return Platform(impl, pm) if PLATFORM_CARRIES_PM else Platform(impl)
+    return Platform(impl, pm) if PLATFORM_CARRIES_PM else Platform(impl)  # type: ignore[call-arg,unused-ignore]
 
 
 def component_kwargs(pm: pluggy.PluginManager) -> dict[str, Any]:
