@@ -35,7 +35,11 @@ from warpolicy.bench.models import (
     TokenBatch,
     fixed_policy,
 )
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.manager import open_runtime
+from warpolicy.runtime.observers import NO_OBSERVERS, Observers
+from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.runners import (
     DecodeRunner,
     GraphRunner,
@@ -144,13 +148,15 @@ class TinyEngine:
         cfg: TinyConfig = EXAMPLE_CONFIG,
         *,
         device: Any = None,
-        platform: Any = None,
+        platform: Optional[Platform] = None,
+        observers: Observers = NO_OBSERVERS,
         late_shared_read: bool = False,
     ) -> None:
-        from warpolicy.runtime.platform import Platform
-
+        if platform is None:  # the engine is its own composition root: built once, here
+            runtime = open_runtime(device)
+            platform, observers = runtime.platform, runtime.observers
         self.cfg = cfg
-        self.platform = platform if platform is not None else Platform.for_device(device)
+        self.platform = platform
         self.device = _tensor_device(self.platform, device)
         weights = TinyWeights(cfg, self.device)
         self.state = TinyState(cfg, self.device)
@@ -158,12 +164,16 @@ class TinyEngine:
         def model(mode: ForwardMode) -> TinyPagedModel:
             return TinyPagedModel(cfg, weights, self.state, mode, late_shared_read=late_shared_read)
 
-        p = self.platform
+        p, obs = self.platform, observers
         self.runners: dict[ForwardMode, GraphRunner] = {
-            ForwardMode.DECODE: DecodeRunner(model(ForwardMode.DECODE), policy, p),
-            ForwardMode.EXTEND: PrefillRunner(model(ForwardMode.EXTEND), policy, p),
+            ForwardMode.DECODE: DecodeRunner(model(ForwardMode.DECODE), policy, p, observers=obs),
+            ForwardMode.EXTEND: PrefillRunner(model(ForwardMode.EXTEND), policy, p, observers=obs),
             ForwardMode.TARGET_VERIFY: VerifyRunner(
-                model(ForwardMode.TARGET_VERIFY), policy, p, draft_tokens=cfg.draft_tokens
+                model(ForwardMode.TARGET_VERIFY),
+                policy,
+                p,
+                draft_tokens=cfg.draft_tokens,
+                observers=obs,
             ),
         }
 
@@ -199,8 +209,7 @@ class TinyEngine:
             for k, step in enumerate(schedule):
                 self.apply_writes(step)
                 runner = self.runners[step.mode]
-                out = runner.run(step.batch)
-                runner.fence.take()  # nobody waits: empty the mailbox
+                out = runner.run(step.batch)  # nobody takes the read-done: nobody waits
                 outs.append(out[: len(step.batch)].clone())
                 if on_step is not None:
                     on_step(k, runner)
@@ -236,8 +245,6 @@ def resolve_policy(name: str, platform: Any, backend: str, spec: str) -> Any:
     """``engine``: compile from the default registry; otherwise one fixed policy for all modes."""
     if name != "engine":
         return fixed_policy(WarReadDonePolicy.parse(name))
-    from warpolicy.registry.engine import PolicyEngine
-
     return PolicyEngine.load().compile(
         backend,
         spec=spec,
@@ -264,14 +271,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-spec", action="store_true", help="no verify steps")
     args = ap.parse_args(argv)
 
-    from warpolicy.runtime.platform import Platform
-
-    platform = Platform.for_device(args.device)
+    runtime = open_runtime(args.device)  # plugin manager, platform, observers: built once
+    platform = runtime.platform
     cfg = EXAMPLE_CONFIG
     if platform.name != "cuda":  # numbers meaningless on the fake platform: keep it short
         args.steps = min(args.steps, 60)
     policy = resolve_policy(args.policy, platform, args.backend, args.spec)
-    engine = TinyEngine(policy, cfg, device=args.device, platform=platform)
+    engine = TinyEngine(policy, cfg, platform=platform, observers=runtime.observers)
     engine.capture()
     schedule = build_schedule(cfg, args.steps, seed=args.seed, spec=not args.no_spec)
 

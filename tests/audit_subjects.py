@@ -14,8 +14,9 @@ import torch
 
 from warpolicy.audit import AuditSubject
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, WarReadDonePolicy
-from warpolicy.runtime.platform import sim_platform
+from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.testing import sim_platform
 
 BUCKETS = (2, 4)
 
@@ -145,15 +146,14 @@ def table_subject(
     )
 
 
-class RenamedPlatform:
+class RenamedPlatform(Platform):
     """The simulated platform under another name: to the audit, a real (non-simulated)
     platform, so its GPU code path runs on CPU tensors in program order."""
 
-    def __init__(self, inner, name: str) -> None:
-        self._inner, self.name = inner, name
-
-    def __getattr__(self, attr):
-        return getattr(self._inner, attr)
+    def __init__(self, inner: Platform, name: str) -> None:
+        impl = inner.impl
+        impl.name = name  # the simulated implementation, renamed (``inner`` is used up)
+        super().__init__(impl)
 
 
 class DroppingRunner(DecodeRunner):

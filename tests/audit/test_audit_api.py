@@ -24,7 +24,7 @@ from warpolicy.audit.synthetic import synthetic_names
 from warpolicy.cli.main import main
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.platform import sim_platform
+from warpolicy.testing import sim_platform
 
 UNSAFE = Verdict.UNSAFE
 DECODE = ForwardMode.DECODE

@@ -14,8 +14,8 @@ from warpolicy.audit import MIN_TRIALS, AuditSubject, StalledModel, Verdict, run
 from warpolicy.audit.dynamic import audit_mode
 from warpolicy.audit.poison import default_poison
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
-from warpolicy.runtime.platform import sim_platform
 from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.testing import sim_platform
 
 from audit_subjects import (
     CountingModel,

@@ -26,7 +26,7 @@ from warpolicy.audit.report import (
 )
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode
-from warpolicy.runtime.platform import sim_platform
+from warpolicy.testing import sim_platform
 
 from audit_subjects import table_subject
 

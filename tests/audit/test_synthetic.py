@@ -14,7 +14,7 @@ from warpolicy.errors import InputError, UnknownNameError
 from warpolicy.registry.engine import Context, PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
-from warpolicy.runtime.platform import sim_impl, sim_platform
+from warpolicy.testing import sim_impl, sim_platform
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 PRE, IN = WarReadDonePolicy.PRE_REPLAY, WarReadDonePolicy.IN_GRAPH

@@ -15,7 +15,7 @@ import torch
 
 from warpolicy.bench.models import TinyConfig, fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.platform import sim_impl, sim_platform
+from warpolicy.testing import sim_impl, sim_platform
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_engine.py"
 

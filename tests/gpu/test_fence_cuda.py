@@ -17,10 +17,17 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+from warpolicy.registry.vocabulary import ForwardMode  # noqa: E402
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier  # noqa: E402
-from warpolicy.runtime.manager import new_plugin_manager  # noqa: E402
-from warpolicy.runtime.platform import Platform  # noqa: E402
+from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
+from warpolicy.runtime.platforms import Platform  # noqa: E402
+from warpolicy.runtime.release import (  # noqa: E402
+    BucketFacts,
+    BucketRelease,
+    ModePolicies,
+    decide_bucket,
+)
 
 ROWS = 4096
 SPIN_CYCLES = 2_000_000  # ~1 ms on an H200: a wide window for a too-early release to be caught
@@ -32,7 +39,7 @@ PERMS = 4
 @pytest.fixture
 def platform():
     pm = new_plugin_manager(load_entry_points=False, environ={})
-    p = Platform.for_device("cuda", pm)
+    p = open_platform(pm, "cuda")
     if not p.external_events_supported():
         pytest.skip("this torch has no external events")
     return p
@@ -53,9 +60,10 @@ class SharedReadGraph:
         self.plant_early = plant_early
         self.out = None
         self.planted = None  # the event this graph records (from plant() during the capture)
+        self.event = None
         self._body()  # eager warm-up: cuBLAS and the allocator before capture (plant is a no-op)
         platform.synchronize()
-        self.fence.prepare()
+        self.event = self.fence.prepare()
         self.graph = platform.new_graph()
         with platform.capture(self.graph):
             self._body()
@@ -75,7 +83,7 @@ class SharedReadGraph:
         self.tail = c
 
     def _plant(self) -> None:
-        event = self.fence.plant()  # None in the eager warm-up (no event yet, not capturing)
+        event = self.fence.plant(self.event)  # None in the warm-up (no event, not capturing)
         if event is not None:
             self.planted = event
 
@@ -94,6 +102,7 @@ def run_war_trial(g: SharedReadGraph, policy: P, replays: int = REPLAYS) -> int:
     fwd, sched = p.new_stream(), p.new_stream()
     barrier = SchedulerBarrier(p)
     writes_done = [p.create_event() for _ in range(4)]  # a ring: several steps may be in flight
+    release = BucketRelease(g.fence.name, 1, policy, g.planted if policy is P.IN_GRAPH else None)
     p.synchronize()
     for i in range(replays):
         with p.stream(fwd):
@@ -102,9 +111,9 @@ def run_war_trial(g: SharedReadGraph, policy: P, replays: int = REPLAYS) -> int:
             g.shared.copy_(
                 perms[i % PERMS]
             )  # this step's input, written in order on the forward stream
-            g.fence.before_replay(policy)
+            g.fence.before_replay(release)
             p.replay(g.graph)
-            g.fence.after_replay(policy, g.planted)
+            g.fence.after_replay(release)
             results[i].copy_(g.out)
         kind = barrier.apply(sched, fwd, g.fence.take())
         assert kind == ("coarse" if policy is P.NONE else "event")
@@ -138,7 +147,9 @@ def test_fence_bench_reports_release_and_overhead():
     print("\n" + format_fence_bench(result, "text"))
     assert result["platform"] == "cuda"
     assert result["release"]["ratio"] is not None
-    assert result["overhead"]["raw_us_median"] > 0
+    for section in ("overhead", "standin"):
+        for row in result[section]["per_policy"].values():
+            assert row["raw_us_median"] > 0 and row["ratio"] is not None
 
 
 def test_cuda_platform_binds_torchs_own_calls(platform):
@@ -158,9 +169,12 @@ def test_a_graph_without_the_node_publishes_a_fresh_post_replay_event(platform):
     with platform.capture(bare):
         g.shared_read()  # captured without a plant
     platform.synchronize()
-    g.fence.before_replay(P.IN_GRAPH)
+    policies = ModePolicies(ForwardMode.DECODE, P.IN_GRAPH, P.POST_REPLAY, P.POST_REPLAY)
+    release = decide_bucket(policies, BucketFacts(1), "bare")  # no node in this graph
+    assert release.policy is P.POST_REPLAY
+    g.fence.before_replay(release)
     platform.replay(bare)
-    g.fence.after_replay(P.IN_GRAPH, None)
+    g.fence.after_replay(release)
     read_done = g.fence.take()
     assert read_done.policy is P.POST_REPLAY and read_done.event is not g.planted
     platform.synchronize()

@@ -30,7 +30,7 @@ pytestmark = [
 from warpolicy.audit.synthetic import make_synthetic  # noqa: E402
 from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
-from warpolicy.runtime.platform import Platform  # noqa: E402
+from warpolicy.runtime.manager import open_runtime  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner  # noqa: E402
 
 UNSAFE_MARKER = [
@@ -43,7 +43,7 @@ UNSAFE_MARKER = [
 
 
 def capture(name: str, placement: str):
-    platform = Platform.for_device("cuda")
+    platform = open_runtime("cuda").platform
     subject = make_synthetic(name, platform=platform)
     runner = DecodeRunner(
         subject.model,
@@ -96,7 +96,8 @@ def test_derived_placement_plants_every_bucket(name):
     )
     assert messages == []
     assert {cb.policy for cb in runner.captured.values()} == {P.IN_GRAPH}
-    assert all(cb.event is runner.fence.event for cb in runner.captured.values())
+    events = [cb.event for cb in runner.captured.values()]
+    assert all(e is not None for e in events) and len({id(e) for e in events}) == len(events)
     batch = runner.model.make_batch(runner.mode, 0)
     runner.run(batch)
     taken = runner.fence.take()

@@ -28,10 +28,9 @@ def te():
 
 
 def _platform():
-    from warpolicy.runtime.manager import new_plugin_manager
-    from warpolicy.runtime.platform import Platform
+    from warpolicy.runtime.manager import new_plugin_manager, open_platform
 
-    return Platform.for_device("cuda", new_plugin_manager(load_entry_points=False, environ={}))
+    return open_platform(new_plugin_manager(load_entry_points=False, environ={}), "cuda")
 
 
 @pytest.mark.parametrize("policy", ["in_graph", "post_replay", "none", "engine"])

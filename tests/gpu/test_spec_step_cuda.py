@@ -26,8 +26,7 @@ pytestmark = [
 from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.engine import PolicyEngine  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
-from warpolicy.runtime.manager import new_plugin_manager  # noqa: E402
-from warpolicy.runtime.platform import Platform  # noqa: E402
+from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
 from warpolicy.runtime.runners import (  # noqa: E402
     DecodeRunner,
     DraftExtendRunner,
@@ -97,7 +96,7 @@ class PhaseModel:
 
 @pytest.fixture
 def platform():
-    p = Platform.for_device("cuda", new_plugin_manager(load_entry_points=False, environ={}))
+    p = open_platform(new_plugin_manager(load_entry_points=False, environ={}), "cuda")
     if not p.external_events_supported():
         pytest.skip("this torch has no external events")
     return p
@@ -142,7 +141,7 @@ def run_trials(platform, step: SpecStep, tables, index, table, trials: int = TRI
     return corrupted, kinds, sources
 
 
-def eagle_phases(platform, index, table, verify_policy):
+def eagle_phases(platform, index, table, verify_policy, extend_policy="post_replay"):
     return [
         DecodeRunner(PhaseModel(table, index), fixed_policy("in_graph"), platform, name="draft"),
         VerifyRunner(
@@ -155,7 +154,7 @@ def eagle_phases(platform, index, table, verify_policy):
         # a draft backend that declares draft_extend post_replay: its event is real
         DraftExtendRunner(
             PhaseModel(table, index, spin_before_read=SPIN_CYCLES),
-            fixed_policy("post_replay"),
+            fixed_policy(extend_policy),
             platform,
             name="draft_extend",
         ),
@@ -165,8 +164,10 @@ def eagle_phases(platform, index, table, verify_policy):
 def test_eagle_like_step_releases_after_the_draft_extend(platform, engine):
     tables, index, table = state()
     phases = eagle_phases(platform, index, table, "in_graph")
-    # negative control: the scheduler waits on verify's in-graph event
-    wrong = SpecStep(phases, last_reader=VERIFY, name="verify_release")
+    # negative control: the scheduler waits on verify's in-graph event while the draft extend,
+    # which reads the rows after it, decides none (an undeclared reader)
+    undeclared = eagle_phases(platform, index, table, "in_graph", "none")
+    wrong = SpecStep(undeclared, last_reader=VERIFY, name="verify_release")
     wrong.capture()
     bad, bad_kinds, bad_sources = run_trials(platform, wrong, tables, index, table)
     # the phase step's choice from the registry (EAGLE family: the last phase, draft extend)
@@ -250,7 +251,10 @@ def test_dflash_like_step_releases_in_verify_graph(platform, engine, late_read):
 
 
 def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
-    """``warpolicy audit`` on a phase step: a factory's builder returns a `SpecStep`."""
+    """``warpolicy audit`` on a phase step: a factory's builder returns a `SpecStep`. The draft
+    extend reads shared rows after verify: declared ``none`` there (an undeclared reader), the
+    verify release races and the audit says UNSAFE; declaring ``post_replay`` there moves the
+    step's release after it (issue 17 class 12: never an earlier one), and nothing races."""
     from warpolicy.audit.dynamic import AuditSubject, StalledModel, audit_mode
     from warpolicy.audit.report import SAFE, UNSAFE
 
@@ -259,10 +263,10 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
     class Shared:
         shared_buffers = {"req_to_token": table}
 
-    def subject(reader, verify_policy):
+    def subject(reader, verify_policy, extend_policy="post_replay"):
         def build(model):
             stall = getattr(model, "stall", None)  # the audit's race-window stall, per phase
-            phases = eagle_phases(platform, index, table, verify_policy)
+            phases = eagle_phases(platform, index, table, verify_policy, extend_policy)
             for runner in phases:
                 if stall is not None:
                     runner.model = StalledModel(runner.model, stall)
@@ -279,8 +283,15 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
             spec="eagle",
         )
 
-    unsafe = audit_mode(subject(VERIFY, "in_graph"), VERIFY, trials=50, static=False)
+    unsafe = audit_mode(subject(VERIFY, "in_graph", "none"), VERIFY, trials=50, static=False)
     safe = audit_mode(subject(DRAFT_EXTEND, "in_graph"), DRAFT_EXTEND, trials=50, static=False)
+    with pytest.warns(RuntimeWarning, match="so it reads shared state"):
+        moved = audit_mode(subject(VERIFY, "in_graph"), VERIFY, trials=50, static=False)
+    print(
+        f"[spec step cuda] verify declared last, draft extend publishing: "
+        f"{moved.dynamic.verdict.value} ({moved.dynamic.corrupted}/{moved.dynamic.trials})"
+    )
+    assert moved.dynamic.corrupted == 0 and moved.policy is POST_REPLAY
     print(
         f"\n[spec step cuda] audit eagle-like verify release: {unsafe.dynamic.verdict.value} "
         f"({unsafe.dynamic.corrupted}/{unsafe.dynamic.trials}); draft-extend release: "

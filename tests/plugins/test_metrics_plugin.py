@@ -24,12 +24,15 @@ import warpolicy_metrics  # noqa: E402
 from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY  # noqa: E402
 from warpolicy.runtime.hookspecs import hookimpl  # noqa: E402
-from warpolicy.runtime.manager import describe_plugins, new_plugin_manager, reset_plugin_manager  # noqa: E402
-from warpolicy.runtime.platform import sim_platform  # noqa: E402
+from warpolicy.runtime.manager import (  # noqa: E402
+    Runtime,
+    describe_plugins,
+    new_plugin_manager,
+    reset_plugin_manager,
+)
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop  # noqa: E402
+from warpolicy.testing import RecModel, sim_platform, sim_runtime  # noqa: E402
 from warpolicy_metrics import WarpolicyMetrics  # noqa: E402
-
-from recording import RecModel  # noqa: E402
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
@@ -46,13 +49,16 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-def run_loop(policy: str, steps: int, *, registry=None, plugin=None, platform=None, **loop_kw):
+def run_loop(policy: str, steps: int, *, registry=None, plugin=None, rt=None, **loop_kw):
     """Capture a DecodeRunner with ``policy`` and run ``steps`` overlap steps; returns the
     registry, the platform and the loop."""
     registry = registry if registry is not None else CollectorRegistry()
-    platform = platform if platform is not None else sim_platform()
-    platform.pm.register(plugin if plugin is not None else WarpolicyMetrics(registry))
-    runner = DecodeRunner(RecModel(), fixed_policy(policy), platform, name="decode")
+    rt = rt if rt is not None else sim_runtime()
+    platform = rt.platform
+    rt.pm.register(plugin if plugin is not None else WarpolicyMetrics(registry))
+    runner = DecodeRunner(
+        RecModel(), fixed_policy(policy), platform, name="decode", observers=rt.observers
+    )
     runner.capture()
     loop = OverlapLoop(runner, **loop_kw)
     for _ in range(steps):
@@ -165,10 +171,10 @@ def test_fallback_is_counted_by_place():
     """Another observer raising in on_publish is reported as a fallback and changes nothing
     else (each observer is its own call): metrics count the fallback and the publish, and
     the step keeps its event."""
-    platform = sim_platform()
-    platform.pm.register(RaisingObserver(), name="broken")
+    rt = sim_runtime()
+    rt.pm.register(RaisingObserver(), name="broken")
     with pytest.warns(RuntimeWarning, match="'broken' raised in warpolicy_on_publish"):
-        registry, _, loop = run_loop("in_graph", 2, platform=platform)
+        registry, _, loop = run_loop("in_graph", 2, rt=rt)
     samples = scrape(registry)
     assert (
         value(
@@ -283,8 +289,10 @@ def test_entry_point_plugin_records_into_the_engines_registry(metrics_dist):
     ]
     engine_registry = CollectorRegistry()
     warpolicy_metrics.configure(registry=engine_registry, sample_every=0)
-    platform = sim_platform(pm=pm)
-    runner = DecodeRunner(RecModel(), fixed_policy("in_graph"), platform, name="decode")
+    rt = Runtime(pm, sim_platform(), pm.observers)
+    runner = DecodeRunner(
+        RecModel(), fixed_policy("in_graph"), rt.platform, name="decode", observers=rt.observers
+    )
     runner.capture()
     loop = OverlapLoop(runner)
     for _ in range(5):
@@ -452,32 +460,38 @@ def test_release_lead_on_a_gpu_in_graph_before_post_replay():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
-    from warpolicy.runtime.platform import Platform
+    from warpolicy.runtime.manager import open_runtime
+    from warpolicy.runtime.release import BucketRelease
 
-    platform = Platform.for_device("cuda", new_plugin_manager(load_entry_points=False, environ={}))
+    rt = open_runtime("cuda", load_entry_points=False, environ={})
+    platform = rt.platform
     if not platform.external_events_supported():
         pytest.skip("this torch has no external events")
     leads = {}
     for policy in (IN_GRAPH, POST_REPLAY):
         registry = CollectorRegistry()
-        platform.pm.register(plugin := WarpolicyMetrics(registry, sample_every=1))
+        rt.pm.register(plugin := WarpolicyMetrics(registry, sample_every=1))
         try:
-            fence = ReadDoneFence(platform, name=policy.label)
-            fence.prepare()
+            fence = ReadDoneFence(platform, name=policy.label, observers=rt.observers)
+            event = fence.prepare()
             graph = platform.new_graph()
             with platform.capture(graph):
                 torch.cuda._sleep(1_000_000)
-                planted = fence.plant()  # the event this graph records
+                planted = fence.plant(event)  # the event this graph records
                 torch.cuda._sleep(1_000_000)  # ~0.5 ms after the node
-            barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+            release = BucketRelease(
+                policy.label, 1, policy, planted if policy is IN_GRAPH else None
+            )
+            barrier = SchedulerBarrier(platform, observers=rt.observers)
+            sched = platform.new_stream()
             for _ in range(6):
-                fence.before_replay(policy)
+                fence.before_replay(release)
                 platform.replay(graph)
-                fence.after_replay(policy, planted)
+                fence.after_replay(release)
                 barrier.apply(sched, platform.current_stream(), fence.take())
                 platform.synchronize()  # the previous sample is ready at the next publish
         finally:
-            platform.pm.unregister(plugin)
+            rt.pm.unregister(plugin)
         samples = scrape(registry)
         count = value(samples, "warpolicy_release_lead_seconds_count", runner=policy.label)
         assert count == 5, samples

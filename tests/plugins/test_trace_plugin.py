@@ -17,9 +17,10 @@ from warpolicy.runtime.manager import (
     collect_fragments,
     describe_plugins,
     new_plugin_manager,
+    open_platform,
     reset_plugin_manager,
 )
-from warpolicy.runtime.platform import Platform
+from warpolicy.runtime.release import BucketRelease
 
 TRACE_SRC = (
     pathlib.Path(__file__).resolve().parents[2] / "plugins" / "warpolicy-trace" / "warpolicy_trace"
@@ -88,17 +89,18 @@ def test_trace_plugin_writes_a_chrome_trace(trace_dist, tmp_path, monkeypatch):
     pm = new_plugin_manager(environ={})
     trace = pm.get_plugin("trace")
     trace.TRACER.clear()
-    platform = Platform.for_device("sim", pm)
-    fence = ReadDoneFence(platform, name="decode")
-    fence.prepare()
+    platform = open_platform(pm, "sim")
+    fence = ReadDoneFence(platform, name="decode", observers=pm.observers)
+    event = fence.prepare()
     graph = platform.new_graph()
     with platform.capture(graph):
-        planted = fence.plant()
-    barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+        planted = fence.plant(event)
+    barrier, sched = SchedulerBarrier(platform, observers=pm.observers), platform.new_stream()
     for policy in (P.IN_GRAPH, P.NONE):
-        fence.before_replay(policy)
+        release = BucketRelease("decode", 1, policy, planted if policy is P.IN_GRAPH else None)
+        fence.before_replay(release)
         platform.replay(graph)
-        fence.after_replay(policy, planted)
+        fence.after_replay(release)
         barrier.apply(sched, platform.current_stream(), fence.take())
     pm.hook.warpolicy_on_decision(decision=P.IN_GRAPH, where="engine")
     out = tmp_path / "trace.json"

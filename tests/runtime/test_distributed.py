@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from warpolicy.errors import WarpolicyError
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import default_registry_path
-from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime import distributed as wd
 from warpolicy.runtime.distributed import (
     CoarsePolicy,
@@ -101,6 +101,30 @@ class TestFingerprint:
         assert diff.key == f"registry.backend.{EXTRA_BACKEND}"
         assert diff.values[0] is None and diff.values[1] is not None
 
+    def test_the_placement_is_a_cell(self):
+        """Issue 17 class 8: ranks that differ only in where the node is planted would end
+        in_graph on one and post_replay on another: the fingerprints differ there."""
+        marker = fingerprint()
+        derived = fingerprint(placements={ForwardMode.DECODE: Placement.DERIVED})
+        assert marker.digest != derived.digest
+        diff = compare_fingerprints([marker, derived], 0).first_difference
+        assert diff.key == "placement.decode" and diff.values == ("marker", "derived")
+
+    def test_the_policys_own_placement_is_a_cell(self):
+        class Placed:
+            def __init__(self, placement):
+                self._placement = placement
+
+            def lookup(self, mode, eager=False, planted=True):
+                return WarReadDonePolicy.IN_GRAPH
+
+            def placement(self, mode):
+                return self._placement
+
+        a = policy_fingerprint(Placed(Placement.MARKER))
+        b = policy_fingerprint(Placed(Placement.DERIVED))
+        assert compare_fingerprints([a, b], 0).first_difference.key == "placement.decode"
+
     def test_platform_facts_are_cells(self):
         diff = compare_fingerprints(
             [fingerprint(), fingerprint(external_events=False)], 1
@@ -164,10 +188,8 @@ class TestVerdict:
         assert guard_policy(compiled, compare_fingerprints([POOL[2]] * 3, 2)) is compiled
 
     def test_a_runner_with_the_coarse_policy_publishes_nothing(self):
-        from test_runners import RecModel
-
-        from warpolicy.runtime.platform import sim_platform
         from warpolicy.runtime.runners import DecodeRunner
+        from warpolicy.testing import RecModel, sim_platform
 
         result = compare_fingerprints([POOL[0], POOL[1], POOL[1]], 2)
         runner = DecodeRunner(
@@ -202,10 +224,8 @@ class _TwoRankStub:
 
 class TestRunnerOption:
     def runner(self, policy, **kw):
-        from test_runners import RecModel
-
-        from warpolicy.runtime.platform import sim_platform
         from warpolicy.runtime.runners import DecodeRunner
+        from warpolicy.testing import RecModel, sim_platform
 
         return DecodeRunner(RecModel(), policy, sim_platform(), name="decode", **kw)
 
@@ -256,6 +276,16 @@ class TestRunnerOption:
         with pytest.raises(RankMismatchError):
             runner.capture()
         assert not runner.captured
+
+    def test_a_runner_whose_placement_differs_from_its_peers_is_coarse(self, monkeypatch):
+        compiled = engine().compile("fa3", platform="sim")
+        self.peer(monkeypatch, compiled)  # the peer plants the marker
+        runner = self.runner(compiled, process_group=object(), placement="derived")
+        with pytest.warns(RuntimeWarning, match="placement.decode"):
+            runner.capture()
+        assert runner.consistency.coarse
+        assert runner.consistency.first_difference.key == "placement.decode"
+        assert {runner.policy_for(b) for b in runner.buckets} == {WarReadDonePolicy.NONE}
 
     def test_agreement_keeps_the_policy(self, monkeypatch):
         compiled = engine().compile("fa3", platform="sim")
@@ -325,10 +355,11 @@ class TestNoPeers:
         monkeypatch.setattr(wd, "_gather_and_compare", broken)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = check_consistency(fingerprint(), where="runner:decode", pm=pm)
+            result = check_consistency(fingerprint(), where="runner:decode", observers=pm.observers)
         assert result.coarse and "store timed out" in (result.error or "")
         assert len(caught) == 1 and "coarse barrier" in str(caught[0].message)
-        assert [w for w, _ in seen] == ["runner:decode"]
+        assert str(caught[0].message).startswith("warpolicy runner:decode: ")
+        assert [w for w, _ in seen] == ["runner:decode:consistency"]
         assert isinstance(seen[0][1], RankMismatchError)
         with pytest.raises(RankMismatchError, match="store timed out"):
             check_consistency(fingerprint(), strict=True)
@@ -495,6 +526,42 @@ class TestGloo:
             assert run["result"]["coarse"] and run["result"]["world_size"] == 2
             assert run["policies"] == ["none"]
         assert outsider["result"]["ok"] and not outsider["result"]["checked"]
+
+
+class _TwoRanks:
+    """torch.distributed's gather as two ranks see it, the peer announcing ``peer_length``."""
+
+    def __init__(self, monkeypatch, peer_length):
+        self.allocated = []
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+        real_zeros = torch.zeros
+
+        def zeros(*size, **kw):
+            self.allocated.append(size)
+            return real_zeros(*size, **kw)
+
+        monkeypatch.setattr(torch, "zeros", zeros)
+
+        def all_gather(out, mine, group=None):
+            out[0].copy_(mine)
+            out[1].fill_(peer_length if mine.numel() == 1 and mine.dtype == torch.int64 else 0)
+
+        monkeypatch.setattr(dist, "all_gather", all_gather)
+
+
+@pytest.mark.parametrize("peer_length", [256 * 1024 * 1024, wd.MAX_GATHER_BYTES + 1, -5])
+def test_a_peer_announcing_a_huge_payload_is_refused_before_allocating(monkeypatch, peer_length):
+    """Issue 17 class 13: a gloo peer announcing a 256 MiB fingerprint ends the check (coarse,
+    on every rank: each sees the same lengths) without the honest rank allocating it."""
+    ranks = _TwoRanks(monkeypatch, peer_length)
+    with pytest.raises(ValueError, match="rank 1 announced"):
+        wd.all_gather_bytes(b"x" * 100, None, "cpu")
+    assert all(max(size or (0,)) < 1024 for size in ranks.allocated)
+
+
+def test_an_honest_payload_under_the_cap_is_gathered(monkeypatch):
+    _TwoRanks(monkeypatch, 0)
+    assert wd.all_gather_bytes(b"abc", None, "cpu") == [b"abc", b""]
 
 
 def test_result_json_carries_the_verdict():

@@ -1,45 +1,58 @@
-"""ReadDoneFence and SchedulerBarrier on the simulated platform: call sequences per policy, the
-ring, the step counter, the consume-once mailbox, publishes tied to their own graph, observers
-that cannot change anything, and fail-closed on injected platform failures."""
+"""ReadDoneFence and SchedulerBarrier on the simulated platform: call sequences per release,
+the enforced ring, the step counter, the consume-once mailbox, publishes tied to their own
+bucket, observers that cannot change anything, one owner thread, and fail-closed on injected
+platform failures."""
 
 from __future__ import annotations
 
-import inspect
+import threading
 import warnings
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
-from warpolicy.runtime.fence import ReadDone, ReadDoneFence, SchedulerBarrier
+from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platform import sim_platform
-
-sim_platform = sim_platform
+from warpolicy.runtime.ownership import WrongThreadError
+from warpolicy.runtime.release import BucketRelease, ReadDone
+from warpolicy.runtime.ring import MAX_RING_SIZE
+from warpolicy.testing import sim_impl, sim_platform, sim_runtime
 
 
 @pytest.fixture
-def platform():
-    return sim_platform()
+def rt():
+    return sim_runtime()
 
 
-def captured_fence(platform, ring_size=4):
-    """A prepared fence with one captured graph that planted the node; (fence, graph, event)."""
-    fence = ReadDoneFence(platform, ring_size=ring_size, name="decode")
-    fence.prepare()
+@pytest.fixture
+def platform(rt):
+    return rt.platform
+
+
+def release(policy, event=None, bucket=1):
+    """The release a runner would decide for one bucket (``event`` only for in_graph)."""
+    return BucketRelease("decode", bucket, policy, event if policy is P.IN_GRAPH else None)
+
+
+def captured_fence(platform, ring_size=4, **kw):
+    """A fence with one captured graph that planted its node; (fence, graph, event)."""
+    fence = ReadDoneFence(platform, ring_size=ring_size, name="decode", **kw)
+    event = fence.prepare()
     graph = platform.new_graph()
     with platform.capture(graph):
-        event = fence.plant()
-    assert event is fence.event is not None
+        assert fence.plant(event) is event
     return fence, graph, event
 
 
-def step(platform, fence, graph, policy, barrier=None, schedule=None, planted=None):
+def step(platform, fence, graph, policy, barrier=None, schedule=None, event=None):
     """One runner step plus the scheduler's take and barrier; returns (read_done, kind)."""
-    fence.before_replay(policy)
+    rel = release(policy, event if event is not None else fence.event)
+    fence.before_replay(rel)
     platform.replay(graph)
-    fence.after_replay(policy, planted if planted is not None else fence.event)
+    fence.after_replay(rel)
     read_done = fence.take()
     kind = None
     if barrier is not None:
@@ -47,35 +60,18 @@ def step(platform, fence, graph, policy, barrier=None, schedule=None, planted=No
     return read_done, kind
 
 
-@pytest.fixture
-def register(platform):
-    """Register inline plugins on the platform's manager; always unregistered afterwards."""
-    added = []
-
-    def add(plugin, name=None):
-        platform.pm.register(plugin, name=name)
-        added.append(plugin)
-        return plugin
-
-    yield add
-    for plugin in added:
-        platform.pm.unregister(plugin)
-
-
 # -- capture time ----------------------------------------------------------------------------------
 
 
-def test_prepare_seeds_persistent_external_event_then_plant_records_in_capture(platform):
+def test_prepare_seeds_a_fresh_external_event_then_plant_records_in_capture(platform):
     fence = ReadDoneFence(platform, ring_size=2)
-    assert fence.prepare() is True
-    ev = fence.event
+    ev = fence.prepare()
+    assert ev is fence.event and ev.external
     graph = platform.new_graph()
     with platform.capture(graph):
-        assert fence.plant() is ev
+        assert fence.plant(ev) is ev
     assert fence.planted
     assert platform.log == [
-        ("create_event", 1, False),
-        ("create_event", 2, False),  # the ring
         ("create_event", ev.id, True),
         ("record", ev.id, 0, False),  # the eager seed, on the current stream
         ("capture_begin", graph.id),
@@ -84,36 +80,34 @@ def test_prepare_seeds_persistent_external_event_then_plant_records_in_capture(p
     ]
 
 
+def test_each_prepare_is_a_fresh_event_so_no_two_graphs_record_the_same(platform):
+    fence = ReadDoneFence(platform)
+    first, second = fence.prepare(), fence.prepare()
+    assert first is not second and fence.event is second
+
+
 def test_plant_outside_capture_records_nothing(platform):
     fence = ReadDoneFence(platform)
-    fence.prepare()
+    event = fence.prepare()
     n = len(platform.log)
-    assert fence.plant() is None
+    assert fence.plant(event) is None
     assert not fence.planted
     assert platform.log[n:] == []
-
-
-def test_prepare_is_idempotent(platform):
-    fence = ReadDoneFence(platform)
-    fence.prepare()
-    ev = fence.event
-    fence.prepare()
-    assert fence.event is ev
-    assert len(platform.log.of("create_event")) == 4 + 1
 
 
 def test_without_external_events_nothing_is_planted():
     platform = sim_platform(external_events=False)
     fence = ReadDoneFence(platform)
-    assert fence.prepare() is False
+    assert fence.prepare() is None
     with platform.capture(platform.new_graph()):
         assert fence.plant() is None
     assert fence.event is None and not fence.planted
 
 
-def test_ring_size_must_cover_two_steps(platform):
-    with pytest.raises(ValueError):
-        ReadDoneFence(platform, ring_size=1)
+@pytest.mark.parametrize("size", [1, 0, -3, MAX_RING_SIZE + 1, 10**7, 2.5, "4", None])
+def test_ring_size_is_bounded_and_an_integer(platform, size):
+    with pytest.raises(InputError, match="ring_size must be an integer from 2 to"):
+        ReadDoneFence(platform, ring_size=size)
 
 
 # -- per-step call sequences -------------------------------------------------------------------------
@@ -127,6 +121,7 @@ def test_pre_replay_records_before_replay(platform):
     ring_ev = rd.event
     assert not ring_ev.external
     assert platform.log[n:] == [
+        ("create_event", ring_ev.id, False),  # the ring's first use creates its event
         ("record", ring_ev.id, 0, False),
         ("replay", graph.id),
         ("record", fence.event.id, 0, "in_graph"),
@@ -135,16 +130,16 @@ def test_pre_replay_records_before_replay(platform):
     assert kind == "event" and rd.policy is P.PRE_REPLAY and rd.step == 1
 
 
-def test_in_graph_hands_out_planted_event_without_new_record(platform):
-    fence, graph, _ = captured_fence(platform)
+def test_in_graph_hands_out_the_buckets_event_without_a_new_record(platform):
+    fence, graph, event = captured_fence(platform)
     barrier, sched = SchedulerBarrier(platform), platform.new_stream()
     n = len(platform.log)
     rd, kind = step(platform, fence, graph, P.IN_GRAPH, barrier, sched)
-    assert rd.event is fence.event
+    assert rd.event is event
     assert platform.log[n:] == [
         ("replay", graph.id),
-        ("record", fence.event.id, 0, "in_graph"),
-        ("wait_event", sched.id, fence.event.id),
+        ("record", event.id, 0, "in_graph"),
+        ("wait_event", sched.id, event.id),
     ]
     assert kind == "event"
 
@@ -152,6 +147,7 @@ def test_in_graph_hands_out_planted_event_without_new_record(platform):
 def test_post_replay_records_after_replay(platform):
     fence, graph, _ = captured_fence(platform)
     barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+    fence.ring.fill()
     n = len(platform.log)
     rd, kind = step(platform, fence, graph, P.POST_REPLAY, barrier, sched)
     assert platform.log[n:] == [
@@ -179,8 +175,9 @@ def test_none_publishes_nothing_and_barrier_is_coarse(platform):
 def test_explicit_stream_is_used_for_host_records(platform):
     fence = ReadDoneFence(platform)
     fwd = platform.new_stream()
-    fence.before_replay(P.PRE_REPLAY, stream=fwd)
-    fence.after_replay(P.PRE_REPLAY, None, stream=fwd)
+    rel = release(P.PRE_REPLAY)
+    fence.before_replay(rel, stream=fwd)
+    fence.after_replay(rel, stream=fwd)
     assert platform.log.of("record")[-1][2] == fwd.id
 
 
@@ -195,149 +192,157 @@ def test_force_coarse_ignores_the_event(platform):
     assert not platform.log.of("wait_event")
 
 
-# -- mailbox, step counter, ring ----------------------------------------------------------------------
+def test_a_release_without_the_event_cannot_be_in_graph():
+    with pytest.raises(ValueError, match="in_graph release needs the event"):
+        BucketRelease("decode", 1, P.IN_GRAPH)
+    with pytest.raises(ValueError, match="only an in_graph release has one"):
+        BucketRelease("decode", 1, P.POST_REPLAY, object())
+
+
+def test_the_in_graph_record_is_built_once_per_bucket(platform):
+    fence, graph, event = captured_fence(platform)
+    rel = release(P.IN_GRAPH, event)
+    seen = set()
+    for _ in range(3):
+        fence.before_replay(rel)
+        platform.replay(graph)
+        fence.after_replay(rel)
+        seen.add(id(fence.take()))
+    assert seen == {id(rel.read_done)}
+
+
+# -- mailbox, step counter ----------------------------------------------------------------------------
 
 
 def test_take_is_consume_once(platform):
     fence, graph, _ = captured_fence(platform)
-    fence.before_replay(P.IN_GRAPH)
+    step(platform, fence, graph, P.IN_GRAPH)
+    fence.before_replay(release(P.IN_GRAPH, fence.event))
     platform.replay(graph)
-    fence.after_replay(P.IN_GRAPH, fence.event)
+    fence.after_replay(release(P.IN_GRAPH, fence.event))
     assert isinstance(fence.take(), ReadDone)
     assert fence.take() is None
 
 
 def test_untaken_event_goes_stale_when_next_step_begins(platform):
     fence, graph, _ = captured_fence(platform)
-    fence.before_replay(P.POST_REPLAY)
+    fence.before_replay(release(P.POST_REPLAY))
     platform.replay(graph)
-    fence.after_replay(P.POST_REPLAY, fence.event)
-    fence.before_replay(P.NONE)  # the next step launched; its scheduler must not see step 1's event
+    fence.after_replay(release(P.POST_REPLAY))
+    fence.before_replay(release(P.NONE))  # the next step launched
     assert fence.take() is None
-    fence.after_replay(P.NONE, fence.event)
+    fence.after_replay(release(P.NONE))
     assert fence.take() is None
 
 
-def test_step_counter_is_monotonic_and_stamps_the_mailbox(platform):
+def test_step_counter_is_monotonic_and_stamps_the_record(platform):
     fence, graph, _ = captured_fence(platform)
     steps = []
     for policy in [P.IN_GRAPH, P.NONE, P.PRE_REPLAY, P.POST_REPLAY]:
-        fence.before_replay(policy)
-        platform.replay(graph)
-        fence.after_replay(policy, fence.event)
-        rd = fence.take()
+        rd, _ = step(platform, fence, graph, policy)
         steps.append((fence.step, rd.step if rd else None))
+        if rd is not None:
+            rd.slot.taken = False  # as a barrier would
     assert steps == [(1, 1), (2, None), (3, 3), (4, 4)]
 
 
 def test_after_replay_without_before_replay_starts_a_step(platform):
     fence = ReadDoneFence(platform)
-    fence.after_replay(P.POST_REPLAY, None)
+    fence.after_replay(release(P.POST_REPLAY))
     assert fence.step == 1 and fence.take().step == 1
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    ring_size=st.integers(2, 6),
-    policies=st.lists(st.sampled_from(list(P)), min_size=1, max_size=40),
-)
-def test_ring_never_rerecords_an_event_of_the_last_ring_size_minus_one_steps(ring_size, policies):
-    platform = sim_platform()
-    fence, graph, _ = captured_fence(platform, ring_size=ring_size)
-    ring_owner = {}  # ring event id -> last step that recorded it
-    for policy in policies:
-        fence.before_replay(policy)
-        platform.replay(graph)
-        fence.after_replay(policy, fence.event)
-        rd = fence.take()
-        if rd is None or rd.event is fence.event:
-            continue
-        last = ring_owner.get(rd.event.id)
-        if last is not None:
-            recorded_since = sum(1 for s in ring_owner.values() if s > last)
-            assert recorded_since >= ring_size - 1
-        ring_owner[rd.event.id] = rd.step
-    assert len(ring_owner) <= ring_size
+# -- the ring: never re-record an event a barrier may still wait on -------------------------------
 
 
-# -- publishes tied to their own graph -----------------------------------------------------------------
-
-
-def test_planted_is_required_where_it_decides():
-    param = inspect.signature(ReadDoneFence.after_replay).parameters["planted"]
-    assert param.default is inspect.Parameter.empty
-
-
-def test_in_graph_without_a_planted_node_publishes_post_replay(platform):
-    fence = ReadDoneFence(platform)
-    fence.prepare()  # prepared but never planted
-    for _ in range(3):
-        fence.before_replay(P.IN_GRAPH)
-        fence.after_replay(P.IN_GRAPH, None)
-        rd = fence.take()
-        assert rd.policy is P.POST_REPLAY and rd.event is not fence.event
-        assert fence.published is P.POST_REPLAY
-    assert platform.log[-1] == ("record", rd.event.id, 0, False)
-
-
-def test_a_graph_without_the_node_never_gets_another_graphs_event(platform):
-    fence, planted_graph, event = captured_fence(platform)
-    bare = platform.new_graph()
-    with platform.capture(bare):
-        pass  # this bucket's capture planted nothing
-    step(platform, fence, planted_graph, P.IN_GRAPH, planted=event)
-    fence.before_replay(P.IN_GRAPH)
-    platform.replay(bare)
-    fence.after_replay(P.IN_GRAPH, None)  # what a runner passes for the bare bucket
+def test_a_taken_event_is_not_recorded_again_until_a_barrier_waited(platform):
+    fence = ReadDoneFence(platform, ring_size=2)
+    barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+    held = []
+    for _ in range(2):  # a lagging scheduler: takes, waits later
+        fence.after_replay(release(P.POST_REPLAY))
+        held.append(fence.take())
+    assert {rd.slot.taken for rd in held} == {True}
+    with pytest.warns(RuntimeWarning, match="ring events are still awaited"):
+        fence.after_replay(release(P.POST_REPLAY))
+    assert fence.take() is None and fence.published is P.NONE  # coarse, not a re-record
+    assert fence.reporter.counts["fallback:ring"] == 1
+    barrier.apply(sched, platform.current_stream(), held[0])
+    assert not held[0].slot.taken
+    fence.after_replay(release(P.POST_REPLAY))
     rd = fence.take()
-    assert rd.event is not event and rd.policy is P.POST_REPLAY
+    assert rd is not None and rd.event is held[0].event  # the waited-on one is free again
 
 
-def test_each_capture_hands_out_the_event_its_own_graph_records(platform):
+@settings(max_examples=120, deadline=None)
+@given(
+    ring_size=st.integers(2, 5),
+    lag=st.integers(0, 7),
+    policies=st.lists(st.sampled_from([P.PRE_REPLAY, P.POST_REPLAY, P.NONE]), max_size=30),
+)
+def test_no_pending_wait_ever_binds_to_a_later_record(ring_size, lag, policies):
+    """Whatever the lag, a host record never lands on an event a barrier has not waited on."""
+    platform = sim_platform()
+    fence = ReadDoneFence(platform, ring_size=ring_size)
+    barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+    pending: list[tuple[ReadDone, int]] = []  # (read_done, records of its event when taken)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for policy in policies:
+            rel = release(policy)
+            fence.before_replay(rel)
+            fence.after_replay(rel)
+            rd = fence.take()
+            if rd is not None:
+                pending.append((rd, rd.event.records))
+            while len(pending) > lag:
+                old, records = pending.pop(0)
+                assert old.event.records == records  # not re-recorded while awaited
+                barrier.apply(sched, platform.current_stream(), old)
+
+
+# -- publishes tied to their own bucket ----------------------------------------------------------------
+
+
+def test_each_bucket_hands_out_only_the_event_its_graph_records(platform):
     fence, first_graph, first = captured_fence(platform)
-    platform.impl.inject("record", "raise")  # the next prepare's seed record fails: event dropped
-    with pytest.warns(RuntimeWarning, match="prepare failed"):
-        assert fence.prepare() is False
-    platform.impl.clear_faults()
-    assert fence.prepare() is True and fence.event is not first  # a partial re-capture's event
+    second = fence.prepare()
     second_graph = platform.new_graph()
     with platform.capture(second_graph):
-        second = fence.plant()
-    assert second is fence.event
-    rd, _ = step(platform, fence, first_graph, P.IN_GRAPH, planted=first)
-    assert rd.event is first  # never the fence's newer event, which first_graph does not record
-    rd, _ = step(platform, fence, second_graph, P.IN_GRAPH, planted=second)
+        assert fence.plant(second) is second
+    rd, _ = step(platform, fence, first_graph, P.IN_GRAPH, event=first)
+    assert rd.event is first
+    rd, _ = step(platform, fence, second_graph, P.IN_GRAPH, event=second)
     assert rd.event is second
 
 
 @pytest.mark.parametrize(
     "fault", [("record", "raise"), ("is_capturing", "raise"), ("is_capturing", "none")]
 )
-def test_a_failed_plant_during_a_rerun_replay_makes_that_step_post_replay(platform, fault):
+def test_a_failed_plant_during_a_rerun_replay_makes_that_step_publish_nothing(platform, fault):
     fence = ReadDoneFence(platform)
-    fence.prepare()
+    event = fence.prepare()
     graph = platform.new_graph()
     planted = []
-    platform.capture_callable(graph, lambda: planted.append(fence.plant()))
-    event = planted[0]
-    assert event is fence.event
-    impl = platform.impl
+    platform.capture_callable(graph, lambda: planted.append(fence.plant(event)))
+    assert planted[0] is event
+    impl = sim_impl(platform)
     impl.inject(*fault, when=lambda: impl.replaying)
     with pytest.warns(RuntimeWarning, match="plant failed"):
-        rd, _ = step(platform, fence, graph, P.IN_GRAPH, planted=event)
-    assert rd.policy is P.POST_REPLAY and rd.event is not event
+        rd, _ = step(platform, fence, graph, P.IN_GRAPH, event=event)
+    assert rd is None and fence.published is P.NONE
     impl.clear_faults()
-    rd, _ = step(platform, fence, graph, P.IN_GRAPH, planted=event)
+    rd, _ = step(platform, fence, graph, P.IN_GRAPH, event=event)
     assert rd.policy is P.IN_GRAPH and rd.event is event  # the next good step is in_graph again
 
 
 @pytest.mark.parametrize("mode", ["raise", "none"])
 def test_a_failed_capture_state_query_is_a_failed_plant(platform, mode):
     fence = ReadDoneFence(platform)
-    fence.prepare()
-    platform.impl.inject("is_capturing", mode)
+    event = fence.prepare()
+    sim_impl(platform).inject("is_capturing", mode)
     with pytest.warns(RuntimeWarning, match="plant failed"), platform.capture(platform.new_graph()):
-        assert fence.plant() is None
+        assert fence.plant(event) is None
     assert not fence.planted
 
 
@@ -346,7 +351,8 @@ def test_a_failed_capture_state_query_is_a_failed_plant(platform, mode):
 
 def test_record_failure_before_replay_publishes_nothing(platform):
     fence, graph, _ = captured_fence(platform)
-    platform.impl.inject("record", "raise", when=lambda: not platform.impl.replaying)
+    impl = sim_impl(platform)
+    impl.inject("record", "raise", when=lambda: not impl.replaying)
     barrier, sched = SchedulerBarrier(platform), platform.new_stream()
     with pytest.warns(RuntimeWarning, match="before_replay failed"):
         rd, kind = step(platform, fence, graph, P.PRE_REPLAY, barrier, sched)
@@ -357,7 +363,7 @@ def test_record_failure_before_replay_publishes_nothing(platform):
 @pytest.mark.parametrize("mode", ["raise", "act_then_raise"])
 def test_record_failure_after_replay_publishes_nothing(platform, mode):
     fence, graph, _ = captured_fence(platform)
-    platform.impl.inject("record", mode)
+    sim_impl(platform).inject("record", mode)
     with pytest.warns(RuntimeWarning, match="after_replay failed"):
         rd, _ = step(platform, fence, graph, P.POST_REPLAY)
     assert rd is None
@@ -365,35 +371,35 @@ def test_record_failure_after_replay_publishes_nothing(platform, mode):
 
 def test_plant_failure_returns_none(platform):
     fence = ReadDoneFence(platform)
-    fence.prepare()
-    platform.impl.inject("record", "raise")
+    event = fence.prepare()
+    sim_impl(platform).inject("record", "raise")
     with pytest.warns(RuntimeWarning, match="plant failed"), platform.capture(platform.new_graph()):
-        assert fence.plant() is None
+        assert fence.plant(event) is None
     assert not fence.planted
 
 
 @pytest.mark.parametrize("op", ["create_event", "record"])
 def test_prepare_failure_leaves_no_event(platform, op):
-    platform.impl.inject(op, "raise")
+    sim_impl(platform).inject(op, "raise")
     fence = ReadDoneFence(platform)
-    with pytest.warns(RuntimeWarning, match="(prepare|ring) failed"):
-        assert fence.prepare() is False
+    with pytest.warns(RuntimeWarning, match="prepare failed"):
+        assert fence.prepare() is None
     assert fence.event is None
 
 
 @pytest.mark.parametrize("mode", ["raise", "act_then_raise"])
 def test_wait_event_failure_falls_back_to_coarse(platform, mode):
     fence, graph, _ = captured_fence(platform)
-    platform.impl.inject("wait_event", mode)
+    sim_impl(platform).inject("wait_event", mode)
     sched = platform.new_stream()
     with pytest.warns(RuntimeWarning, match="wait_event failed"):
         rd, kind = step(platform, fence, graph, P.IN_GRAPH, SchedulerBarrier(platform), sched)
-    assert rd is not None and kind == "coarse"
+    assert rd is not None and kind == "coarse" and not rd.slot.taken
     assert platform.log[-1] == ("wait_stream", sched.id, 0)
 
 
 def test_coarse_failure_falls_back_to_synchronize(platform):
-    platform.impl.inject("wait_stream", "raise")
+    sim_impl(platform).inject("wait_stream", "raise")
     with pytest.warns(RuntimeWarning, match="wait_stream failed"):
         kind = SchedulerBarrier(platform).apply(
             platform.new_stream(), platform.current_stream(), None
@@ -402,14 +408,15 @@ def test_coarse_failure_falls_back_to_synchronize(platform):
     assert platform.log[-1] == ("synchronize",)
 
 
-def test_warns_once_per_place_over_many_steps(platform):
+def test_warns_once_per_place_but_counts_every_failure(platform):
     fence, graph, _ = captured_fence(platform)
-    platform.impl.inject("record", "raise")
+    sim_impl(platform).inject("record", "raise")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(5):
             step(platform, fence, graph, P.POST_REPLAY)
     assert len(caught) == 1
+    assert fence.reporter.counts["fallback:after_replay"] == 5
 
 
 # -- observers -----------------------------------------------------------------------------------------
@@ -432,10 +439,17 @@ class Recorder:
         self.calls.append(("fallback", where, type(error).__name__))
 
 
-def test_observers_see_every_publish_and_barrier(platform, register):
-    fence, graph, _ = captured_fence(platform)
-    rec = register(Recorder())
-    barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+def observed(rt):
+    fence, graph, event = captured_fence(rt.platform, observers=rt.observers)
+    return fence, graph, event, SchedulerBarrier(rt.platform, observers=rt.observers)
+
+
+def test_observers_see_every_publish_and_barrier(rt):
+    platform = rt.platform
+    fence, graph, _, barrier = observed(rt)
+    rec = Recorder()
+    rt.pm.register(rec)
+    sched = platform.new_stream()
     for policy in (P.IN_GRAPH, P.NONE):
         step(platform, fence, graph, policy, barrier, sched)
     barrier.force_coarse = True
@@ -450,12 +464,13 @@ def test_observers_see_every_publish_and_barrier(platform, register):
     ]
 
 
-def test_observers_see_fallbacks_and_the_policy_really_published(platform, register):
-    fence, graph, _ = captured_fence(platform)
-    rec = register(Recorder())
-    platform.impl.inject("record", "raise")
+def test_observers_see_fallbacks_and_the_policy_really_published(rt):
+    fence, graph, _, _ = observed(rt)
+    rec = Recorder()
+    rt.pm.register(rec)
+    sim_impl(rt.platform).inject("record", "raise")
     with pytest.warns(RuntimeWarning):
-        step(platform, fence, graph, P.POST_REPLAY)
+        step(rt.platform, fence, graph, P.POST_REPLAY)
     assert rec.calls == [
         ("fallback", "fence 'decode':after_replay", "InjectedFault"),
         ("publish", "decode", 1, P.NONE, False),
@@ -472,13 +487,15 @@ class Bad:
         raise ValueError("observer bug")
 
 
-def test_a_raising_observer_changes_neither_the_publish_nor_the_barrier(platform, register):
-    fence, graph, event = captured_fence(platform)
-    register(Bad(), name="bad")
-    rec = register(Recorder())
+def test_a_raising_observer_changes_neither_the_publish_nor_the_barrier(rt):
+    platform = rt.platform
+    fence, graph, event, barrier = observed(rt)
+    rec = Recorder()
+    rt.pm.register(rec)
+    rt.pm.register(Bad(), name="bad")  # registered last: pluggy calls it first
     sched = platform.new_stream()
     with pytest.warns(RuntimeWarning) as caught:
-        rd, kind = step(platform, fence, graph, P.IN_GRAPH, SchedulerBarrier(platform), sched)
+        rd, kind = step(platform, fence, graph, P.IN_GRAPH, barrier, sched)
     assert sorted(str(w.message).split(": ", 1)[1] for w in caught) == [
         "observer plugin 'bad' raised in warpolicy_on_barrier (ValueError('observer bug')); ignored",
         "observer plugin 'bad' raised in warpolicy_on_publish (ValueError('observer bug')); ignored",
@@ -489,17 +506,49 @@ def test_a_raising_observer_changes_neither_the_publish_nor_the_barrier(platform
     assert ("publish", "decode", 1, P.IN_GRAPH, True) in rec.calls  # the others still called
 
 
-def test_observers_cost_nothing_when_none_is_registered(platform, monkeypatch):
-    fence, graph, _ = captured_fence(platform)
-    barrier = SchedulerBarrier(platform)
+def test_observers_cost_nothing_when_none_is_registered(rt, monkeypatch):
+    fence, graph, _, barrier = observed(rt)
     calls = []
-    monkeypatch.setattr(type(fence), "_notify_publish", lambda *a: calls.append("publish"))
-    monkeypatch.setattr(type(barrier), "_notify", lambda *a: calls.append("barrier"))
-    step(platform, fence, graph, P.IN_GRAPH, barrier, platform.new_stream())
+    monkeypatch.setattr(type(fence.reporter), "publish", lambda *a: calls.append("publish"))
+    monkeypatch.setattr(type(barrier.reporter), "barrier", lambda *a: calls.append("barrier"))
+    step(rt.platform, fence, graph, P.IN_GRAPH, barrier, rt.platform.new_stream())
     assert calls == []
-    platform.pm.register(Recorder(), name="rec")
-    step(platform, fence, graph, P.IN_GRAPH, barrier, platform.new_stream())
+    rt.pm.register(Recorder(), name="rec")
+    step(rt.platform, fence, graph, P.IN_GRAPH, barrier, rt.platform.new_stream())
     assert calls == ["publish", "barrier"]  # picked up without rebuilding the fence
+
+
+# -- one owner thread ------------------------------------------------------------------------------------
+
+
+def test_a_fence_belongs_to_the_first_thread_that_uses_it(platform):
+    fence, graph, event = captured_fence(platform)  # this thread now owns it
+    errors = []
+
+    def other():
+        for call in (
+            lambda: fence.before_replay(release(P.IN_GRAPH, event)),
+            lambda: fence.after_replay(release(P.IN_GRAPH, event)),
+            fence.take,
+            lambda: fence.plant(event),
+        ):
+            try:
+                call()
+            except WrongThreadError as exc:
+                errors.append(str(exc))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert len(errors) == 4 and all("fence 'decode' belongs to thread" in e for e in errors)
+    assert fence.step == 0  # nothing happened
+    fence.release_thread()
+    thread = threading.Thread(target=lambda: step(platform, fence, graph, P.IN_GRAPH))
+    thread.start()
+    thread.join()
+    assert fence.step == 1  # handed over: the other thread owns it now
+    with pytest.raises(WrongThreadError):
+        fence.take()
 
 
 # -- profiler ranges -----------------------------------------------------------------------------------
@@ -512,7 +561,8 @@ def test_publish_and_barrier_show_up_in_torch_profiler_when_asked(platform):
     barrier, sched = SchedulerBarrier(platform, profile_ranges=True), platform.new_stream()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for policy in (P.PRE_REPLAY, P.POST_REPLAY, P.IN_GRAPH):
-            step(platform, fence, graph, policy, barrier, sched, planted=event)
+            rd, _ = step(platform, fence, graph, policy, barrier, sched, event=event)
+            assert rd is not None and rd.policy is policy
     names = {e.key for e in prof.key_averages()}
     assert {"warpolicy.publish.pre_replay", "warpolicy.publish", "warpolicy.barrier"} <= names
 
@@ -535,12 +585,14 @@ def test_fence_bench_runs_on_the_simulated_platform():
     result = run_fence_bench(iters=20, device="sim")
     assert result["platform"] == "sim" and result["iters"] == 20
     assert "skipped" in result["release"]
-    rows = result["overhead"]["per_policy"]
-    assert set(rows) == {"post_replay", "in_graph"}
-    for row in rows.values():
-        assert row["hooks_us_median"] > 0 and row["raw_us_median"] > 0 and row["ratio"] > 0
+    for section in ("overhead", "standin"):
+        rows = result[section]["per_policy"]
+        assert set(rows) == {"post_replay", "in_graph"}
+        for row in rows.values():
+            assert row["hooks_us_median"] > 0 and row["raw_us_median"] > 0 and row["ratio"] > 0
     text = format_fence_bench(result, "text")
     assert "overhead per step (in_graph)" in text and "indicative only" in text
+    assert "fence's own cost per step (in_graph, C-builtin stand-in platform)" in text
     assert json.loads(format_fence_bench(result, "json"))["iters"] == 20
 
 
@@ -565,7 +617,7 @@ def test_barrier_applies_the_safe_wait_before_a_warning_can_raise(platform, inje
     fence, graph, _ = captured_fence(platform)
     sched = platform.new_stream()
     read_done, _ = step(platform, fence, graph, P.IN_GRAPH)
-    platform.impl.inject(inject, "raise")
+    sim_impl(platform).inject(inject, "raise")
     n = len(platform.log)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -575,3 +627,25 @@ def test_barrier_applies_the_safe_wait_before_a_warning_can_raise(platform, inje
             )
     expected = {"wait_event": ("wait_stream", sched.id, 0), "wait_stream": ("synchronize",)}[inject]
     assert platform.log[-1] == expected and len(platform.log) > n
+
+
+@pytest.mark.parametrize("force_coarse", [False, True])
+def test_a_keyboard_interrupt_in_the_wait_still_orders_the_schedule_stream(platform, force_coarse):
+    """Whatever the caller does after a KeyboardInterrupt, the schedule stream is already
+    ordered after the forward stream (or the host waited)."""
+    fence, graph, _ = captured_fence(platform)
+    sched = platform.new_stream()
+    read_done, _ = step(platform, fence, graph, P.IN_GRAPH)
+    barrier = SchedulerBarrier(platform, force_coarse=force_coarse)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    if force_coarse:
+        barrier._wait_stream = interrupted
+    else:
+        barrier._wait_event = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        barrier.apply(sched, platform.current_stream(), read_done)
+    expected = ("synchronize",) if force_coarse else ("wait_stream", sched.id, 0)
+    assert platform.log[-1] == expected

@@ -15,10 +15,8 @@ from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runtime import nvtx as wnvtx
 from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platform import sim_platform
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
-
-from recording import RecModel
+from warpolicy.testing import RecModel, sim_runtime
 
 
 class RecordingNvtx:
@@ -68,11 +66,13 @@ def nvtx(monkeypatch):
 
 
 def run(plugin, policy="in_graph", steps=3, extra=(), **loop_kw):
-    platform = sim_platform()
+    rt = sim_runtime()
     for observer in extra:  # registered first, so pluggy calls them after the NVTX plugin
-        platform.pm.register(observer)
-    platform.pm.register(plugin)
-    runner = DecodeRunner(RecModel(), fixed_policy(policy), platform, name="decode")
+        rt.pm.register(observer)
+    rt.pm.register(plugin)
+    runner = DecodeRunner(
+        RecModel(), fixed_policy(policy), rt.platform, name="decode", observers=rt.observers
+    )
     runner.capture()
     loop = OverlapLoop(runner, **loop_kw)
     for _ in range(steps):
@@ -153,7 +153,10 @@ def test_each_step_is_a_range_from_publish_to_the_release(nvtx):
     ]
     assert nvtx.depth == 0 and plugin.pushed == plugin.popped == 2
     decides = [c[1] for c in nvtx.calls if c[1].startswith("warpolicy decide")]
-    assert decides and all(d == "warpolicy decide runner:decode decode in_graph" for d in decides)
+    # one decision per captured bucket, and the eager path's (demoted: no graph)
+    assert decides == ["warpolicy decide runner:decode decode in_graph"] * 4 + [
+        "warpolicy decide runner:decode decode post_replay"
+    ]
 
 
 def test_a_coarse_step_says_nothing_was_published(nvtx):
@@ -181,10 +184,12 @@ def test_balance_holds_when_another_observer_raises(nvtx, observer):
     fallback notification) and changes neither the other observers' calls nor the step; the
     NVTX plugin must never pop what it did not push and keep at most one range open."""
     plugin = wnvtx.NvtxPlugin()
-    platform = sim_platform()
-    platform.pm.register(plugin)
-    platform.pm.register(observer(), name="broken")
-    runner = DecodeRunner(RecModel(), fixed_policy("in_graph"), platform, name="decode")
+    rt = sim_runtime()
+    rt.pm.register(plugin)
+    rt.pm.register(observer(), name="broken")
+    runner = DecodeRunner(
+        RecModel(), fixed_policy("in_graph"), rt.platform, name="decode", observers=rt.observers
+    )
     runner.capture()
     loop = OverlapLoop(runner)
     with warnings.catch_warnings(record=True) as caught:
@@ -256,27 +261,29 @@ def test_real_nvtx_binding_on_a_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
-    from warpolicy.runtime.manager import new_plugin_manager
-    from warpolicy.runtime.platform import Platform
+    from warpolicy.runtime.manager import open_runtime
+    from warpolicy.runtime.release import BucketRelease
 
     plugin = wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "1"})
     assert plugin is not None
-    platform = Platform.for_device("cuda", new_plugin_manager(load_entry_points=False, environ={}))
-    platform.pm.register(plugin)
-    fence = ReadDoneFence(platform, name="decode")
-    fence.prepare()
+    rt = open_runtime("cuda", load_entry_points=False, environ={})
+    platform = rt.platform
+    rt.pm.register(plugin)
+    fence = ReadDoneFence(platform, name="decode", observers=rt.observers)
+    event = fence.prepare()
     graph = platform.new_graph()
     with platform.capture(graph):
         torch.cuda._sleep(100_000)
-        planted = fence.plant()  # the event this graph records
+        planted = fence.plant(event)  # the event this graph records
         torch.cuda._sleep(100_000)
     policy = IN_GRAPH if planted is not None else POST_REPLAY
-    barrier, sched = SchedulerBarrier(platform), platform.new_stream()
+    release = BucketRelease("decode", 1, policy, planted if policy is IN_GRAPH else None)
+    barrier, sched = SchedulerBarrier(platform, observers=rt.observers), platform.new_stream()
     kinds = []
     for _ in range(5):
-        fence.before_replay(policy)
+        fence.before_replay(release)
         platform.replay(graph)
-        fence.after_replay(policy, planted)
+        fence.after_replay(release)
         kinds.append(barrier.apply(sched, platform.current_stream(), fence.take()))
     platform.synchronize()
     assert kinds == ["event"] * 5

@@ -10,10 +10,8 @@ import torch
 
 from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
-
-from recording import RecModel
+from warpolicy.testing import RecModel, sim_impl, sim_platform
 
 
 @pytest.fixture
@@ -305,3 +303,91 @@ def test_when_every_barrier_fails_nothing_is_written(platform):
         with pytest.raises(Exception, match="injected"):
             loop.step([1.0], lambda: written.append(1))
     assert written == []
+
+
+class FailingStepModel(RecModel):
+    """Marks each read of the shared table; the forward of batch value ``fail_at`` raises."""
+
+    def __init__(self, impl, fail_at):
+        super().__init__((1,))
+        self.impl, self.fail_at, self.reads, self.current = impl, fail_at, [], None
+
+    def host_prep(self, batch, bucket):
+        super().host_prep(batch, bucket)
+        self.current = batch[0]
+
+    def graph_prep(self, bucket):
+        super().graph_prep(bucket)
+        mark = self.impl.mark("read")
+        if mark.executed:
+            self.reads.append(mark)
+
+    def forward(self, bucket):
+        if self.current == self.fail_at:
+            raise KeyboardInterrupt("the launch failed half way")
+        return super().forward(bucket)
+
+
+@pytest.mark.parametrize("policy", ["in_graph", "post_replay", "none"])
+def test_a_failed_launch_keeps_the_next_steps_ordered_on_any_stream(policy):
+    """Found by the fault matrix: a launch that raises after enqueuing its reads, with each
+    step on its own forward stream. Every write must come after the reads of every step before
+    it (the failed one included), and every read after the writes of the steps before it."""
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    model = FailingStepModel(impl, fail_at=2.0)
+    runner = DecodeRunner(model, fixed_policy(policy), platform)
+    runner.capture()
+    loop = OverlapLoop(runner)
+    forward = [platform.new_stream() for _ in range(3)]
+    reads, writes = [], []  # (step, mark)
+    for k in range(6):
+        start = len(model.reads)
+        with platform.stream(forward[k % 3]):
+            try:
+                loop.step([float(k)], lambda k=k: writes.append((k, impl.mark("write"))))
+            except KeyboardInterrupt:
+                assert k == 2
+        reads += [(k, mark) for mark in model.reads[start:]]
+    assert {k for k, _ in reads} == set(range(6)) and {k for k, _ in writes} == {0, 1, 3, 4, 5}
+    early = [
+        (r, w)
+        for r, read in reads
+        for w, write in writes
+        if r <= w and not impl.happens_before(read, write)
+    ]
+    stale = [
+        (w, r)
+        for w, write in writes
+        for r, read in reads
+        if w < r and not impl.happens_before(write, read)
+    ]
+    assert early == [] and stale == []
+
+
+def test_a_barrier_interrupted_after_the_launch_keeps_the_next_forward_after_the_writes(
+    platform, monkeypatch
+):
+    """A KeyboardInterrupt in the barrier (or an observer of it) ends the step before its
+    writes are recorded: the next forward, on another stream, waits for the whole schedule
+    stream (it holds the writes of the step before)."""
+    runner, loop, log = setup(platform)
+    impl = sim_impl(platform)
+    forward = [platform.new_stream() for _ in range(2)]
+    writes = []
+    with platform.stream(forward[0]):
+        loop.step([1.0], lambda: writes.append(impl.mark("write")))
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop.barrier, "apply", interrupted)
+    with platform.stream(forward[1]), pytest.raises(KeyboardInterrupt):
+        loop.step([1.0], None)
+    monkeypatch.undo()
+    start = len(log)
+    with platform.stream(forward[0]):
+        loop.step([1.0], None)
+        read = impl.mark("after the next step's launch")
+    assert impl.happens_before(writes[0], read)
+    assert ("wait_stream", forward[0].id, loop.schedule_stream.id) in log[start:]

@@ -11,14 +11,28 @@ import re
 import pytest
 
 from warpolicy.errors import CudaUnavailableError, PluginError, UnknownNameError
-from warpolicy.runtime import platform as platform_mod
 from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.manager import new_plugin_manager
-from warpolicy.runtime.platform import Platform, PlatformError, sim_platform
-from warpolicy.runtime.platforms import PlatformImpl, device_type
+from warpolicy.runtime.manager import new_plugin_manager, open_platform
+from warpolicy.runtime.platforms import (
+    PLATFORM_OPERATIONS,
+    Platform,
+    PlatformError,
+    PlatformImpl,
+    device_type,
+    implementation_problems,
+    is_simulated,
+)
+from warpolicy.runtime.platforms import facade as facade_mod
 from warpolicy.runtime.platforms.sim import SimPlatform
+from warpolicy.testing import sim_platform
 
 torch = pytest.importorskip("torch")
+
+
+def for_device(device, pm):
+    return open_platform(pm, device)
+
+
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 
 
@@ -37,25 +51,25 @@ def test_device_type(device, kind):
 
 @no_cuda
 def test_default_device_is_the_simulated_one_without_cuda(pm):
-    p = Platform.for_device(None, pm)
+    p = for_device(None, pm)
     assert p.name == "sim" and p.device == "sim"
 
 
 @no_cuda
 def test_cuda_without_cuda_is_a_user_error(pm):
     with pytest.raises(CudaUnavailableError, match="CUDA"):
-        Platform.for_device("cuda:0", pm)
+        for_device("cuda:0", pm)
 
 
 def test_unknown_device_type(pm):
     with pytest.raises(UnknownNameError, match="tpu"):
-        Platform.for_device("tpu", pm)
+        for_device("tpu", pm)
 
 
 def test_disabled_sim_leaves_no_platform():
     pm = new_plugin_manager(load_entry_points=False, environ={"WARPOLICY_DISABLE_PLUGINS": "sim"})
     with pytest.raises(UnknownNameError):
-        Platform.for_device("sim", pm)
+        for_device("sim", pm)
 
 
 class Mini(SimPlatform):
@@ -77,7 +91,7 @@ class MiniPlugin:
 
 def test_the_claim_is_asked_once_and_its_methods_are_bound(pm, register):
     plugin = register(MiniPlugin())
-    p = Platform.for_device("Mini:3", pm)
+    p = for_device("Mini:3", pm)
     assert plugin.asked == ["mini:3"] and p.name == "mini" and isinstance(p.impl, Mini)
     assert isinstance(p.impl, PlatformImpl)
     for op in ("record", "wait_event", "wait_stream", "replay", "is_capturing"):
@@ -89,13 +103,17 @@ def test_the_claim_is_asked_once_and_its_methods_are_bound(pm, register):
     assert p.log.of("record") == [("record", ev.id, 0, False)]
 
 
+def test_the_facade_carries_no_plugin_manager(pm):
+    assert not hasattr(for_device("sim", pm), "pm")
+
+
 def test_a_later_plugin_does_not_change_a_built_platform(pm, register):
-    p = Platform.for_device("sim", pm)
+    p = for_device("sim", pm)
     register(MiniPlugin(kind="sim"))  # would conflict if asked again
     p.create_event()
     assert len(p.log) == 1
     with pytest.raises(PluginError):
-        Platform.for_device("sim", pm)
+        for_device("sim", pm)
 
 
 @pytest.mark.parametrize("order", ["a-first", "b-first"])
@@ -106,7 +124,7 @@ def test_two_claims_are_one_line_naming_both_plugins_whatever_the_order(pm, orde
     ):
         pm.register(plugin, name=name)
     with pytest.raises(PluginError) as info:
-        Platform.for_device("mini", pm)
+        for_device("mini", pm)
     text = str(info.value)
     assert "\n" not in text
     assert text.startswith("plugin 'alpha'") and "plugin 'beta'" in text and "'mini'" in text
@@ -120,7 +138,7 @@ def test_a_raising_claim_names_the_plugin(pm, register):
 
     register(Broken(), name="broken")
     with pytest.raises(PluginError, match=r"plugin 'broken'.*raised KeyError"):
-        Platform.for_device("sim", pm)
+        for_device("sim", pm)
 
 
 def test_an_incomplete_implementation_is_refused_with_what_it_lacks(pm, register):
@@ -137,12 +155,12 @@ def test_an_incomplete_implementation_is_refused_with_what_it_lacks(pm, register
 
     register(HalfPlugin(), name="half")
     with pytest.raises(PluginError, match=r"plugin 'half'.*without create_event, wait_event"):
-        Platform.for_device("half", pm)
+        for_device("half", pm)
 
 
 def test_handles_the_implementation_returns_none_for_are_errors():
     p = sim_platform()
-    p.impl.inject("new_graph", "none")
+    p.impl.inject("new_graph", "none")  # type: ignore[attr-defined]
     with pytest.raises(PlatformError, match="new_graph returned None"):
         p.new_graph()
 
@@ -155,6 +173,78 @@ def test_capture_and_capture_callable_reach_the_implementation():
     with p.capture(p.new_graph()):
         ran.append(p.is_capturing())
     assert ran == [True, True] and g.captured
+
+
+@pytest.mark.parametrize(
+    "attribute, value, problem",
+    [
+        ("external_events_supported", "false", "must be a bool, not str 'false'"),
+        ("external_events_supported", 1, "must be a bool, not int 1"),
+        ("external_events_supported", None, "must be a bool"),
+        ("name", 7, "name must be a non-empty str"),
+        ("record", "not callable", "without record"),
+    ],
+)
+def test_a_claim_is_checked_by_type_not_by_presence(pm, register, attribute, value, problem):
+    class Liar(Mini):
+        def __init__(self):
+            super().__init__()
+            setattr(self, attribute, value)
+
+    class LiarPlugin:
+        @hookimpl
+        def warpolicy_platform(self, device):
+            return Liar() if device == "liar" else None
+
+    register(LiarPlugin(), name="liar")
+    with pytest.raises(PluginError, match=r"plugin 'liar'.*not a platform implementation") as info:
+        for_device("liar", pm)
+    assert problem in str(info.value) and "\n" not in str(info.value)
+
+
+def test_external_events_as_a_method_is_refused_not_read_as_true():
+    class Method:
+        name, device = "method", "method"
+
+        def external_events_supported(self):  # a method: truthy, and wrong
+            return False
+
+    for op in PLATFORM_OPERATIONS:
+        setattr(Method, op, lambda self, *a: None)
+    assert any("must be a bool, not method" in p for p in implementation_problems(Method()))
+    with pytest.raises(PlatformError, match="external_events_supported must be a bool"):
+        Platform(Method())
+
+
+def test_a_partial_graph_walker_is_refused():
+    class Half(SimPlatform):
+        check_marker = None  # type: ignore[assignment]
+
+    assert any("partial graph walker" in p for p in implementation_problems(Half()))
+
+
+def test_the_claim_calls_each_plugin_as_pluggy_does(pm, register):
+    """An implementation's parameter with a default gets what the installed pluggy passes."""
+    got = []
+
+    class Defaulted:
+        @hookimpl
+        def warpolicy_platform(self, device="nothing-passed"):
+            got.append(device)
+
+    register(Defaulted(), name="defaulted")
+    pm.hook.warpolicy_platform(device="sim")
+    pluggy_passes = got.pop()
+    for_device("sim", pm)
+    assert got == [pluggy_passes]
+
+
+@pytest.mark.parametrize(
+    "device, simulated",
+    [("sim", True), ("fake", True), ("Sim:0", True), ("cuda", False), ("cpu", False)],
+)
+def test_one_alias_list_for_the_simulated_platform(device, simulated):
+    assert is_simulated(device) is simulated
 
 
 def test_log_is_only_for_the_simulated_platform(pm, register):
@@ -170,14 +260,14 @@ def test_log_is_only_for_the_simulated_platform(pm, register):
 
     register(QuietPlugin())
     with pytest.raises(NotImplementedError, match="does not record"):
-        _ = Platform.for_device("quiet", pm).log
+        _ = for_device("quiet", pm).log
 
 
 def test_announces_once_per_platform(pm, caplog, monkeypatch):
-    monkeypatch.setattr(platform_mod, "_ANNOUNCED", set())
+    monkeypatch.setattr(facade_mod, "_ANNOUNCED", set())
     with caplog.at_level(logging.INFO, logger="warpolicy"):
-        Platform.for_device("sim", pm)
-        Platform.for_device("sim", pm)
+        for_device("sim", pm)
+        for_device("sim", pm)
     lines = [r.getMessage() for r in caplog.records if "in-graph read-done" in r.getMessage()]
     assert lines == ["warpolicy: platform 'sim' on device sim: in-graph read-done simulated"]
 

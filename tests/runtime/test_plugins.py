@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import warpolicy
 from warpolicy.errors import PluginError
@@ -19,8 +22,10 @@ from warpolicy.runtime.manager import (
     get_plugin_manager,
     new_plugin_manager,
     observers_of,
+    open_runtime,
     reset_plugin_manager,
 )
+from warpolicy.runtime.observers import Reporter
 
 BACKEND_YAML = """\
 version: 1
@@ -139,7 +144,7 @@ def test_a_blocked_old_plugin_is_not_refused(pm):
     assert pm.register(Old(), name="old") is None
 
 
-# -- observers: cached direct calls ------------------------------------------------------------------
+# -- observers: pluggy's own calls, one per implementation ---------------------------------------
 
 
 class Seen:
@@ -158,18 +163,19 @@ class Seen:
 def test_without_observers_every_tuple_is_empty(pm):
     obs = observers_of(pm)
     assert (obs.on_decision, obs.on_publish, obs.on_barrier, obs.on_fallback) == ((), (), (), ())
+    assert obs is pm.observers
 
 
-def test_observer_tuples_follow_register_and_unregister(pm):
+def test_observer_calls_follow_register_and_unregister(pm):
     obs = observers_of(pm)
     seen = Seen()
     pm.register(seen, name="seen")
     assert len(obs.on_publish) == 1 and len(obs.on_barrier) == 1 and obs.on_fallback == ()
-    assert obs.on_publish[0] == seen.warpolicy_on_publish  # the implementation itself, no adapter
-    obs.on_publish[0]("decode", 3, "p", "ev")
-    obs.on_barrier[0]("decode", 3, "event", "in_graph")
+    reporter = Reporter(obs, "test")
+    reporter.publish("decode", 3, "p", "ev")
+    reporter.barrier("decode", 3, "event", "in_graph")
     assert seen.calls == [("publish", "decode", 3, "p", "ev"), ("barrier", "event", "decode")]
-    assert obs.plugin_of[obs.on_barrier[0]] == "seen"
+    assert obs.on_barrier[0].plugin == "seen"
     pm.unregister(name="seen")
     assert obs.on_publish == () and obs.on_barrier == ()
 
@@ -188,23 +194,25 @@ def test_observers_are_called_in_pluggys_order(pm):
     pm.register(observer("first-registered"))
     pm.register(observer("last-registered"))
     pm.register(observer("trylast", trylast=True))
-    for call in observers_of(pm).on_fallback:
-        call("x", RuntimeError())
+    with pytest.warns(RuntimeWarning, match="x failed"):
+        Reporter(observers_of(pm), "test").fallback("x", RuntimeError())
     pluggy_order = []
     order, pluggy_order = pluggy_order, order
     pm.hook.warpolicy_on_fallback(where="x", error=RuntimeError())
     assert pluggy_order == order == ["last-registered", "first-registered", "trylast"]
 
 
-def test_monitoring_and_wrappers_route_observers_through_pluggy(pm, capsys):
+def test_monitoring_sees_every_observer_call_and_wrappers_wrap_them_all(pm):
     seen = Seen()
     pm.register(seen)
-    undo = pm.add_hookcall_monitoring(lambda *a: None, lambda *a: None)
-    obs = observers_of(pm)
-    assert obs.on_publish[0] != seen.warpolicy_on_publish  # one call through pluggy
-    obs.on_publish[0]("decode", 1, "p", None)
+    monitored = []
+    undo = pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: monitored.append(name), lambda *a: None
+    )
+    reporter = Reporter(observers_of(pm), "test")
+    reporter.publish("decode", 1, "p", None)
     undo()
-    assert obs.on_publish[0] == seen.warpolicy_on_publish
+    assert monitored == ["warpolicy_on_publish"]
 
     class Wrapper:
         @hookimpl(wrapper=True)
@@ -213,9 +221,9 @@ def test_monitoring_and_wrappers_route_observers_through_pluggy(pm, capsys):
             seen.calls.append("wrapped")
             return result
 
-    pm.register(Wrapper())
-    assert len(obs.on_publish) == 1
-    obs.on_publish[0]("decode", 2, "p", None)
+    pm.register(Wrapper(), name="wrapper")
+    assert len(observers_of(pm).on_publish) == 1  # the whole hook, once: the wrapper wraps it
+    reporter.publish("decode", 2, "p", None)
     assert seen.calls == [
         ("publish", "decode", 1, "p", None),
         ("publish", "decode", 2, "p", None),
@@ -223,11 +231,76 @@ def test_monitoring_and_wrappers_route_observers_through_pluggy(pm, capsys):
     ]
 
 
+ARGS = {
+    "warpolicy_on_decision": {"decision": "d", "where": "w"},
+    "warpolicy_on_publish": {"runner": "r", "step": 7, "policy": "p", "event": "e"},
+    "warpolicy_on_barrier": {"runner": "r", "step": 7, "kind": "k", "reason": "why"},
+    "warpolicy_on_fallback": {"where": "w", "error": "err"},
+    "warpolicy_on_demotion": {"runner": "r", "bucket": 2, "reason": "why"},
+}
+
+
+def _observer(tag, hook, params, defaulted, log):
+    """An observer of ``hook`` naming ``params``; those in ``defaulted`` have a default."""
+    args = ", ".join(f"{p}='default'" if p in defaulted else p for p in params)
+    namespace = {}
+    exec(
+        f"def impl(self, {args}):\n    log.append((tag, dict(locals())))",
+        {"log": log, "tag": tag},
+        namespace,
+    )
+    impl = namespace["impl"]
+    impl.__name__ = hook
+    return type(f"O{tag}", (), {hook: hookimpl(impl)})()
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_observers_receive_exactly_what_the_installed_pluggy_passes(data):
+    """Issue 17 class 9: an implementation whose parameters have defaults gets the same
+    arguments through the runtime as through ``pm.hook.<name>(...)`` (pluggy 1.5 and 1.7 differ
+    here; the runtime follows whichever is installed)."""
+    hook = data.draw(st.sampled_from(sorted(ARGS)))
+    names = list(ARGS[hook])
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    log = []
+    for tag in range(data.draw(st.integers(1, 3))):
+        params = data.draw(st.lists(st.sampled_from(names), unique=True))
+        defaulted = set(data.draw(st.lists(st.sampled_from(params or ["-"]), unique=True)))
+        ordered = [p for p in params if p not in defaulted] + [p for p in params if p in defaulted]
+        pm.register(_observer(tag, hook, ordered, defaulted, log), name=f"o{tag}")
+    getattr(pm.hook, hook)(**ARGS[hook])
+    through_pluggy, log[:] = list(log), []
+    reporter = Reporter(pm.observers, "test")
+    call = {
+        "warpolicy_on_decision": lambda a: reporter.decision(a["decision"], a["where"]),
+        "warpolicy_on_publish": lambda a: reporter.publish(
+            a["runner"], a["step"], a["policy"], a["event"]
+        ),
+        "warpolicy_on_barrier": lambda a: reporter.barrier(
+            a["runner"], a["step"], a["kind"], a["reason"]
+        ),
+        "warpolicy_on_fallback": lambda a: reporter.fallback(a["where"], a["error"]),
+        "warpolicy_on_demotion": lambda a: reporter.demotion(a["runner"], a["bucket"], a["reason"]),
+    }[hook]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        call(ARGS[hook])
+    if hook == "warpolicy_on_fallback":  # the reporter names its component in ``where``
+        log = [(t, {k: ("w" if k == "where" else v) for k, v in a.items()}) for t, a in log]
+    assert log == through_pluggy
+
+
 def test_the_runtime_refuses_a_bare_pluggy_manager():
     import pluggy
 
     with pytest.raises(TypeError, match="new_plugin_manager"):
         observers_of(pluggy.PluginManager("warpolicy"))
+
+
+def test_the_composition_root_builds_everything_once():
+    rt = open_runtime("sim", load_entry_points=False, environ={})
+    assert rt.observers is rt.pm.observers and rt.platform.name == "sim"
 
 
 # -- fragments -------------------------------------------------------------------------------------

@@ -21,10 +21,9 @@ from warpolicy.registry.loader import Fragment, load_registry
 from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.platforms.sim import SimGraph
-from warpolicy.runtime.runners import DecodeRunner, DraftExtendRunner
-from warpolicy.runtime.runners.base import SelfCheckError
+from warpolicy.runtime.runners import DecodeRunner, DraftExtendRunner, SelfCheckError
+from warpolicy.testing import sim_impl, sim_platform, sim_runtime
 
 P = WarReadDonePolicy
 BUCKETS = (1, 2)
@@ -96,6 +95,7 @@ def derived_graph(
 class Demotions:
     def __init__(self) -> None:
         self.seen: list[tuple[str, int, str]] = []
+        self.pm = None
 
     @hookimpl
     def warpolicy_on_demotion(self, runner: str, bucket: int, reason: str) -> None:
@@ -109,7 +109,8 @@ def setup(
     cls=DecodeRunner,
     **kw,
 ):
-    platform = sim_platform()
+    rt = sim_runtime()
+    platform = rt.platform
     model = Model()
     if graph_model is not None:
         calls: list[int] = []
@@ -121,8 +122,11 @@ def setup(
         sim_impl(platform).graph_model = provide
         platform.model_calls = calls  # type: ignore[attr-defined]
     demotions = Demotions()
-    platform.pm.register(demotions, name="demotions")
-    runner = cls(model, fixed_policy(policy), platform, placement=placement, **kw)
+    demotions.pm = rt.pm  # for tests that register more observers
+    rt.pm.register(demotions, name="demotions")
+    runner = cls(
+        model, fixed_policy(policy), platform, placement=placement, observers=rt.observers, **kw
+    )
     return runner, model, platform, demotions
 
 
@@ -141,7 +145,7 @@ class TestDerived:
         runner, model, platform, demotions = setup("derived", lambda m, g: derived_graph(m))
         assert capture_quietly(runner) == []
         for cb in runner.captured.values():
-            assert cb.planted and cb.event is runner.fence.event and cb.policy == P.IN_GRAPH
+            assert cb.planted and cb.event in cb.graph.derived and cb.policy == P.IN_GRAPH
         report = runner.capture_report[1]
         assert report.placement is Placement.DERIVED and report.planted and report.ok
         assert "late_read #2" in report.detail  # the frontier is the late reader, not the prep
@@ -155,7 +159,7 @@ class TestDerived:
         model.calls.clear()
         runner.run([1.0])
         fired = [e for e in impl.log[start:] if e[0] == "record"]
-        assert fired == [("record", runner.fence.event.id, fired[0][2], "in_graph")]
+        assert fired == [("record", runner.captured[1].event.id, fired[0][2], "in_graph")]
         assert model.calls == ["host_prep", "graph_prep", "forward"]
         assert runner.fence.take().policy == P.IN_GRAPH
         # no capture recorded the event inside its body (no marker)
@@ -189,22 +193,22 @@ class TestDerived:
         assert report.planted and f"{opaque.value} #4" in report.detail
         assert "late_read" not in report.detail.split("after ")[1].split("(")[0]
 
-    def test_a_walk_error_is_unplanted_with_the_reason(self):
+    def test_a_walk_error_is_coarse_with_the_reason(self):
         runner, _, platform, demotions = setup("derived", lambda m, g: derived_graph(m))
         sim_impl(platform).inject("plant_derived")
         messages = capture_quietly(runner)
         assert len(messages) == 2 and all("injected raise in plant_derived" in m for m in messages)
-        assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
         assert len(demotions.seen) == 2
 
-    def test_a_graph_model_that_raises_is_unplanted(self):
+    def test_a_graph_model_that_raises_is_coarse(self):
         def broken(model, graph):
             raise KeyError("no such graph")
 
         runner, _, _, _ = setup("derived", broken)
         messages = capture_quietly(runner)
         assert all("KeyError" in m for m in messages) and len(messages) == 2
-        assert not any(cb.planted for cb in runner.captured.values())
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
 
     def test_without_a_graph_model_derived_is_unplanted(self):
         runner, _, _, _ = setup("derived", None)
@@ -212,21 +216,26 @@ class TestDerived:
         assert len(messages) == 2 and all("no graph model" in m for m in messages)
         assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}
 
-    def test_without_external_events_derived_is_unplanted(self):
+    def test_without_external_events_derived_is_unplanted_without_a_demotion(self):
         platform = sim_platform(external_events=False)
         model = Model()
         sim_impl(platform).graph_model = lambda g: derived_graph(model)
         runner = DecodeRunner(model, fixed_policy("in_graph"), platform, placement="derived")
-        messages = capture_quietly(runner)
-        assert all("no read-done event" in m for m in messages)
+        assert capture_quietly(runner) == []  # a platform fact, not a capture finding
         assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}
+        assert "no external events" in runner.capture_report[1].detail
 
-    def test_an_instantiate_failure_is_unplanted(self):
-        runner, _, platform, _ = setup("derived", lambda m, g: derived_graph(m))
+    @pytest.mark.parametrize("placement", ["derived", "marker"])
+    def test_an_instantiate_failure_is_coarse_on_both_paths(self, placement):
+        runner, _, platform, demotions = setup(
+            placement,
+            lambda m, g: derived_graph(m) if placement == "derived" else marker_graph(m, g),
+        )
         sim_impl(platform).inject("instantiate")
         messages = capture_quietly(runner)
-        assert all("instantiating the graph failed" in m for m in messages)
-        assert not any(cb.planted for cb in runner.captured.values())
+        assert len(messages) == 2 and all("instantiating the graph failed" in m for m in messages)
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
+        assert len(demotions.seen) == 2
 
     def test_graphs_are_instantiated_after_the_plant(self):
         runner, _, _, _ = setup("derived", lambda m, g: derived_graph(m))
@@ -291,22 +300,38 @@ class TestSelfCheck:
         assert capture_quietly(runner) == []
         assert {cb.policy for cb in runner.captured.values()} == {P.IN_GRAPH}
 
-    def test_a_missing_marker_node_demotes(self):
+    def test_a_missing_marker_node_is_coarse(self):
         def no_marker(model, graph):
             return derived_graph(model)
 
         runner, _, _, demotions = setup("marker", no_marker)
         messages = capture_quietly(runner)
+        assert len(messages) == 2
         assert all("could not run" in m and "not in the" in m for m in messages)
-        assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
         assert len(demotions.seen) == 2
 
-    def test_a_check_error_demotes(self):
+    def test_a_check_error_is_coarse(self):
         runner, _, platform, _ = setup("marker", lambda m, g: marker_graph(m, g))
         sim_impl(platform).inject("check_marker")
         messages = capture_quietly(runner)
         assert len(messages) == 2 and all("injected raise" in m for m in messages)
-        assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
+
+    @pytest.mark.parametrize("mode", ["raise", "act_then_raise"])
+    def test_a_failing_walk_probe_is_coarse_like_a_failing_check(self, mode):
+        runner, _, platform, demotions = setup("marker", lambda m, g: marker_graph(m, g))
+        sim_impl(platform).inject("graph_walk_unavailable", mode)
+        messages = capture_quietly(runner)
+        assert len(messages) == 2 and all("graph-walk probe failed" in m for m in messages)
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
+        assert len(demotions.seen) == 2
+
+    def test_a_probe_returning_junk_is_coarse(self):
+        runner, _, platform, _ = setup("marker", lambda m, g: marker_graph(m, g))
+        sim_impl(platform).graph_walk_unavailable = lambda: 42  # type: ignore[method-assign]
+        assert all("not None or a str" in m for m in capture_quietly(runner))
+        assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
 
     def test_off_skips_the_check(self):
         runner, _, platform, demotions = setup(
@@ -350,7 +375,7 @@ class TestSelfCheck:
         assert {cb.policy for cb in runner.captured.values()} == {P.parse(policy)}
 
     def test_a_failing_demotion_observer_does_not_change_the_demotion(self):
-        runner, _, platform, _ = setup(
+        runner, _, _, demotions = setup(
             "marker", lambda m, g: marker_graph(m, g, late=NodeKind.KERNEL)
         )
 
@@ -359,7 +384,7 @@ class TestSelfCheck:
             def warpolicy_on_demotion(self, runner, bucket, reason):
                 raise RuntimeError("observer down")
 
-        platform.pm.register(Broken(), name="broken")
+        demotions.pm.register(Broken(), name="broken")
         messages = capture_quietly(runner)
         assert any("observer down" in m for m in messages)
         assert {cb.policy for cb in runner.captured.values()} == {P.POST_REPLAY}

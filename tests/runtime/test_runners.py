@@ -13,10 +13,8 @@ from hypothesis import strategies as st
 from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.runners import DecodeRunner, PrefillRunner, VerifyRunner, sound
-
-from recording import RecModel
+from warpolicy.testing import RecModel, sim_impl, sim_platform, sim_runtime
 
 P = WarReadDonePolicy
 
@@ -100,24 +98,22 @@ def test_capture_warms_up_then_plants_after_graph_prep_in_every_bucket(platform)
         ("graph_prep", 4),
         ("forward", 4),
     ]
-    # the persistent event is seeded with one eager record before capture
+    # each bucket gets a fresh external event, seeded with one eager record before its capture
     ext = [e for e in events if e[0] == "create_event" and e[2]]
-    assert len(ext) == 1
-    ev_id = ext[0][1]
-    assert ("record", ev_id, 0, False) in events[:first_capture]
-    # inside each capture: graph_prep, plant (record during capture), forward
-    for bucket in (4, 2):
-        begin = events.index(
-            next(
-                e
-                for e in events
-                if e[0] == "capture_begin" and events[events.index(e) + 1] == ("graph_prep", bucket)
-            )
+    assert len(ext) == 2
+    for (_, ev_id, _), bucket in zip(ext, (4, 2)):
+        begin = next(
+            i
+            for i, e in enumerate(events)
+            if e[0] == "capture_begin" and events[i + 1] == ("graph_prep", bucket)
         )
+        assert ("record", ev_id, 0, False) in events[:begin]
+        # inside the capture: graph_prep, plant (record during capture), forward
         body = events[begin + 1 : begin + 4]
         assert body[0] == ("graph_prep", bucket)
         assert body[1][0] == "record" and body[1][1] == ev_id and body[1][3] is True
         assert body[2] == ("forward", bucket)
+        assert runner.captured[bucket].event.id == ev_id
     assert all(cb.planted for cb in runner.captured.values())
     assert sorted(runner.captured) == [2, 4]
 
@@ -258,6 +254,9 @@ class RecordingPolicy:
         return self.answer
 
 
+ONCE = [(False, True), (False, False), (True, False)]  # graph planted, graph unplanted, eager
+
+
 @pytest.mark.parametrize(
     "cls, mode, kw",
     [
@@ -266,17 +265,39 @@ class RecordingPolicy:
         (VerifyRunner, ForwardMode.TARGET_VERIFY, {"draft_tokens": 1}),
     ],
 )
-def test_policy_is_resolved_per_mode_once_per_bucket_at_capture(platform, cls, mode, kw):
+def test_the_policy_is_asked_once_per_fact_set_and_never_again(platform, cls, mode, kw):
     policy = RecordingPolicy()
     runner, model, _ = make(platform, policy, cls=cls, **kw)
     assert ("bucket_sizes", mode) in model.events
     runner.capture()
-    assert policy.calls == [(mode, False, True)] * 4
+    assert policy.calls == [(mode, *facts) for facts in ONCE]
     for _ in range(5):
         runner.run([1.0, 2.0])
     runner.run([1.0] * 9)
     runner.run([1.0] * 9)
-    assert policy.calls[4:] == [(mode, True, False)]  # eager: resolved once, lazily
+    runner.capture()  # a re-capture decides from the same answers
+    assert policy.calls == [(mode, *facts) for facts in ONCE]
+
+
+class FailsOnce(RecordingPolicy):
+    """Raises on its first lookup, then answers in_graph: a second ask would read in_graph."""
+
+    def lookup(self, mode, eager=False, planted=True):
+        super().lookup(mode, eager, planted)
+        if len(self.calls) == 1:
+            raise RuntimeError("transient")
+        return self.answer
+
+
+def test_a_lookup_that_fails_once_is_coarse_and_never_asked_again(platform):
+    policy = FailsOnce()
+    runner, _, _ = make(platform, policy, buckets=(1, 2))
+    with pytest.warns(RuntimeWarning, match="policy lookup failed"):
+        runner.capture()
+    assert {cb.policy for cb in runner.captured.values()} == {P.NONE}
+    assert runner.policy_for(None) == P.NONE and len(policy.calls) == 1
+    runner.run([1.0])
+    assert runner.fence.take() is None and runner.last_step.policy == P.NONE
 
 
 def test_mode_can_be_overridden(platform):
@@ -320,18 +341,13 @@ def test_failed_before_replay_is_not_followed_by_a_publish(platform, monkeypatch
     runner, _, _ = make(platform, "pre_replay")
     runner.capture()
     seen = []
-    real_after = runner.fence.after_replay
     monkeypatch.setattr(runner.fence, "before_replay", lambda *a, **k: 1 / 0)
-    monkeypatch.setattr(
-        runner.fence,
-        "after_replay",
-        lambda pol, planted, **k: (seen.append(pol), real_after(pol, planted, **k)),
-    )
+    monkeypatch.setattr(runner.fence, "after_replay", lambda *a, **k: seen.append(a))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runner.run([1.0])
-    assert seen == [P.NONE]
-    assert runner.fence.take() is None
+    assert seen == []
+    assert runner.fence.take() is None and runner.last_step.policy == P.NONE
 
 
 # -- verify runner ----------------------------------------------------------------------------------
@@ -388,7 +404,7 @@ def test_engine_compiled_policy_is_accepted(platform):
     assert prefill.policy_for(1) == P.NONE  # mode not in the table: NONE
 
 
-def test_observers_see_each_resolved_decision_with_its_reasons(platform):
+def test_observers_see_each_resolved_decision_with_its_reasons():
     from warpolicy.registry.engine import PolicyEngine
     from warpolicy.runtime.hookspecs import hookimpl
 
@@ -399,15 +415,12 @@ def test_observers_see_each_resolved_decision_with_its_reasons(platform):
         def warpolicy_on_decision(self, decision, where):
             seen.append((where, decision))
 
-    observer = Observer()
-    platform.pm.register(observer)
-    try:
-        compiled = PolicyEngine.load(plugins=False, environ={}).compile("fa3")
-        runner, _, _ = make(platform, compiled, buckets=(1, 2))
-        runner.capture()
-        runner.policy_for(None)  # the eager policy is resolved lazily, and reported too
-    finally:
-        platform.pm.unregister(observer)
+    rt = sim_runtime()
+    rt.pm.register(Observer())
+    compiled = PolicyEngine.load(plugins=False, environ={}).compile("fa3")
+    runner, _, _ = make(rt.platform, compiled, buckets=(1, 2), observers=rt.observers)
+    runner.capture()  # each bucket's decision and the eager one
+    runner.policy_for(None)
     assert [w for w, _ in seen] == ["runner:decode"] * 3
     policies = sorted(d.policy.label for _, d in seen)
     assert policies == ["in_graph", "in_graph", "post_replay"]
@@ -433,12 +446,13 @@ def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
     monkeypatch.setattr(
         runner.fence,
         "after_replay",
-        lambda pol, planted, **k: (seen.append((pol, planted)), real_after(pol, planted, **k)),
+        lambda rel, **k: (seen.append((rel.policy, rel.event)), real_after(rel, **k)),
     )
     runner.run([1.0] * 9)  # no bucket fits
     runner.run([1.0])
     assert seen == [(P.POST_REPLAY, None), (P.IN_GRAPH, runner.captured[1].event)]
-    assert runner.captured[1].event is runner.fence.event
+    events = [cb.event for cb in runner.captured.values()]
+    assert len({id(e) for e in events}) == len(events)  # a fresh event per bucket
 
 
 # -- publishes tied to their bucket's graph, failures during capture --------------------------------
@@ -447,42 +461,54 @@ def test_eager_step_never_claims_a_planted_node(platform, monkeypatch):
 def test_each_bucket_keeps_the_event_its_own_graph_records(platform):
     runner, _, _ = make(platform, "in_graph", buckets=(2, 4))
     impl = sim_impl(platform)
-    # the second bucket captured (2, smallest last) fails to plant: only that bucket demotes
-    impl.inject("record", "raise", when=lambda: impl.capturing and runner._captured)
-    with pytest.warns(RuntimeWarning, match="plant failed"):
+    captured = []  # the second bucket captured (2, smallest last) fails to plant
+    impl.inject("record", "raise", when=lambda: impl.capturing and len(captured) == 1)
+    impl.listeners.append(lambda e: e[0] == "capture_end" and captured.append(e))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         runner.capture()
     impl.clear_faults()
-    assert runner.captured[4].event is runner.fence.event and runner.captured[2].event is None
-    assert runner.captured[4].policy == P.IN_GRAPH and runner.captured[2].policy == P.POST_REPLAY
+    assert any("plant failed" in str(w.message) for w in caught)
+    assert any("bucket 2 publishes nothing" in str(w.message) for w in caught)
+    assert runner.captured[4].event is not None and runner.captured[2].event is None
+    assert runner.captured[4].policy == P.IN_GRAPH and runner.captured[2].policy == P.NONE
     runner.run([1.0, 2.0, 3.0])
     assert runner.fence.take().event is runner.captured[4].event
-    runner.run([1.0])  # bucket 2: never bucket 4's event
-    read_done = runner.fence.take()
-    assert read_done.policy == P.POST_REPLAY and read_done.event is not runner.captured[4].event
+    runner.run([1.0])  # bucket 2 doubted its node: coarse, never bucket 4's event
+    assert runner.fence.take() is None and runner.last_step.policy == P.NONE
 
 
-def test_a_failed_recapture_leaves_the_bucket_eager_not_stale(platform):
+def test_a_failed_recapture_leaves_no_graph_and_the_runner_coarse(platform):
     runner, _, _ = make(platform, "in_graph", buckets=(2, 4))
     runner.capture()
+    old = {b: cb.graph for b, cb in runner.captured.items()}
     impl = sim_impl(platform)
-    impl.inject("capture_callable", "raise", when=lambda: 4 not in runner._captured)
+    captures = []
+    impl.listeners.append(lambda e: e[0] == "capture_end" and captures.append(e))
+    impl.inject("capture_callable", "raise", when=lambda: len(captures) == 1)  # the second fails
     with pytest.raises(Exception, match="injected"):
         runner.capture()
     impl.clear_faults()
-    assert 4 not in runner.captured and runner.bucket_for(3) is None
-    runner.run([1.0, 2.0, 3.0])
-    assert runner.last_step.bucket is None and runner.last_step.policy == P.POST_REPLAY
+    assert runner.captured == {} and runner.coarse is not None
+    assert runner.bucket_for(3) is None and runner.bucket_for(1) is None
+    for batch in ([1.0, 2.0, 3.0], [1.0]):  # no old graph, no old event: eager and coarse
+        runner.run(batch)
+        assert runner.last_step.bucket is None and runner.last_step.policy == P.NONE
+        assert runner.fence.take() is None
+    assert all(g.replays == 0 for g in old.values())
+    runner.capture()  # a capture that succeeds ends it
+    assert runner.coarse is None and runner.policy_for(2) == P.IN_GRAPH
 
 
-def test_a_failed_plant_in_a_replayed_step_is_recorded_as_post_replay(platform):
+def test_a_failed_plant_in_a_replayed_step_publishes_nothing(platform):
     runner, _, _ = make(platform, "in_graph", buckets=(2,))
     runner.capture()
     impl = sim_impl(platform)
     impl.inject("record", "raise", when=lambda: impl.replaying)
     with pytest.warns(RuntimeWarning, match="plant failed"):
         runner.run([1.0])
-    assert runner.last_step.policy == P.POST_REPLAY
-    assert runner.fence.take().policy == P.POST_REPLAY
+    assert runner.last_step.policy == P.NONE
+    assert runner.fence.take() is None
 
 
 def test_a_failed_warm_up_still_joins_the_side_stream(platform):

@@ -8,11 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warpolicy.errors import UnknownNameError
-from warpolicy.runtime.platform import Platform, sim_impl, sim_platform
-from warpolicy.runtime.platforms.sim import DEFAULT_LOG_CAP, InjectedFault, SimPlatform, SimPlugin
-
-sim_platform = sim_platform
-sim_impl = sim_impl
+from warpolicy.runtime.manager import open_platform
+from warpolicy.runtime.platforms.sim import DEFAULT_LOG_CAP, SimPlatform, SimPlugin
+from warpolicy.testing import InjectedFault, sim_impl, sim_platform
 
 
 @pytest.fixture
@@ -167,14 +165,14 @@ def test_without_external_events():
 
 
 def test_sim_and_its_alias_fake_are_claimed_but_cpu_is_not(pm):
-    assert Platform.for_device("sim", pm).name == "sim"
-    assert Platform.for_device("FAKE", pm).name == "sim"
+    assert open_platform(pm, "sim").name == "sim"
+    assert open_platform(pm, "FAKE").name == "sim"
     with pytest.raises(UnknownNameError, match="cpu"):
-        Platform.for_device("cpu", pm)
+        open_platform(pm, "cpu")
 
 
 def test_each_claim_is_a_fresh_platform_with_its_own_log(pm):
-    a, b = Platform.for_device("sim", pm), Platform.for_device("sim", pm)
+    a, b = open_platform(pm, "sim"), open_platform(pm, "sim")
     a.create_event()
     assert len(a.log) == 1 and len(b.log) == 0
 
@@ -268,6 +266,87 @@ def test_the_planted_node_orders_what_precedes_it_in_the_replayed_body(platform)
     assert not impl.happens_before(marks["forward"], write)
 
 
+def _planted_graph(platform, marks):
+    """A callable-captured graph: a shared read, the planted event, then the forward."""
+    impl = sim_impl(platform)
+    ev = platform.create_event(external=True)
+    platform.record(ev)  # the eager seed
+    g = platform.new_graph()
+
+    def body():
+        marks.append(impl.mark("read"))
+        platform.record(ev)
+
+    platform.capture_callable(g, body)
+    marks.clear()
+    return g, ev
+
+
+def test_launches_of_one_graph_are_serialized_across_streams(platform):
+    """A wait bound to a later launch of the same graph on another stream only over-waits:
+    CUDA serializes the launches of one graph exec (checked on the H200: 0/20 corrupted)."""
+    impl = sim_impl(platform)
+    marks = []
+    g, ev = _planted_graph(platform, marks)
+    a, b, sched = platform.new_stream(), platform.new_stream(), platform.new_stream()
+    with platform.stream(a):
+        platform.replay(g)  # step k on stream a; the scheduler takes ev but waits later
+    with platform.stream(b):
+        platform.replay(g)  # step k+1 on stream b records ev again
+    platform.wait_event(sched, ev)  # binds to the latest record: step k+1's
+    with platform.stream(sched):
+        write = impl.mark("write")
+    assert impl.happens_before(marks[0], write)  # step k's read: covered (over-wait)
+    assert impl.happens_before(marks[1], write)
+
+
+def test_launches_of_different_graphs_are_not_serialized(platform):
+    """Two graphs recording one event on unordered streams: the later record says nothing
+    about the earlier graph's reads (why each bucket gets its own event)."""
+    impl = sim_impl(platform)
+    ev = platform.create_event(external=True)
+    platform.record(ev)
+    reads = []
+    graphs = []
+    for _ in range(2):
+        g = platform.new_graph()
+
+        def body():
+            reads.append(impl.mark("read"))
+            platform.record(ev)
+
+        platform.capture_callable(g, body)
+        graphs.append(g)
+    reads.clear()
+    a, b, sched = platform.new_stream(), platform.new_stream(), platform.new_stream()
+    with platform.stream(a):
+        platform.replay(graphs[0])
+    with platform.stream(b):
+        platform.replay(graphs[1])
+    platform.wait_event(sched, ev)
+    with platform.stream(sched):
+        write = impl.mark("write")
+    assert not impl.happens_before(reads[0], write)  # an early release, as on CUDA
+
+
+def test_a_recapture_starts_a_new_launch_order(platform):
+    marks = []
+    g, _ = _planted_graph(platform, marks)
+    platform.replay(g)
+    assert g.done_clock is not None
+    platform.capture_callable(g, lambda: None)
+    assert g.done_clock is None
+
+
+def test_a_stream_created_after_a_synchronize_is_ordered_after_everything(platform):
+    impl = sim_impl(platform)
+    with platform.stream(platform.new_stream()):
+        read = impl.mark("read")
+    platform.synchronize()
+    with platform.stream(platform.new_stream()):
+        assert impl.happens_before(read, impl.mark("a later stream's work"))
+
+
 def test_a_wait_on_a_never_recorded_event_orders_nothing(platform):
     impl = sim_impl(platform)
     sched = platform.new_stream()
@@ -318,6 +397,10 @@ def test_happens_before_is_transitive_and_respects_program_order(ops):
 # -- fault injection -----------------------------------------------------------------------------
 
 
+def test_the_product_platform_has_no_fault_injection():
+    assert not hasattr(SimPlatform(), "inject")
+
+
 @pytest.mark.parametrize(
     "mode, result, recorded",
     [("raise", InjectedFault, 0), ("none", None, 0), ("act_then_raise", InjectedFault, 1)],
@@ -348,5 +431,8 @@ def test_fault_condition_and_bad_requests(platform):
         platform.new_stream()
     with pytest.raises(ValueError, match="not a simulated platform operation"):
         impl.inject("mark")
+    impl.inject("graph_walk_unavailable")  # the graph-walk methods are operations too
+    with pytest.raises(InjectedFault):
+        impl.graph_walk_unavailable()
     with pytest.raises(ValueError, match="fault mode"):
         impl.inject("record", "explode")

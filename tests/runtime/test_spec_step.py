@@ -16,7 +16,6 @@ from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -26,6 +25,7 @@ from warpolicy.runtime.runners import (
     VerifyRunner,
     last_reader_of,
 )
+from warpolicy.testing import sim_impl, sim_platform
 
 DECODE, VERIFY, DRAFT_EXTEND = (
     ForwardMode.DECODE,
@@ -268,6 +268,48 @@ class TestLastReaderFromTheRegistry:
 # -- failure of any phase -----------------------------------------------------------------------
 
 
+class TestLateReaders:
+    def test_a_phase_after_the_last_reader_that_publishes_becomes_the_release(self, platform):
+        """Issue 17 class 12: verify(none), draft_extend(pre_replay), decode(in_graph) with
+        ``last_reader: draft_extend``: the decode phase's release point is handed out, never
+        the draft extend's (which precedes the decode's reads)."""
+        phases = [
+            VerifyRunner(
+                TableModel(torch.arange(8.0)),
+                fixed_policy("none"),
+                platform,
+                name="verify",
+                draft_tokens=1,
+            ),
+            DraftExtendRunner(
+                TableModel(torch.arange(8.0)),
+                fixed_policy("pre_replay"),
+                platform,
+                name="draft_extend",
+            ),
+            DecodeRunner(
+                TableModel(torch.arange(8.0)), fixed_policy("in_graph"), platform, name="draft"
+            ),
+        ]
+        step = captured_step(phases, last_reader=DRAFT_EXTEND)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                step.run([1.0])
+                read_done = step.fence.take()
+                assert read_done.source == "draft" and read_done.policy is IN_GRAPH
+                read_done.discard()
+        assert len(caught) == 1 and "phase draft (decode) runs after" in str(caught[0].message)
+        assert step.reporter.counts["warning:late-reader:draft"] == 3
+
+    def test_a_later_phase_that_decides_none_is_taken_at_the_declarations_word(self, platform):
+        step = captured_step(
+            three_phases(platform, verify="in_graph", extend="none"), last_reader=VERIFY
+        )
+        step.run([1.0])
+        assert step.fence.take().source == "verify" and step.released_by.name == "verify"
+
+
 class TestFailure:
     @pytest.mark.parametrize("failing", [0, 1, 2])
     def test_a_raising_phase_leaves_the_mailbox_empty(self, platform, failing):
@@ -298,8 +340,9 @@ class TestFailure:
         failed=st.lists(st.booleans(), min_size=3, max_size=3),
         reader=st.sampled_from([None, DECODE, VERIFY, DRAFT_EXTEND]),
     )
-    def test_handed_event_is_the_readers_or_nothing(self, policies, failed, reader):
-        """The step hands the last reader's own event, and only when no phase failed."""
+    def test_handed_event_is_the_last_readers_or_nothing(self, policies, failed, reader):
+        """The step hands the event of its last reading phase (the declared last reader, or a
+        later phase that decided to publish), and only when no reading phase failed."""
         platform = sim_platform()
         phases = three_phases(platform, *policies)
         step = captured_step(phases, last_reader=reader)
@@ -310,14 +353,16 @@ class TestFailure:
             warnings.simplefilter("ignore", RuntimeWarning)
             step.run([1.0])
         got = step.fence.take()
-        reader_runner = step.reader.runner
         decided = [r.policy_for(r.last_step.bucket) for r in phases]  # before any failure
-        any_failed = any(f and d is not NONE for f, d in zip(failed, decided))
-        if any_failed or reader_runner.last_step.policy is NONE:
+        reading = [i for i in range(len(phases)) if i <= step.last_index or decided[i] is not NONE]
+        releasing = phases[reading[-1]]
+        assert step.released_by.runner is releasing
+        any_failed = any(failed[i] and decided[i] is not NONE for i in reading)
+        if any_failed or releasing.last_step.policy is NONE:
             assert got is None
         else:
-            assert got is not None and got.source == reader_runner.name
-            assert got.policy is reader_runner.last_step.policy
+            assert got is not None and got.source == releasing.name
+            assert got.policy is releasing.last_step.policy
 
 
 # -- the overlap loop and the audit -------------------------------------------------------------
@@ -348,7 +393,7 @@ class TestOverlapLoop:
 class TestAudit:
     """``warpolicy audit`` audits a phase step as it audits a runner (simulated race)."""
 
-    def subject(self, platform, reader):
+    def subject(self, platform, reader, extend="post_replay"):
         from warpolicy.audit.dynamic import AuditSubject
 
         table = torch.arange(8, dtype=torch.float32)
@@ -358,7 +403,7 @@ class TestAudit:
 
         def build(model):
             return SpecStep(
-                three_phases(platform, verify="in_graph", extend="post_replay", table=table),
+                three_phases(platform, verify="in_graph", extend=extend, table=table),
                 last_reader=reader,
             )
 
@@ -373,17 +418,33 @@ class TestAudit:
             spec="eagle",
         )
 
-    def test_verify_release_is_refuted_and_draft_extend_release_is_safe(self, platform):
+    def test_an_undeclared_reader_that_decides_none_is_refuted(self, platform):
+        """The draft extend reads the table but decides ``none`` and comes after the declared
+        last reader: the step releases at verify's node, and the audit catches the race."""
         from warpolicy.audit.dynamic import audit_mode
         from warpolicy.audit.report import SAFE, UNSAFE
 
-        unsafe = audit_mode(self.subject(platform, VERIFY), VERIFY, trials=4, static=False)
+        unsafe = audit_mode(
+            self.subject(platform, VERIFY, extend="none"), VERIFY, trials=4, static=False
+        )
         safe = audit_mode(
             self.subject(platform, DRAFT_EXTEND), DRAFT_EXTEND, trials=4, static=False
         )
         assert unsafe.dynamic.verdict == UNSAFE and unsafe.dynamic.corrupted == 4
         assert unsafe.dynamic.first.output == "out[2]"  # the draft extend's output
         assert safe.dynamic.verdict == SAFE and safe.dynamic.corrupted == 0
+
+    def test_a_later_phase_that_publishes_moves_the_release_after_it(self, platform):
+        """Issue 17 class 12: with ``last_reader`` verify, a draft extend that decides to
+        publish reads shared state by its own answer: the step releases after it (no race),
+        one warning, every occurrence counted."""
+        from warpolicy.audit.dynamic import audit_mode
+        from warpolicy.audit.report import UNSAFE
+
+        with pytest.warns(RuntimeWarning, match="decided post_replay, so it reads shared state"):
+            entry = audit_mode(self.subject(platform, VERIFY), VERIFY, trials=4, static=False)
+        assert entry.dynamic.verdict != UNSAFE and entry.dynamic.corrupted == 0
+        assert entry.policy is POST_REPLAY  # later than the declared in_graph: demoted, sound
 
 
 def test_overlap_spec_bench_runs_on_the_simulated_platform():

@@ -18,7 +18,8 @@ from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
 from warpolicy.registry.inputs import parse_positive_int
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.platform import Platform, cuda_available, device_type
+from warpolicy.runtime.manager import open_runtime
+from warpolicy.runtime.platforms import Platform, cuda_available, device_type
 
 #: ``--synthetic all`` audits every synthetic backend.
 ALL = "all"
@@ -190,14 +191,15 @@ def _non_negative(value: Any, what: str) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def _platform(device: Any) -> Any:
+def _platform(device: Any) -> Platform:
+    """The audit's own composition root: a plugin manager and the platform for ``device``."""
     wanted = device if device is not None else "cuda"
     if device_type(wanted) == "cuda" and not cuda_available():
         raise CudaUnavailableError(
             "warpolicy audit needs a CUDA device and none is available "
             "(torch.cuda.is_available() is False)"
         )
-    return Platform.for_device(wanted)
+    return open_runtime(wanted).platform
 
 
 def describe_device(platform: Any) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from warpolicy.runtime.graphwalk.errors import PlacementError
 from warpolicy.runtime.graphwalk.plant import event_handle, raw_graph_of
+from warpolicy.runtime.runners.protocols import Runner
 
 
 class graph_for:  # noqa: N801 - used like a function: ``with graph_for(...) as (raw, event)``
@@ -22,7 +23,7 @@ class graph_for:  # noqa: N801 - used like a function: ``with graph_for(...) as 
     external event record, forward) into a kept, never-instantiated graph.
     """
 
-    def __init__(self, runner: Any, bucket: int) -> None:
+    def __init__(self, runner: Runner, bucket: int) -> None:
         self.runner = runner
         self.bucket = bucket
         self._own: Any = None  # (graph, event) of our own capture, kept alive while walked

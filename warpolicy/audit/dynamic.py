@@ -65,6 +65,8 @@ from warpolicy.audit.subject import (
 )
 from warpolicy.errors import WarpolicyError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
+from warpolicy.runtime.runners.protocols import Runner
 
 #: The head stall holds the forward stream while the host enqueues step + poison.
 HEAD_STALL_MIN_US = 2000.0
@@ -73,7 +75,7 @@ HEAD_STALL_MIN_US = 2000.0
 #: captured bucket replayed once is enough.
 MIN_TRIALS = 10
 #: Platform names whose race is simulated in program order (the simulated platform).
-SIMULATED = ("sim", "fake")
+SIMULATED = SIM_DEVICE_TYPES  # the one alias list (warpolicy.runtime.platforms)
 
 
 def dynamic_verdict(
@@ -114,7 +116,7 @@ class _Harness:
     """Runs reference and poisoned steps of one runner and keeps the subject's state honest."""
 
     def __init__(
-        self, subject: AuditSubject, mode: ForwardMode, runner: Any, stall_us: float
+        self, subject: AuditSubject, mode: ForwardMode, runner: Runner, stall_us: float
     ) -> None:
         from warpolicy.runtime.fence import SchedulerBarrier
 
@@ -185,6 +187,8 @@ class _Harness:
             out = self.step(batch)
         read_done = self.runner.fence.take()
         self.platform.synchronize()
+        if read_done is not None:
+            read_done.discard()  # the host waited: no barrier will
         position = _release_position(records, read_done) if self.simulated else None
         return snapshot_outputs(out, self.written), self.published(read_done), position
 

@@ -20,6 +20,7 @@ from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticR
 from warpolicy.registry.vocabulary import NONE, WarReadDonePolicy
 from warpolicy.runtime.graphwalk.cuda import read_graph
 from warpolicy.runtime.graphwalk.model import Graph, buffer_ranges
+from warpolicy.runtime.runners.protocols import Runner
 
 
 def unavailable(why: str) -> StaticResult:
@@ -28,7 +29,7 @@ def unavailable(why: str) -> StaticResult:
 
 
 def audit_static(
-    runner: Any,
+    runner: Runner,
     bucket: Optional[int],
     shared: Mapping[str, Any],
     policy: Optional[WarReadDonePolicy],
@@ -43,7 +44,7 @@ def audit_static(
 
 
 def audit_static_buckets(
-    runner: Any, shared: Mapping[str, Any], *, post_step: bool = False
+    runner: Runner, shared: Mapping[str, Any], *, post_step: bool = False
 ) -> StaticResult:
     """Walk every captured bucket of ``runner`` with the policy it publishes. Never raises."""
     try:
@@ -99,7 +100,7 @@ def combine_buckets(results: Mapping[int, StaticResult]) -> StaticResult:
 
 
 def _audit_static(
-    runner: Any,
+    runner: Runner,
     bucket: Optional[int],
     shared: Mapping[str, Any],
     policy: Optional[WarReadDonePolicy],

@@ -7,13 +7,14 @@ from typing import Any, Callable, Mapping, Optional
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.runners.protocols import Runner
 
 #: Default stall before each captured segment, in microseconds.
 DEFAULT_STALL_US = 200.0
 #: GPU clock assumed when torch does not report one (the H200 boosts to ~1.98 GHz).
 _DEFAULT_CLOCK_KHZ = 1_980_000
 
-RunnerBuilder = Callable[[Any], Any]  # (model adapter) -> an uncaptured GraphRunner
+RunnerBuilder = Callable[[Any], Runner]  # (model adapter) -> an uncaptured runner
 BatchMaker = Callable[[ForwardMode, int], Any]  # (mode, trial) -> a batch on the device
 PostStep = Callable[[ForwardMode, Any, Any], Any]  # (mode, batch, output) -> step output
 

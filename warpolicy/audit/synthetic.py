@@ -71,6 +71,7 @@ from warpolicy.registry.vocabulary import (
     Placement,
     WarReadDonePolicy,
 )
+from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.runners import DecodeRunner, PrefillRunner, VerifyRunner
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
@@ -270,9 +271,7 @@ def make_synthetic(
     backend = synthetic_backend(name)
     forced = parse_placement(placement)
     if platform is None:
-        from warpolicy.runtime.platform import Platform
-
-        platform = Platform.for_device(device)
+        platform = open_runtime(device).platform
     cfg = config or SyntheticConfig()
     model = SyntheticModel(backend.layout, cfg, _tensor_device(platform))
     engine = PolicyEngine(backend.registry(), environ={})

@@ -10,16 +10,20 @@ Measured side by side in one process:
   barrier.apply`` against the raw calls that do the same device work (``event.record(stream)``
   + ``stream.wait_event(event)`` on torch; the simulated platform's own methods on ``sim``),
   for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait), with no observer
-  plugin and with one no-op observer registered.
+  plugin and with one no-op observer registered (called through pluggy's own ``HookCaller``).
+* **stand-in** (every device): the same comparison on a platform whose operations are C
+  builtins that do nothing (``dict.get``), so ``extra_us`` is the fence's own Python cost per
+  step on this CPU, with no device call to hide it.
 
 It uses a fresh plugin manager without entry points so installed observer plugins do not skew
-it. On ``device="sim"`` only the overhead part runs, and its ratios are indicative only (the
-raw calls are Python there, not driver calls). The CLI (``warpolicy bench fence``) calls
+it. On ``device="sim"`` the release part is skipped and the overhead ratios are indicative only
+(the raw calls are Python there, not driver calls). The CLI (``warpolicy bench fence``) calls
 `run_fence_bench` and prints `format_fence_bench`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -28,11 +32,17 @@ from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
-from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.manager import new_plugin_manager
-from warpolicy.runtime.platform import Platform
-from warpolicy.runtime.platforms import EventHandle, StreamHandle, cuda_available, device_type
-from warpolicy.runtime.platforms.sim import DEVICE_TYPES as SIM_DEVICE_TYPES
+from warpolicy.runtime.manager import WarpolicyPluginManager, new_plugin_manager, open_platform
+from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.observers import Reporter
+from warpolicy.runtime.platforms import (
+    EventHandle,
+    Platform,
+    StreamHandle,
+    cuda_available,
+    is_simulated,
+)
+from warpolicy.runtime.release import BucketRelease
 
 BLOCK = 100  # steps per timed block (fewer when iters is small); medians are over blocks
 
@@ -73,6 +83,52 @@ def _per_step_us(fn: Callable[[], Any], iters: int, sync: Callable[[], Any]) -> 
 # -- overhead ------------------------------------------------------------------------------------
 
 
+class _StandIn:
+    """A platform whose per-step operations are C builtins doing nothing: the fence's own
+    Python cost is then all that separates the fence from the raw calls."""
+
+    name = "stand-in"
+    device = "cpu"
+    external_events_supported = True
+
+    def __init__(self) -> None:
+        nothing: dict[Any, Any] = {}
+        stream = object()
+        self.record = nothing.get  # (event, stream=None): C, no frame
+        self.wait_event = nothing.get  # (stream, event)
+        self.wait_stream = nothing.get  # (stream, other)
+        self.replay = nothing.get  # (graph)
+        self.is_capturing = bool  # () -> False
+        self._stream = stream
+
+    def create_event(self, external: bool) -> Any:
+        return object()
+
+    def new_stream(self) -> Any:
+        return object()
+
+    def current_stream(self) -> Any:
+        return self._stream
+
+    def use_stream(self, stream: Any) -> Any:
+        return contextlib.nullcontext(stream)
+
+    def new_graph(self, keep_graph: bool) -> Any:
+        return object()
+
+    def graph_pool(self) -> Any:
+        return object()
+
+    def capture(self, graph: Any, stream: Any, pool: Any) -> Any:
+        return contextlib.nullcontext(graph)
+
+    def capture_callable(self, graph: Any, fn: Callable[[], Any], stream: Any, pool: Any) -> None:
+        fn()
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _raw_ops(
     platform: Platform,
 ) -> tuple[
@@ -81,29 +137,41 @@ def _raw_ops(
     """(record(event, stream), wait(stream, event)) without fence or facade."""
     if platform.name == "cuda":
         return (lambda ev, s: ev.record(s)), (lambda s, ev: s.wait_event(ev))
-    return platform.impl.record, platform.impl.wait_event
+    return platform.record, platform.wait_event
 
 
 def _overhead(
     platform: Platform,
-    fence: ReadDoneFence,
+    pm: WarpolicyPluginManager,
     iters: int,
     observers: Sequence[tuple[str, object]] = (),
 ) -> dict[str, Any]:
+    fence = ReadDoneFence(platform, ring_size=4, name="bench", observers=pm.observers)
+    planted = fence.prepare()
     fwd = platform.current_stream()
     sched = platform.new_stream()
-    barrier = SchedulerBarrier(platform)
+    barrier = SchedulerBarrier(platform, observers=pm.observers)
     record, wait = _raw_ops(platform)
     ring = [platform.create_event() for _ in range(fence.ring_size)]
-    planted = fence.event if fence.planted else None
     sync = platform.synchronize if platform.name == "cuda" else (lambda: None)
     state = {"i": 0}
+    releases = {P.POST_REPLAY: BucketRelease("bench", 1, P.POST_REPLAY)}
+    if planted is not None:
+        releases[P.IN_GRAPH] = BucketRelease("bench", 1, P.IN_GRAPH, planted)
 
     def hooks_step(policy: P) -> Callable[[], None]:
+        release = releases[policy]
+        before, after, take, apply = (
+            fence.before_replay,
+            fence.after_replay,
+            fence.take,
+            barrier.apply,
+        )
+
         def run() -> None:  # the forward stream is passed, as the raw path does
-            fence.before_replay(policy, fwd)
-            fence.after_replay(policy, planted, fwd)
-            barrier.apply(sched, fwd, fence.take())
+            before(release, fwd)
+            after(release, fwd)
+            apply(sched, fwd, take())
 
         return run
 
@@ -117,7 +185,7 @@ def _overhead(
 
     result: dict[str, Any] = {}
     rows = [("post_replay", hooks_step(P.POST_REPLAY), raw_post)]
-    if planted is not None:
+    if P.IN_GRAPH in releases:
         rows.append(("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph))
     for name, hooked, raw in rows:
         for fn in (hooked, raw):  # warm both paths (allocations, caches)
@@ -129,9 +197,9 @@ def _overhead(
         for _ in range(3):  # interleave so drift hits all variants alike
             hooks_s += _per_step_us(hooked, iters // 3, sync)
             raw_s += _per_step_us(raw, iters // 3, sync)
-            obs_s += _observed(platform, observer, hooked, iters // 3, sync)
+            obs_s += _observed(pm, observer, hooked, iters // 3, sync)
             for label, plugin in observers:
-                plugin_s[label] += _observed(platform, plugin, hooked, iters // 3, sync)
+                plugin_s[label] += _observed(pm, plugin, hooked, iters // 3, sync)
         h, r, o = _median(hooks_s), _median(raw_s), _median(obs_s)
         result[name] = {
             "hooks_us_median": h,
@@ -154,15 +222,19 @@ def _overhead(
 
 
 def _observed(
-    platform: Platform, plugin: object, fn: Callable[[], None], iters: int, sync: Callable[[], Any]
+    pm: WarpolicyPluginManager,
+    plugin: object,
+    fn: Callable[[], None],
+    iters: int,
+    sync: Callable[[], Any],
 ) -> list[float]:
-    """`_per_step_us` of ``fn`` with ``plugin`` registered (the manager refreshes its cached
-    observer calls on register and unregister)."""
-    platform.pm.register(plugin)
+    """`_per_step_us` of ``fn`` with ``plugin`` registered (the manager refreshes its
+    observers on register and unregister)."""
+    pm.register(plugin)
     try:
         return _per_step_us(fn, iters, sync)
     finally:
-        platform.pm.unregister(plugin)
+        pm.unregister(plugin)
 
 
 # -- release (CUDA) --------------------------------------------------------------------------------
@@ -176,20 +248,21 @@ def _release(
     matmuls: int,
     size: int,
 ) -> tuple[dict[str, Any], Any]:
-    import torch  # deferred: the CUDA part only
+    import torch  # noqa: PLC0415 - deferred: the CUDA part only
 
     dev = platform.device
     shared = torch.randperm(4096, device=dev)
     table = torch.randn(4096, 256, device=dev)
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     static: dict[str, Any] = {}
+    event = fence.prepare()
 
     def body() -> None:
         torch.cuda._sleep(spin_cycles)  # long work before the read: the node fires after it
         static["gathered"] = table.index_select(0, shared)
-        event = fence.plant()  # None in the eager warm-up (not capturing)
-        if event is not None:
-            static["planted"] = event
+        planted = fence.plant(event)  # None in the eager warm-up (not capturing)
+        if planted is not None:
+            static["planted"] = planted
         c = a
         for _ in range(matmuls):
             c = a @ a
@@ -197,7 +270,6 @@ def _release(
 
     body()  # eager warm-up: cuBLAS handles and the allocator, before capture
     platform.synchronize()
-    fence.prepare()
     graph = platform.new_graph()
     with platform.capture(graph):
         body()
@@ -205,17 +277,19 @@ def _release(
     planted = static.get("planted")
     if planted is None:
         return {"skipped": "the node was not planted (no external events)"}, graph
+    release = BucketRelease("bench", 1, P.IN_GRAPH, planted)
     release_us, whole_us = [], []
     for i in range(replays + 3):
         platform.synchronize()
         t0 = time.perf_counter_ns()
-        fence.before_replay(P.IN_GRAPH)
+        fence.before_replay(release)
         platform.replay(graph)
-        fence.after_replay(P.IN_GRAPH, planted)
+        fence.after_replay(release)
         read_done = fence.take()
         if read_done is None:
             return {"skipped": "the in-graph publish failed (see the warning)"}, graph
         read_done.event.synchronize()
+        read_done.slot.taken = False  # the host waited on it: no barrier will
         t1 = time.perf_counter_ns()
         platform.synchronize()
         t2 = time.perf_counter_ns()
@@ -255,15 +329,14 @@ def run_fence_bench(
     if iters <= 0 or replays <= 0:
         raise InputError("fence bench: iterations and replays must be positive")
     wanted = "cuda" if device is None else str(device)
-    simulated = device_type(wanted) in SIM_DEVICE_TYPES
+    simulated = is_simulated(wanted)
     if not simulated and not cuda_available():
         raise CudaUnavailableError(
             "bench fence needs a CUDA device (torch.cuda.is_available() is "
             "False); --device sim runs it on the simulated platform"
         )
     pm = new_plugin_manager(load_entry_points=False, environ={})
-    platform = Platform.for_device(wanted, pm)
-    fence = ReadDoneFence(platform, ring_size=4, name="bench")
+    platform = open_platform(pm, wanted)
     result: dict[str, Any] = {
         "device": str(platform.device),
         "platform": platform.name,
@@ -271,18 +344,42 @@ def run_fence_bench(
         "external_events": platform.external_events_supported(),
     }
     if platform.name == "cuda":
-        import torch  # deferred: the CUDA part only
+        import torch  # noqa: PLC0415 - deferred: the CUDA part only
 
         result["torch"] = torch.__version__
         result["gpu"] = torch.cuda.get_device_name(platform.device)
+        fence = ReadDoneFence(platform, ring_size=4, name="bench")
         result["release"], _graph = _release(platform, fence, replays, spin_cycles, matmuls, size)
     else:
-        fence.prepare()
-        with platform.capture(platform.new_graph()):
-            fence.plant()
         result["release"] = {"skipped": "needs CUDA"}
-    result["overhead"] = _overhead(platform, fence, iters, observers)
+    result["overhead"] = _overhead(platform, pm, iters, observers)
+    standin_pm = new_plugin_manager(load_entry_points=False, environ={})
+    result["standin"] = _overhead(Platform(_StandIn()), standin_pm, iters)
+    result["observer_call"] = _observer_call(iters)
     return result
+
+
+def _observer_call(iters: int) -> dict[str, float]:
+    """Per hook call with one no-op observer: pluggy's own ``HookCaller`` called directly, and
+    the runtime's call (`Reporter`, which goes through that same caller)."""
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    pm.register(_NoOpObserver())
+    hook = pm.hook.warpolicy_on_publish
+    reporter = Reporter(pm.observers, "bench")
+
+    def pluggy_call() -> None:
+        hook(runner="bench", step=1, policy=P.IN_GRAPH, event=None)
+
+    def runtime_call() -> None:
+        reporter.publish("bench", 1, P.IN_GRAPH, None)
+
+    pluggy_s: list[float] = []
+    runtime_s: list[float] = []
+    nothing = lambda: None  # noqa: E731 - the host-only sync of _per_step_us
+    for _ in range(3):  # interleaved
+        pluggy_s += _per_step_us(pluggy_call, iters // 3, nothing)
+        runtime_s += _per_step_us(runtime_call, iters // 3, nothing)
+    return {"pluggy_us_median": _median(pluggy_s), "runtime_us_median": _median(runtime_s)}
 
 
 def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
@@ -316,6 +413,19 @@ def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
                 f"  with {label}: {plugin['us_median']:.2f} us per step, "
                 f"{plugin['extra_over_noop_us']:+.2f} us over the no-op observer"
             )
+    for name, row in result.get("standin", {}).get("per_policy", {}).items():
+        lines.append(
+            f"fence's own cost per step ({name}, C-builtin stand-in platform): "
+            f"{row['extra_us']:.2f} us (fence+hooks {row['hooks_us_median']:.2f} us, raw "
+            f"{row['raw_us_median']:.2f} us); no-op observer +{row['observer_extra_us']:.2f} us"
+        )
+    call = result.get("observer_call")
+    if call:
+        lines.append(
+            f"one no-op observer, per hook call (a step makes two): pluggy's own HookCaller "
+            f"{call['pluggy_us_median']:.2f} us, through the runtime "
+            f"{call['runtime_us_median']:.2f} us"
+        )
     if result["platform"] != "cuda":
         lines.append(
             "(simulated platform: raw = its own methods called directly; ratios are "

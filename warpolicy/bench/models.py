@@ -25,7 +25,8 @@ import attrs
 import torch
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.runners.base import PolicyFn, sound
+from warpolicy.runtime.policy import PolicyFn
+from warpolicy.runtime.release import sound
 
 
 def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:

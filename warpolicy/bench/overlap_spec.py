@@ -32,6 +32,7 @@ from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_wo
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.platforms import is_simulated
 
 SHAPES = ("eagle", "dflash")
 RUNS = ("coarse", "step", "no_barrier")
@@ -125,20 +126,20 @@ def run_overlap_spec_bench(
     import torch
 
     from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-    from warpolicy.runtime.platform import Platform
+    from warpolicy.runtime.manager import open_runtime
     from warpolicy.runtime.runners import OverlapLoop
 
     if min(layers, draft_layers, batch, steps) <= 0:
         raise InputError(
             "overlap spec bench: layers, draft_layers, batch and steps must be positive"
         )
-    fake = str(device) in ("sim", "fake")
+    fake = device is not None and is_simulated(device)
     if not fake and not torch.cuda.is_available():
         raise CudaUnavailableError(
             "the speculative-step overlap benchmark needs a CUDA device "
             "(torch.cuda.is_available() is False)"
         )
-    platform = Platform.for_device("sim" if fake else (device or "cuda"), pm=pm)
+    platform = open_runtime("sim" if fake else (device or "cuda"), pm=pm).platform
     probe_factory: Callable[[], Any]
     if fake:
         layers, draft_layers, batch, steps, hidden, warmup = 2, 1, 4, 8, 16, 2
@@ -180,7 +181,6 @@ def run_overlap_spec_bench(
                     shape.write(k)
                     bookkeeping()
                     reference.append([o.clone() for o in step.run(shape.batch(k))])
-                    step.fence.take()
                 platform.synchronize()
             shape.write(0)
             platform.synchronize()

@@ -67,6 +67,7 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.distributed import all_gather_json, compile_consistent, guard_policy
+from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
 
 #: (name, policy, sound for this model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -75,7 +76,7 @@ VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
     ("in_graph", IN_GRAPH, True, False),
     ("no_barrier", NONE, False, True),  # the unsafe upper bound
 )
-SIM_DEVICES = ("fake", "sim")
+SIM_DEVICES = SIM_DEVICE_TYPES  # the one alias list
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
 
 
@@ -199,10 +200,11 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     from warpolicy.audit.synthetic_model import SyntheticConfig
     from warpolicy.bench.models import fixed_policy
     from warpolicy.registry.engine import PolicyEngine
-    from warpolicy.runtime.platform import Platform
+    from warpolicy.runtime.manager import open_runtime
 
     fake = config.simulated
-    platform = Platform.for_device("sim" if fake else device)
+    runtime = open_runtime("sim" if fake else device)
+    platform = runtime.platform
     gather_dev = None if fake else device
     sched_rows = 0
     if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
@@ -244,7 +246,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         external_events=platform.external_events_supported(),
         strict=config.strict,
         device=gather_dev,
-        pm=platform.pm,
+        observers=runtime.observers,
     )
 
     cfg = SyntheticConfig(

@@ -439,11 +439,12 @@ class CompiledPolicy:
     def lookup(
         self, mode: ForwardMode, eager: bool = False, planted: bool = True
     ) -> WarReadDonePolicy:
-        """The policy for ``mode`` given the runner's facts; ``NONE`` for anything unknown."""
+        """The policy for ``mode`` given the runner's facts; ``NONE`` for anything unknown.
+        ``eager`` and ``planted`` must be real booleans (`InputError` otherwise)."""
         row = self._table.get(mode)
         if row is None:
             return NONE
-        return row[eager * 2 + planted]
+        return row[_fact_index(eager, planted)]
 
     def per_step(
         self, eager: bool = False, planted: bool = True
@@ -452,9 +453,8 @@ class CompiledPolicy:
 
         It is a bound ``dict.__getitem__`` (no Python frame per call); unknown keys give ``NONE``.
         """
-        return _ModeTable(
-            {m: row[eager * 2 + planted] for m, row in self._table.items()}
-        ).__getitem__
+        index = _fact_index(eager, planted)
+        return _ModeTable({m: row[index] for m, row in self._table.items()}).__getitem__
 
     def decision(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Decision:
         """The full `Decision` behind a lookup (for observers; not for the per-step path)."""
@@ -468,6 +468,14 @@ class CompiledPolicy:
     def placement(self, mode: ForwardMode) -> Placement:
         """Where the runner plants the in-graph node in ``mode`` (marker when unknown)."""
         return self._placement.get(ForwardMode.parse(mode), Placement.MARKER)
+
+
+def _fact_index(eager: object, planted: object) -> int:
+    """The table column of the runner's facts; anything but two booleans (``-1``, ``"yes"``,
+    ``None``) is refused rather than used as an index."""
+    if type(eager) is not bool or type(planted) is not bool:
+        raise InputError(f"eager and planted must be booleans, not {eager!r} and {planted!r}")
+    return eager * 2 + planted
 
 
 class _ModeTable(dict):

@@ -8,6 +8,9 @@ policies into `PolicyFingerprint` cells:
 
 * the platform facts (platform name, external events);
 * the runner's backend and speculative algorithm, when the policy knows them;
+* the placement per mode (``marker`` / ``derived``: the policy's, or the runner's own choice),
+  since ranks differing only in placement would publish ``in_graph`` on some and
+  ``post_replay`` on others;
 * the resolved flags and the registry's entries (one short hash per flag, algorithm, backend
   and gate, without origins or docs, so the same content installed elsewhere agrees);
 * the policy table: every forward mode x (graph or eager) x (planted or not).
@@ -23,11 +26,8 @@ trivially consistent and runs no collective.
 The gather moves bytes in uint8 tensors rather than through ``all_gather_object``: that one
 unpickles what peers send and needs numpy on torch's CPU wheels. With NCCL the tensors live on
 the rank's GPU (``device``, else the group's bound device, else the current CUDA device);
-with gloo on the CPU.
-
-Over 400 lines: fingerprinting, the collective exchange (gloo and NCCL), the comparison that
-names the first differing cell, and the coarse fallback must agree on every rank, so they
-live together.
+with gloo on the CPU. A peer announcing more than `MAX_GATHER_BYTES` ends the check coarse on
+every rank before anything that large is allocated.
 """
 
 from __future__ import annotations
@@ -35,21 +35,24 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import warnings
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
 from warpolicy.errors import WarpolicyError
-from warpolicy.registry.engine import CompiledPolicy, Context, Decision, PolicyEngine, Reason
+from warpolicy.registry.engine import Context, Decision, PolicyEngine, Reason
 from warpolicy.registry.model import Registry
-from warpolicy.registry.vocabulary import NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import NONE, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.policy import NamedPolicy, PlacedPolicy, RunnerPolicy, policy_function
 
-#: ``policy(mode, eager, planted) -> WarReadDonePolicy`` (what runners accept; a
-#: `CompiledPolicy` is one through ``lookup``).
-PolicyFn = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
-PolicyLike = Union[PolicyFn, CompiledPolicy, "CoarsePolicy"]
+#: What the cross-rank check accepts (what a runner accepts).
+PolicyLike = RunnerPolicy
+
+#: The most bytes a peer may announce in the exchange (a fingerprint of a large registry is a
+#: few hundred KiB); a larger announcement ends the check coarse without allocating it.
+MAX_GATHER_BYTES = 16 * 1024 * 1024
 
 MISMATCH_ID = "rank-mismatch"
 _ORIGIN = "built-in (warpolicy.runtime.distributed)"
@@ -101,25 +104,27 @@ def policy_fingerprint(
     platform: str = "cuda",
     external_events: bool = True,
     flags: Optional[Mapping[str, bool]] = None,
+    placements: Optional[Mapping[ForwardMode, Placement]] = None,
 ) -> PolicyFingerprint:
     """The cells of ``policy`` (a `CompiledPolicy` or a ``(mode, eager, planted)`` callable).
 
     With ``engine`` the registry's entries and the resolved flags (``flags`` are the overrides
-    the policy was compiled with) join the cells; without it only the platform facts and the
-    table are compared, which still catches every difference that changes a decision of this
-    policy.
+    the policy was compiled with) join the cells; without it only the platform facts, the
+    placements and the table are compared, which still catches every difference that changes
+    a decision of this policy. ``placements`` are a runner's own choices (``placement=``),
+    which override the policy's for those modes.
     """
     cells: list[tuple[str, str]] = [
         ("platform", platform),
         ("platform.external_events", _bool(external_events)),
     ]
-    for attr in ("backend", "spec"):
-        value = getattr(policy, attr, None)
-        if isinstance(value, str):
-            cells.append((f"policy.{attr}", value))
+    if isinstance(policy, NamedPolicy):
+        cells.append(("policy.backend", str(policy.backend)))
+        cells.append(("policy.spec", str(policy.spec)))
     if engine is not None:
         cells.extend((f"flag.{f.name}", _bool(f.value)) for f in engine.flag_values(flags))
-    lookup = policy.lookup if isinstance(policy, (CompiledPolicy, CoarsePolicy)) else policy
+    cells.extend(_placement_cells(policy, placements or {}))
+    lookup = policy_function(policy)
     for mode in ForwardMode:
         for eager in (False, True):
             for planted in (True, False):
@@ -129,6 +134,25 @@ def policy_fingerprint(
     if engine is not None:
         cells.extend(registry_cells(engine.registry))
     return PolicyFingerprint(tuple(cells))
+
+
+def _placement_cells(
+    policy: PolicyLike, given: Mapping[ForwardMode, Placement]
+) -> list[tuple[str, str]]:
+    """One cell per mode: where its read-done node is planted on this rank."""
+    cells = []
+    for mode in ForwardMode:
+        if mode in given:
+            value = Placement(given[mode]).value
+        elif isinstance(policy, PlacedPolicy):
+            try:
+                value = Placement(policy.placement(mode)).value
+            except Exception as exc:  # noqa: BLE001 - a failing cell is a fact to compare
+                value = f"error:{type(exc).__name__}"
+        else:
+            value = Placement.MARKER.value
+        cells.append((f"placement.{mode.value}", value))
+    return cells
 
 
 def registry_cells(registry: Registry) -> list[tuple[str, str]]:
@@ -337,20 +361,20 @@ def check_consistency(
     strict: bool = False,
     device: Any = None,
     where: str = "policy",
-    pm: Any = None,
+    observers: Observers = NO_OBSERVERS,
 ) -> ConsistencyResult:
     """Compare ``fingerprint`` across the ranks of ``group`` (None: the default group).
 
     A collective: call it on every rank of the group, the same number of times, outside any
     graph capture, once per compile or capture. Without an initialised process group, or with
     one rank, it returns ``ok`` and runs no collective. On a mismatch (or a failure of the
-    check itself) every rank gets ``ok=False`` and one warning, ``pm``'s
-    ``warpolicy_on_fallback`` observers are told, and with ``strict=True`` every rank raises
-    `RankMismatchError` instead.
+    check itself) every rank gets ``ok=False`` and one warning, the ``warpolicy_on_fallback``
+    ``observers`` are told (``where="<where>:consistency"``), and with ``strict=True`` every
+    rank raises `RankMismatchError` instead.
     """
     result = _verdict(fingerprint, group, device, where)
     if not result.ok:
-        _report(result, strict, pm)
+        _report(result, strict, observers)
     return result
 
 
@@ -396,16 +420,14 @@ def _gather_and_compare(
     )
 
 
-def _report(result: ConsistencyResult, strict: bool, pm: Any) -> None:
+def _report(result: ConsistencyResult, strict: bool, observers: Observers) -> None:
     error = RankMismatchError(result)
-    if pm is not None:
-        try:
-            pm.hook.warpolicy_on_fallback(where=result.where, error=error)
-        except Exception:  # noqa: BLE001 - an observer never changes the verdict
-            pass
+    reporter = Reporter(observers, result.where)
     if strict:
+        reporter.counts["fallback:consistency"] += 1
         raise error
-    warnings.warn(result.message, RuntimeWarning, stacklevel=3)
+    text = result.message.removeprefix(f"warpolicy {result.where}: ")
+    reporter.fallback("consistency", error, text)
 
 
 def all_gather_bytes(
@@ -414,10 +436,12 @@ def all_gather_bytes(
     """Every rank's ``payload``, by rank, through tensor all-gathers (gloo or NCCL).
 
     ``fixed=True`` promises equal lengths on every rank (one collective instead of two).
+    Otherwise the lengths are exchanged first, and a length above `MAX_GATHER_BYTES` (or below
+    zero) raises `ValueError` on every rank before the payloads are allocated.
     ``device`` is where the tensors live: a CUDA device for NCCL, the CPU for gloo.
     """
-    import torch  # deferred: the registry and engine layers import without torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 - deferred: the registry and engine import without torch
+    import torch.distributed as dist  # noqa: PLC0415 - deferred with torch
 
     world = dist.get_world_size(group)
     dev = torch.device("cpu") if device is None else torch.device(device)
@@ -429,6 +453,14 @@ def all_gather_bytes(
         gathered = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(gathered, mine, group=group)
         lengths = [int(t.item()) for t in gathered]
+        # every rank saw the same lengths, so every rank refuses together (no hang)
+        huge = [(rank, n) for rank, n in enumerate(lengths) if not 0 <= n <= MAX_GATHER_BYTES]
+        if huge:
+            rank, n = huge[0]
+            raise ValueError(
+                f"rank {rank} announced {n} bytes, more than MAX_GATHER_BYTES "
+                f"({MAX_GATHER_BYTES}); refused before allocating"
+            )
     size = max(lengths) if lengths else 0
     buf = torch.zeros(max(size, 1), dtype=torch.uint8, device=dev)
     if length:
@@ -457,7 +489,7 @@ def _collective_device(dist: Any, group: Any, device: Any) -> Any:
         return bound
     if "nccl" not in backend:
         return "cpu"
-    import torch  # deferred: only a NCCL group gets here
+    import torch  # noqa: PLC0415 - deferred: only a NCCL group gets here
 
     return torch.device("cuda", torch.cuda.current_device())
 
@@ -465,7 +497,7 @@ def _collective_device(dist: Any, group: Any, device: Any) -> Any:
 def _distributed() -> Any:
     """torch.distributed, or None where torch (or its distributed package) is missing."""
     try:
-        import torch.distributed as dist  # deferred: the registry and engine import without torch
+        import torch.distributed as dist  # noqa: PLC0415 - deferred: runs without torch
     except ImportError:
         return None
     return dist if dist.is_available() else None
@@ -503,13 +535,9 @@ def guard_policy(policy: PolicyLike, result: ConsistencyResult) -> PolicyLike:
     """``policy`` when the ranks agree, else a `CoarsePolicy` in its place."""
     if result.ok:
         return policy
-    backend = getattr(policy, "backend", "?")
-    spec = getattr(policy, "spec", "none")
-    return CoarsePolicy(
-        result,
-        backend if isinstance(backend, str) else "?",
-        spec if isinstance(spec, str) else "none",
-    )
+    if isinstance(policy, NamedPolicy):
+        return CoarsePolicy(result, str(policy.backend), str(policy.spec))
+    return CoarsePolicy(result)
 
 
 def consistent_policy(
@@ -519,24 +547,33 @@ def consistent_policy(
     platform: str = "cuda",
     external_events: bool = True,
     flags: Optional[Mapping[str, bool]] = None,
+    placements: Optional[Mapping[ForwardMode, Placement]] = None,
     group: Any = None,
     strict: bool = False,
     device: Any = None,
     where: str = "policy",
-    pm: Any = None,
+    observers: Observers = NO_OBSERVERS,
 ) -> tuple[PolicyLike, ConsistencyResult]:
-    """Fingerprint ``policy``, check it across ranks, and return what to run with.
+    """Fingerprint ``policy`` (with the runner's ``placements``), check it across ranks, and
+    return what to run with.
 
     This is what a runner calls before its first capture (``where="runner:NAME"``). It is a
     collective: every rank of the group calls it, the same number of times, in the same order.
     """
     try:
         fingerprint = policy_fingerprint(
-            policy, engine=engine, platform=platform, external_events=external_events, flags=flags
+            policy,
+            engine=engine,
+            platform=platform,
+            external_events=external_events,
+            flags=flags,
+            placements=placements,
         )
     except Exception as exc:  # noqa: BLE001 - still take part, or the peers would wait forever
-        return _checked_failure(exc, group, strict, device, where, pm, policy)
-    result = check_consistency(fingerprint, group, strict=strict, device=device, where=where, pm=pm)
+        return _checked_failure(exc, group, strict, device, where, observers, policy)
+    result = check_consistency(
+        fingerprint, group, strict=strict, device=device, where=where, observers=observers
+    )
     return guard_policy(policy, result), result
 
 
@@ -551,7 +588,7 @@ def compile_consistent(
     group: Any = None,
     strict: bool = False,
     device: Any = None,
-    pm: Any = None,
+    observers: Observers = NO_OBSERVERS,
 ) -> tuple[PolicyLike, ConsistencyResult]:
     """`PolicyEngine.compile`, then the cross-rank check: the engine's compile step for TP.
 
@@ -564,7 +601,7 @@ def compile_consistent(
             backend, spec, flags, platform=platform, external_events=external_events, strict=strict
         )
     except Exception as exc:  # noqa: BLE001 - only raised with strict=True
-        return _checked_failure(exc, group, strict, device, where, pm, None, backend, spec)
+        return _checked_failure(exc, group, strict, device, where, observers, None, backend, spec)
     return consistent_policy(
         compiled,
         engine=engine,
@@ -575,7 +612,7 @@ def compile_consistent(
         strict=strict,
         device=device,
         where=where,
-        pm=pm,
+        observers=observers,
     )
 
 
@@ -585,7 +622,7 @@ def _checked_failure(
     strict: bool,
     device: Any,
     where: str,
-    pm: Any,
+    observers: Observers,
     policy: Optional[PolicyLike],
     backend: str = "?",
     spec: str = "none",
@@ -597,7 +634,7 @@ def _checked_failure(
     result = attrs.evolve(result, ok=False, error=f"this rank could not build its policy ({why})")
     if strict:
         raise exc
-    _report(result, False, pm)
+    _report(result, False, observers)
     if policy is not None:
         return guard_policy(policy, result), result
     return CoarsePolicy(result, backend, spec), result

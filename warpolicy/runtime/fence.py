@@ -1,73 +1,68 @@
-"""The runtime read-done fence: plant, publish, take (runner side) and the scheduler barrier.
+"""The read-done fence (runner side: plant, publish, take) and the scheduler barrier.
 
-Runner side, per bucket at capture time::
+Capture time, per bucket::
 
-    fence.prepare()                 # persistent external event + one eager record (seed)
+    event = fence.prepare()         # a fresh external event + one eager record (the seed)
     with platform.capture(graph):
-        graph_prep(); event = fence.plant(); forward()
-    # keep ``event`` with the bucket: the event *this* graph records (None: not planted)
+        graph_prep(); planted = fence.plant(event); forward()
+    release = decide_bucket(policies, BucketFacts(bucket, event=planted), fence.name)
 
-and per step::
+Per step, on the forward stream, with the bucket's `BucketRelease` (the only thing read)::
 
-    fence.before_replay(policy)     # PRE_REPLAY records a ring event here
+    fence.before_replay(release)    # PRE_REPLAY records a ring event here
     platform.replay(graph)
-    fence.after_replay(policy, planted=event)   # IN_GRAPH hands out ``event``, POST_REPLAY records
+    fence.after_replay(release)     # IN_GRAPH hands out the bucket's event, POST_REPLAY records
 
 Scheduler side, right after the launch::
 
     barrier.apply(schedule_stream, forward_stream, fence.take())
 
-Failures never raise out of the fence: the step publishes nothing (so the scheduler takes the
-coarse barrier), one warning per failing place, and a ``warpolicy_on_fallback`` notification.
-An ``IN_GRAPH`` step whose graph has no confirmed node publishes as ``POST_REPLAY``.
-Host-recorded events come from a ring so an event is never re-recorded while one of the last
-``ring_size - 1`` steps may still be waited on (one shared event deadlocked two peer engines).
+Failures never raise out of the fence: the step publishes nothing (the scheduler takes the
+coarse barrier), every failure reaches ``warpolicy_on_fallback``, one warning per place
+(`warpolicy.runtime.observers.Reporter`). Host-recorded events come from an `EventRing` that
+never re-records an event a barrier may still wait on (the fence marks a taken read-done's slot,
+the barrier clears it once its wait is enqueued); when every ring event is still awaited, the
+step publishes nothing.
 
-The per-step path is plain attribute work and the platform's own bound calls: no plugin
-dispatch, no allocation beyond the one `ReadDone` tuple, observers only when registered.
-
-Over 400 lines: the fence and the scheduler barrier share the `ReadDone` record and the
-fail-closed rules; each slow path is spelled out next to its fast path.
+The per-step path is attribute work and the platform's own bound calls: no plugin dispatch, no
+allocation (each `ReadDone` is built once, per bucket or per ring slot), observers only when
+registered, and one owner-thread check per call (`warpolicy.runtime.ownership`).
 """
 
 from __future__ import annotations
 
+import enum
 import os
-import warnings
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
-from warpolicy.runtime.manager import ObserverCall, observers_of
-from warpolicy.runtime.platform import Platform
-from warpolicy.runtime.platforms import EventHandle, StreamHandle
+from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ownership import ThreadOwner, get_ident
+from warpolicy.runtime.platforms import EventHandle, Platform, StreamHandle
+from warpolicy.runtime.release import BucketRelease, ReadDone
+from warpolicy.runtime.ring import EventRing, RingExhaustedError, RingSlot
 
 #: Set to 1 to wrap publishes and barriers in torch profiler ranges (``warpolicy.publish``,
 #: ``warpolicy.barrier``); off by default because the range costs more than the fence itself.
 PROFILE_ENV = "WARPOLICY_PROFILE_RANGES"
 
 
-# `ReadDoneFence._trouble` bits
-_RANGES = 1  # profiler ranges are on
-_PLANT_FAILED = 2  # a re-run of the captured body failed to plant in this step: demote
-_FAILED = 4  # before_replay failed: publish nothing this step
-_CLOSED = 8  # no step is open (none begun, or this one already published)
-
-
-class ReadDone(NamedTuple):
-    """What the mailbox holds for one step. A NamedTuple: it is built on every step and a
-    tuple is the cheapest immutable record."""
-
-    step: int
-    event: EventHandle
-    policy: WarReadDonePolicy
-    source: str  # the fence (runner) name
-
-
-_new_read_done = tuple.__new__  # ReadDone without the generated __new__ frame (hot path)
-
-
 class FenceError(RuntimeError):
     """A fence used against its contract at runtime (absorbed by failing closed)."""
+
+
+class StepState(enum.Enum):
+    """Where the fence's current step stands."""
+
+    CLOSED = "closed"  # no step open (none begun, or this one already published)
+    READY = "ready"  # open, nothing wrong: the fast path may publish
+    RANGED = "ranged"  # open, nothing wrong, profiler ranges on: the slow path publishes
+    FAILED = "failed"  # open, something failed (a record, a re-run plant): publish nothing
+
+
+_CLOSED = StepState.CLOSED
+_READY = StepState.READY
+_FAILED = StepState.FAILED
 
 
 def _profile_ranges(explicit: Optional[bool]) -> bool:
@@ -77,64 +72,19 @@ def _profile_ranges(explicit: Optional[bool]) -> bool:
 
 
 def _record_function(name: str) -> Any:
-    from torch.profiler import record_function  # deferred: the fence runs without torch
+    from torch.profiler import record_function  # noqa: PLC0415 - deferred: runs without torch
 
     return record_function(name)
 
 
-class _Notifier:
-    """Fail-closed bookkeeping shared by the fence and the barrier: one warning per place,
-    every fallback reported to the observers, failing observers reported, never re-raised."""
-
-    def __init__(self, platform: Platform, what: str) -> None:
-        self._what = what
-        self._warned: set[str] = set()
-        self._observers = observers_of(platform.pm)
-
-    def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-    def fail(self, where: str, error: BaseException) -> None:
-        """A runtime failure absorbed by failing closed (call after the safe state is in place:
-        under ``-W error`` the warning raises)."""
-        self._warn(
-            where,
-            f"warpolicy {self._what}: {where} failed ({error!r}); "
-            "falling back to the coarse barrier",
-        )
-        for call in self._observers.on_fallback:
-            try:
-                call(f"{self._what}:{where}", error)
-            except Exception as exc:  # noqa: BLE001 - a failing observer changes nothing
-                self.observer_failed("warpolicy_on_fallback", call, exc, report=False)
-
-    def observer_failed(
-        self, hook: str, call: ObserverCall, error: BaseException, report: bool = True
-    ) -> None:
-        """An observer raised: warn once per observer and tell the fallback observers; what
-        was published and the barrier applied stay as they are."""
-        plugin = self._observers.plugin_of.get(call, "?")
-        self._warn(
-            f"{hook}:{plugin}",
-            f"warpolicy {self._what}: observer plugin {plugin!r} raised "
-            f"in {hook} ({error!r}); ignored",
-        )
-        if report:
-            for fallback in self._observers.on_fallback:
-                try:
-                    fallback(f"{self._what}:{hook}:{plugin}", error)
-                except Exception:  # noqa: BLE001 - already warned about observers failing
-                    pass
-
-
 class ReadDoneFence:
-    """The read-done fence a runner owns: one persistent external event, a ring of host-recorded
-    events, a step counter and a consume-once mailbox.
+    """The read-done fence a runner owns: the external events its graphs record, a ring of
+    host-recorded events, a step counter and a consume-once mailbox.
 
-    ``ring_size`` must cover the steps in flight (at least 2). ``profile_ranges`` wraps the
-    publish in a torch profiler range (None: the ``WARPOLICY_PROFILE_RANGES`` variable).
+    ``ring_size`` covers the steps a scheduler may hold before waiting (2 to
+    `warpolicy.runtime.ring.MAX_RING_SIZE`). ``observers`` see every publish and fallback.
+    ``profile_ranges`` wraps the publish in a torch profiler range (None: the
+    ``WARPOLICY_PROFILE_RANGES`` variable). ``owner`` shares a runner's owner thread.
     """
 
     def __init__(
@@ -143,49 +93,47 @@ class ReadDoneFence:
         ring_size: int = 4,
         name: str = "decode",
         *,
+        observers: Observers = NO_OBSERVERS,
         profile_ranges: Optional[bool] = None,
+        owner: Optional[ThreadOwner] = None,
     ) -> None:
-        if int(ring_size) < 2:
-            raise ValueError(f"ring_size must be at least 2, got {ring_size}")
         self.platform = platform
         self.name = name
-        self.ring_size = int(ring_size)
+        self.ring = EventRing(platform, ring_size, name)
+        self.reporter = Reporter(observers, f"fence {name!r}")
+        self._observers = observers
+        self._owner = owner if owner is not None else ThreadOwner(f"fence {name!r}")
         self._record = platform.record  # the platform's own bound call
-        self._event: Optional[EventHandle] = None  # persistent external event, planted in graphs
+        self._event: Optional[EventHandle] = None  # the latest prepared external event
         self._planted_any = False
-        self._ring: list[EventHandle] = []
-        self._next = 0
         self._step = 0
-        # the PRE_REPLAY event recorded in before_replay, with its step: a publish uses it only
-        # in that same step, so the IN_GRAPH hot path never has to clear it
-        self._pending: Optional[tuple[int, EventHandle]] = None
         self._ranges = _profile_ranges(profile_ranges)
-        # What stands between this step and the fast path, as bits: 0 = none (the common case)
-        self._trouble_init = _RANGES if self._ranges else 0  # the per-step reset, precomputed
-        # per-step state bits; _CLOSED clear while a step is open (one field on the hot path)
-        self._trouble = self._trouble_init | _CLOSED
+        self._open = StepState.RANGED if self._ranges else _READY  # a new step's state
+        self._state = _CLOSED
+        self._pending: Optional[RingSlot] = None  # the PRE_REPLAY record (of slot.step's step)
         self._mailbox: Optional[ReadDone] = None
         self._published: WarReadDonePolicy = NONE
-        self._notifier = _Notifier(platform, f"fence {name!r}")
-        self._observers = observers_of(platform.pm)
 
-    # -- capture time ---------------------------------------------------------------------------
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def ring_size(self) -> int:
+        return self.ring.size
 
     @property
     def planted(self) -> bool:
-        """Whether some capture confirmed a plant (informational: a publish uses the event its
-        own bucket's capture returned from `plant`)."""
+        """Whether some capture confirmed a plant (informational: a publish hands out the event
+        of its own bucket's `BucketRelease`)."""
         return self._planted_any
 
     @property
     def event(self) -> Optional[EventHandle]:
-        """The persistent external event (None before `prepare` or without external events)."""
+        """The latest external event `prepare` made (None before, or without external events)."""
         return self._event
 
     @property
     def published(self) -> WarReadDonePolicy:
-        """The policy the last step really published (``NONE``: nothing, the scheduler went
-        coarse); later than the asked policy when the fence demoted or failed closed."""
+        """What the last step really published (``NONE``: nothing, the scheduler went coarse)."""
         return self._published
 
     @property
@@ -193,46 +141,50 @@ class ReadDoneFence:
         """The last step launched (0 before the first)."""
         return self._step
 
-    def prepare(self) -> bool:
-        """Before capture: create the persistent external event and seed it with one eager
-        record (a wait on a never-recorded event is a silent no-op). Fills the ring.
+    def release_thread(self) -> None:
+        """Hand the fence to another thread: the next thread that uses it owns it."""
+        self._owner.release()
 
-        Returns whether an external event is available for planting. Idempotent.
+    # -- capture time ---------------------------------------------------------------------------
+
+    def prepare(self) -> Optional[EventHandle]:
+        """Before a capture: a fresh external event, seeded with one eager record (a wait on a
+        never-recorded event is a silent no-op). Each capture gets its own event, so no two
+        graphs ever record the same one.
+
+        Returns the event, or None: without external events (nothing reported), or when creating
+        or seeding it failed (reported; the caller must treat the bucket as doubtful).
         """
-        self._fill_ring()
+        self._owner.check()
+        self._event = None
         if not self.platform.external_events_supported():
-            return False
-        try:
-            if self._event is None:
-                self._event = self.platform.create_event(external=True)
-            self._record(self._event)
-        except Exception as exc:  # noqa: BLE001 - fail closed: no event, nothing planted
-            self._event = None
-            self._notifier.fail("prepare", exc)
-            return False
-        return True
-
-    def _fill_ring(self) -> None:
-        try:
-            while len(self._ring) < self.ring_size:
-                self._ring.append(self.platform.create_event(external=False))
-        except Exception as exc:  # noqa: BLE001 - retried lazily; a record then fails closed
-            self._notifier.fail("ring", exc)
-
-    def plant(self) -> Optional[EventHandle]:
-        """In the capture body, right after the in-graph metadata prep: record the persistent
-        event with the capture stream current, during a real capture only.
-
-        Returns the event this graph now records (keep it with the bucket), or None when no
-        node was planted or the plant cannot be confirmed: a failing capture-state query is a
-        failed plant, never "not capturing". On a platform that re-runs the captured body at
-        each replay (the simulated one) this runs inside a step; a plant that fails there makes
-        that step publish as ``POST_REPLAY``.
-        """
-        event = self._event
-        if event is None:
             return None
-        in_step = not self._trouble & _CLOSED
+        try:
+            event = self.platform.create_event(external=True)
+            self._record(event)
+        except Exception as exc:  # noqa: BLE001 - fail closed: no event, nothing planted
+            self.reporter.fallback("prepare", exc)
+            return None
+        self._event = event
+        return event
+
+    def plant(self, event: Optional[EventHandle] = None) -> Optional[EventHandle]:
+        """In the capture body, right after the in-graph metadata prep: record ``event`` (None:
+        the latest prepared) with the capture stream current, during a real capture only.
+
+        Returns the event this graph now records, or None when nothing was planted: outside a
+        capture (a warm-up or eager pass), or when the plant failed or cannot be confirmed (a
+        failing or non-boolean capture-state query is a failure, reported). On a platform that
+        re-runs the captured body at each replay (the simulated one) this runs inside a step,
+        and a failure there makes that step publish nothing.
+        """
+        if self._owner.ident != get_ident():
+            self._owner.claim()
+        if event is None:
+            event = self._event
+            if event is None:
+                return None
+        in_step = self._state is not _CLOSED
         try:
             capturing = self.platform.is_capturing()
             if capturing is not True:
@@ -240,9 +192,10 @@ class ReadDoneFence:
                     return None  # a warm-up or eager pass: nothing to plant
                 raise FenceError(f"capture state unknown or lost (is_capturing() -> {capturing!r})")
             self._record(event)  # stream=None: the capture stream is current
-        except Exception as exc:  # noqa: BLE001 - no confirmed node: the bucket/step demotes
-            self._trouble |= _PLANT_FAILED
-            self._notifier.fail("plant", exc)
+        except Exception as exc:  # noqa: BLE001 - no confirmed node: the bucket/step is coarse
+            if in_step:
+                self._state = _FAILED
+            self.reporter.fallback("plant", exc)
             return None
         if not in_step:
             self._planted_any = True
@@ -250,128 +203,115 @@ class ReadDoneFence:
 
     # -- per step -------------------------------------------------------------------------------
 
-    def before_replay(
-        self, policy: WarReadDonePolicy, stream: Optional[StreamHandle] = None
-    ) -> None:
-        """Begin a step. ``PRE_REPLAY`` records a ring event on ``stream`` (None = the current,
-        forward, stream) now, before the replay is enqueued."""
+    def before_replay(self, release: BucketRelease, stream: Optional[StreamHandle] = None) -> None:
+        """Begin a step. A ``PRE_REPLAY`` release records a ring event on ``stream`` (None = the
+        current, forward, stream) now, before the replay is enqueued."""
+        if self._owner.ident != get_ident():
+            self._owner.claim()
         self._step += 1
         self._mailbox = None  # an untaken earlier publish is stale from now on
-        self._trouble = self._trouble_init
-        if policy == PRE_REPLAY:
-            try:
-                if self._ranges:
-                    with _record_function("warpolicy.publish.pre_replay"):
-                        self._pending = (self._step, self._record_ring(stream))
-                else:
-                    self._pending = (self._step, self._record_ring(stream))
-            except Exception as exc:  # noqa: BLE001
-                self._trouble |= _FAILED
-                self._notifier.fail("before_replay", exc)
+        self._state = self._open
+        if release.policy is PRE_REPLAY:
+            self._record_pre_replay(stream)
 
-    def after_replay(
-        self,
-        policy: WarReadDonePolicy,
-        planted: Optional[EventHandle],
-        stream: Optional[StreamHandle] = None,
-    ) -> None:
-        """Publish this step's read-done event into the mailbox, after ``replay()`` is enqueued.
+    def _record_pre_replay(self, stream: Optional[StreamHandle]) -> None:
+        try:
+            if self._ranges:
+                with _record_function("warpolicy.publish.pre_replay"):
+                    slot = self.ring.record(stream)
+            else:
+                slot = self.ring.record(stream)
+        except Exception as exc:  # noqa: BLE001 - publish nothing this step
+            self._state = _FAILED
+            self.reporter.fallback("before_replay", exc)
+            return
+        slot.step = self._step
+        self._pending = slot
 
-        ``planted`` is the event this step's graph records (what `plant` returned when the
-        bucket was captured), or None (no graph, or no confirmed node). ``IN_GRAPH`` hands it
-        out, or publishes as ``POST_REPLAY`` without it; ``POST_REPLAY`` records a ring event
-        on ``stream`` now; ``PRE_REPLAY`` hands out the event recorded in `before_replay`;
-        ``NONE`` publishes nothing.
+    def after_replay(self, release: BucketRelease, stream: Optional[StreamHandle] = None) -> None:
+        """Publish this step's read-done into the mailbox, right after ``replay()`` is enqueued.
+
+        ``IN_GRAPH`` hands out the event the bucket's graph records; ``POST_REPLAY`` records a
+        ring event on ``stream`` now; ``PRE_REPLAY`` hands out the `before_replay` record;
+        ``NONE`` (or any failure in this step) publishes nothing.
         """
-        if not self._trouble and policy is IN_GRAPH and planted is not None:
-            # the common case, kept to plain attribute work
-            self._trouble = _CLOSED
-            self._mailbox = _new_read_done(ReadDone, (self._step, planted, IN_GRAPH, self.name))
+        if self._owner.ident != get_ident():
+            self._owner.claim()
+        read_done = release.read_done
+        if read_done is not None and self._state is _READY:  # in_graph: the common case
+            self._state = _CLOSED
+            read_done.slot.step = self._step
+            self._mailbox = read_done
             self._published = IN_GRAPH
             if self._observers.on_publish:
-                self._notify_publish(IN_GRAPH, planted)
+                self.reporter.publish(self.name, self._step, IN_GRAPH, read_done.event)
             return
-        self._publish_step(policy, planted, stream)
+        self._publish_step(release, stream)
 
-    def _publish_step(
-        self,
-        policy: WarReadDonePolicy,
-        planted: Optional[EventHandle],
-        stream: Optional[StreamHandle],
-    ) -> None:
-        if self._trouble & _CLOSED:
-            self.before_replay(NONE)  # a step must have a number even without before_replay
-        self._trouble |= _CLOSED
-        event: Optional[EventHandle] = None
-        if not self._trouble & _FAILED and policy != NONE:
+    def _publish_step(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
+        if self._state is _CLOSED:  # a step must have a number even without before_replay
+            self._step += 1
+            self._mailbox = None
+            self._state = self._open
+        state, self._state = self._state, _CLOSED
+        read_done: Optional[ReadDone] = None
+        if state is not _FAILED and release.policy is not NONE:
             try:
                 if self._ranges:
                     with _record_function("warpolicy.publish"):
-                        event, policy = self._publish(policy, planted, stream)
+                        read_done = self._publish(release, stream)
                 else:
-                    event, policy = self._publish(policy, planted, stream)
-            except Exception as exc:  # noqa: BLE001
-                event = None
-                self._notifier.fail("after_replay", exc)
-        if event is not None:
-            self._mailbox = _new_read_done(ReadDone, (self._step, event, policy, self.name))
+                    read_done = self._publish(release, stream)
+            except RingExhaustedError as exc:
+                self.reporter.fallback(
+                    "ring", exc, f"{exc}; this step publishes nothing (the coarse barrier)"
+                )
+            except Exception as exc:  # noqa: BLE001 - publish nothing this step
+                self.reporter.fallback("after_replay", exc)
+        if read_done is None:
+            self._published = NONE
+            event = None
         else:
-            policy = NONE
-        self._published = policy
+            read_done.slot.step = self._step
+            self._mailbox = read_done
+            self._published = read_done.policy
+            event = read_done.event
         if self._observers.on_publish:
-            self._notify_publish(policy, event)
+            self.reporter.publish(self.name, self._step, self._published, event)
 
-    def _publish(
-        self,
-        policy: WarReadDonePolicy,
-        planted: Optional[EventHandle],
-        stream: Optional[StreamHandle],
-    ) -> tuple[EventHandle, WarReadDonePolicy]:
-        if policy == IN_GRAPH:
-            if planted is not None and not self._trouble & _PLANT_FAILED:
-                return planted, IN_GRAPH
-            policy = POST_REPLAY  # no confirmed node in this step's graph: sound demotion
-        if policy == POST_REPLAY:
-            return self._record_ring(stream), POST_REPLAY
-        if policy == PRE_REPLAY:
-            pending, self._pending = self._pending, None
-            if pending is None or pending[0] != self._step:
+    def _publish(self, release: BucketRelease, stream: Optional[StreamHandle]) -> ReadDone:
+        policy = release.policy
+        if release.read_done is not None:
+            return release.read_done  # in_graph (this path: profiler ranges on)
+        if policy is POST_REPLAY:
+            return self.ring.record(stream).post_replay
+        if policy is PRE_REPLAY:
+            slot = self._pending
+            if slot is None or slot.step != self._step:
                 raise FenceError("pre_replay publish without a record in before_replay")
-            return pending[1], PRE_REPLAY
-        raise FenceError(f"unknown policy {policy!r}")
-
-    def _record_ring(self, stream: Optional[StreamHandle]) -> EventHandle:
-        """Record the next ring event; it was last recorded ``ring_size`` records ago."""
-        ring = self._ring
-        if len(ring) < self.ring_size:
-            ring.append(self.platform.create_event(external=False))
-            event = ring[-1]
-        else:
-            event = ring[self._next]
-            self._next = (self._next + 1) % self.ring_size
-        self._record(event, stream)
-        return event
-
-    def _notify_publish(self, policy: WarReadDonePolicy, event: Optional[EventHandle]) -> None:
-        for call in self._observers.on_publish:
-            try:
-                call(self.name, self._step, policy, event)
-            except Exception as exc:  # noqa: BLE001 - an observer never changes the publish
-                self._notifier.observer_failed("warpolicy_on_publish", call, exc)
+            self._pending = None
+            return slot.pre_replay
+        raise FenceError(f"cannot publish {policy!r} (an in_graph release carries its event)")
 
     def take(self) -> Optional[ReadDone]:
         """The scheduler's read of the mailbox: this step's `ReadDone` once, then None.
 
-        The mailbox is emptied when a step begins, so it never holds an older step's event.
+        The mailbox is emptied when a step begins, so it never holds an older step's event. The
+        taken event is marked awaited until a barrier waits on it (the ring skips it meanwhile).
         """
+        if self._owner.ident != get_ident():
+            self._owner.claim()
         read_done = self._mailbox
-        self._mailbox = None
+        if read_done is not None:
+            self._mailbox = None
+            read_done.slot.taken = True
         return read_done
 
 
 class SchedulerBarrier:
     """The scheduler side: the schedule stream waits on the taken event, or on the whole
-    forward stream (coarse) when there is none, when coarse is forced, or when the wait failed."""
+    forward stream (coarse) when there is none, when coarse is forced, or when the wait failed.
+    Either way the taken event is no longer awaited afterwards."""
 
     def __init__(
         self,
@@ -379,18 +319,17 @@ class SchedulerBarrier:
         force_coarse: bool = False,
         name: str = "scheduler",
         *,
+        observers: Observers = NO_OBSERVERS,
         profile_ranges: Optional[bool] = None,
     ) -> None:
         self.platform = platform
         self.name = name
+        self.reporter = Reporter(observers, f"barrier {name!r}")
+        self._observers = observers
         self._wait_event = platform.wait_event  # the platform's own bound calls
         self._wait_stream = platform.wait_stream
         self._ranges = _profile_ranges(profile_ranges)
-        self.force_coarse = bool(
-            force_coarse
-        )  # also sets _slow (forced or ranged: off the fast path)
-        self._notifier = _Notifier(platform, f"barrier {name!r}")
-        self._observers = observers_of(platform.pm)
+        self.force_coarse = force_coarse  # also sets _slow (forced or ranged: off the fast path)
 
     @property
     def force_coarse(self) -> bool:
@@ -412,11 +351,17 @@ class SchedulerBarrier:
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
         if read_done is not None and not self._slow:  # the common case
             try:
-                self._wait_event(schedule_stream, read_done[1])
+                self._wait_event(schedule_stream, read_done.event)
             except Exception as exc:  # noqa: BLE001
                 return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+                self._interrupted(schedule_stream, forward_stream, read_done)
+                raise
+            read_done.slot.taken = False
             if self._observers.on_barrier:
-                self._notify(read_done, "event", read_done[2].label)
+                self.reporter.barrier(
+                    read_done.source, read_done.slot.step, "event", read_done.policy.label
+                )
             return "event"
         if self._ranges:
             with _record_function("warpolicy.barrier"):
@@ -433,17 +378,23 @@ class SchedulerBarrier:
         # turned into an exception (``-W error``) can never leave the schedule stream unordered.
         if read_done is not None and not self._force_coarse:
             try:
-                self._wait_event(schedule_stream, read_done[1])
+                self._wait_event(schedule_stream, read_done.event)
             except Exception as exc:  # noqa: BLE001
                 return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
-            if self._observers.on_barrier:
-                self._notify(read_done, "event", read_done[2].label)
+            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+                self._interrupted(schedule_stream, forward_stream, read_done)
+                raise
+            read_done.slot.taken = False
+            self.reporter.barrier(
+                read_done.source, read_done.slot.step, "event", read_done.policy.label
+            )
             return "event"
         self._coarse(schedule_stream, forward_stream)
-        if self._observers.on_barrier:
-            self._notify(
-                read_done, "coarse", "forced" if self._force_coarse else "no read-done event"
-            )
+        if read_done is None:
+            self.reporter.barrier(self.name, None, "coarse", "no read-done event")
+        else:
+            read_done.slot.taken = False
+            self.reporter.barrier(read_done.source, read_done.slot.step, "coarse", "forced")
         return "coarse"
 
     def _wait_failed(
@@ -454,23 +405,28 @@ class SchedulerBarrier:
         error: Exception,
     ) -> str:
         self._coarse(schedule_stream, forward_stream)
-        self._notifier.fail("wait_event", error)
-        if self._observers.on_barrier:
-            self._notify(read_done, "coarse", "hook failed")
+        read_done.slot.taken = False
+        self.reporter.fallback("wait_event", error)
+        self.reporter.barrier(read_done.source, read_done.slot.step, "coarse", "hook failed")
         return "coarse"
+
+    def _interrupted(
+        self, schedule_stream: StreamHandle, forward_stream: StreamHandle, read_done: ReadDone
+    ) -> None:
+        """The wait was interrupted (a ``BaseException``): whatever the caller does next, the
+        schedule stream must already be ordered after the forward's reads."""
+        try:
+            self._wait_stream(schedule_stream, forward_stream)
+        except BaseException:  # noqa: BLE001 - the interrupt being handled is re-raised by apply
+            self.platform.synchronize()
+        read_done.slot.taken = False
 
     def _coarse(self, schedule_stream: StreamHandle, forward_stream: StreamHandle) -> None:
         try:
             self._wait_stream(schedule_stream, forward_stream)
         except Exception as exc:  # noqa: BLE001 - last resort: the host waits for everything
             self.platform.synchronize()
-            self._notifier.fail("wait_stream", exc)
-
-    def _notify(self, read_done: Optional[ReadDone], kind: str, reason: str) -> None:
-        runner = read_done[3] if read_done is not None else self.name
-        step = read_done[0] if read_done is not None else None
-        for call in self._observers.on_barrier:
-            try:
-                call(runner, step, kind, reason)
-            except Exception as exc:  # noqa: BLE001 - an observer never changes the barrier
-                self._notifier.observer_failed("warpolicy_on_barrier", call, exc)
+            self.reporter.fallback("wait_stream", exc)
+        except BaseException:  # KeyboardInterrupt: the host waits for everything, then raise
+            self.platform.synchronize()
+            raise

@@ -10,10 +10,12 @@ Three kinds of hooks:
   `warpolicy.runtime.platforms.PlatformImpl`; from then on its methods are called directly, with no
   plugin dispatch per operation. Exactly one plugin may claim a device type.
 * **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier,
-  fallback and capture-time demotion, for logging, metrics and tracing. With none registered
-  the runtime pays nothing; each registered one costs one direct call. An observer that
-  raises is reported (a warning and `warpolicy_on_fallback`) and never changes what is
-  published or when the scheduler is released.
+  fallback and capture-time demotion (every one, not only the first), for logging, metrics and
+  tracing. With none registered the runtime pays nothing; each registered one is called
+  through pluggy's own hook caller (`warpolicy.runtime.observers`), so it receives exactly
+  the arguments pluggy passes it. An observer that raises is reported (a warning and
+  `warpolicy_on_fallback`) and never changes what is published or when the scheduler is
+  released.
 
 Implementations may accept any subset of a hook's arguments (pluggy passes only the ones
 they name), so new arguments can be added here without breaking plugins.
@@ -24,18 +26,20 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
-import pluggy
-
 from warpolicy.registry.vocabulary import WarReadDonePolicy
+from warpolicy.runtime.markers import PROJECT, hookimpl, hookspec
 
-if TYPE_CHECKING:  # annotations only: the engine and the platforms build on this module
-    from warpolicy.registry.engine import Decision
+if TYPE_CHECKING:  # annotations only (no cycle: nothing below imports this module)
+    from warpolicy.registry.decision import Decision
     from warpolicy.runtime.platforms import EventHandle, PlatformImpl
 
-PROJECT = "warpolicy"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+__all__ = [
+    "OBSERVER_HOOKS",
+    "PROJECT",
+    "REMOVED_PLATFORM_HOOKS",
+    "hookimpl",
+    "hookspec",
+]
 
 #: What `warpolicy_capabilities` may return: a file (``pathlib.Path``), YAML text (``str``),
 #: an already-parsed mapping, or a list of these.
@@ -156,9 +160,10 @@ def warpolicy_on_fallback(where: str, error: BaseException) -> None:
 
 @hookspec
 def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
-    """A captured bucket was demoted at capture time (fires once per bucket and capture): its
-    marker failed the self-check, or derived placement could not plant its node, so the bucket
-    publishes no earlier than ``post_replay``.
+    """A captured bucket was demoted at capture time (fires every time, once per bucket and
+    capture): its marker failed the self-check, derived placement could not plant its node (it
+    then publishes no earlier than ``post_replay``), or something raised or could not be
+    confirmed (it then publishes nothing).
 
     :param runner: the runner's name
     :param bucket: the bucket's size

@@ -1,19 +1,26 @@
-"""The plugin manager, the composition root: built-ins, entry points ``warpolicy``, switches,
-the platform claim, observer calls and fragments.
+"""The composition root: the plugin manager, the platform and the observers, built once.
 
-Built-ins are ordinary plugins registered by name: ``"cuda"`` (`warpolicy.runtime.platforms.cuda`) and
-``"sim"`` (a `warpolicy.runtime.platforms.sim.SimPlugin`). Third-party plugins come from the
-entry-point group ``warpolicy``; the entry point's name is the plugin name.
+`open_runtime` is where an engine (or the CLI, or a benchmark) builds everything the runtime
+needs, once, and passes it down::
+
+    rt = open_runtime("cuda")            # Runtime(pm, platform, observers)
+    runner = DecodeRunner(model, policy, rt.platform, observers=rt.observers)
+
+Nothing below this module looks a manager up: the platform facade carries none, and runners,
+fences, barriers and overlap loops receive their `Observers`.
+
+The manager (`new_plugin_manager`): built-ins are ordinary plugins registered by name:
+``"cuda"`` (`warpolicy.runtime.platforms.cuda`) and ``"sim"`` (a
+`warpolicy.runtime.platforms.sim.SimPlugin`); third-party plugins come from the entry-point
+group ``warpolicy``; the entry point's name is the plugin name. The platform claim
+(`claim_platform`, `open_platform`) asks ``warpolicy_platform`` once through pluggy and checks the
+answer's types; fragments (`collect_fragments`) are the registry's input.
 
 Environment:
 
 * ``WARPOLICY_DISABLE_PLUGINS=a,b``: block these plugin names (built-ins too); a blocked
   entry point is not even imported, so this is how to get past a broken plugin.
-* ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr (observer calls then go through
-  pluggy so the trace shows them).
-
-Over 400 lines: the composition root also owns entry-point loading with one-line errors per
-broken plugin shape, the platform claim and the cached observer calls.
+* ``WARPOLICY_TRACE_HOOKS=1``: trace every hook call to stderr.
 """
 
 from __future__ import annotations
@@ -24,18 +31,27 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
+from typing import Any, Iterable, Mapping, Optional, Sequence, cast
 
 import attrs
 import pluggy
 
 from warpolicy import __version__
-from warpolicy.errors import PluginError, Problem
+from warpolicy.errors import CudaUnavailableError, PluginError, Problem, UnknownNameError
 from warpolicy.registry.inputs import env_switch
 from warpolicy.registry.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
 from warpolicy.runtime import hookspecs
+from warpolicy.runtime.markers import PROJECT
 from warpolicy.runtime.nvtx import nvtx_plugin_if_enabled
-from warpolicy.runtime.platforms import PLATFORM_OPERATIONS, PlatformImpl, cuda
+from warpolicy.runtime.observers import Observers
+from warpolicy.runtime.platforms import (
+    Platform,
+    PlatformImpl,
+    cuda,
+    cuda_available,
+    device_type,
+    implementation_problems,
+)
 from warpolicy.runtime.platforms.sim import SimPlugin
 
 log = logging.getLogger("warpolicy")
@@ -43,9 +59,6 @@ log = logging.getLogger("warpolicy")
 GROUP = "warpolicy"
 DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
 TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
-
-#: The members `PlatformImpl` requires (checked on every claim, so a bad one is one line).
-_IMPL_MEMBERS = ("name", "device", "external_events_supported", *PLATFORM_OPERATIONS)
 
 
 @attrs.frozen
@@ -57,89 +70,16 @@ class PluginSource:
     entry_point: Optional[str] = None  # "warpolicy:name = value"
 
 
-#: An observer call: the hook's arguments, positionally, in `hookspecs.OBSERVER_HOOKS` order.
-ObserverCall = Callable[..., None]
-
-
-class Observers:
-    """Direct calls to the registered observer implementations, one tuple per hook, refreshed
-    by the manager on every registration change (so a step reads a tuple, never pluggy).
-
-    An empty tuple means nobody observes: the runtime skips the call entirely. While hook-call
-    monitoring or tracing is on (or an observer is a wrapper), a hook's tuple holds one call
-    through pluggy instead, so the monitor sees it.
-    """
-
-    __slots__ = (
-        "on_decision",
-        "on_publish",
-        "on_barrier",
-        "on_fallback",
-        "on_demotion",
-        "plugin_of",
-    )
-
-    def __init__(self) -> None:
-        self.on_decision: tuple[ObserverCall, ...] = ()
-        self.on_publish: tuple[ObserverCall, ...] = ()
-        self.on_barrier: tuple[ObserverCall, ...] = ()
-        self.on_fallback: tuple[ObserverCall, ...] = ()
-        self.on_demotion: tuple[ObserverCall, ...] = ()
-        self.plugin_of: dict[ObserverCall, str] = {}  # for naming a failing observer
-
-    def refresh(self, pm: pluggy.PluginManager, through_pluggy: bool) -> None:
-        plugin_of: dict[ObserverCall, str] = {}
-        for hook_name, argnames in hookspecs.OBSERVER_HOOKS.items():
-            caller = getattr(pm.hook, hook_name, None)
-            impls = caller.get_hookimpls() if caller is not None else []
-            calls: tuple[ObserverCall, ...] = ()
-            if impls and (through_pluggy or any(i.hookwrapper or i.wrapper for i in impls)):
-                call = _through_pluggy(caller, argnames)
-                plugin_of[call] = ",".join(sorted({i.plugin_name for i in impls}))
-                calls = (call,)
-            elif impls:
-                # pluggy calls the last registered first (tryfirst/trylast already sorted in)
-                calls = tuple(
-                    _direct(impl.function, tuple(impl.argnames), argnames)
-                    for impl in reversed(impls)
-                )
-                for call, impl in zip(calls, reversed(impls)):
-                    plugin_of[call] = impl.plugin_name
-            setattr(self, hook_name[len("warpolicy_") :], calls)
-        self.plugin_of = plugin_of
-
-
-def _direct(
-    function: Callable[..., Any], names: tuple[str, ...], spec: tuple[str, ...]
-) -> ObserverCall:
-    """``function`` called positionally; an implementation naming a subset (or another order)
-    of the arguments gets exactly those, as pluggy would pass them."""
-    if names == spec:
-        return function
-    index = tuple(spec.index(name) for name in names)
-
-    def call(*args: Any) -> None:
-        function(*[args[i] for i in index])
-
-    return call
-
-
-def _through_pluggy(caller: Any, spec: tuple[str, ...]) -> ObserverCall:
-    def call(*args: Any) -> None:
-        caller(**dict(zip(spec, args)))
-
-    return call
-
-
 class WarpolicyPluginManager(pluggy.PluginManager):
     """A pluggy manager that remembers where each plugin came from, refuses plugins written
-    against the removed 0.1 platform hooks, and keeps `observers` current."""
+    against the removed 0.1 platform hooks, and keeps its `observers` current."""
 
     def __init__(self) -> None:
-        super().__init__(hookspecs.PROJECT)
+        super().__init__(PROJECT)
         self.sources: dict[str, PluginSource] = {}
-        self.observers = Observers()
-        self._monitored = 0  # active hook-call monitors (tracing is one)
+        super().add_hookspecs(hookspecs)
+        #: the observer calls of this manager, refreshed on every registration change
+        self.observers = Observers(self)
 
     def register(self, plugin: object, name: Optional[str] = None) -> Optional[str]:
         plugin_name = name or self.get_canonical_name(plugin)
@@ -155,43 +95,28 @@ class WarpolicyPluginManager(pluggy.PluginManager):
                         "PlatformImpl instead (CHANGELOG: Migrating from 0.1)",
                     )
         registered = super().register(plugin, name)
-        self._refresh()
+        self.observers.refresh()
         return registered
 
     def unregister(self, plugin: object | None = None, name: Optional[str] = None) -> Any:
         removed = super().unregister(plugin, name)
-        self._refresh()
+        self.observers.refresh()
         return removed
 
     def add_hookspecs(self, module_or_class: types.ModuleType | type) -> None:
         super().add_hookspecs(module_or_class)
-        self._refresh()
-
-    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
-        undo_monitoring = super().add_hookcall_monitoring(before, after)
-        self._monitored += 1
-        self._refresh()
-
-        def undo() -> None:
-            undo_monitoring()
-            self._monitored -= 1
-            self._refresh()
-
-        return undo
-
-    def _refresh(self) -> None:
-        self.observers.refresh(self, through_pluggy=self._monitored > 0)
+        self.observers.refresh()
 
 
 def observers_of(pm: pluggy.PluginManager) -> Observers:
-    """The manager's cached observer calls (the runtime needs a `WarpolicyPluginManager`)."""
-    observers = getattr(pm, "observers", None)
-    if not isinstance(observers, Observers):
+    """The manager's observers (the runtime needs a `WarpolicyPluginManager`, which keeps them
+    current on every registration change)."""
+    if not isinstance(pm, WarpolicyPluginManager):
         raise TypeError(
             "the warpolicy runtime needs a plugin manager from "
             "warpolicy.runtime.manager.new_plugin_manager, not a bare pluggy.PluginManager"
         )
-    return observers
+    return pm.observers
 
 
 def _builtin_version() -> str:
@@ -212,7 +137,6 @@ def new_plugin_manager(
     register; the message says how to disable it.
     """
     pm = WarpolicyPluginManager()
-    pm.add_hookspecs(hookspecs)
     for name in _disabled(environ):
         pm.set_blocked(name)
     if env_switch(environ, TRACE_ENV):
@@ -339,7 +263,10 @@ _LOCK = threading.Lock()
 
 
 def get_plugin_manager() -> WarpolicyPluginManager:
-    """The process-wide default manager (built on first use from ``os.environ``)."""
+    """The CLI's process-wide manager (built on first use from ``os.environ``).
+
+    The runtime never looks it up: runners, fences and platforms receive what they need from
+    the composition root (`open_runtime`)."""
     global _DEFAULT
     with _LOCK:
         if _DEFAULT is None:
@@ -361,32 +288,35 @@ def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str,
     """Ask every plugin's `warpolicy_platform` for ``device`` once; (plugin name, impl) of the
     one claim, or None when nobody claims it.
 
+    Each plugin is called through pluggy's own `HookCaller` (narrowed to that plugin), so it
+    receives its arguments exactly as ``pm.hook.warpolicy_platform(device=...)`` passes them.
     Two claims are a `PluginError` naming both plugins (sorted, so never pluggy call order); a
-    plugin that raises or returns something that is not a `PlatformImpl` is a `PluginError`
-    naming it.
+    plugin that raises, or returns something that is not a platform implementation (checked
+    by type: `warpolicy.runtime.platforms.implementation_problems`), is a `PluginError` naming it.
     """
+    caller = pm.hook.warpolicy_platform
+    impls = [i for i in caller.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
+    plugins = [impl.plugin for impl in caller.get_hookimpls()]
     claims: list[tuple[str, PlatformImpl]] = []
-    for impl in pm.hook.warpolicy_platform.get_hookimpls():
-        if impl.hookwrapper or impl.wrapper:  # wraps the others' calls; claims nothing itself
-            continue
+    for impl in reversed(impls):  # pluggy's call order
         name = impl.plugin_name
+        only = pm.subset_hook_caller(caller.name, [p for p in plugins if p is not impl.plugin])
         try:
-            result = impl.function(**({"device": device} if "device" in impl.argnames else {}))
+            results = only(device=device)
         except Exception as exc:
             raise _plugin_error(
                 pm, name, f"warpolicy_platform({device!r}) raised {type(exc).__name__}: {exc}"
             ) from exc
-        if result is None:
-            continue
-        missing = [m for m in _IMPL_MEMBERS if not hasattr(result, m)]
-        if missing:
-            raise _plugin_error(
-                pm,
-                name,
-                f"warpolicy_platform({device!r}) returned a "
-                f"{type(result).__name__} without {', '.join(missing)}",
-            )
-        claims.append((name, cast(PlatformImpl, result)))
+        for result in results:
+            problems = implementation_problems(result)
+            if problems:
+                raise _plugin_error(
+                    pm,
+                    name,
+                    f"warpolicy_platform({device!r}) returned a {type(result).__name__} that "
+                    f"is not a platform implementation: {'; '.join(problems)}",
+                )
+            claims.append((name, cast(PlatformImpl, result)))
     if len(claims) > 1:
         first, second = sorted(name for name, _ in claims)[:2]
         raise _plugin_error(
@@ -396,6 +326,59 @@ def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str,
             "exactly one plugin may claim a device type",
         )
     return claims[0] if claims else None
+
+
+def normalize_device(device: Any) -> str:
+    """None -> ``"cuda"`` when CUDA is available, else ``"sim"``; anything else its lower-case
+    string (``torch.device("cuda", 0)`` -> ``"cuda:0"``)."""
+    if device is None:
+        return "cuda" if cuda_available() else "sim"
+    return str(device).strip().lower()
+
+
+def open_platform(pm: pluggy.PluginManager, device: Any = None) -> Platform:
+    """The platform for ``device`` (``torch.device``, ``"cuda"``, ``"cuda:0"``, ``"sim"``, or
+    None = CUDA if available, else the simulated platform), claimed once through ``pm``.
+
+    Raises `CudaUnavailableError` when CUDA is asked for and not available,
+    `UnknownNameError` when no plugin claims the device type, and `PluginError` when two do or
+    the claim is not a platform implementation.
+    """
+    wanted = normalize_device(device)
+    kind = device_type(wanted)
+    if kind == "cuda" and not cuda_available():
+        raise CudaUnavailableError(
+            f"device {wanted!r} needs CUDA, but torch.cuda.is_available() is False"
+        )
+    claim = claim_platform(pm, wanted)
+    if claim is None:
+        raise UnknownNameError("device type", kind, ["cuda", "sim"])
+    platform = Platform(claim[1])
+    platform.announce()
+    return platform
+
+
+@attrs.frozen
+class Runtime:
+    """What the composition root builds once and passes down."""
+
+    pm: WarpolicyPluginManager
+    platform: Platform
+    observers: Observers
+
+
+def open_runtime(
+    device: Any = None,
+    *,
+    pm: Optional[WarpolicyPluginManager] = None,
+    load_entry_points: bool = True,
+    environ: Mapping[str, str] = os.environ,
+) -> Runtime:
+    """Build the plugin manager (unless given), the platform for ``device`` and the observers,
+    once. ``load_entry_points`` and ``environ`` are `new_plugin_manager`'s."""
+    if pm is None:
+        pm = new_plugin_manager(load_entry_points=load_entry_points, environ=environ)
+    return Runtime(pm, open_platform(pm, device), pm.observers)
 
 
 # -- fragments ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import threading
 from typing import Any, Mapping, Optional, Protocol
 
 from warpolicy.registry.inputs import env_switch
-from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.markers import hookimpl
 
 log = logging.getLogger("warpolicy")
 

@@ -116,7 +116,7 @@ class CudaReleaseTiming:
 
     def __init__(self) -> None:
         # torch only here: the plugin imports without torch, and only sampling needs it
-        import torch
+        import torch  # noqa: PLC0415 - deferred: only release sampling needs torch
 
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA device")

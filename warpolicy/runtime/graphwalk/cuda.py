@@ -16,9 +16,6 @@ What a node touches:
 Edges: only plain full dependencies order nodes here. A programmatic (early-launch) edge does
 not promise that the parent finished, so it is dropped from ``deps`` (more readers, never fewer,
 look unordered) and counted in `RawGraph.weak_edges`.
-
-Over 400 lines: every cuda-bindings call is checked and mapped to a one-line error, for each
-node kind the walk reads.
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ NODE_KINDS = {
 def driver_module() -> ModuleType:
     """``cuda.bindings.driver``, imported here because cuda-bindings is optional."""
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # noqa: PLC0415 - cuda-bindings is optional
     except ImportError as exc:
         raise BindingsMissingError(
             f"cuda-bindings is not installed ({exc}); pip install 'cuda-bindings>=12.4'"

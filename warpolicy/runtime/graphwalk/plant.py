@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence, Union
 
 import attrs
 
+from warpolicy.runtime.graphwalk import cuda  # imports cuda-bindings only when a walk runs
 from warpolicy.runtime.graphwalk.analysis import (
     DerivedPlan,
     Outcome,
@@ -167,10 +168,6 @@ def derive_and_plant(graph: Any, shared_buffers: SharedBuffers, event: Any) -> D
 
 
 def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> DerivedPlant:
-    from warpolicy.runtime.graphwalk import (
-        cuda,  # cuda-bindings is optional: imported when used
-    )
-
     if not ranges:
         raise PlacementError("no non-empty shared buffers to look for")
     raw = raw_graph_of(graph)
@@ -243,10 +240,6 @@ def check_marker(graph: Any, shared_buffers: SharedBuffers, marker_event: Any) -
 
 
 def _check_marker(graph: Any, ranges: Sequence[BufferRange], marker_event: Any) -> SelfCheck:
-    from warpolicy.runtime.graphwalk import (
-        cuda,  # cuda-bindings is optional: imported when used
-    )
-
     raw = raw_graph_of(graph)
     handle = event_handle(marker_event)
     if not handle:

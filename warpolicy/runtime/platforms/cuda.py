@@ -25,12 +25,12 @@ from warpolicy.runtime.graphwalk import (
 )
 from warpolicy.runtime.graphwalk.cuda import driver_module
 from warpolicy.runtime.graphwalk.plant import SharedBuffers, is_instantiated
-from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platforms import cuda_available, device_type
+from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.platforms.base import cuda_available, device_type
 
 
 def _torch() -> Any:
-    import torch  # deferred: importing warpolicy must not need torch
+    import torch  # noqa: PLC0415 - deferred: importing warpolicy must not need torch
 
     return torch
 

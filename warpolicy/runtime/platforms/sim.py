@@ -22,8 +22,8 @@ demo can inspect:
   stream (say, a read of a shared buffer) and `happens_before` answers whether one mark is
   ordered before another, which is how the fault-injection matrix proves "no early release".
 
-* **Fault injection** (`SimPlatform.inject`): make any operation raise, return None, or act and
-  then raise, optionally only when a condition holds.
+Fault injection (make any operation raise, return None, or act then raise) is test support:
+`warpolicy.testing.FaultySimPlatform`, a subclass of this one.
 
 Graph semantics, modelled on CUDA:
 
@@ -34,6 +34,10 @@ Graph semantics, modelled on CUDA:
   stream (``stream=None`` or the capture stream itself). A non-external event recorded during
   capture makes no node and becomes unusable: waiting on it later raises
   ``RuntimeError("invalid argument")``, as on the H200.
+* Launches of one graph are serialized, on any streams, as CUDA serializes the launches of one
+  graph exec: a replay starts after the previous replay of the same graph has finished (its
+  stream's clock merges the end of that replay). So a wait on an in-graph event bound to a later
+  launch of the same graph on another stream only over-waits, as on the H200.
 * ``replay`` logs ``("replay", id)`` and then fires the planted nodes. A graph captured with
   ``capture_callable`` re-runs its body at each replay on the launching stream
   (``is_capturing()`` True, ``replaying`` True), so a planted record fires at its place in the
@@ -46,19 +50,15 @@ returns for each captured graph (set ``SimPlatform.graph_model``; without it the
 unavailable and a runner fails closed). A derived node fires at each replay after the whole
 body (the sim cannot place it inside the body), on the launching stream; a test's graph model
 says which readers it found.
-
-Over 400 lines: a whole platform (events, streams, graphs, capture and replay) plus its
-happens-before model and fault injection, which the CPU suite and the fault matrix rely on.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import itertools
 import weakref
-from typing import Any, Callable, Iterator, Optional, TypeVar, Union, overload
+from typing import Any, Callable, Iterator, Optional, Union, overload
 
 import attrs
 
@@ -71,20 +71,11 @@ from warpolicy.runtime.graphwalk import (
     derive_plan,
 )
 from warpolicy.runtime.graphwalk.plant import SharedBuffers, check_walked, ranges_of
-from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.platforms import PLATFORM_OPERATIONS, device_type
-
-#: Device types the simulated platform claims (``fake`` is the 0.1 name, kept as an alias).
-DEVICE_TYPES = ("sim", "fake")
+from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.platforms.base import is_simulated
 
 #: Entries the call log keeps by default (about 10 MB of tuples); older ones are dropped.
 DEFAULT_LOG_CAP = 100_000
-
-#: The operations `SimPlatform.inject` can make fail (every `PlatformImpl` method).
-OPERATIONS = (*PLATFORM_OPERATIONS, "plant_derived", "check_marker", "instantiate")
-
-#: Fault modes accepted by `SimPlatform.inject`.
-FAULT_MODES = ("raise", "none", "act_then_raise")
 
 Clock = dict[int, int]  # stream id -> that stream's counter
 
@@ -132,6 +123,8 @@ class SimGraph:
     replays: int = 0
     derived: list[SimEvent] = attrs.Factory(list)  # derived nodes: fire after the whole body
     instantiated: bool = False
+    #: the clock at the end of the latest replay: the next launch starts after it
+    done_clock: Optional[Clock] = None
 
     def planted_ids(self) -> set[int]:
         return {e.id for e in self.planted}
@@ -151,20 +144,6 @@ class Mark:
     tick: int
     clock: Clock = attrs.field(eq=False, repr=False)
     executed: bool = True
-
-
-@attrs.define(eq=False)
-class Fault:
-    """An injected failure of one operation (see `SimPlatform.inject`); ``fired`` counts hits."""
-
-    op: str
-    mode: str
-    when: Optional[Callable[[], bool]] = None
-    fired: int = 0
-
-
-class InjectedFault(RuntimeError):
-    """The error an injected ``raise`` / ``act_then_raise`` fault raises."""
 
 
 class CallLog:
@@ -232,28 +211,6 @@ class CallLog:
         return [e[0] for e in self._entries]
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _faultable(method: _F) -> _F:
-    """Let `SimPlatform.inject` make this operation fail."""
-    op = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self: SimPlatform, *args: Any, **kwargs: Any) -> Any:
-        fault = self.faults.get(op) if self.faults else None
-        if fault is None or (fault.when is not None and not fault.when()):
-            return method(self, *args, **kwargs)
-        fault.fired += 1
-        if fault.mode == "none":
-            return None
-        if fault.mode == "act_then_raise":
-            method(self, *args, **kwargs)
-        raise InjectedFault(f"sim: injected {fault.mode} in {op}")
-
-    return wrapper  # type: ignore[return-value]
-
-
 class SimPlatform:
     """`PlatformImpl` of the simulated device: logs every call, models happens-before.
 
@@ -269,8 +226,10 @@ class SimPlatform:
         self.device = device
         self.external_events_supported = bool(external_events)
         self.log = CallLog(log_cap)
-        self.faults: dict[str, Fault] = {}
         self._ids = itertools.count(1)
+        #: what every stream is ordered after: all work the host synchronized with
+        self._floor: Clock = {}
+        self._issued: Clock = {}  # the latest tick of every stream, dropped streams included
         self.default_stream = SimStream(0)
         self._streams: list[SimStream] = [self.default_stream]  # the current-stream stack
         self._all_streams: weakref.WeakSet[SimStream] = weakref.WeakSet([self.default_stream])
@@ -302,28 +261,10 @@ class SimPlatform:
         return next(self._ids)
 
     def _stream(self, stream_id: Optional[int] = None) -> SimStream:
-        stream = SimStream(self._next_id() if stream_id is None else stream_id)
+        # a new stream starts after everything the host has synchronized with
+        stream = SimStream(self._next_id() if stream_id is None else stream_id, dict(self._floor))
         self._all_streams.add(stream)
         return stream
-
-    # -- fault injection ---------------------------------------------------------------------
-
-    def inject(
-        self, op: str, mode: str = "raise", when: Optional[Callable[[], bool]] = None
-    ) -> Fault:
-        """Make operation ``op`` fail: ``"raise"`` (`InjectedFault`, nothing done), ``"none"``
-        (return None, nothing done) or ``"act_then_raise"`` (do it, then raise), whenever
-        ``when()`` is true (always by default). Replaces an earlier fault of ``op``."""
-        if mode not in FAULT_MODES:
-            raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}, not {mode!r}")
-        if op not in OPERATIONS:
-            raise ValueError(f"{op!r} is not a simulated platform operation")
-        fault = Fault(op, mode, when)
-        self.faults[op] = fault
-        return fault
-
-    def clear_faults(self) -> None:
-        self.faults.clear()
 
     # -- happens-before ----------------------------------------------------------------------
 
@@ -332,6 +273,7 @@ class SimPlatform:
         stream = self._streams[-1]
         tick = stream.clock.get(stream.id, 0) + 1
         stream.clock[stream.id] = tick
+        self._issued[stream.id] = tick
         return Mark(label, stream.id, tick, dict(stream.clock), executed=self._capturing is None)
 
     @staticmethod
@@ -342,7 +284,6 @@ class SimPlatform:
 
     # -- events -------------------------------------------------------------------------------
 
-    @_faultable
     def create_event(self, external: bool) -> SimEvent:
         if external and not self.external_events_supported:
             raise TypeError("sim platform: external events are disabled")
@@ -350,7 +291,6 @@ class SimPlatform:
         self.log.emit(("create_event", event.id, event.external))
         return event
 
-    @_faultable
     def record(self, event: SimEvent, stream: Optional[SimStream] = None) -> None:
         current = self._streams[-1]
         target = current if stream is None else stream
@@ -379,7 +319,6 @@ class SimPlatform:
             self.log.emit(("record", event.id, stream.id, "in_graph"))
         # any other record in the body made no node at capture: nothing fires
 
-    @_faultable
     def wait_event(self, stream: SimStream, event: SimEvent) -> None:
         if event.invalid:
             raise RuntimeError(
@@ -390,26 +329,21 @@ class SimPlatform:
             _merge(stream.clock, event.clock)
         self.log.emit(("wait_event", stream.id, event.id))
 
-    @_faultable
     def wait_stream(self, stream: SimStream, other: SimStream) -> None:
         _merge(stream.clock, other.clock)
         self.log.emit(("wait_stream", stream.id, other.id))
 
     # -- streams ------------------------------------------------------------------------------
 
-    @_faultable
     def is_capturing(self) -> bool:
         return self._capturing is not None or self._replaying is not None
 
-    @_faultable
     def new_stream(self) -> SimStream:
         return self._stream()
 
-    @_faultable
     def current_stream(self) -> SimStream:
         return self._streams[-1]
 
-    @_faultable
     def use_stream(self, stream: SimStream) -> contextlib.AbstractContextManager[SimStream]:
         return self._use_stream(stream)
 
@@ -425,21 +359,17 @@ class SimPlatform:
 
     # -- graphs -------------------------------------------------------------------------------
 
-    @_faultable
     def new_graph(self, keep_graph: bool) -> SimGraph:
         return SimGraph(self._next_id(), bool(keep_graph))
 
-    @_faultable
     def graph_pool(self) -> SimPool:
         return SimPool(self._next_id())
 
-    @_faultable
     def capture(
         self, graph: SimGraph, stream: Optional[SimStream] = None, pool: Optional[SimPool] = None
     ) -> contextlib.AbstractContextManager[SimGraph]:
         return self._capture(graph, stream)
 
-    @_faultable
     def capture_callable(
         self,
         graph: SimGraph,
@@ -462,6 +392,7 @@ class SimPlatform:
         graph.instantiated = False
         graph.captured = False
         graph.fn = None
+        graph.done_clock = None
         self.log.emit(("capture_begin", graph.id))
         self._capturing = graph
         self._streams.append(graph.stream)
@@ -473,7 +404,6 @@ class SimPlatform:
             self.log.emit(("capture_end", graph.id))
         graph.captured = True  # only reached when the body did not raise
 
-    @_faultable
     def replay(self, graph: SimGraph) -> None:
         if not graph.captured:
             raise RuntimeError(f"sim platform: graph {graph.id} was never captured")
@@ -482,6 +412,8 @@ class SimPlatform:
         graph.replays += 1
         self.log.emit(("replay", graph.id))
         launch = self._streams[-1]
+        if graph.done_clock is not None:  # serialized after the previous launch of this graph
+            _merge(launch.clock, graph.done_clock)
         if graph.fn is None:
             for event in graph.planted:
                 self._fire_in_replay(graph, event, launch)
@@ -496,14 +428,12 @@ class SimPlatform:
             event.invalid = False
             event.clock = dict(launch.clock)
             self.log.emit(("record", event.id, launch.id, "in_graph"))
+        graph.done_clock = dict(launch.clock)
 
-    @_faultable
     def synchronize(self) -> None:
-        everything: Clock = {}
-        streams = list(self._all_streams)
-        for stream in streams:
-            _merge(everything, stream.clock)
-        for stream in streams:  # work issued from now on is ordered after all of it
+        everything = self._floor
+        _merge(everything, self._issued)  # every stream's work, even a stream since dropped
+        for stream in list(self._all_streams):  # work issued from now on is ordered after it
             _merge(stream.clock, everything)
         self.log.emit(("synchronize",))
 
@@ -527,7 +457,6 @@ class SimPlatform:
             )
         return model
 
-    @_faultable
     def plant_derived(
         self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
     ) -> DerivedPlant:
@@ -561,7 +490,6 @@ class SimPlatform:
             plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes, 0.0, 0.0, 0.0
         )
 
-    @_faultable
     def check_marker(
         self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
     ) -> SelfCheck:
@@ -570,13 +498,12 @@ class SimPlatform:
             raise PlacementError("the marker event has no handle; nothing to look for")
         return check_walked(self._model_of(graph), ranges_of(shared_buffers), event.id)
 
-    @_faultable
     def instantiate(self, graph: SimGraph) -> None:
         graph.instantiated = True
 
 
 class SimPlugin:
-    """The built-in plugin: claims ``sim`` (and ``fake``) devices with a fresh `SimPlatform`
+    """The built-in plugin: claims ``sim`` (and its alias ``fake``) devices with a fresh `SimPlatform`
     per `Platform`, so each platform has its own log and clocks."""
 
     def __init__(self, external_events: bool = True, log_cap: int = DEFAULT_LOG_CAP) -> None:
@@ -585,6 +512,6 @@ class SimPlugin:
 
     @hookimpl
     def warpolicy_platform(self, device: str) -> Optional[SimPlatform]:
-        if device_type(device) not in DEVICE_TYPES:
+        if not is_simulated(device):
             return None
         return SimPlatform(self.external_events, device="sim", log_cap=self.log_cap)

@@ -22,34 +22,14 @@ body into a kept graph and adds the read-done node after the shared readers the 
 
 from __future__ import annotations
 
-from typing import Any
-
-from warpolicy.registry.vocabulary import ForwardMode, Placement
-from warpolicy.runtime.runners.base import CapturedBucket, GraphRunner
+from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.runners.base import GraphRunner
 
 
 class DraftExtendRunner(GraphRunner):
-    """Buckets by token count (``model.bucket_sizes(DRAFT_EXTEND)``); no planted node."""
+    """Buckets by token count (``model.bucket_sizes(DRAFT_EXTEND)``); no marker in the body:
+    with marker placement its buckets are never planted, so a declared ``in_graph`` publishes
+    right after the replay; with derived placement the node is added after the walk's readers."""
 
     mode = ForwardMode.DRAFT_EXTEND
-
-    def _capture_bucket(self, bucket: int, pool: Any) -> CapturedBucket:
-        """Capture ``graph_prep -> forward`` with no marker; the policy is resolved with
-        ``planted=False``, so a declared in_graph publishes after the replay (derived
-        placement: see `GraphRunner`)."""
-        if self.placement is Placement.DERIVED:
-            return self._capture_derived(bucket, pool)
-
-        def body() -> None:
-            self.model.graph_prep(bucket)
-            self._outputs[bucket] = self.model.forward(bucket)
-
-        graph = self.platform.new_graph(keep_graph=self.keep_graphs)
-        self.platform.capture_callable(graph, body, pool=pool)
-        return CapturedBucket(
-            bucket,
-            graph,
-            self._outputs[bucket],
-            None,  # no event: no node
-            self._resolve(eager=False, planted=False),
-        )
+    plants_marker = False

@@ -22,8 +22,12 @@ with::
 4. runs ``write_next()`` with the schedule stream current, and records an event after it.
 
 Failures stay ordered: a failed barrier falls back to the coarse one (then to a host
-synchronize; if even that fails the step raises before anything is written), and a failed
-record after the writes makes the next forward wait for the whole schedule stream.
+synchronize; if even that fails the step raises before anything is written), a failed
+record after the writes makes the next forward wait for the whole schedule stream, and a launch
+that raises leaves the schedule stream waiting for everything it enqueued and the next forward
+waiting for every write.
+
+A loop belongs to one thread (the first that steps it; `WrongThreadError` from any other).
 
 Every device write the scheduler makes to state a forward reads must go through
 ``write_next`` (a writer path that bypasses the barrier is the peers' largest bug class,
@@ -34,16 +38,15 @@ allocates and a later forward reads belong to the schedule stream; keep them ali
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Optional, Protocol
 
-from warpolicy.runtime.fence import ReadDone, SchedulerBarrier
-from warpolicy.runtime.platform import Platform
-from warpolicy.runtime.platforms import StreamHandle
-from warpolicy.runtime.runners.base import GraphRunner
-
-#: ``_pending`` when the record after the writes failed: wait for the whole schedule stream.
-_WHOLE_STREAM = object()
+from warpolicy.runtime.fence import SchedulerBarrier
+from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ownership import ThreadOwner, get_ident
+from warpolicy.runtime.platforms import Platform, StreamHandle
+from warpolicy.runtime.release import ReadDone
+from warpolicy.runtime.ring import EventRing, RingSlot
+from warpolicy.runtime.runners.protocols import Runner
 
 
 class StepProbe(Protocol):
@@ -58,20 +61,30 @@ class StepProbe(Protocol):
     def mark(self, point: str, stream: Any) -> None: ...
 
 
+class _WholeStream:
+    """The next forward waits for the whole schedule stream (recording after the writes failed)."""
+
+
+_WHOLE_STREAM = _WholeStream()
+
+
 class OverlapLoop:
     """Scheduler-side helper: barrier right after each launch, next-batch writes on the
     schedule stream, forward waits for those writes before the next launch.
 
-    ``unsafe_skip_barrier`` removes step 3's barrier entirely: only for benchmarks' upper bound
-    and audits' controls; it races by construction.
+    ``runner`` (or a ``platform`` for a loop that gets its runner per step) supplies the
+    platform and, unless ``observers`` is given, the observers. ``unsafe_skip_barrier`` removes
+    step 3's barrier entirely: only for benchmarks' upper bound and audits' controls; it races
+    by construction.
     """
 
     def __init__(
         self,
-        runner: Optional[GraphRunner] = None,
+        runner: Optional[Runner] = None,
         platform: Optional[Platform] = None,
         force_coarse: bool = False,
         *,
+        observers: Optional[Observers] = None,
         forward_stream: Optional[StreamHandle] = None,
         schedule_stream: Optional[StreamHandle] = None,
         probe: Optional[StepProbe] = None,
@@ -82,45 +95,64 @@ class OverlapLoop:
             if runner is None:
                 raise TypeError("OverlapLoop needs a runner or a platform")
             platform = runner.platform
+        if observers is None:
+            observers = runner.observers if runner is not None else NO_OBSERVERS
         self.runner = runner
         self.platform = platform
         self.forward_stream = forward_stream
         self.schedule_stream = (
             schedule_stream if schedule_stream is not None else platform.new_stream()
         )
-        self.barrier = SchedulerBarrier(platform, force_coarse=force_coarse)
+        self.barrier = SchedulerBarrier(platform, force_coarse=force_coarse, observers=observers)
+        self.reporter = Reporter(observers, "overlap loop")
         self.probe = probe
         self.unsafe_skip_barrier = bool(unsafe_skip_barrier)
         # a ring, not one re-recorded event: several steps can be in flight (docs/background.md §2)
-        self._ring = [platform.create_event(False) for _ in range(max(2, int(ring_size)))]
-        self._next = 0
-        self._pending: Any = None  # event after the last step's writes (or _WHOLE_STREAM)
+        self._ring = EventRing(platform, ring_size, "overlap loop")
+        self._owner = ThreadOwner("overlap loop")
+        self._pending: Optional[RingSlot] = None  # the event after the last step's writes
+        self._whole_stream = False  # the last record failed: wait for the whole stream
         self.last_read_done: Optional[ReadDone] = None
         self.last_barrier: Optional[str] = None  # "event", "coarse" or "skipped" (unsafe)
         self.steps = 0
-        self._warned: set[str] = set()  # one warning per failing place
+
+    def release_thread(self) -> None:
+        """Hand the loop to another thread: the next thread that steps it owns it."""
+        self._owner.release()
 
     def step(
         self,
         batch: Any,
         write_next: Optional[Callable[[], Any]] = None,
-        runner: Optional[GraphRunner] = None,
+        runner: Optional[Runner] = None,
     ) -> Any:
         """Launch ``batch`` (on ``runner``, default the loop's), barrier, then ``write_next()``
         on the schedule stream. Returns the runner's output."""
+        if self._owner.ident != get_ident():
+            self._owner.claim()
         runner = runner if runner is not None else self.runner
         if runner is None:
             raise TypeError("OverlapLoop.step needs a runner (none given to the loop)")
         p = self.platform
         fwd = self.forward_stream if self.forward_stream is not None else p.current_stream()
         with p.stream(fwd):
-            if self._pending is not None:
+            if self._pending is not None or self._whole_stream:
                 self._wait_for_writes(fwd)
+            # until this step's writes are recorded, whatever raises on the way (the launch,
+            # the barrier, an observer, KeyboardInterrupt), the next forward, on any stream,
+            # waits for the whole schedule stream
+            self._whole_stream = True
             self._mark("launch", fwd)
-            out = runner.run(batch)
+            try:
+                out = runner.run(batch)
+            except BaseException:
+                self._launch_failed(runner, fwd)
+                raise
             self._mark("launched", fwd)
         self.last_read_done = runner.fence.take()  # consume-once, right after the launch
         if self.unsafe_skip_barrier:
+            if self.last_read_done is not None:
+                self.last_read_done.slot.taken = False  # nothing will wait on it
             self.last_barrier = "skipped"
         else:
             self.last_barrier = self._apply_barrier(fwd, self.last_read_done)
@@ -135,45 +167,69 @@ class OverlapLoop:
         self.steps += 1
         return out
 
-    def _record_writes(self) -> None:
-        """Record the ring event after the writes; on failure the next forward waits for the
-        whole schedule stream instead (never for an older step's event)."""
-        self._pending = _WHOLE_STREAM
-        ev = self._ring[self._next]
-        self._next = (self._next + 1) % len(self._ring)
+    def _launch_failed(self, runner: Runner, fwd: StreamHandle) -> None:
+        """The launch raised (``KeyboardInterrupt`` too) after enqueuing some of its reads on
+        ``fwd``, and it consumed the wait for the last writes there: order the schedule stream
+        after everything on ``fwd`` (the coarse barrier, else a host synchronize), hand nothing
+        to a barrier, and make the next forward, on whatever stream, wait for every write."""
+        self._whole_stream = True
+        self._pending = None
         try:
-            self.platform.record(ev, self.schedule_stream)
+            read_done = runner.fence.take()
+            if read_done is not None:
+                read_done.discard()
+        except Exception:  # noqa: BLE001 - nothing to hand out either way
+            pass
+        try:
+            self.platform.wait_stream(self.schedule_stream, fwd)
+        except Exception:  # noqa: BLE001 - last resort: the host waits for everything
+            self.platform.synchronize()
+
+    def _record_writes(self) -> None:
+        """Record a ring event after the writes; on failure the next forward waits for the
+        whole schedule stream instead (never for an older step's event)."""
+        self._pending = None
+        self._whole_stream = True
+        try:
+            slot = self._ring.record(self.schedule_stream)
         except Exception as exc:  # noqa: BLE001 - ordered anyway, through the whole stream
-            self._warn(
+            self.reporter.fallback(
                 "record",
+                exc,
                 f"recording the writes failed ({exc!r}); the next forward waits for the "
                 "whole schedule stream",
             )
             return
-        self._pending = ev
+        slot.taken = True  # the next forward waits on it
+        self._pending = slot
+        self._whole_stream = False
 
     def _wait_for_writes(self, fwd: StreamHandle) -> None:
         """The forward stream waits for the last writes: their event, else the whole schedule
         stream, else the host waits for everything. Raises (before the launch) if all fail."""
         p = self.platform
-        pending, self._pending = self._pending, _WHOLE_STREAM  # until a wait succeeds
-        if pending is not _WHOLE_STREAM:
+        pending, self._pending = self._pending, None
+        self._whole_stream = True  # until a wait succeeds
+        error: Optional[Exception] = None
+        if pending is not None:
             try:
-                p.wait_event(fwd, pending)
-                self._pending = None
-                return
+                p.wait_event(fwd, pending.event)
             except Exception as exc:  # noqa: BLE001 - fall back to the whole stream
-                error: Optional[Exception] = exc
-        else:
-            error = None
+                error = exc
+            else:
+                pending.taken = False
+                self._whole_stream = False
+                return
+            pending.taken = False
         try:
             p.wait_stream(fwd, self.schedule_stream)
         except Exception:  # noqa: BLE001 - last resort: the host waits for everything
             p.synchronize()
-        self._pending = None
+        self._whole_stream = False
         if error is not None:
-            self._warn(
+            self.reporter.fallback(
                 "wait",
+                error,
                 f"waiting for the last writes failed ({error!r}); waited for the whole "
                 "schedule stream",
             )
@@ -188,13 +244,12 @@ class OverlapLoop:
                 self.platform.wait_stream(self.schedule_stream, fwd)
             except Exception:  # noqa: BLE001
                 self.platform.synchronize()
-            self._warn("barrier", f"barrier failed ({exc!r}); using the coarse barrier")
+            if read_done is not None:
+                read_done.slot.taken = False
+            self.reporter.fallback(
+                "barrier", exc, f"barrier failed ({exc!r}); using the coarse barrier"
+            )
             return "coarse"
-
-    def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"warpolicy overlap loop: {message}", RuntimeWarning, stacklevel=4)
 
     def _mark(self, point: str, stream: Any) -> None:
         if self.probe is not None:

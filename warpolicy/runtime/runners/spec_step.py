@@ -4,48 +4,49 @@ A speculative-decoding step runs several forwards back to back on the forward st
 forwards, the target verify, and (EAGLE family) a draft extend over the accepted tokens. Each
 phase is its own graph runner with its own fence. The scheduler may overwrite shared metadata
 only after the **last phase that reads it**, so the step hands the scheduler exactly one
-event: the one published by the phase the speculative algorithm names as its last shared
-reader (``SpecAlgorithm.last_reader``; ``None`` means the last phase the step runs).
+event: the one published by the last phase that reads shared state.
 
-Per step, in phase order, every phase up to and including the last reader:
+Which phases read shared state: every phase up to and including the one the speculative
+algorithm declares as its last shared reader (``SpecAlgorithm.last_reader``; ``None`` means the
+last phase the step runs), and **any later phase whose policy names a release point** for its
+mode (or whose lookup failed): that answer says it reads shared state, whatever the
+declaration says, so the step releases at the latest such phase (one warning per phase, and
+every occurrence counted) rather than before that phase's reads; if that phase then publishes
+nothing (it decided ``none`` for the step, or failed closed), the step is coarse. A later phase
+whose policy answers ``none`` throughout is taken at the declaration's word (it reads nothing).
 
-1. clears the step's mailbox (an earlier phase's event is stale from now on);
-2. runs (launches its graph on the forward stream, publishing through its own fence);
-3. puts what its fence published into the step's mailbox (nothing if it decided ``none``).
+Per step, for each reading phase in order, what its fence published replaces the step's
+mailbox (nothing if it decided ``none``). The release is sound for earlier phases too: they ran
+before the releasing phase on the same stream, so its event fires after their reads.
 
-So after the last reader the mailbox holds that phase's event, or nothing when it decided
-``none`` (the scheduler then takes the coarse barrier). Phases after the last reader run too,
-but by the declaration they read no shared state, so their events are discarded. The
-release is sound for earlier phases as well: they ran before the last reader on the same
-stream, so its event fires after their reads.
+Failure of any reading phase fails closed: a phase that raises, or that decided to publish but
+whose fence published nothing (a hook or record failed), leaves the step's mailbox empty (coarse).
 
-Failure of any phase fails closed: a phase that raises, or that decided to publish but whose
-fence published nothing (a hook or record failed), leaves the step's mailbox empty (coarse).
-
-The step looks like a runner to `OverlapLoop` and the audit (``run``, ``fence.take()``,
-``platform``, ``capture``, ``last_step``), so ``loop.step(batch, write_next, runner=step)``
-runs it.
+`SpecStep` is a `warpolicy.runtime.runners.protocols.Runner`, so ``loop.step(batch, write_next,
+runner=step)`` runs it and the audit audits it. It belongs to one thread, like its runners.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import attrs
 
 from warpolicy.errors import InputError
-from warpolicy.registry.vocabulary import NONE, ForwardMode
-from warpolicy.runtime.runners.base import CapturedBucket, GraphRunner, StepInfo
-
-if TYPE_CHECKING:  # the fence imports torch; runners import it lazily
-    from warpolicy.runtime.fence import ReadDone
+from warpolicy.registry.model import SpecAlgorithm
+from warpolicy.registry.vocabulary import NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ownership import ThreadOwner, get_ident
+from warpolicy.runtime.platforms import EventHandle, Platform
+from warpolicy.runtime.release import ReadDone
+from warpolicy.runtime.runners.base import GraphRunner
+from warpolicy.runtime.runners.protocols import CapturedBucket, ModelAdapter, StepInfo
 
 #: ``inputs(step_batch, earlier_outputs) -> this phase's batch``
 PhaseInputs = Callable[[Any, Sequence[Any]], Any]
 
 
-def last_reader_of(spec: Any) -> Optional[ForwardMode]:
+def last_reader_of(spec: SpecAlgorithm) -> Optional[ForwardMode]:
     """The mode of the last phase that reads shared state, as the spec algorithm declares it.
 
     ``None`` means "the last phase the step runs" (the conservative default).
@@ -77,29 +78,36 @@ class Phase:
 class StepMailbox:
     """The step's one-slot mailbox: what the scheduler takes (consume-once) after the launch.
 
-    ``event`` is the persistent external event of the last reader's fence (the static audit
-    looks for its record node in that phase's graph).
+    ``event`` is the latest external event of the declared last reader's fence (the static
+    audit's fallback when a bucket keeps none).
     """
 
-    def __init__(self, name: str, last_fence: Any) -> None:
+    def __init__(self, name: str, last_fence: Any, owner: ThreadOwner) -> None:
         self.name = name
         self._last_fence = last_fence
+        self._owner = owner
         self._read_done: Optional[ReadDone] = None
 
     @property
-    def event(self) -> Any:
+    def event(self) -> Optional[EventHandle]:
         return self._last_fence.event
 
     def clear(self) -> None:
-        self._read_done = None
+        self.put(None)
 
     def put(self, read_done: Optional[ReadDone]) -> None:
+        """Hold ``read_done`` for the scheduler; one it replaces was never handed out."""
+        old = self._read_done
+        if old is not None and old is not read_done:
+            old.slot.taken = False
         self._read_done = read_done
 
     def peek(self) -> Optional[ReadDone]:
         return self._read_done
 
     def take(self) -> Optional[ReadDone]:
+        if self._owner.ident != get_ident():
+            self._owner.claim()
         read_done, self._read_done = self._read_done, None
         return read_done
 
@@ -107,9 +115,9 @@ class StepMailbox:
 class SpecStep:
     """Runs the phases of one speculative step in order and publishes one read-done event.
 
-    ``last_reader`` is the mode of the phase whose event the scheduler waits on (the last
-    phase of that mode when several share it); ``None`` means the last phase. Build it from a
-    registry entry with `SpecStep.for_algorithm`.
+    ``last_reader`` is the mode of the phase the algorithm declares as its last shared reader
+    (the last phase of that mode when several share it); ``None`` means the last phase. Build
+    it from a registry entry with `SpecStep.for_algorithm`.
     """
 
     def __init__(
@@ -118,34 +126,38 @@ class SpecStep:
         *,
         last_reader: Union[str, ForwardMode, None] = None,
         name: str = "spec_step",
+        observers: Observers = NO_OBSERVERS,
     ) -> None:
         self.phases: tuple[Phase, ...] = tuple(
             p if isinstance(p, Phase) else Phase(p) for p in phases
         )
         if not self.phases:
             raise InputError(f"{name}: a speculative step needs at least one phase")
-        self.name = name
+        self._name = name
         self.last_reader: Optional[ForwardMode] = (
             None if last_reader is None else ForwardMode.parse(last_reader)
         )
         self.last_index = self._last_index()
-        self.platform = self.phases[0].runner.platform
-        if any(p.runner.platform is not self.platform for p in self.phases):
+        self._platform = self.phases[0].runner.platform
+        if any(p.runner.platform is not self._platform for p in self.phases):
             raise InputError(f"{name}: every phase must run on the same platform")
-        self.fence = StepMailbox(name, self.reader.runner.fence)
-        self.last_step: Optional[StepInfo] = None
+        self.observers = observers
+        self.reporter = Reporter(observers, name)
+        self._owner = ThreadOwner(f"speculative step {name!r}")
+        self._mailbox = StepMailbox(name, self.reader.runner.fence, self._owner)
+        self._last_step: Optional[StepInfo] = None
         #: what each phase did in the last step (``None`` for a phase that did not run)
         self.phase_steps: tuple[Optional[StepInfo], ...] = ()
+        #: the phase whose event the last step handed out (or would have: None before a step)
+        self.released_by: Optional[Phase] = None
         self._step = 0
-        self._warned = False
 
     @classmethod
     def for_algorithm(
-        cls, phases: Sequence[Union[Phase, GraphRunner]], spec: Any, **kwargs: Any
+        cls, phases: Sequence[Union[Phase, GraphRunner]], spec: SpecAlgorithm, **kwargs: Any
     ) -> SpecStep:
-        """A step whose last reader is what the registry declares for ``spec`` (a
-        `SpecAlgorithm`)."""
-        kwargs.setdefault("name", f"{getattr(spec, 'name', 'spec')}_step")
+        """A step whose last reader is what the registry declares for ``spec``."""
+        kwargs.setdefault("name", f"{spec.name}_step")
         return cls(phases, last_reader=last_reader_of(spec), **kwargs)
 
     def _last_index(self) -> int:
@@ -154,17 +166,33 @@ class SpecStep:
         hits = [i for i, p in enumerate(self.phases) if p.mode == self.last_reader]
         if not hits:
             raise InputError(
-                f"{self.name}: the last shared reader is {self.last_reader.label}, "
+                f"{self._name}: the last shared reader is {self.last_reader.label}, "
                 f"but the step has no such phase (phases: "
                 f"{', '.join(p.mode.label for p in self.phases)})"
             )
         return hits[-1]
 
-    # -- what the overlap loop and the audit see -------------------------------------------------
+    # -- what the overlap loop and the audit see (the Runner protocol) ---------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def platform(self) -> Platform:
+        return self._platform
+
+    @property
+    def fence(self) -> StepMailbox:
+        return self._mailbox
+
+    @property
+    def last_step(self) -> Optional[StepInfo]:
+        return self._last_step
 
     @property
     def reader(self) -> Phase:
-        """The phase whose event the scheduler waits on."""
+        """The phase the algorithm declares as its last shared reader."""
         return self.phases[self.last_index]
 
     @property
@@ -172,7 +200,7 @@ class SpecStep:
         return self.reader.mode
 
     @property
-    def model(self) -> Any:
+    def model(self) -> ModelAdapter:
         return self.reader.runner.model
 
     @property
@@ -184,8 +212,19 @@ class SpecStep:
     def is_captured(self) -> bool:
         return all(p.runner.is_captured or not p.runner.buckets for p in self.phases)
 
+    def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
+        """What the declared last reader publishes for ``bucket`` (None: eager)."""
+        return self.reader.runner.policy_for(bucket)
+
+    def release_thread(self) -> None:
+        """Hand the step to another thread (its runners too): the next user owns them."""
+        self._owner.release()
+        for phase in self.phases:
+            phase.runner.release_thread()
+
     def capture(self) -> None:
         """Capture every phase's runner once (a runner may serve several phases)."""
+        self._owner.check()
         seen: set[int] = set()
         for phase in self.phases:
             if id(phase.runner) not in seen:
@@ -197,68 +236,85 @@ class SpecStep:
     def run(self, batch: Any) -> tuple[Any, ...]:
         """Run every phase on the current (forward) stream; returns their outputs in order.
 
-        Afterwards ``fence.take()`` gives the last reader's `ReadDone`, or None (coarse).
+        Afterwards ``fence.take()`` gives the last reading phase's `ReadDone`, or None (coarse).
         """
-        mailbox = self.fence
+        if self._owner.ident != get_ident():
+            self._owner.claim()
+        mailbox = self._mailbox
         mailbox.clear()
         outputs: list[Any] = []
         infos: list[Optional[StepInfo]] = [None] * len(self.phases)
         failed = False
+        released_by: Optional[int] = None
         try:
             for i, phase in enumerate(self.phases):
-                publishes = i <= self.last_index
-                if publishes:
-                    mailbox.clear()
                 phase_batch = batch if phase.inputs is None else phase.inputs(batch, tuple(outputs))
                 outputs.append(phase.runner.run(phase_batch))
-                read_done, info, ok = self._collect(phase)
+                read_done, info, decided, ok = self._collect(phase)
                 infos[i] = info
+                if i > self.last_index and not phase.runner.mode_policies().reads_shared_state:
+                    if read_done is not None:  # declared a non-reader, and answers so: discard
+                        read_done.slot.taken = False
+                    continue
+                if i > self.last_index:
+                    self._late_reader(phase, decided)
+                released_by = i
                 failed = failed or not ok
-                if publishes and not failed:
-                    mailbox.put(read_done)
+                mailbox.put(None if failed else read_done)
         except BaseException:
             mailbox.clear()  # the scheduler's read of this step finds nothing: coarse
-            self._record(batch, infos, None)
+            self._record(infos, released_by, None)
             raise
         if failed:
             mailbox.clear()
-            self._warn(
+            self.reporter.warn(
+                "publish",
                 "a phase decided to publish but its fence published nothing; "
-                "this step uses the coarse barrier"
+                "this step uses the coarse barrier",
             )
-        self._record(batch, infos, None if failed else mailbox.peek())
+        self._record(infos, released_by, mailbox.peek())
         return tuple(outputs)
 
-    def _collect(self, phase: Phase) -> tuple[Optional[ReadDone], Optional[StepInfo], bool]:
-        """Take what the phase's fence published; ``ok`` is False when it decided to publish
-        and nothing came out (its publish failed)."""
+    def _collect(
+        self, phase: Phase
+    ) -> tuple[Optional[ReadDone], Optional[StepInfo], WarReadDonePolicy, bool]:
+        """Take what the phase's fence published, with what the runner decided for this step;
+        ``ok`` is False when it decided to publish and nothing came out (its publish failed)."""
         runner = phase.runner
-        try:
-            read_done = runner.fence.take()
-        except Exception:  # noqa: BLE001 - a fence that cannot be read is a failed phase
-            return None, runner.last_step, False
         info = runner.last_step
         # what the runner decided for this step's graph (``info.policy`` is what its fence
         # really published: NONE after a failed publish, which must not pass as a choice)
         decided = runner.policy_for(info.bucket) if info is not None else NONE
-        return read_done, info, decided == NONE or read_done is not None
+        try:
+            read_done = runner.fence.take()
+        except Exception:  # noqa: BLE001 - a fence that cannot be read is a failed phase
+            return None, info, decided, False
+        return read_done, info, decided, decided is NONE or read_done is not None
+
+    def _late_reader(self, phase: Phase, decided: WarReadDonePolicy) -> None:
+        declared = self.reader
+        self.reporter.warn(
+            f"late-reader:{phase.name}",
+            f"phase {phase.name} ({phase.mode.label}) runs after the declared last shared "
+            f"reader {declared.name} ({declared.mode.label}) but decided {decided.label}, so "
+            f"it reads shared state: the step releases after {phase.name}",
+        )
 
     def _record(
-        self, batch: Any, infos: list[Optional[StepInfo]], read_done: Optional[ReadDone]
+        self,
+        infos: list[Optional[StepInfo]],
+        released_by: Optional[int],
+        read_done: Optional[ReadDone],
     ) -> None:
         self._step += 1
         self.phase_steps = tuple(infos)
-        reader = infos[self.last_index]
+        self.released_by = None if released_by is None else self.phases[released_by]
+        info = infos[released_by] if released_by is not None else None
         policy = read_done.policy if read_done is not None else NONE
-        size = reader.size if reader is not None else 0
-        bucket = reader.bucket if reader is not None else None
-        self.last_step = StepInfo(self._step, size, bucket, policy)
-
-    def _warn(self, message: str) -> None:
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"warpolicy {self.name}: {message}", RuntimeWarning, stacklevel=3)
+        size = info.size if info is not None else 0
+        bucket = info.bucket if info is not None else None
+        self._last_step = StepInfo(self._step, size, bucket, policy)
 
     def __repr__(self) -> str:
         phases = " -> ".join(f"{p.name}:{p.mode.label}" for p in self.phases)
-        return f"<SpecStep {self.name!r} {phases} last_reader={self.reader.name}>"
+        return f"<SpecStep {self._name!r} {phases} last_reader={self.reader.name}>"

@@ -9,11 +9,15 @@ runner's fence, not this one's.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+import operator
+from typing import Any, Optional
 
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.runners.base import GraphRunner, ModelAdapter, PolicyFn
+from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.policy import RunnerPolicy
+from warpolicy.runtime.runners.base import GraphRunner
+from warpolicy.runtime.runners.protocols import ModelAdapter
 
 
 class VerifyRunner(GraphRunner):
@@ -25,16 +29,22 @@ class VerifyRunner(GraphRunner):
     def __init__(
         self,
         model: ModelAdapter,
-        policy: Union[PolicyFn, Any],
-        platform: Any = None,
+        policy: RunnerPolicy,
+        platform: Platform,
         name: Optional[str] = None,
         *,
         draft_tokens: int,
         **kwargs: Any,
     ) -> None:
-        if int(draft_tokens) <= 0:
-            raise InputError(f"verify runner: draft_tokens must be positive, got {draft_tokens}")
-        self.draft_tokens = int(draft_tokens)
+        try:
+            tokens = operator.index(draft_tokens)
+        except TypeError:
+            tokens = 0
+        if tokens <= 0:
+            raise InputError(
+                f"verify runner: draft_tokens must be a positive integer, got {draft_tokens!r}"
+            )
+        self.draft_tokens = tokens
         super().__init__(model, policy, platform, name, **kwargs)
         odd = [b for b in self.buckets if b % self.draft_tokens]
         if odd:

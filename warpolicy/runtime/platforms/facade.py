@@ -1,11 +1,13 @@
 """`Platform`: the streams, events and graphs of one device, on the implementation that claimed it.
 
-`Platform.for_device` asks the ``warpolicy_platform`` hook once (`warpolicy.runtime.manager.
-claim_platform`); the facade then binds the chosen `PlatformImpl`'s per-step methods as its
-own attributes, so ``platform.record(event, stream)`` is the implementation's call with no
-dispatch in between. Runners, the fence and the audit use only this facade, so the same code
-runs on CUDA (`warpolicy.runtime.platforms.cuda`) and on the simulated platform
-(`warpolicy.runtime.platforms.sim`).
+The composition root builds it (`warpolicy.runtime.manager.open_platform` asks the
+``warpolicy_platform`` hook once); tests build one on a simulated implementation directly
+(`warpolicy.testing.sim_platform`). The facade checks the implementation's types once
+(`warpolicy.runtime.platforms.base.implementation_problems`), then binds its per-step methods
+as its own attributes, so ``platform.record(event, stream)`` is the implementation's call with
+no dispatch in between. Runners, the fence and the audit use only this facade, so the same code
+runs on CUDA and on the simulated platform. The facade holds no plugin manager: observers are
+passed to the components that report (`warpolicy.runtime.observers`).
 """
 
 from __future__ import annotations
@@ -13,20 +15,17 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, ContextManager, Optional
 
-import pluggy
-
-from warpolicy.errors import CudaUnavailableError, UnknownNameError
+from warpolicy.errors import WarpolicyError
 from warpolicy.runtime.graphwalk import DerivedPlant, PlacementError, SelfCheck
 from warpolicy.runtime.graphwalk.plant import SharedBuffers
-from warpolicy.runtime.manager import claim_platform, get_plugin_manager, new_plugin_manager
-from warpolicy.runtime.platforms import (
+from warpolicy.runtime.platforms.base import (
     EventHandle,
     GraphHandle,
+    GraphWalker,
     PlatformImpl,
     PoolHandle,
     StreamHandle,
-    cuda_available,
-    device_type,
+    implementation_problems,
 )
 from warpolicy.runtime.platforms.sim import CallLog, SimPlatform
 
@@ -34,26 +33,23 @@ log = logging.getLogger("warpolicy")
 
 _ANNOUNCED: set[tuple[str, str, bool]] = set()  # (platform, device, external) already logged
 
-__all__ = ["Platform", "cuda_available", "device_type", "sim_platform"]
+
+class PlatformError(WarpolicyError, RuntimeError):
+    """A platform implementation that is not one (checked once), or an operation that broke its
+    contract (e.g. returned None where a handle is due)."""
 
 
-def _normalize(device: Any) -> str:
-    """None -> ``"cuda"`` when CUDA is available, else ``"sim"``; anything else its lower-case
-    string (``torch.device("cuda", 0)`` -> ``"cuda:0"``)."""
-    if device is None:
-        return "cuda" if cuda_available() else "sim"
-    return str(device).strip().lower()
-
-
-class PlatformError(RuntimeError):
-    """A platform operation broke its contract (e.g. returned None where a handle is due)."""
+def _one_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 class Platform:
     """Streams, events and graphs of one device, delegated to the `PlatformImpl` that claimed it.
 
-    Build it with `Platform.for_device`. ``record``, ``wait_event``, ``wait_stream``,
-    ``replay`` and ``is_capturing`` are the implementation's own bound methods.
+    ``record``, ``wait_event``, ``wait_stream``, ``replay`` and ``is_capturing`` are the
+    implementation's own bound methods. ``walker`` is the implementation when it can walk its
+    graphs (`GraphWalker`), else None.
     """
 
     record: Callable[..., None]
@@ -62,12 +58,17 @@ class Platform:
     replay: Callable[[GraphHandle], None]
     is_capturing: Callable[[], bool]
 
-    def __init__(self, impl: PlatformImpl, pm: pluggy.PluginManager) -> None:
+    def __init__(self, impl: PlatformImpl) -> None:
+        problems = implementation_problems(impl)
+        if problems:
+            raise PlatformError(
+                f"{type(impl).__name__} is not a platform implementation: {'; '.join(problems)}"
+            )
         self.impl = impl
-        self.pm = pm
         self.device = impl.device
-        self._name = str(impl.name)
-        self._external = bool(impl.external_events_supported)
+        self._name = impl.name
+        self._external = impl.external_events_supported
+        self.walker: Optional[GraphWalker] = impl if isinstance(impl, GraphWalker) else None
         # the hot path: bound once, called directly (no dispatch, no wrapper frame)
         self.record = impl.record  # (event, stream=None): None = the current stream
         self.wait_event = impl.wait_event  # (stream, event)
@@ -75,32 +76,7 @@ class Platform:
         self.replay = impl.replay  # (graph): enqueue on the current stream
         self.is_capturing = impl.is_capturing
 
-    # -- construction ---------------------------------------------------------------------------
-
-    @classmethod
-    def for_device(cls, device: Any = None, pm: Optional[pluggy.PluginManager] = None) -> Platform:
-        """The platform for ``device`` (``torch.device``, ``"cuda"``, ``"cuda:0"``, ``"sim"``,
-        or None = CUDA if available, else the simulated platform).
-
-        Raises `CudaUnavailableError` when CUDA is asked for and not available,
-        `UnknownNameError` when no plugin claims the device type, and `PluginError` when two do.
-        """
-        if pm is None:
-            pm = get_plugin_manager()
-        wanted = _normalize(device)
-        kind = device_type(wanted)
-        if kind == "cuda" and not cuda_available():
-            raise CudaUnavailableError(
-                f"device {wanted!r} needs CUDA, but torch.cuda.is_available() is False"
-            )
-        claim = claim_platform(pm, wanted)
-        if claim is None:
-            raise UnknownNameError("device type", kind, ["cuda", "sim"])
-        platform = cls(claim[1], pm)
-        platform._announce()
-        return platform
-
-    def _announce(self) -> None:
+    def announce(self) -> None:
         """Log once per process which read-done path is active on this platform."""
         key = (self._name, str(self.device), self._external)
         if key in _ANNOUNCED:
@@ -141,15 +117,15 @@ class Platform:
     @property
     def log(self) -> CallLog:
         """The call log of the simulated platform; raises on real platforms."""
-        impl_log = getattr(self.impl, "log", None)
-        if not isinstance(impl_log, CallLog):
+        impl = self.impl
+        if not isinstance(impl, SimPlatform) or not isinstance(impl.log, CallLog):
             raise NotImplementedError(f"platform {self._name!r} does not record calls")
-        return impl_log
+        return impl.log
 
     # -- events and streams (not per step: checked) ---------------------------------------------
 
     def create_event(self, external: bool = False) -> EventHandle:
-        """A new event; ``external=True`` for the persistent event planted in graphs."""
+        """A new event; ``external=True`` for the read-done events planted in graphs."""
         return self._handle(self.impl.create_event(bool(external)), "create_event")
 
     def new_stream(self) -> StreamHandle:
@@ -165,7 +141,7 @@ class Platform:
     # -- graphs ---------------------------------------------------------------------------------
 
     def new_graph(self, keep_graph: bool = False) -> GraphHandle:
-        """An empty graph; ``keep_graph=True`` keeps the raw graph (static audit)."""
+        """An empty graph; ``keep_graph=True`` keeps the raw graph (graph walk, static audit)."""
         return self._handle(self.impl.new_graph(bool(keep_graph)), "new_graph")
 
     def graph_pool(self) -> PoolHandle:
@@ -198,55 +174,78 @@ class Platform:
     # -- graph walk (derived placement, marker self-check) --------------------------------------
 
     def graph_walk_unavailable(self) -> Optional[str]:
-        """None when this platform can walk its kept graphs, else one line saying why not."""
-        fn = getattr(self.impl, "graph_walk_unavailable", None)
-        if fn is None:
+        """None when this platform can walk its kept graphs, else one line saying why not.
+
+        A probe that raises is not "cannot walk": it raises `PlacementError` (one line), and a
+        runner makes the bucket coarse, as for a check that raised.
+        """
+        walker = self.walker
+        if walker is None:
             return f"platform {self._name!r} cannot walk its captured graphs"
         try:
-            reason = fn()
-        except Exception as exc:  # noqa: BLE001 - a failing probe means "cannot walk"
-            return f"platform {self._name!r}: graph_walk_unavailable raised {exc!r}"
-        return None if reason is None else str(reason)
+            reason = walker.graph_walk_unavailable()
+        except Exception as exc:  # noqa: BLE001 - one line; the caller fails closed
+            raise PlacementError(
+                f"graph_walk_unavailable raised {type(exc).__name__}: {_one_line(str(exc))}"
+            ) from None
+        if reason is not None and not isinstance(reason, str):
+            raise PlacementError(
+                f"graph_walk_unavailable returned {type(reason).__name__}, not None or a str"
+            )
+        return reason
 
     def plant_derived(
         self, graph: GraphHandle, shared_buffers: SharedBuffers, event: EventHandle
     ) -> DerivedPlant:
         """Add the read-done node recording ``event`` after the shared readers of the kept,
         not yet instantiated ``graph``. Raises `PlacementError` (one line) on any failure."""
-        return self._walk("plant_derived", graph, shared_buffers, event)
+        walker = self._walker("plant_derived")
+        try:
+            result = walker.plant_derived(graph, shared_buffers, event)
+        except PlacementError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fail closed: the caller demotes the bucket
+            raise PlacementError(
+                f"plant_derived failed: {type(exc).__name__}: {_one_line(str(exc))}"
+            ) from None
+        if not isinstance(result, DerivedPlant):
+            raise PlacementError(
+                f"platform {self._name!r}: plant_derived returned {type(result).__name__}"
+            )
+        return result
 
     def check_marker(
         self, graph: GraphHandle, shared_buffers: SharedBuffers, event: EventHandle
     ) -> SelfCheck:
         """The static check of the marker recording ``event`` in the kept ``graph``. Raises
         `PlacementError` (one line) when it cannot be done."""
-        return self._walk("check_marker", graph, shared_buffers, event)
-
-    def instantiate(self, graph: GraphHandle) -> None:
-        """Build the executable graph of a kept graph before its first replay (a platform
-        without the method instantiates at replay)."""
-        fn = getattr(self.impl, "instantiate", None)
-        if fn is not None:
-            fn(graph)
-
-    def _walk(self, op: str, *args: Any) -> Any:
-        fn = getattr(self.impl, op, None)
-        if fn is None:
-            raise PlacementError(
-                f"platform {self._name!r} cannot walk its captured graphs (no {op})"
-            )
+        walker = self._walker("check_marker")
         try:
-            result = fn(*args)
+            result = walker.check_marker(graph, shared_buffers, event)
         except PlacementError:
             raise
         except Exception as exc:  # noqa: BLE001 - fail closed: the caller demotes the bucket
-            text = str(exc).strip().splitlines()
             raise PlacementError(
-                f"{op} failed: {type(exc).__name__}: {text[0] if text else ''}"
+                f"check_marker failed: {type(exc).__name__}: {_one_line(str(exc))}"
             ) from None
-        if result is None:
-            raise PlacementError(f"platform {self._name!r}: {op} returned None")
+        if not isinstance(result, SelfCheck):
+            raise PlacementError(
+                f"platform {self._name!r}: check_marker returned {type(result).__name__}"
+            )
         return result
+
+    def instantiate(self, graph: GraphHandle) -> None:
+        """Build the executable graph of a kept graph before its first replay (a platform that
+        cannot walk its graphs instantiates at replay). Raises what the platform raises."""
+        if self.walker is not None:
+            self.walker.instantiate(graph)
+
+    def _walker(self, op: str) -> GraphWalker:
+        if self.walker is None:
+            raise PlacementError(
+                f"platform {self._name!r} cannot walk its captured graphs (no {op})"
+            )
+        return self.walker
 
     def _handle(self, result: Any, op: str) -> Any:
         if result is None:
@@ -254,26 +253,4 @@ class Platform:
         return result
 
 
-def sim_platform(
-    *,
-    external_events: bool = True,
-    pm: Optional[pluggy.PluginManager] = None,
-    log_cap: Optional[int] = None,
-) -> Platform:
-    """A `Platform` on a fresh `SimPlatform` (its own log and clocks), on ``pm`` or a fresh
-    plugin manager without entry points. ``platform.impl`` is the `SimPlatform`."""
-    if pm is None:
-        pm = new_plugin_manager(load_entry_points=False, environ={})
-    impl = (
-        SimPlatform(external_events)
-        if log_cap is None
-        else SimPlatform(external_events, log_cap=log_cap)
-    )
-    return Platform(impl, pm)
-
-
-def sim_impl(platform: Platform) -> SimPlatform:
-    """The `SimPlatform` behind ``platform`` (typed access to its log, listeners and clocks)."""
-    if not isinstance(platform.impl, SimPlatform):
-        raise LookupError(f"{platform!r} is not the simulated platform")
-    return platform.impl
+__all__ = ["Platform", "PlatformError"]

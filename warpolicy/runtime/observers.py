@@ -1,0 +1,213 @@
+"""Observers and the fail-closed reporter: the one way the runtime tells plugins what happened.
+
+`Observers` holds, per observer hook, what to call for each registered implementation: pluggy's
+own `HookCaller` narrowed to that one plugin (``PluginManager.subset_hook_caller``), so every
+call goes through the installed pluggy exactly as ``pm.hook.<name>(**kwargs)`` would (which
+arguments an implementation receives, its defaults, tracing and hook-call monitoring included),
+and one failing observer neither stops the others nor changes what the runtime does. A hook
+with a wrapper implementation is called once, whole, so the wrapper wraps every observer. An
+empty tuple means nobody observes: callers skip the call entirely (``if observers.on_publish:``).
+
+The plugin manager keeps its `Observers` current on every registration change
+(`warpolicy.runtime.manager.WarpolicyPluginManager`); the composition root builds it once and
+passes it to runners, fences, barriers and overlap loops. `NO_OBSERVERS` observes nothing.
+
+`Reporter` is the one warn-once helper: each runtime component (a runner, a fence, a barrier,
+an overlap loop, a speculative step, the cross-rank check) owns one. It counts every event,
+tells the observers about every event (every fallback reaches ``warpolicy_on_fallback``, every
+demotion ``warpolicy_on_demotion``), and rate-limits only the Python warning: one per place.
+Observers are told before the warning is issued, because under ``-W error`` the warning
+raises; callers report only once the safe state (the coarse barrier) is in place.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import TYPE_CHECKING, Any, Optional
+
+import attrs
+import pluggy
+
+from warpolicy.runtime.hookspecs import OBSERVER_HOOKS
+
+if TYPE_CHECKING:  # annotations only
+    from warpolicy.registry.decision import Decision
+    from warpolicy.registry.vocabulary import WarReadDonePolicy
+    from warpolicy.runtime.platforms import EventHandle
+
+
+@attrs.frozen
+class ObserverCall:
+    """One observer implementation (or, with a wrapper, the whole hook) and how to call it."""
+
+    #: the plugin name, or the sorted names joined by commas for a whole-hook call
+    plugin: str
+    #: pluggy's caller for exactly this implementation; call it with keyword arguments
+    caller: pluggy.HookCaller = attrs.field(repr=False)
+
+
+def _calls(pm: pluggy.PluginManager, caller: pluggy.HookCaller) -> tuple[ObserverCall, ...]:
+    """The calls for one hook, in pluggy's call order (last registered first, tryfirst /
+    trylast honoured): one per implementation, or the whole hook when a wrapper wraps them."""
+    impls = caller.get_hookimpls()
+    if not impls:
+        return ()
+    if any(impl.hookwrapper or impl.wrapper for impl in impls):
+        names = ",".join(sorted({impl.plugin_name for impl in impls}))
+        return (ObserverCall(names, caller),)
+    plugins = [impl.plugin for impl in impls]
+    return tuple(
+        ObserverCall(
+            impl.plugin_name,
+            pm.subset_hook_caller(caller.name, [p for p in plugins if p is not impl.plugin]),
+        )
+        for impl in reversed(impls)  # pluggy calls the implementations last-first
+    )
+
+
+class Observers:
+    """The observer implementations of one plugin manager, one tuple of calls per hook."""
+
+    __slots__ = ("on_decision", "on_publish", "on_barrier", "on_fallback", "on_demotion", "_pm")
+
+    def __init__(self, pm: Optional[pluggy.PluginManager] = None) -> None:
+        self._pm = pm
+        self.on_decision: tuple[ObserverCall, ...] = ()
+        self.on_publish: tuple[ObserverCall, ...] = ()
+        self.on_barrier: tuple[ObserverCall, ...] = ()
+        self.on_fallback: tuple[ObserverCall, ...] = ()
+        self.on_demotion: tuple[ObserverCall, ...] = ()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the calls from the plugin manager (it does so on every registration change)."""
+        pm = self._pm
+        if pm is None:
+            return
+        hook = pm.hook
+        self.on_decision = _calls(pm, hook.warpolicy_on_decision)
+        self.on_publish = _calls(pm, hook.warpolicy_on_publish)
+        self.on_barrier = _calls(pm, hook.warpolicy_on_barrier)
+        self.on_fallback = _calls(pm, hook.warpolicy_on_fallback)
+        self.on_demotion = _calls(pm, hook.warpolicy_on_demotion)
+
+    def __repr__(self) -> str:
+        counts = (
+            len(self.on_decision),
+            len(self.on_publish),
+            len(self.on_barrier),
+            len(self.on_fallback),
+            len(self.on_demotion),
+        )
+        return f"Observers({dict(zip(OBSERVER_HOOKS, counts))})"
+
+
+#: Observes nothing (the default of every runtime component built without observers).
+NO_OBSERVERS = Observers()
+
+
+class Reporter:
+    """Fail-closed bookkeeping for one component (``who``, e.g. ``"fence 'decode'"``): every
+    event counted and reported to the observers, one Python warning per place."""
+
+    __slots__ = ("counts", "observers", "who", "_warned")
+
+    def __init__(self, observers: Observers, who: str) -> None:
+        self.observers = observers
+        self.who = who
+        #: every event by key (``"fallback:<where>"``, ``"demotion:<bucket>"``, ``"warning:<key>"``,
+        #: ``"observer:<hook>:<plugin>"``): counted even when the warning is not repeated
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._warned: set[str] = set()
+
+    # -- warnings ---------------------------------------------------------------------------------
+
+    def warn(self, key: str, message: str) -> None:
+        """Count the event; warn ``"warpolicy <who>: <message>"`` the first time ``key`` occurs."""
+        self.counts[f"warning:{key}"] += 1
+        self._warn_once(key, message)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(f"warpolicy {self.who}: {message}", RuntimeWarning, stacklevel=4)
+
+    # -- events observers see -----------------------------------------------------------------------
+
+    def fallback(self, where: str, error: BaseException, message: Optional[str] = None) -> None:
+        """A failure absorbed by failing closed: ``warpolicy_on_fallback`` every time, one
+        warning per ``where``. Call it once the safe state is in place."""
+        self.counts[f"fallback:{where}"] += 1
+        calls = self.observers.on_fallback
+        if calls:
+            self._call(
+                calls, "warpolicy_on_fallback", {"where": f"{self.who}:{where}", "error": error}
+            )
+        self._warn_once(
+            f"fallback:{where}",
+            message or f"{where} failed ({error!r}); falling back to the coarse barrier",
+        )
+
+    def demotion(self, runner: str, bucket: int, reason: str) -> None:
+        """A bucket published later than asked: ``warpolicy_on_demotion`` every time, one
+        warning per bucket."""
+        self.counts[f"demotion:{bucket}"] += 1
+        calls = self.observers.on_demotion
+        if calls:
+            self._call(
+                calls,
+                "warpolicy_on_demotion",
+                {"runner": runner, "bucket": bucket, "reason": reason},
+            )
+        self._warn_once(f"demotion:{bucket}", reason)
+
+    def decision(self, decision: Decision, where: str) -> None:
+        calls = self.observers.on_decision
+        if calls:
+            self._call(calls, "warpolicy_on_decision", {"decision": decision, "where": where})
+
+    def publish(
+        self, runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
+    ) -> None:
+        calls = self.observers.on_publish
+        if calls:
+            self._call(
+                calls,
+                "warpolicy_on_publish",
+                {"runner": runner, "step": step, "policy": policy, "event": event},
+            )
+
+    def barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
+        calls = self.observers.on_barrier
+        if calls:
+            self._call(
+                calls,
+                "warpolicy_on_barrier",
+                {"runner": runner, "step": step, "kind": kind, "reason": reason},
+            )
+
+    # -- calling -------------------------------------------------------------------------------------
+
+    def _call(self, calls: tuple[ObserverCall, ...], hook: str, kwargs: dict[str, Any]) -> None:
+        for call in calls:
+            try:
+                call.caller(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - an observer never changes what happens
+                self._observer_failed(hook, call.plugin, exc)
+
+    def _observer_failed(self, hook: str, plugin: str, error: Exception) -> None:
+        """Warn once per (hook, plugin); tell the fallback observers (unless the failing hook is
+        the fallback hook itself: a failing fallback observer is only warned about)."""
+        self.counts[f"observer:{hook}:{plugin}"] += 1
+        if hook != "warpolicy_on_fallback":
+            for call in self.observers.on_fallback:
+                try:
+                    call.caller(where=f"{self.who}:{hook}:{plugin}", error=error)
+                except Exception as exc:  # noqa: BLE001 - reported below, never re-raised
+                    self._observer_failed("warpolicy_on_fallback", call.plugin, exc)
+        self._warn_once(
+            f"observer:{hook}:{plugin}",
+            f"observer plugin {plugin!r} raised in {hook} ({error!r}); ignored",
+        )

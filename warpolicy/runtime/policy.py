@@ -1,0 +1,86 @@
+"""The policy a runner takes, as named protocols mypy checks.
+
+A runner (and the cross-rank check) accepts either a `PolicyTable` (an object with
+``lookup(mode, eager, planted)``: `warpolicy.registry.engine.CompiledPolicy`,
+`warpolicy.runtime.distributed.CoarsePolicy`, or your own) or a plain `PolicyFn` callable
+``(mode, eager, planted) -> WarReadDonePolicy``. Two optional capabilities a policy object may
+have: `ExplainedPolicy` (``decision(...)`` gives the reasons to observers) and `PlacedPolicy`
+(``placement(mode)`` says where the read-done node goes). `NamedPolicy` carries the backend and
+speculative algorithm it was compiled for (the cross-rank fingerprint compares them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Union, runtime_checkable
+
+from warpolicy.errors import InputError
+from warpolicy.registry.decision import Decision
+from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
+
+#: ``policy(mode, eager, planted) -> WarReadDonePolicy``: the plain-callable form.
+PolicyFn = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
+
+
+@runtime_checkable
+class PolicyTable(Protocol):
+    """A policy answered by lookup (what ``engine.compile(...)`` returns)."""
+
+    def lookup(
+        self, mode: ForwardMode, eager: bool = False, planted: bool = True
+    ) -> WarReadDonePolicy:
+        """The policy for ``mode`` given the runner's facts."""
+        ...
+
+
+@runtime_checkable
+class ExplainedPolicy(Protocol):
+    """A policy that can explain a lookup (observers receive the `Decision`)."""
+
+    def decision(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Decision:
+        """The full decision behind ``lookup(mode, eager, planted)``."""
+        ...
+
+
+@runtime_checkable
+class PlacedPolicy(Protocol):
+    """A policy that says where a mode's read-done node is planted."""
+
+    def placement(self, mode: ForwardMode) -> Placement:
+        """``marker`` or ``derived`` for ``mode``."""
+        ...
+
+
+@runtime_checkable
+class NamedPolicy(Protocol):
+    """A policy compiled for one backend and speculative algorithm."""
+
+    backend: str
+    spec: str
+
+
+#: What a runner accepts as its policy.
+RunnerPolicy = Union[PolicyTable, PolicyFn]
+
+
+def policy_function(policy: RunnerPolicy) -> PolicyFn:
+    """The ``(mode, eager, planted)`` callable of ``policy``: its ``lookup`` for a
+    `PolicyTable`, else the callable itself. Anything else is an `InputError` (one line)."""
+    if isinstance(policy, PolicyTable):
+        return policy.lookup
+    if callable(policy):
+        return policy
+    raise InputError(
+        f"policy must be a CompiledPolicy (or another object with lookup(mode, eager, planted)) "
+        f"or a callable (mode, eager, planted) -> policy, not {type(policy).__name__}"
+    )
+
+
+__all__ = [
+    "ExplainedPolicy",
+    "NamedPolicy",
+    "PlacedPolicy",
+    "PolicyFn",
+    "PolicyTable",
+    "RunnerPolicy",
+    "policy_function",
+]

@@ -1,0 +1,226 @@
+"""One release decision per bucket, made once at capture from verified facts.
+
+The step path reads nothing else: a `BucketRelease` says what every step of one captured bucket
+(or of the eager path) publishes, and the event its graph records. It is decided by
+`decide_bucket` from
+
+* `ModePolicies`: the runner's policy for its mode, asked **once** per capture for each set of
+  facts a bucket can end with (a graph with a confirmed node, a graph without one, no graph),
+  by `resolve_policies`; a lookup that fails makes every answer ``NONE``;
+* `BucketFacts`: what the capture verifiably did: the event the graph records when the node was
+  planted and (where it can be) checked and the graph instantiated; or a verified refutation
+  (a late reader, no readers found, no external events): the unplanted answer; or a *doubt*
+  (anything raised or could not be confirmed): the bucket publishes nothing (coarse).
+
+`ReadDone` is what the scheduler takes from the fence: the event, the policy it marks, the
+fence's name, and the `EventSlot` that tracks whether a barrier may still wait on that event.
+Records are built once (per bucket for ``in_graph``, per ring slot for host-recorded events) and
+handed out on every step; ``read_done.step`` is the step of the event's latest publish, which is
+the record a wait binds to.
+
+An engine that owns its capture uses the same functions the runners use: `resolve_policies`,
+`decide_bucket`, then `ReadDoneFence.before_replay(release)` / ``after_replay(release)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    POST_REPLAY,
+    ForwardMode,
+    WarReadDonePolicy,
+)
+from warpolicy.runtime.platforms import EventHandle
+from warpolicy.runtime.policy import PolicyFn
+
+
+class EventSlot:
+    """An event the fence hands out: the step of its latest publish, and whether the scheduler
+    took a read-done of it that no barrier has waited on yet (``taken``): such an event must not
+    be recorded again from the host, or the pending wait would bind to the new record."""
+
+    __slots__ = ("event", "step", "taken")
+
+    def __init__(self, event: EventHandle) -> None:
+        self.event = event
+        self.step = 0
+        self.taken = False
+
+    def __repr__(self) -> str:
+        return f"EventSlot({self.event!r}, step={self.step}, taken={self.taken})"
+
+
+@attrs.frozen(eq=False)
+class ReadDone:
+    """What the scheduler takes for one step: wait on ``event`` (the release point ``policy``)."""
+
+    event: EventHandle
+    policy: WarReadDonePolicy
+    #: the publishing fence's (runner's) name
+    source: str
+    slot: EventSlot = attrs.field(repr=False)
+
+    @property
+    def step(self) -> int:
+        """The step of this event's latest publish (the record a wait binds to)."""
+        return self.slot.step
+
+    def discard(self) -> None:
+        """The scheduler will not wait on this read-done (it synchronized the host, or drops
+        the step): its event may be recorded again. A taken read-done must be waited on
+        through a `SchedulerBarrier` or discarded; otherwise its ring event stays reserved,
+        and once every ring event is, host-recorded steps publish nothing (coarse)."""
+        self.slot.taken = False
+
+
+def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
+    """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is
+    at least ``POST_REPLAY`` (never ``PRE_REPLAY``: that is only sound for snapshotting
+    backends). The engine already does this; a hand-written policy callable might not."""
+    if policy == IN_GRAPH and (eager or not planted):
+        return POST_REPLAY
+    return policy
+
+
+@attrs.frozen
+class ModePolicies:
+    """A runner's policy for one mode, each fact set asked once (`resolve_policies`)."""
+
+    mode: ForwardMode
+    #: a captured graph whose node was planted and confirmed
+    planted: WarReadDonePolicy
+    #: a captured graph without a confirmed node
+    unplanted: WarReadDonePolicy
+    #: no graph (an eager step)
+    eager: WarReadDonePolicy
+    #: why every answer is ``NONE`` (the lookup failed), else None
+    failure: Optional[str] = None
+    #: the exception the lookup raised (for the fallback observers), else None
+    error: Optional[Exception] = attrs.field(default=None, eq=False)
+
+    @property
+    def reads_shared_state(self) -> bool:
+        """Whether the policy says this mode reads shared state: some answer names a release
+        point, or the lookup failed (unknown is a reader)."""
+        return self.failure is not None or any(
+            answer is not NONE for answer in (self.planted, self.unplanted, self.eager)
+        )
+
+    @classmethod
+    def coarse(
+        cls, mode: ForwardMode, failure: str, error: Optional[Exception] = None
+    ) -> ModePolicies:
+        """Every answer ``NONE``, saying why."""
+        return cls(mode, NONE, NONE, NONE, failure, error)
+
+
+def resolve_policies(policy: PolicyFn, mode: ForwardMode) -> ModePolicies:
+    """Ask ``policy`` once for each fact set a bucket of ``mode`` can end with, through `sound`.
+
+    Any exception (or an answer that is not a policy) makes every answer ``NONE`` with the
+    failure recorded: no answer is ever asked again, so a lookup that fails once cannot be
+    read as a different answer later. ``BaseException`` propagates (the capture is abandoned).
+    """
+    try:
+        planted = sound(WarReadDonePolicy(policy(mode, False, True)), False, True)
+        unplanted = sound(WarReadDonePolicy(policy(mode, False, False)), False, False)
+        eager = sound(WarReadDonePolicy(policy(mode, True, False)), True, False)
+    except Exception as exc:  # noqa: BLE001 - any failure means coarse, never earlier
+        return ModePolicies.coarse(mode, f"policy lookup failed ({exc!r})", exc)
+    return ModePolicies(mode, planted, unplanted, eager)
+
+
+@attrs.frozen(eq=False)
+class BucketRelease:
+    """What every step of one bucket publishes: decided once, immutable, read by the step path.
+
+    ``bucket`` None is the eager path. ``event`` is the read-done event this bucket's graph
+    records, present exactly when ``policy`` is ``IN_GRAPH``; ``read_done`` is the record an
+    ``IN_GRAPH`` step hands out (built once). ``reason`` says in one line why this policy.
+    """
+
+    source: str
+    bucket: Optional[int]
+    policy: WarReadDonePolicy
+    event: Optional[EventHandle] = None
+    reason: str = ""
+    read_done: Optional[ReadDone] = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.policy is IN_GRAPH) != (self.event is not None):
+            raise ValueError(
+                f"{self.source} bucket {self.bucket}: an in_graph release needs the event its "
+                f"graph records, and only an in_graph release has one (policy "
+                f"{self.policy.label}, event {self.event!r})"
+            )
+        if self.policy is IN_GRAPH:
+            record = ReadDone(self.event, IN_GRAPH, self.source, EventSlot(self.event))
+            object.__setattr__(self, "read_done", record)
+
+    @property
+    def planted(self) -> bool:
+        """Whether steps hand out the event this bucket's graph records (``IN_GRAPH``)."""
+        return self.event is not None
+
+
+@attrs.frozen
+class BucketFacts:
+    """What the capture of one bucket verifiably did.
+
+    ``event``: the read-done event the graph records, when the node was planted, confirmed and
+    (where it can be) checked, and the graph instantiated; else None. ``doubt``: one line when
+    anything raised or could not be confirmed (the bucket is then coarse). ``refuted``: one line
+    when a fact was verified false (a late reader, no reader found, no external events): the
+    bucket gets the unplanted answer.
+    """
+
+    bucket: Optional[int]
+    event: Optional[EventHandle] = None
+    doubt: Optional[str] = None
+    refuted: Optional[str] = None
+
+
+def decide_bucket(policies: ModePolicies, facts: BucketFacts, source: str) -> BucketRelease:
+    """The one release decision of a bucket (or, with ``facts.bucket`` None, of the eager path).
+
+    Doubt is coarse (``NONE``); a failed policy lookup is coarse; otherwise the answer for the
+    verified facts, and the event only when that answer is ``IN_GRAPH``.
+    """
+    if facts.doubt is not None:
+        return BucketRelease(source, facts.bucket, NONE, reason=facts.doubt)
+    if policies.failure is not None:
+        return BucketRelease(source, facts.bucket, NONE, reason=policies.failure)
+    if facts.bucket is None:
+        return BucketRelease(source, None, policies.eager, reason="eager step (no graph)")
+    if facts.event is None:
+        why = facts.refuted or "no read-done node in the graph"
+        return BucketRelease(source, facts.bucket, policies.unplanted, reason=why)
+    policy = policies.planted
+    if policy is IN_GRAPH:
+        return BucketRelease(
+            source, facts.bucket, IN_GRAPH, facts.event, reason="node planted and confirmed"
+        )
+    return BucketRelease(source, facts.bucket, policy, reason="the policy for a planted graph")
+
+
+def coarse_release(source: str, reason: str) -> BucketRelease:
+    """A release that publishes nothing (the scheduler waits for the whole forward stream)."""
+    return BucketRelease(source, None, NONE, reason=reason)
+
+
+__all__ = [
+    "BucketFacts",
+    "BucketRelease",
+    "EventSlot",
+    "ModePolicies",
+    "ReadDone",
+    "coarse_release",
+    "decide_bucket",
+    "resolve_policies",
+    "sound",
+]

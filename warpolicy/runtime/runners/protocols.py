@@ -1,0 +1,160 @@
+"""What an engine supplies to a runner (`ModelAdapter`), and what a runner is to the scheduler
+and the audit (`Runner`): named protocols mypy checks. `GraphRunner` (decode, prefill, verify,
+draft extend) and `SpecStep` both satisfy `Runner`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Protocol, Sequence
+
+import attrs
+
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.observers import Observers
+from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
+from warpolicy.runtime.release import BucketRelease, ReadDone
+
+
+class ModelAdapter(Protocol):
+    """What an engine supplies to a runner. Any object with these members.
+
+    A *bucket* is an int: the batch size (decode), the token count (prefill) or
+    ``batch_size * draft_tokens`` (verify). The runner also calls ``prepare_bucket`` with an
+    exact, uncaptured size before running such a batch eagerly, so the adapter must accept
+    any positive size there (it may allocate lazily and cache).
+
+    Optional: ``batch_size(batch) -> int`` (the size in bucket units; default ``len(batch)``),
+    see `SizedModelAdapter`.
+    """
+
+    #: scheduler-shared state the forward reads (the graph walk and the audit look for these)
+    shared_buffers: Mapping[str, Any]
+
+    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
+        """The capture buckets for ``mode``; empty means always eager."""
+        ...
+
+    def prepare_bucket(self, bucket: int) -> None:
+        """Allocate the bucket's static inputs/outputs (valid padding values: warm-up runs them)."""
+        ...
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        """Out of graph, on the forward stream: copy ``batch`` into the static inputs and pad."""
+        ...
+
+    def graph_prep(self, bucket: int) -> None:
+        """In-graph metadata prep: the forward's reads of scheduler-shared buffers."""
+        ...
+
+    def forward(self, bucket: int) -> Any:
+        """The model forward after the prep; returns the bucket's static output."""
+        ...
+
+
+class SizedModelAdapter(ModelAdapter, Protocol):
+    """A `ModelAdapter` that measures its own batches."""
+
+    def batch_size(self, batch: Any) -> int:
+        """The batch's size in bucket units."""
+        ...
+
+
+@attrs.frozen
+class CapturedBucket:
+    """One captured graph and its release decision (`BucketRelease`), made at capture."""
+
+    size: int
+    graph: GraphHandle
+    release: BucketRelease
+
+    @property
+    def event(self) -> Optional[EventHandle]:
+        """The read-done event this graph records and an ``in_graph`` step hands out (None:
+        the bucket does not publish from inside its graph)."""
+        return self.release.event
+
+    @property
+    def policy(self) -> WarReadDonePolicy:
+        """What every step of this bucket publishes."""
+        return self.release.policy
+
+    @property
+    def planted(self) -> bool:
+        return self.release.planted
+
+
+@attrs.frozen
+class StepInfo:
+    """What a runner did for one step (``bucket`` None = eager; ``policy`` = what was really
+    published, ``NONE`` when nothing was)."""
+
+    step: int
+    size: int
+    bucket: Optional[int]
+    policy: WarReadDonePolicy
+
+
+class Mailbox(Protocol):
+    """Where the scheduler takes a step's read-done from (a fence, or a speculative step's)."""
+
+    @property
+    def event(self) -> Optional[EventHandle]:
+        """The latest external read-done event (the static audit's fallback for a bucket)."""
+        ...
+
+    def take(self) -> Optional[ReadDone]:
+        """This step's read-done once, then None."""
+        ...
+
+
+class Runner(Protocol):
+    """A runner as the overlap loop, the audit and an engine's scheduler use it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def mode(self) -> ForwardMode: ...
+
+    @property
+    def platform(self) -> Platform: ...
+
+    @property
+    def model(self) -> ModelAdapter: ...
+
+    @property
+    def fence(self) -> Mailbox: ...
+
+    @property
+    def observers(self) -> Observers: ...
+
+    @property
+    def captured(self) -> Mapping[int, CapturedBucket]: ...
+
+    @property
+    def is_captured(self) -> bool: ...
+
+    @property
+    def last_step(self) -> Optional[StepInfo]: ...
+
+    def capture(self) -> None:
+        """Capture every bucket (a transaction)."""
+        ...
+
+    def run(self, batch: Any) -> Any:
+        """Launch one step on the current (forward) stream and publish its read-done."""
+        ...
+
+    def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
+        """What a step of ``bucket`` (None: eager) publishes."""
+        ...
+
+
+__all__ = [
+    "CapturedBucket",
+    "Mailbox",
+    "ModelAdapter",
+    "Runner",
+    "SizedModelAdapter",
+    "StepInfo",
+]

@@ -1,0 +1,58 @@
+"""How the harness builds the runtime's composition root, on 0.2 and on 0.3.
+
+0.2.0 builds ``Platform(impl, pm)`` and every component looks observers up through the
+platform's plugin manager; 0.3 (issue 17 item 4) builds ``Platform(impl)`` and passes the
+manager's observers to each component (``observers=``). The matrix and the regression tests
+run on both, so the runtime's acceptance test can be run before and after the change; this is
+the one place that knows the difference.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pluggy
+
+from warpolicy.runtime import manager
+from warpolicy.runtime.runners import GraphRunner
+
+try:  # 0.3: the facade lives with the platforms and carries no plugin manager
+    from warpolicy.runtime.platforms import Platform  # type: ignore[attr-defined,unused-ignore]
+
+    PLATFORM_CARRIES_PM = False
+except ImportError:  # 0.2
+    from warpolicy.runtime.platform import Platform  # type: ignore[no-redef,import-not-found,import-untyped,unused-ignore]
+
+    PLATFORM_CARRIES_PM = True
+
+#: Whether components take their observers as ``observers=`` (0.3).
+OBSERVERS_PASSED_IN = "observers" in inspect.signature(GraphRunner.__init__).parameters
+
+
+def make_platform(impl: Any, pm: pluggy.PluginManager) -> Any:
+    """The `Platform` facade over ``impl`` (observers on ``pm``)."""
+    return Platform(impl, pm) if PLATFORM_CARRIES_PM else Platform(impl)  # type: ignore[call-arg,unused-ignore]
+
+
+def component_kwargs(pm: pluggy.PluginManager) -> dict[str, Any]:
+    """What to pass a runner, fence, barrier, loop or speculative step so it calls ``pm``'s
+    observers (nothing on 0.2: they find them through the platform)."""
+    return {"observers": manager.observers_of(pm)} if OBSERVERS_PASSED_IN else {}
+
+
+def open_device(pm: pluggy.PluginManager, device: str) -> Any:
+    """The platform a plugin on ``pm`` claims for ``device``."""
+    opener = getattr(manager, "open_platform", None)
+    if opener is not None:  # 0.3
+        return opener(pm, device)
+    return Platform.for_device(device, pm)  # type: ignore[attr-defined,unused-ignore]
+
+
+def publish_args(bucket: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The arguments of ``fence.before_replay`` and ``fence.after_replay`` for a captured
+    bucket: its release decision (0.3), or its policy and event (0.2)."""
+    release = getattr(bucket, "release", None)
+    if release is not None:
+        return (release,), (release,)
+    return (bucket.policy,), (bucket.policy, bucket.event)

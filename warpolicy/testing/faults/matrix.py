@@ -1,0 +1,204 @@
+"""The cases of the matrix and how one runs: scenario x variant x fault (or none).
+
+For each scenario and variant a fault-free *baseline* run counts how often each target is
+called, overall and per phase. The cases are then: the baseline itself, and for every target
+the baseline called, its n-th call failing (every n with ``full=True``; the first three, the
+middle and the last one otherwise) and every call in each phase it was called in, in every
+fault mode (observer hooks have no result: raising modes only). A target no baseline calls
+has no cases and shows in the report as never firing.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import attrs
+
+from warpolicy.runtime.platforms.sim import SimPlatform
+from warpolicy.testing.faults.harness import PLATFORM_TARGETS, Harness, Outcome
+from warpolicy.testing.faults.injection import MODES, RAISING_MODES, Fault
+from warpolicy.testing.faults.model import MODEL_TARGETS, OBSERVER_TARGETS
+from warpolicy.testing.faults.scenarios import SCENARIOS
+
+#: Everything the matrix can fail, by kind.
+TARGET_KINDS: dict[str, tuple[str, ...]] = {
+    "platform": PLATFORM_TARGETS,
+    "model": MODEL_TARGETS,
+    "scheduler": ("write_next",),
+    "policy": ("policy",),
+    "observer": OBSERVER_TARGETS,
+}
+TARGETS: tuple[str, ...] = tuple(t for group in TARGET_KINDS.values() for t in group)
+#: Scenarios run without faults only (their interest is the configuration itself).
+BASELINE_ONLY = frozenset({"threads"})
+
+PlatformHook = Callable[[Harness, SimPlatform], None]
+
+
+@attrs.frozen
+class Case:
+    """One run: a scenario, its variant, the fault injected (None: the baseline), and an
+    optional trigger (a second fault that takes the runtime down the path ``fault`` aims at,
+    e.g. a failure the fence absorbs, so that the fallback observer is called at all)."""
+
+    scenario: str
+    variant: str
+    fault: Optional[Fault] = None
+    trigger: Optional[Fault] = None
+
+    @property
+    def target(self) -> str:
+        return self.fault.target if self.fault is not None else "(no fault)"
+
+    @property
+    def faults(self) -> tuple[Fault, ...]:
+        return tuple(f for f in (self.fault, self.trigger) if f is not None)
+
+    def describe(self) -> str:
+        fault = self.fault.describe() if self.fault is not None else "no fault"
+        trigger = f" (after {self.trigger.describe()})" if self.trigger is not None else ""
+        return f"{self.scenario}/{self.variant}: {fault}{trigger}"
+
+
+@attrs.frozen
+class CaseResult:
+    case: Case
+    outcome: Outcome
+
+    @property
+    def fired(self) -> bool:
+        return self.outcome.fired > 0
+
+    @property
+    def early(self) -> bool:
+        return self.outcome.early_writes > 0
+
+    @property
+    def early_kind(self) -> Optional[str]:
+        """How the case's early releases came: ``silent``, ``warned`` or ``error`` (the
+        quietest of them: one silent early release makes the case silent)."""
+        o = self.outcome
+        if o.early_silent:
+            return "silent"
+        if o.early_warned:
+            return "warned"
+        if o.early_after_error:
+            return "error"
+        return None
+
+
+def run_case(
+    case: Case,
+    platform_hook: Optional[PlatformHook] = None,
+    *,
+    runner_options: Optional[dict[str, Any]] = None,
+    wrap_runner: Optional[Callable[[Harness, Any], Any]] = None,
+) -> CaseResult:
+    """Run one case on a fresh harness. The positive controls add a misbehaving platform
+    (``platform_hook``), runner options, or a runner with a bug (``wrap_runner``)."""
+    scenario = SCENARIOS[case.scenario]
+    harness = Harness(
+        *case.faults,
+        check_stale=scenario.check_stale,
+        yield_points=scenario.yield_points,
+        platform_hook=platform_hook,
+        runner_options=runner_options,
+        wrap_runner=wrap_runner,
+    )
+    with harness.recording():
+        scenario.run(harness, case.variant)
+    return CaseResult(case, harness.outcome())
+
+
+@functools.cache
+def baseline(scenario: str, variant: str, trigger: Optional[Fault] = None) -> Outcome:
+    """The run of a scenario and variant without a fault (but the ``trigger``, if any), cached:
+    it sizes the cases."""
+    return run_case(Case(scenario, variant, trigger=trigger)).outcome
+
+
+#: Targets called only on a failure path, and the trigger that takes the runtime there.
+TRIGGERS: dict[str, Fault] = {
+    "warpolicy_on_fallback": Fault("record", "raise", phase="run"),
+    "warpolicy_on_demotion": Fault("check_marker", "raise", phase="capture"),
+}
+#: Faults aimed at one path, each with its trigger: a re-capture that fails after the
+#: fence's seed record failed (the bucket not yet re-captured must not keep its old graph).
+COMPOUND: tuple[tuple[str, Fault], ...] = (
+    ("capture_callable", Fault("record", "raise", nth=1, phase="recapture")),
+)
+
+
+def _sample(count: int, full: bool) -> list[int]:
+    if full or count <= 5:
+        return list(range(1, count + 1))
+    return sorted({1, 2, 3, (count + 1) // 2, count})
+
+
+#: Operations whose success returns nothing: "return None" there is a platform that silently
+#: skips its work, which no caller can tell from success (the positive controls cover that).
+VOID_TARGETS = frozenset(
+    {
+        "record",
+        "wait_event",
+        "wait_stream",
+        "capture_callable",
+        "replay",
+        "synchronize",
+        "instantiate",
+    }
+)
+
+
+def modes_for(target: str) -> tuple[str, ...]:
+    if target in OBSERVER_TARGETS or target in VOID_TARGETS:
+        return RAISING_MODES
+    return MODES
+
+
+def cases(
+    *,
+    full: bool = False,
+    scenarios: Optional[Iterable[str]] = None,
+    targets: Optional[Iterable[str]] = None,
+) -> Iterator[Case]:
+    """Every case, in a stable order (``scenarios`` / ``targets``: only those)."""
+    wanted = set(targets) if targets is not None else None
+    for name in scenarios if scenarios is not None else SCENARIOS:
+        for variant in SCENARIOS[name].variants:
+            if wanted is None or "(no fault)" in wanted:
+                yield Case(name, variant)
+            if name in BASELINE_ONLY:
+                continue
+            for target in TARGETS:
+                if wanted is None or target in wanted:
+                    yield from _target_cases(name, variant, target, full)
+            for target, trigger in COMPOUND:
+                if wanted is None or target in wanted:
+                    for mode in modes_for(target):
+                        fault = Fault(target, mode, nth=1, phase="recapture")
+                        yield Case(name, variant, fault, trigger)
+
+
+def _target_cases(name: str, variant: str, target: str, full: bool) -> Iterator[Case]:
+    trigger = None
+    base = baseline(name, variant)
+    if not dict(base.calls).get(target) and target in TRIGGERS:
+        trigger = TRIGGERS[target]
+        base = baseline(name, variant, trigger)
+    count = dict(base.calls).get(target, 0)
+    if not count:
+        return
+    for mode in modes_for(target):
+        for nth in _sample(count, full):
+            yield Case(name, variant, Fault(target, mode, nth=nth), trigger)
+        for t, phase in base.phases:
+            if t == target and phase not in ("setup", "drain"):
+                yield Case(name, variant, Fault(target, mode, phase=phase), trigger)
+
+
+def run_cases(
+    selected: Sequence[Case], platform_hook: Optional[PlatformHook] = None
+) -> list[CaseResult]:
+    return [run_case(case, platform_hook) for case in selected]

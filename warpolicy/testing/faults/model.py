@@ -1,0 +1,211 @@
+"""The harness's engine parts: a model with shared buffers, its graph model, observers, policy.
+
+`HarnessModel` is a `ModelAdapter` whose every callback is a fault target and whose shared
+reads and private work are logged into the platform's call log (`Harness.read` /
+`Harness.work`), at the stages its *read plan* names: ``host_prep`` (a snapshotting backend:
+``pre_replay``), ``graph_prep`` (the in-graph metadata prep: ``in_graph``) and ``forward``
+(a reader after the marker: ``post_replay``, or a late reader the self-check must catch).
+
+`graph_model` turns what a capture really logged into a `warpolicy.runtime.graphwalk.Graph`
+(a chain: shared reads are kernels pointing into the shared buffers, private work kernels
+pointing elsewhere, the planted record an event-record node), so derived placement and the
+marker self-check run on the truth of each capture.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import attrs
+
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
+from warpolicy.runtime.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from warpolicy.testing.faults.harness import Harness
+
+#: Where the model reads shared state, per stage, for each read plan.
+READ_PLANS: Mapping[str, frozenset[str]] = {
+    "host": frozenset({"host_prep"}),  # snapshots during host prep: pre_replay is sound
+    "prep": frozenset({"graph_prep"}),  # in-graph prep only: in_graph is sound
+    "late": frozenset({"graph_prep", "forward"}),  # a reader after the marker
+}
+
+#: Model callbacks the harness can fail.
+MODEL_TARGETS = (
+    "bucket_sizes",
+    "prepare_bucket",
+    "batch_size",
+    "host_prep",
+    "graph_prep",
+    "forward",
+)
+#: The observer hooks the harness implements (and can fail).
+OBSERVER_TARGETS = (
+    "warpolicy_on_decision",
+    "warpolicy_on_publish",
+    "warpolicy_on_barrier",
+    "warpolicy_on_fallback",
+    "warpolicy_on_demotion",
+)
+
+_SHARED_BASE = 0x10_0000
+_PRIVATE_BASE = 0x80_0000
+_BUFFER_BYTES = 0x1000
+
+
+@attrs.frozen
+class FakeBuffer:
+    """A device buffer as far as the graph walk cares (`TensorLike`: address and extent)."""
+
+    address: int
+    nbytes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.nbytes,)
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def numel(self) -> int:
+        return self.nbytes
+
+    def stride(self) -> tuple[int, ...]:
+        return (1,)
+
+    def element_size(self) -> int:
+        return 1
+
+
+SHARED_BUFFERS: Mapping[str, FakeBuffer] = {
+    "req_to_token": FakeBuffer(_SHARED_BASE, _BUFFER_BYTES),
+    "seq_lens": FakeBuffer(_SHARED_BASE + 2 * _BUFFER_BYTES, _BUFFER_BYTES),
+}
+
+
+class HarnessModel:
+    """A `ModelAdapter` reading shared state where ``reads`` says (a set of stages)."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        reads: frozenset[str],
+        buckets: Mapping[ForwardMode, Sequence[int]],
+        name: str = "model",
+    ) -> None:
+        self.harness = harness
+        self.reads = reads
+        self.buckets = buckets
+        self.name = name
+        self.shared_buffers: Mapping[str, FakeBuffer] = SHARED_BUFFERS
+
+    def _call(self, target: str, act: Callable[[], Any]) -> Any:
+        if self.harness.replaying() is not None:
+            return act()  # a replay re-runs the captured body: not a call
+        return self.harness.injector.call(target, act)
+
+    def _stage(self, stage: str) -> None:
+        graph = self.harness.replaying()
+        if graph is not None:
+            self.harness.replay_stage(graph, f"{self.name}.{stage}")
+            return
+        if stage in self.reads:
+            self.harness.read(f"{self.name}.{stage}")
+        self.harness.work(f"{self.name}.{stage}")
+
+    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
+        return self._call("bucket_sizes", lambda: tuple(self.buckets.get(mode, ())))
+
+    def prepare_bucket(self, bucket: int) -> None:
+        self._call("prepare_bucket", lambda: None)
+
+    def batch_size(self, batch: Any) -> int:
+        return self._call("batch_size", lambda: len(batch))
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        self.harness.pause()
+        self._call("host_prep", lambda: self._stage("host_prep"))
+
+    def graph_prep(self, bucket: int) -> None:
+        self._call("graph_prep", lambda: self._stage("graph_prep"))
+
+    def forward(self, bucket: int) -> Any:
+        def act() -> Any:
+            self._stage("forward")
+            return (self.name, bucket)
+
+        return self._call("forward", act)
+
+
+def graph_model(captured: Sequence[tuple], planted: set[int]) -> Graph:
+    """The chain of nodes one capture logged (see the module docstring)."""
+    nodes: list[Node] = []
+
+    def add(kind: NodeKind, **fields: Any) -> None:
+        index = len(nodes)
+        nodes.append(Node(index, kind, deps=(index - 1,) if index else (), **fields))
+
+    shared = [b.address for b in SHARED_BUFFERS.values()]
+    for entry in captured:
+        kind = entry[0]
+        if kind == "read":
+            add(NodeKind.KERNEL, name=str(entry[4]), words=(shared[len(nodes) % len(shared)],))
+        elif kind == "work":
+            add(NodeKind.KERNEL, name=str(entry[2]), words=(_PRIVATE_BASE + 8 * len(nodes),))
+        elif kind == "record" and entry[3] is True and entry[1] in planted:
+            add(NodeKind.EVENT_RECORD, event=int(entry[1]))
+    return Graph(nodes)
+
+
+class HarnessObservers:
+    """Every observer hook; each call is a fault target (the work done is counting it).
+
+    One instance serves every case of a process (building a plugin manager costs more than a
+    case): ``harness`` is the case running now."""
+
+    def __init__(self, harness: Optional[Harness] = None) -> None:
+        self.harness = harness
+        self.seen: dict[str, int] = {}
+
+    def _call(self, hook: str) -> None:
+        def act() -> None:
+            self.seen[hook] = self.seen.get(hook, 0) + 1
+
+        if self.harness is not None:
+            self.harness.injector.call(hook, act)
+
+    @hookimpl
+    def warpolicy_on_decision(self, decision: Any, where: str) -> None:
+        self._call("warpolicy_on_decision")
+
+    @hookimpl
+    def warpolicy_on_publish(self, runner: str, step: int, policy: Any, event: Any) -> None:
+        self._call("warpolicy_on_publish")
+
+    @hookimpl
+    def warpolicy_on_barrier(
+        self, runner: str, step: Optional[int], kind: str, reason: str
+    ) -> None:
+        self._call("warpolicy_on_barrier")
+
+    @hookimpl
+    def warpolicy_on_fallback(self, where: str, error: BaseException) -> None:
+        self._call("warpolicy_on_fallback")
+
+    @hookimpl
+    def warpolicy_on_demotion(self, runner: str, bucket: int, reason: str) -> None:
+        self._call("warpolicy_on_demotion")
+
+
+def policy_table(
+    harness: Harness, table: Mapping[ForwardMode, WarReadDonePolicy]
+) -> Callable[[ForwardMode, bool, bool], WarReadDonePolicy]:
+    """A ``(mode, eager, planted)`` policy callable answering ``table[mode]`` (a fault target;
+    the runner applies sound demotion itself)."""
+
+    def policy(mode: ForwardMode, eager: bool, planted: bool) -> WarReadDonePolicy:
+        return harness.injector.call("policy", lambda: table[mode])
+
+    return policy
