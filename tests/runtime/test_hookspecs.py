@@ -7,9 +7,11 @@ import inspect
 
 import pytest
 
+from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime import hookspecs
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.manager import new_plugin_manager
+from warpolicy.runtime.observers import Reporter
 
 SPECS = {
     name: fn
@@ -22,6 +24,8 @@ OBSERVERS = {
     "warpolicy_on_barrier",
     "warpolicy_on_fallback",
     "warpolicy_on_demotion",
+    "warpolicy_on_violation",
+    "warpolicy_on_release_lead",
 }
 FRAGMENTS = {"warpolicy_capabilities"}
 
@@ -90,3 +94,26 @@ def test_observer_hooks_reach_every_plugin(pm):
         pm.unregister(a)
         pm.unregister(b)
     assert sorted(calls) == [("A", "d", "engine"), ("B", "engine")]
+
+
+def test_the_reporter_tells_violation_and_release_lead_observers(pm):
+    seen: list[tuple] = []
+
+    class Watch:
+        @hookimpl
+        def warpolicy_on_violation(self, runner, mode, bucket, step, detail):
+            seen.append(("violation", runner, mode, bucket, step, detail))
+
+        @hookimpl
+        def warpolicy_on_release_lead(self, runner, bucket, lead_us):
+            seen.append(("lead", runner, bucket, lead_us))
+
+    pm.register(Watch(), name="watch")
+    reporter = Reporter(pm.observers, "runner 'decode'")
+    reporter.violation("decode", "fa3", ForwardMode.DECODE, "none", 8, 3, "out[0]: 1 != 2")
+    reporter.release_lead("decode", ForwardMode.DECODE, 8, 3, 12.5)
+    assert seen == [
+        ("violation", "decode", ForwardMode.DECODE, 8, 3, "out[0]: 1 != 2"),
+        ("lead", "decode", 8, 12.5),
+    ]
+    assert reporter.counts["violation:8"] == 1

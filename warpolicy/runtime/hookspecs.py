@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
-from warpolicy.registry.vocabulary import WarReadDonePolicy
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.markers import PROJECT, hookimpl, hookspec
 
 if TYPE_CHECKING:  # annotations only (no cycle: nothing below imports this module)
@@ -76,6 +76,8 @@ OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = {
     "warpolicy_on_barrier": ("runner", "step", "kind", "reason"),
     "warpolicy_on_fallback": ("where", "error"),
     "warpolicy_on_demotion": ("runner", "bucket", "reason"),
+    "warpolicy_on_violation": ("runner", "backend", "mode", "spec", "bucket", "step", "detail"),
+    "warpolicy_on_release_lead": ("runner", "mode", "bucket", "step", "lead_us"),
 }
 
 
@@ -168,4 +170,48 @@ def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
     :param runner: the runner's name
     :param bucket: the bucket's size
     :param reason: one line naming what failed (for a failed self-check: kernel, buffer, bucket)
+    """
+
+
+@hookspec
+def warpolicy_on_violation(
+    runner: str,
+    backend: str,
+    mode: ForwardMode,
+    spec: str,
+    bucket: Optional[int],
+    step: int,
+    detail: str,
+) -> None:
+    """The WAR canary caught an early release: a sampled step's overlapped output differed from
+    the same graph replayed behind a full barrier. Fires once per violation, after the cell
+    (backend, mode, spec, bucket) has been demoted to the coarse barrier for the rest of the
+    process, so an observer that raises changes nothing.
+
+    :param runner: the runner's name
+    :param backend: the attention backend of the runner's policy (``""`` when the policy is a
+        plain callable that does not name one)
+    :param mode: the forward mode of the step
+    :param spec: the speculative algorithm of the runner's policy (``""`` when unknown)
+    :param bucket: the captured bucket, or None for an eager step
+    :param step: the runner's step number of the sampled step
+    :param detail: one line naming the first differing element (output name, index, expected,
+        got)
+    """
+
+
+@hookspec
+def warpolicy_on_release_lead(
+    runner: str, mode: ForwardMode, bucket: Optional[int], step: int, lead_us: float
+) -> None:
+    """How long before the end of a forward the scheduler was released, measured on a sampled
+    step from GPU timestamps (the overlap the barrier actually bought). Fires once per sampled
+    step, after the step's timing events completed (never on the step path).
+
+    :param runner: the runner's name
+    :param mode: the forward mode of the step
+    :param bucket: the captured bucket, or None for an eager step
+    :param step: the runner's step number of the sampled step
+    :param lead_us: microseconds from the scheduler's release to the forward's end (0 for a
+        coarse barrier; negative values are clamped to 0)
     """

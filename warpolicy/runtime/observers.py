@@ -33,7 +33,7 @@ from warpolicy.runtime.hookspecs import OBSERVER_HOOKS
 
 if TYPE_CHECKING:  # annotations only
     from warpolicy.registry.decision import Decision
-    from warpolicy.registry.vocabulary import WarReadDonePolicy
+    from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
     from warpolicy.runtime.platforms import EventHandle
 
 
@@ -69,7 +69,16 @@ def _calls(pm: pluggy.PluginManager, caller: pluggy.HookCaller) -> tuple[Observe
 class Observers:
     """The observer implementations of one plugin manager, one tuple of calls per hook."""
 
-    __slots__ = ("on_decision", "on_publish", "on_barrier", "on_fallback", "on_demotion", "_pm")
+    __slots__ = (
+        "on_decision",
+        "on_publish",
+        "on_barrier",
+        "on_fallback",
+        "on_demotion",
+        "on_violation",
+        "on_release_lead",
+        "_pm",
+    )
 
     def __init__(self, pm: Optional[pluggy.PluginManager] = None) -> None:
         self._pm = pm
@@ -78,6 +87,8 @@ class Observers:
         self.on_barrier: tuple[ObserverCall, ...] = ()
         self.on_fallback: tuple[ObserverCall, ...] = ()
         self.on_demotion: tuple[ObserverCall, ...] = ()
+        self.on_violation: tuple[ObserverCall, ...] = ()
+        self.on_release_lead: tuple[ObserverCall, ...] = ()
         self.refresh()
 
     def refresh(self) -> None:
@@ -91,6 +102,8 @@ class Observers:
         self.on_barrier = _calls(pm, hook.warpolicy_on_barrier)
         self.on_fallback = _calls(pm, hook.warpolicy_on_fallback)
         self.on_demotion = _calls(pm, hook.warpolicy_on_demotion)
+        self.on_violation = _calls(pm, hook.warpolicy_on_violation)
+        self.on_release_lead = _calls(pm, hook.warpolicy_on_release_lead)
 
     def __repr__(self) -> str:
         counts = (
@@ -99,6 +112,8 @@ class Observers:
             len(self.on_barrier),
             len(self.on_fallback),
             len(self.on_demotion),
+            len(self.on_violation),
+            len(self.on_release_lead),
         )
         return f"Observers({dict(zip(OBSERVER_HOOKS, counts))})"
 
@@ -186,6 +201,52 @@ class Reporter:
                 calls,
                 "warpolicy_on_barrier",
                 {"runner": runner, "step": step, "kind": kind, "reason": reason},
+            )
+
+    def violation(
+        self,
+        runner: str,
+        backend: str,
+        mode: ForwardMode,
+        spec: str,
+        bucket: Optional[int],
+        step: int,
+        detail: str,
+    ) -> None:
+        """The canary caught an early release: counted, ``warpolicy_on_violation`` every time
+        (the caller logs its own line and demotes the cell first)."""
+        self.counts[f"violation:{bucket}"] += 1
+        calls = self.observers.on_violation
+        if calls:
+            self._call(
+                calls,
+                "warpolicy_on_violation",
+                {
+                    "runner": runner,
+                    "backend": backend,
+                    "mode": mode,
+                    "spec": spec,
+                    "bucket": bucket,
+                    "step": step,
+                    "detail": detail,
+                },
+            )
+
+    def release_lead(
+        self, runner: str, mode: ForwardMode, bucket: Optional[int], step: int, lead_us: float
+    ) -> None:
+        calls = self.observers.on_release_lead
+        if calls:
+            self._call(
+                calls,
+                "warpolicy_on_release_lead",
+                {
+                    "runner": runner,
+                    "mode": mode,
+                    "bucket": bucket,
+                    "step": step,
+                    "lead_us": lead_us,
+                },
             )
 
     # -- calling -------------------------------------------------------------------------------------
