@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Iterable, Mapping, Optional, Sequence, cast
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 import attrs
 import pluggy
@@ -106,6 +106,20 @@ class WarpolicyPluginManager(pluggy.PluginManager):
     def add_hookspecs(self, module_or_class: types.ModuleType | type) -> None:
         super().add_hookspecs(module_or_class)
         self.observers.refresh()
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        """pluggy's monitoring (tracing uses it too); while any is on, observers are called
+        through pluggy so the monitor sees them."""
+        undo_monitoring = super().add_hookcall_monitoring(before, after)
+        self.observers.monitored += 1
+        self.observers.refresh()
+
+        def undo() -> None:
+            undo_monitoring()
+            self.observers.monitored -= 1
+            self.observers.refresh()
+
+        return undo
 
 
 def observers_of(pm: pluggy.PluginManager) -> Observers:

@@ -1,12 +1,14 @@
 """Observers and the fail-closed reporter: the one way the runtime tells plugins what happened.
 
-`Observers` holds, per observer hook, what to call for each registered implementation: pluggy's
-own `HookCaller` narrowed to that one plugin (``PluginManager.subset_hook_caller``), so every
-call goes through the installed pluggy exactly as ``pm.hook.<name>(**kwargs)`` would (which
-arguments an implementation receives, its defaults, tracing and hook-call monitoring included),
-and one failing observer neither stops the others nor changes what the runtime does. A hook
-with a wrapper implementation is called once, whole, so the wrapper wraps every observer. An
-empty tuple means nobody observes: callers skip the call entirely (``if observers.on_publish:``).
+`Observers` holds, per observer hook, what to call for each registered implementation: the
+implementation's own function called with exactly the arguments the installed pluggy would pass
+it (``impl.argnames``, plus the defaulted ``impl.kwargnames`` where that pluggy passes them:
+`pluggy_passes_defaults` asks pluggy itself once), so one failing observer neither stops the
+others nor changes what the runtime does, and a call costs a fraction of a microsecond. A hook
+with a wrapper implementation, or any hook while pluggy's hook-call monitoring (tracing) is on,
+is called once, whole, through pluggy's own `HookCaller`, so the wrapper or the monitor sees
+every call. An empty tuple means nobody observes: callers skip the call entirely
+(``if observers.on_publish:``).
 
 The plugin manager keeps its `Observers` current on every registration change
 (`warpolicy.runtime.manager.WarpolicyPluginManager`); the composition root builds it once and
@@ -23,8 +25,9 @@ raises; callers report only once the safe state (the coarse barrier) is in place
 from __future__ import annotations
 
 import collections
+import functools
 import warnings
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import attrs
 import pluggy
@@ -39,31 +42,91 @@ if TYPE_CHECKING:  # annotations only
 
 @attrs.frozen
 class ObserverCall:
-    """One observer implementation (or, with a wrapper, the whole hook) and how to call it."""
+    """One observer implementation (or, with a wrapper or while monitored, the whole hook) and
+    how to call it: ``call(*args)`` with the hook's arguments in `OBSERVER_HOOKS` order."""
 
     #: the plugin name, or the sorted names joined by commas for a whole-hook call
     plugin: str
-    #: pluggy's caller for exactly this implementation; call it with keyword arguments
-    caller: pluggy.HookCaller = attrs.field(repr=False)
+    #: the implementation called as the installed pluggy calls it (see `pluggy_passes_defaults`),
+    #: or pluggy's own `HookCaller` for a whole-hook call
+    call: Callable[..., object] = attrs.field(repr=False)
 
 
-def _calls(pm: pluggy.PluginManager, caller: pluggy.HookCaller) -> tuple[ObserverCall, ...]:
+_PROBE = "warpolicy_observer_probe"
+
+
+@functools.cache
+def pluggy_passes_defaults() -> bool:
+    """Whether the installed pluggy passes an implementation the arguments it declares with a
+    default (pluggy 1.7 does when the caller gives them; 1.5 did not).
+
+    Asked of pluggy itself, once per process, through a throwaway manager and its public API,
+    so the direct observer calls below receive exactly what ``pm.hook.<name>(**kwargs)`` would
+    pass them under whichever pluggy is installed (CI runs 1.5 and the newest).
+    """
+    spec_marker = pluggy.HookspecMarker(_PROBE)
+    impl_marker = pluggy.HookimplMarker(_PROBE)
+
+    class Spec:
+        @spec_marker
+        def probe(self, given: object, defaulted: object) -> object:
+            """Probe hook."""
+
+    class Impl:
+        @impl_marker
+        def probe(self, given: object, defaulted: object = None) -> object:
+            return defaulted
+
+    pm = pluggy.PluginManager(_PROBE)
+    pm.add_hookspecs(Spec)
+    pm.register(Impl())
+    return bool(pm.hook.probe(given=1, defaulted=2) == [2])
+
+
+def _direct(impl: pluggy.HookImpl, spec: tuple[str, ...]) -> Callable[..., object]:
+    """``impl.function`` called, from the hook's arguments in ``spec`` order, with the arguments
+    pluggy passes it: its argument names without defaults positionally, and (where the installed
+    pluggy does so) those with defaults by keyword. An implementation that names the spec's
+    arguments in order is called as it is, with nothing in between."""
+    function = impl.function
+    names = tuple(impl.argnames)
+    optional = tuple(impl.kwargnames) if pluggy_passes_defaults() else ()
+    if names == spec and not optional:
+        return function
+    index = tuple(spec.index(name) for name in names)
+    by_keyword = tuple((name, spec.index(name)) for name in optional if name in spec)
+
+    def call(*args: Any) -> object:
+        return function(*[args[i] for i in index], **{name: args[i] for name, i in by_keyword})
+
+    return call
+
+
+def _whole(caller: pluggy.HookCaller, spec: tuple[str, ...]) -> Callable[..., object]:
+    """The whole hook through pluggy, from its arguments in ``spec`` order."""
+
+    def call(*args: Any) -> object:
+        return caller(**dict(zip(spec, args)))
+
+    return call
+
+
+def _calls(
+    pm: pluggy.PluginManager, caller: pluggy.HookCaller, monitored: bool
+) -> tuple[ObserverCall, ...]:
     """The calls for one hook, in pluggy's call order (last registered first, tryfirst /
-    trylast honoured): one per implementation, or the whole hook when a wrapper wraps them."""
+    trylast honoured): one direct call per implementation; the whole hook through pluggy when a
+    wrapper wraps the implementations or hook-call monitoring (tracing) is on, so the wrapper
+    or the monitor sees every call."""
     impls = caller.get_hookimpls()
     if not impls:
         return ()
-    if any(impl.hookwrapper or impl.wrapper for impl in impls):
+    spec = OBSERVER_HOOKS[caller.name]
+    if monitored or any(impl.hookwrapper or impl.wrapper for impl in impls):
         names = ",".join(sorted({impl.plugin_name for impl in impls}))
-        return (ObserverCall(names, caller),)
-    plugins = [impl.plugin for impl in impls]
-    return tuple(
-        ObserverCall(
-            impl.plugin_name,
-            pm.subset_hook_caller(caller.name, [p for p in plugins if p is not impl.plugin]),
-        )
-        for impl in reversed(impls)  # pluggy calls the implementations last-first
-    )
+        return (ObserverCall(names, _whole(caller, spec)),)
+    # pluggy calls the implementations last-first
+    return tuple(ObserverCall(impl.plugin_name, _direct(impl, spec)) for impl in reversed(impls))
 
 
 class Observers:
@@ -77,11 +140,15 @@ class Observers:
         "on_demotion",
         "on_violation",
         "on_release_lead",
+        "monitored",
         "_pm",
     )
 
     def __init__(self, pm: Optional[pluggy.PluginManager] = None) -> None:
         self._pm = pm
+        #: hook-call monitors (tracing is one) active on the manager: observers then go
+        #: through pluggy so the monitor sees them
+        self.monitored = 0
         self.on_decision: tuple[ObserverCall, ...] = ()
         self.on_publish: tuple[ObserverCall, ...] = ()
         self.on_barrier: tuple[ObserverCall, ...] = ()
@@ -97,13 +164,14 @@ class Observers:
         if pm is None:
             return
         hook = pm.hook
-        self.on_decision = _calls(pm, hook.warpolicy_on_decision)
-        self.on_publish = _calls(pm, hook.warpolicy_on_publish)
-        self.on_barrier = _calls(pm, hook.warpolicy_on_barrier)
-        self.on_fallback = _calls(pm, hook.warpolicy_on_fallback)
-        self.on_demotion = _calls(pm, hook.warpolicy_on_demotion)
-        self.on_violation = _calls(pm, hook.warpolicy_on_violation)
-        self.on_release_lead = _calls(pm, hook.warpolicy_on_release_lead)
+        monitored = self.monitored > 0
+        self.on_decision = _calls(pm, hook.warpolicy_on_decision, monitored)
+        self.on_publish = _calls(pm, hook.warpolicy_on_publish, monitored)
+        self.on_barrier = _calls(pm, hook.warpolicy_on_barrier, monitored)
+        self.on_fallback = _calls(pm, hook.warpolicy_on_fallback, monitored)
+        self.on_demotion = _calls(pm, hook.warpolicy_on_demotion, monitored)
+        self.on_violation = _calls(pm, hook.warpolicy_on_violation, monitored)
+        self.on_release_lead = _calls(pm, hook.warpolicy_on_release_lead, monitored)
 
     def __repr__(self) -> str:
         counts = (
@@ -157,9 +225,7 @@ class Reporter:
         self.counts[f"fallback:{where}"] += 1
         calls = self.observers.on_fallback
         if calls:
-            self._call(
-                calls, "warpolicy_on_fallback", {"where": f"{self.who}:{where}", "error": error}
-            )
+            self._call(calls, "warpolicy_on_fallback", (f"{self.who}:{where}", error))
         self._warn_once(
             f"fallback:{where}",
             message or f"{where} failed ({error!r}); falling back to the coarse barrier",
@@ -174,14 +240,25 @@ class Reporter:
             self._call(
                 calls,
                 "warpolicy_on_demotion",
-                {"runner": runner, "bucket": bucket, "reason": reason},
+                (
+                    runner,
+                    bucket,
+                    reason,
+                ),
             )
         self._warn_once(f"demotion:{bucket}", reason)
 
     def decision(self, decision: Decision, where: str) -> None:
         calls = self.observers.on_decision
         if calls:
-            self._call(calls, "warpolicy_on_decision", {"decision": decision, "where": where})
+            self._call(
+                calls,
+                "warpolicy_on_decision",
+                (
+                    decision,
+                    where,
+                ),
+            )
 
     def publish(
         self, runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
@@ -191,7 +268,12 @@ class Reporter:
             self._call(
                 calls,
                 "warpolicy_on_publish",
-                {"runner": runner, "step": step, "policy": policy, "event": event},
+                (
+                    runner,
+                    step,
+                    policy,
+                    event,
+                ),
             )
 
     def barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
@@ -200,7 +282,12 @@ class Reporter:
             self._call(
                 calls,
                 "warpolicy_on_barrier",
-                {"runner": runner, "step": step, "kind": kind, "reason": reason},
+                (
+                    runner,
+                    step,
+                    kind,
+                    reason,
+                ),
             )
 
     def violation(
@@ -221,15 +308,15 @@ class Reporter:
             self._call(
                 calls,
                 "warpolicy_on_violation",
-                {
-                    "runner": runner,
-                    "backend": backend,
-                    "mode": mode,
-                    "spec": spec,
-                    "bucket": bucket,
-                    "step": step,
-                    "detail": detail,
-                },
+                (
+                    runner,
+                    backend,
+                    mode,
+                    spec,
+                    bucket,
+                    step,
+                    detail,
+                ),
             )
 
     def release_lead(
@@ -240,21 +327,21 @@ class Reporter:
             self._call(
                 calls,
                 "warpolicy_on_release_lead",
-                {
-                    "runner": runner,
-                    "mode": mode,
-                    "bucket": bucket,
-                    "step": step,
-                    "lead_us": lead_us,
-                },
+                (
+                    runner,
+                    mode,
+                    bucket,
+                    step,
+                    lead_us,
+                ),
             )
 
     # -- calling -------------------------------------------------------------------------------------
 
-    def _call(self, calls: tuple[ObserverCall, ...], hook: str, kwargs: dict[str, Any]) -> None:
+    def _call(self, calls: tuple[ObserverCall, ...], hook: str, args: tuple[Any, ...]) -> None:
         for call in calls:
             try:
-                call.caller(**kwargs)
+                call.call(*args)
             except Exception as exc:  # noqa: BLE001 - an observer never changes what happens
                 self._observer_failed(hook, call.plugin, exc)
 
@@ -265,7 +352,7 @@ class Reporter:
         if hook != "warpolicy_on_fallback":
             for call in self.observers.on_fallback:
                 try:
-                    call.caller(where=f"{self.who}:{hook}:{plugin}", error=error)
+                    call.call(f"{self.who}:{hook}:{plugin}", error)
                 except Exception as exc:  # noqa: BLE001 - reported below, never re-raised
                     self._observer_failed("warpolicy_on_fallback", call.plugin, exc)
         self._warn_once(

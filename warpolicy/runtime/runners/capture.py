@@ -245,7 +245,7 @@ class CaptureTransaction:
         if facts.doubt is not None or (facts.refuted is not None and outcome is not None):
             self.reporter.demotion(self.name, bucket, self._demotion_text(bucket, release, facts))
         self.notify_decision(release, eager=False, planted=facts.event is not None)
-        return CapturedBucket(bucket, graph, release), report
+        return CapturedBucket(bucket, graph, release, recorded=event), report
 
     def _new_event(self) -> tuple[Optional[EventHandle], Optional[str]]:
         """A fresh external event for this bucket, or (None, why it is a doubt)."""

@@ -66,6 +66,10 @@ class CapturedBucket:
     size: int
     graph: GraphHandle
     release: BucketRelease
+    #: the event this graph's read-done node records, whatever the release decided (None: no
+    #: node). Kept as long as the graph: a graph exec recording a destroyed event is undefined
+    #: behaviour in CUDA (seen on the H200: a glibc mutex abort inside ``replay``).
+    recorded: Optional[EventHandle] = None
 
     @property
     def event(self) -> Optional[EventHandle]:
