@@ -267,6 +267,7 @@ class SGLangKernels:
     decode_attention_fwd: Callable[..., None]
     update_trtllm_mha_graph_metadata: Callable[..., None]
     build_trtllm_mha_page_table: Callable[..., None]
+    q_mode_none: int  # ``Q_MODE_NONE`` of trtllm_mha_graph_metadata (cu_seqlens_q preset)
     modules: tuple[types.ModuleType, ...] = attrs.field(repr=False)
     root: Path = attrs.field(repr=False)
 
@@ -312,7 +313,10 @@ def _load(base: Path) -> SGLangKernels:
     by_name = {m.__name__: m for m in modules}
 
     def get(module: str, name: str) -> Any:
-        return getattr(by_name[module], name)
+        try:
+            return getattr(by_name[module], name)
+        except AttributeError:
+            raise KernelsUnavailable(f"{module} defines no {name}") from None
 
     return SGLangKernels(
         create_flashinfer_kv_indices_triton=get(
@@ -327,6 +331,9 @@ def _load(base: Path) -> SGLangKernels:
         ),
         build_trtllm_mha_page_table=get(
             "sglang.kernels.ops.attention.trtllm_mha_page_table", "build_trtllm_mha_page_table"
+        ),
+        q_mode_none=int(
+            get("sglang.kernels.ops.attention.trtllm_mha_graph_metadata", "Q_MODE_NONE")
         ),
         modules=tuple(modules),
         root=base,
