@@ -48,7 +48,8 @@ import attrs
 from warpolicy.audit.report import Mismatch
 
 PoisonFn = Callable[[Any], Any]
-#: What ``AuditSubject.poison`` maps a buffer to: one poison, or a set of them.
+#: What ``AuditSubject.poison`` maps a buffer to: one poison, or a set of them
+#: (``warpolicy.audit.subject.PoisonOverride``).
 PoisonSpec = Union[PoisonFn, Sequence[PoisonFn]]
 
 

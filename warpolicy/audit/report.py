@@ -161,6 +161,10 @@ def _offenders(value: Iterable[Offender]) -> tuple[Offender, ...]:
     return tuple(value)
 
 
+def _strs(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
+
+
 def _ints(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(value)
 
@@ -213,7 +217,7 @@ class Refutation:
     published: Optional[WarReadDonePolicy]
     buckets: tuple[int, ...] = attrs.field(converter=_ints)
     late: tuple[Offender, ...] = attrs.field(converter=_offenders)  # each tagged with its bucket
-    detail: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # the runner's lines
+    detail: tuple[str, ...] = attrs.field(default=(), converter=_strs)  # the runner's lines
 
     def summary(self) -> str:
         names = sorted({o.name for o in self.late})

@@ -187,10 +187,8 @@ class PagedState:
         rows = torch.randperm(cfg.requests, generator=g)[:n] + 1
         top = cfg.context - (q if mode == VERIFY else 0)
         lens = torch.randint(1, top + 1, (n,), generator=g)
-        if mode == VERIFY:  # the draft tokens follow the prefix
-            cols = lens[:, None] + torch.arange(q)
-        else:  # the new token is the last of its sequence
-            cols = (lens - 1)[:, None]
+        # verify: the draft tokens follow the prefix; decode: the new token ends its sequence
+        cols = lens[:, None] + torch.arange(q) if mode == VERIFY else (lens - 1)[:, None]
         table = self.req_to_token.cpu()
         loc = table[rows[:, None], cols].reshape(-1).to(torch.int64)
         ids = torch.randint(0, cfg.vocab, (n * q,), generator=g)
