@@ -81,6 +81,8 @@ class _Inputs:
         self.out_cache_loc = z(tokens)
         self.input_ids = z(tokens)
         self.out = torch.zeros(tokens, cfg.hidden, device=device, dtype=cfg.dtype)
+        # each token's request (verify: bs * q tokens, q per request); a constant
+        self.row_of = torch.arange(bs, device=device).repeat_interleave(tokens // bs)
 
 
 class SGLangAdapter:
@@ -215,24 +217,26 @@ class _TritonBuffers(_Inputs):
     ) -> None:
         super().__init__(bs, tokens, cfg, device)
         z64 = lambda n: torch.zeros(n, dtype=torch.int64, device=device)  # noqa: E731
-        z32 = lambda n: torch.zeros(n, dtype=torch.int32, device=device)  # noqa: E731
         heads, splits, hd = cfg.q_heads, cfg.max_kv_splits, cfg.head_dim
         self.rows_req = z64(tokens)  # request row per decode row (verify: per draft token)
         self.rows_len = z64(tokens)  # tokens each decode row attends to
-        self.kv_indptr = z32(tokens + 1)
+        # before the first host_prep (the runner's warm-up) every row reads one token at the
+        # sink slot 0, a valid padding state
+        self.kv_indptr = torch.arange(tokens + 1, dtype=torch.int32, device=device)
         self.kv_indices = z64(tokens * cfg.context)
         self.num_kv_splits = torch.full((tokens,), splits, dtype=torch.int32, device=device)
         self.attn_logits = torch.zeros(tokens, heads, splits, hd, device=device)
         self.attn_lse = torch.zeros(tokens, heads, splits, device=device)
         self.o = torch.zeros(tokens, heads, hd, device=device, dtype=cfg.dtype)
         window = max(cfg.swa_window, 1)
-        self.window_indptr = z32(tokens + 1)
+        self.window_indptr = torch.arange(tokens + 1, dtype=torch.int32, device=device)
         self.window_lens = z64(tokens)
         self.window_start = z64(tokens)
         self.window_kv_indices = z64(tokens * window)
         self.window_full = z64(tokens * window)  # swa_gather: untranslated window slots
         self.swa_loc = z64(tokens)
-        # verify: draft token d of a request sees seq_len + d + 1 tokens
+        # verify: draft token d of a request sees seq_len + d + 1 tokens (a constant, so the
+        # step itself needs no host sync)
         q = tokens // bs
         self.verify_extra = (
             (torch.arange(q, device=device) + 1).repeat(bs) if verify else z64(tokens)
@@ -252,12 +256,9 @@ class TritonAdapter(SGLangAdapter):
         cfg, state = self.cfg, self.state
         table = state.req_to_token
         kernel = self.kernels.create_flashinfer_kv_indices_triton
-        if self.verify:  # one decode row per draft token: seq_len + d + 1 tokens
-            s.rows_req.copy_(s.req_pool_indices.repeat_interleave(self.queries))
-            s.rows_len.copy_(s.seq_lens.repeat_interleave(self.queries) + s.verify_extra)
-        else:
-            s.rows_req.copy_(s.req_pool_indices)
-            s.rows_len.copy_(s.seq_lens)
+        # one decode row per token (verify: per draft token, over seq_len + d + 1 tokens)
+        torch.index_select(s.req_pool_indices, 0, s.row_of, out=s.rows_req)
+        torch.add(s.seq_lens.index_select(0, s.row_of), s.verify_extra, out=s.rows_len)
         rows = s.tokens
         s.kv_indptr[1:].copy_(torch.cumsum(s.rows_len, dim=0))
         kernel[(rows,)](
@@ -333,9 +334,8 @@ class _TrtllmBuffers(_Inputs):
             torch.zeros(tokens, dtype=torch.int64, device=device) if swa else None
         )
         q = tokens // bs
-        # attention helpers (constants): each query's page-table row, and how many tokens past
-        # ``cache_seqlens - q`` it sees (decode: 0; verify draft token d: d + 1)
-        self.row_of = torch.arange(bs, device=device).repeat_interleave(q)
+        # attention helper (a constant): how many tokens past ``cache_seqlens - q`` each query
+        # sees (decode: 0; verify draft token d: d + 1)
         self.extra = (torch.arange(q, device=device) + 1 - q).repeat(bs)
         pos = torch.arange(cfg.context, device=device)
         self.pos = pos
