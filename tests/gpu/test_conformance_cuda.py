@@ -199,9 +199,10 @@ def test_numerics_equal_a_torch_reference(platform, kernels, backend, mode_name)
         torch.testing.assert_close(eager, got, rtol=2e-2, atol=6e-2)
         bitwise += bool(torch.equal(eager, got))
         steps += 1
+    dtype = str(adapter.cfg.dtype).removeprefix("torch.")
     say(
         f"numerics {backend} {mode.label}: {steps} graph replays over buckets "
-        f"{list(runner.buckets)}: max |graph - torch reference| {worst:.3g} ({str(adapter.cfg.dtype).removeprefix('torch.')} output), "
+        f"{list(runner.buckets)}: max |graph - torch reference| {worst:.3g} ({dtype} output), "
         f"KV writes {worst_pool:.3g}; SGLang's metadata equal to torch's in every step; "
         f"graph == eager bitwise in {bitwise}/{steps}"
     )
