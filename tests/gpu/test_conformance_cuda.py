@@ -236,7 +236,12 @@ def test_the_registrys_declarations_are_safe(platform):
     for e in report.entries:
         assert e.declared is IN_GRAPH and e.policy is IN_GRAPH, e
         assert e.verdict is Verdict.SAFE, (e.backend, e.mode, e.dynamic, e.static)
-        assert e.static.verdict is Verdict.SAFE, e.static
+        assert not e.static.offenders, e.static
+        # SAFE, unless some library kernel after the release hides its parameter layout
+        assert e.static.verdict is Verdict.SAFE or (
+            e.static.verdict is Verdict.INCONCLUSIVE
+            and "could not read the arguments" in e.static.reason
+        ), e.static
     assert report.exit_code == 0
 
 

@@ -66,7 +66,7 @@ CONFIGS: Mapping[str, ControlConfig] = {
 }
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class ControlBatch:
     rows: torch.Tensor  # request rows of req_to_token, int64 [n]
     lengths: torch.Tensor  # seq_lens, int64 [n]

@@ -30,6 +30,7 @@ kernels`` first; a missing file is one line at the CLI, exit 2)::
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Mapping, Optional
 
 import torch
@@ -37,7 +38,7 @@ import torch
 from warpolicy.audit.poison import PoisonSpec
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.conformance.adapters import MUTANTS, make_adapter
-from warpolicy.conformance.loader import SGLangKernels, load_kernels
+from warpolicy.conformance.loader import KernelsUnavailable, SGLangKernels, load_kernels
 from warpolicy.conformance.paged import DECODE, VERIFY, PagedConfig, PagedState
 from warpolicy.registry.engine import Context, PolicyEngine
 from warpolicy.registry.loader import default_registry_path
@@ -92,8 +93,16 @@ def subject(
     mode = ForwardMode.parse(mode)
     if mode not in SPECS:
         raise ValueError(f"{mode.label}: only decode and target_verify are audited here")
+    on_cuda = platform.name == "cuda"
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise KernelsUnavailable(
+            f"SGLang's Triton kernels need a CUDA device; on platform {platform.name!r} set "
+            "TRITON_INTERPRET=1 (Triton's CPU interpreter: slow; needs numpy < 2)"
+        )
+    if config is None and not on_cuda:  # the interpreter has no bfloat16 arithmetic
+        config = PagedConfig(dtype=torch.float32)
     kernels = kernels if kernels is not None else load_kernels()
-    device = torch.device(platform.device) if platform.name == "cuda" else torch.device("cpu")
+    device = torch.device(platform.device) if on_cuda else torch.device("cpu")
     state = PagedState(config, device)
     adapter = make_adapter(backend, state, kernels, mode, mutant=mutant)
     spec = SPECS[mode]

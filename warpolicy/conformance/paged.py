@@ -98,7 +98,7 @@ class PagedConfig:
         return self.decode_buckets if mode == DECODE else ()
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)  # tensors: identity, not an ambiguous elementwise ==
 class PagedBatch:
     """One scheduled batch (device tensors, int64)."""
 
