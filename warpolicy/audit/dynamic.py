@@ -9,13 +9,17 @@ Per audited mode (docs/ARCHITECTURE.md, "Audit"):
 2. capture; snapshot the shared buffers and the subject's ``extra_outputs`` (to put back at
    the end);
 3. per trial: make a batch (it may write shared state), then snapshot the shared buffers and
-   extra outputs and compute the poison from that snapshot; run the step undisturbed and keep
-   its outputs and extra outputs (the reference); restore the snapshot and run the same step
-   again with the forward stream held by a head stall so the host enqueues the whole step and
-   the scheduler's reaction before the GPU starts it: take the read-done event, apply the
-   `SchedulerBarrier` on the schedule stream, and overwrite every shared buffer with poison
-   there; synchronize, compare, restore the snapshot. When the mode is done, everything gets
-   back what it held before the audit.
+   extra outputs and compute the poison set from that snapshot (`warpolicy.audit.poison`: one
+   round per poison); run the step undisturbed and keep its outputs and extra outputs (the
+   reference); then, per round, restore the snapshot and run the same step again with the
+   forward stream held by a head stall so the host enqueues the whole step and the scheduler's
+   reaction before the GPU starts it: take the read-done event, apply the `SchedulerBarrier` on
+   the schedule stream, and overwrite every shared buffer with that round's poison there;
+   synchronize, compare with the reference, restore the snapshot. When the mode is done,
+   everything gets back what it held before the audit;
+4. the runner's capture self-check: a declared ``in_graph`` bucket it demoted because shared
+   readers follow the marker is a refuted declaration (`warpolicy.audit.static.
+   self_check_refutation`), reported UNSAFE with those readers.
 
 On the simulated platform nothing runs concurrently, so the audit simulates the race in program
 order instead: a log listener poisons the buffers at the instant the published event fires
@@ -23,11 +27,12 @@ order instead: a log listener poisons the buffers at the instant the published e
 the release point then sees poison, exactly as a late GPU reader would in the widest window.
 
 Verdict per (backend, mode, spec): UNSAFE when any trial differs (with the first differing
-output element and trial); SAFE only when none does and the trials really exercised the
-declaration: the declared point published by a captured graph in every trial, the poisoned
-step publishing the same event as its reference, every element of every shared buffer changed
-by the poison, every captured bucket replayed, a race window widened by stalls or simulated,
-and on a real device at least `MIN_TRIALS` trials. INCONCLUSIVE with the reasons otherwise.
+output element, trial and poison) or the self-check refuted the declaration; SAFE only when
+none does and the trials really exercised the declaration: the declared point published by a
+captured graph in every trial, each poisoned step publishing the same event as its reference,
+every element of every shared buffer changed by every poison, every captured bucket replayed,
+a race window widened by stalls or simulated, and on a real device at least `MIN_TRIALS`
+trials. INCONCLUSIVE with the reasons otherwise.
 
 Over 400 lines: trials, poisoning at the release, reference replays and the checks that make a
 trial count (same publication, every bucket covered) belong to one loop.
