@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import warnings
 
 import pytest
@@ -44,6 +43,11 @@ def _why_skip() -> str:
         return reason
     if torch.cuda.is_available():
         return "CUDA is available: tests/gpu/test_conformance_cuda.py runs the kernels there"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return (
+            "triton was imported before TRITON_INTERPRET=1 could be set (see this directory's "
+            "conftest); run: TRITON_INTERPRET=1 pytest tests/conformance/test_interpret.py"
+        )
     numpy = importlib.util.find_spec("numpy")
     if numpy is None:
         return "Triton's interpreter needs numpy"
@@ -68,22 +72,12 @@ SMALL = PagedConfig(
 
 
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """The kernels, interpreted: loaded from a private copy (so this module's files execute
-    with ``TRITON_INTERPRET=1`` whatever loaded the real folder before)."""
-    copy = tmp_path_factory.mktemp("sglang")
-    shutil.copytree(wheels.kernel_dir(), copy, dirs_exist_ok=True)
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield loader.load_kernels(copy)
-    finally:
-        if before is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+def kernels():
+    """The kernels, interpreted (``TRITON_INTERPRET=1`` is set by this directory's conftest
+    before triton is imported)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return loader.load_kernels()
 
 
 def run_eagerly(adapter, batch):
