@@ -34,17 +34,17 @@ def _names(value: Mapping) -> Mapping[str, Any]:
 class AuditSubject:
     """What a factory (``module:callable``, called with the `Platform`) returns.
 
-        ``runners`` maps each mode to a builder that wraps the given model adapter in an
-        uncaptured runner (``lambda m: DecodeRunner(m, policy, platform, keep_graphs=True)``):
-        the audit passes a stall-wrapped copy of ``model``. ``make_batch(mode, trial)`` returns the
-        trial's batch, on the device, deterministic in ``trial``; the trials must replay every
-        captured bucket, or the mode is INCONCLUSIVE. ``post_step`` is eager work the engine runs
-        on the forward stream after the runner's step (its reads of shared state count as reads
-        of the step). ``poison`` overrides the default poison set per buffer (one callable, or a
-    sequence of them: one poisoned step each). ``extra_outputs`` names
-        state the step writes besides what it returns (KV pools, say): the audit snapshots it
-        before each step, puts it back between the reference and the poisoned step, and compares
-        it too, so a late read whose only effect is *where* the step writes is caught.
+    ``runners`` maps each mode to a builder that wraps the given model adapter in an
+    uncaptured runner (``lambda m: DecodeRunner(m, policy, platform, keep_graphs=True)``):
+    the audit passes a stall-wrapped copy of ``model``. ``make_batch(mode, trial)`` returns the
+    trial's batch, on the device, deterministic in ``trial``; the trials must replay every
+    captured bucket, or the mode is INCONCLUSIVE. ``post_step`` is eager work the engine runs
+    on the forward stream after the runner's step (its reads of shared state count as reads
+    of the step). ``poison`` overrides the default poison set per buffer (one callable, or a
+    sequence of them: one poisoned step each). ``extra_outputs`` names state the step writes
+    besides what it returns (KV pools, say): the audit snapshots it before each step, puts it
+    back between the reference and the poisoned step, and compares it too, so a late read
+    whose only effect is *where* the step writes is caught.
     """
 
     name: str
