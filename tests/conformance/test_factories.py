@@ -108,10 +108,15 @@ class TestFactories:
 
     def test_without_cuda_or_the_interpreter_one_line(self, monkeypatch, capsys):
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        from warpolicy.conformance.factories import declared
+        from warpolicy.conformance import factories
 
-        with pytest.raises(KernelsUnavailable, match="TRITON_INTERPRET=1"):
-            declared(sim_platform())
+        def never(*_args):  # a kernel loaded compiled here would stay compiled in the process
+            raise AssertionError("kernels loaded before the platform was checked")
+
+        monkeypatch.setattr(factories, "load_kernels", never)
+        for factory in (factories.declared, factories.derived, factories.mutants):
+            with pytest.raises(KernelsUnavailable, match="TRITON_INTERPRET=1"):
+                factory(sim_platform())
         code = main(
             ["audit", "--factory", "warpolicy.conformance.factories:declared", "--device", "fake"]
         )

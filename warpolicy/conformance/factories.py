@@ -57,6 +57,19 @@ def default_engine() -> PolicyEngine:
     return PolicyEngine.load([str(default_registry_path())], environ={})
 
 
+def check_platform(platform: Any) -> bool:
+    """True on CUDA; elsewhere Triton's interpreter must be on (checked before any kernel is
+    loaded: a kernel loaded compiled stays compiled in this process), else `KernelsUnavailable`."""
+    if platform.name == "cuda":
+        return True
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise KernelsUnavailable(
+            f"SGLang's Triton kernels need a CUDA device; on platform {platform.name!r} set "
+            "TRITON_INTERPRET=1 (Triton's CPU interpreter: slow; needs numpy < 2)"
+        )
+    return False
+
+
 def _runner(
     mode: ForwardMode,
     policy: Any,
@@ -93,12 +106,7 @@ def subject(
     mode = ForwardMode.parse(mode)
     if mode not in SPECS:
         raise ValueError(f"{mode.label}: only decode and target_verify are audited here")
-    on_cuda = platform.name == "cuda"
-    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise KernelsUnavailable(
-            f"SGLang's Triton kernels need a CUDA device; on platform {platform.name!r} set "
-            "TRITON_INTERPRET=1 (Triton's CPU interpreter: slow; needs numpy < 2)"
-        )
+    on_cuda = check_platform(platform)
     if config is None and not on_cuda:  # the interpreter has no bfloat16 arithmetic
         config = PagedConfig(dtype=torch.float32)
     kernels = kernels if kernels is not None else load_kernels()
@@ -144,6 +152,7 @@ def subject(
 
 
 def _mutants(platform: Any, **kw: Any) -> list[AuditSubject]:
+    check_platform(platform)
     kernels = load_kernels()
     return [
         subject(backend, DECODE, platform, mutant=m, kernels=kernels, **kw)
@@ -155,12 +164,14 @@ def _mutants(platform: Any, **kw: Any) -> list[AuditSubject]:
 def declared(platform: Any) -> list[AuditSubject]:
     """``triton`` and ``trtllm_mha`` in decode and target verify, as the registry declares
     them (each must be SAFE)."""
+    check_platform(platform)
     kernels = load_kernels()
     return [subject(b, m, platform, kernels=kernels) for b in BACKENDS for m in (DECODE, VERIFY)]
 
 
 def derived(platform: Any) -> list[AuditSubject]:
     """``trtllm_mha`` in decode and target verify with derived placement (each must be SAFE)."""
+    check_platform(platform)
     kernels = load_kernels()
     return [
         subject("trtllm_mha", m, platform, placement="derived", kernels=kernels)
@@ -186,6 +197,7 @@ def mutants_derived(platform: Any) -> list[AuditSubject]:
 __all__ = [
     "BACKENDS",
     "SPECS",
+    "check_platform",
     "declared",
     "default_engine",
     "derived",
