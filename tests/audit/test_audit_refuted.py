@@ -14,9 +14,9 @@ from warpolicy.audit.dynamic import audit_mode
 from warpolicy.audit.static import self_check_refutation
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
-from warpolicy.runtime.platform import sim_impl, sim_platform
 from warpolicy.runtime.platforms.sim import SimGraph
 from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.testing import sim_impl, sim_platform
 
 from audit_subjects import TableModel, table_subject
 
@@ -58,8 +58,8 @@ def subject(late: str = "", *, declared=IN_GRAPH, self_check: str = "warn", mode
     )
 
 
-def audit(subj, trials: int = 2):
-    with pytest.warns(RuntimeWarning, match="demoted to post_replay"):
+def audit(subj, trials: int = 2, match: str = "demoted to post_replay"):
+    with pytest.warns(RuntimeWarning, match=match):
         return audit_mode(subj, DECODE, trials=trials)
 
 
@@ -114,8 +114,10 @@ class TestRefuted:
         assert AuditReport((entry,)).exit_code == EXIT_INCONCLUSIVE
 
     def test_a_check_that_could_not_run_is_not_a_refutation(self):
-        entry = audit(subject(model_fn=lambda g: Graph(())))  # the marker is not in the graph
+        # the marker is not in the graph: a doubt, so the bucket publishes nothing (coarse)
+        entry = audit(subject(model_fn=lambda g: Graph(())), match="publishes nothing")
         assert entry.refuted is None and entry.verdict is INCONCLUSIVE
+        assert "nothing to audit" in entry.dynamic.reason
 
     def test_without_the_self_check_the_dynamic_test_judges_alone(self):
         entry = audit_mode(subject("kernel", self_check="off"), DECODE, trials=2)

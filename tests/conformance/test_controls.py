@@ -16,7 +16,7 @@ from warpolicy.audit.poison import plus_one
 from warpolicy.audit.report import Verdict
 from warpolicy.conformance.controls import KINDS, control_subject
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.platform import sim_platform
+from warpolicy.testing import sim_platform
 
 DECODE = ForwardMode.DECODE
 TRIALS = 6

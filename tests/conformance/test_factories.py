@@ -15,7 +15,7 @@ from warpolicy.conformance.loader import KernelsUnavailable
 from warpolicy.conformance.paged import DECODE, VERIFY, PagedConfig, PagedState
 from warpolicy.registry.engine import Context
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, Placement
-from warpolicy.runtime.platform import sim_platform
+from warpolicy.testing import sim_platform
 
 SMALL = PagedConfig(requests=4, context=256, decode_buckets=(1, 2, 4), verify_batches=(1, 2))
 

@@ -32,7 +32,7 @@ from warpolicy.conformance.paged import (  # noqa: E402
     PagedState,
     reference_step,
 )
-from warpolicy.runtime.platform import sim_platform  # noqa: E402
+from warpolicy.testing import sim_platform  # noqa: E402
 
 
 def _why_skip() -> str:

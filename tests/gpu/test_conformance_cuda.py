@@ -37,7 +37,7 @@ from warpolicy.conformance.factories import SPECS, subject  # noqa: E402
 from warpolicy.conformance.loader import load_kernels  # noqa: E402
 from warpolicy.conformance.paged import DECODE, VERIFY, reference_step  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY  # noqa: E402
-from warpolicy.runtime.platform import Platform  # noqa: E402
+from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
 
 ABSENT = wheels.absent_reason()
 pytestmark = [
@@ -81,7 +81,7 @@ def say(text: str) -> None:
 
 @pytest.fixture(scope="module")
 def platform():
-    return Platform.for_device("cuda")
+    return open_platform(new_plugin_manager(load_entry_points=False, environ={}), "cuda")
 
 
 @pytest.fixture(scope="module")

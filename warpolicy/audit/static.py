@@ -185,9 +185,10 @@ def self_check_refutation(
 
 def _late_readers_of(runner: Any, captured: Any, shared: Mapping[str, Any]) -> tuple:
     """The readers the self-check finds after the marker in ``captured``'s kept graph (empty
-    when it cannot tell). The marker records the runner's persistent read-done event."""
+    when it cannot tell). The marker records the bucket's own event (``recorded``, kept
+    whatever the release decided)."""
     graph = getattr(captured, "graph", None)
-    event = getattr(getattr(runner, "fence", None), "event", None)
+    event = getattr(captured, "recorded", None) or getattr(captured, "event", None)
     if graph is None or event is None:
         return ()
     try:

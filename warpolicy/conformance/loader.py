@@ -190,13 +190,13 @@ def check_source(kernel_file: KernelFile, source: str) -> list[str]:
 
 
 def _is_cuda() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: this package imports without torch
 
     return bool(torch.cuda.is_available() and torch.version.cuda is not None)
 
 
 def _is_hip() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: this package imports without torch
 
     return bool(torch.version.hip is not None)
 
