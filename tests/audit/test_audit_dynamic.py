@@ -12,7 +12,7 @@ import warpolicy.audit.dynamic as dynamic
 import warpolicy.audit.static as static
 from warpolicy.audit import MIN_TRIALS, AuditSubject, StalledModel, Verdict, run_audit
 from warpolicy.audit.dynamic import audit_mode
-from warpolicy.audit.poison import default_poison
+from warpolicy.audit.poison import default_poison, plus_one
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import sim_platform
@@ -284,12 +284,25 @@ class TestSamePublication:
     published nothing is waited on coarsely, races with nothing, and proves nothing."""
 
     def test_gpu_path(self, gpu_path):
-        subject = table_subject(IN_GRAPH, platform=gpu_path, runner_cls=DroppingRunner)
+        # one poison: every trial is a reference step (published) then a poisoned step (not)
+        subject = table_subject(
+            IN_GRAPH, platform=gpu_path, runner_cls=DroppingRunner, poison={"table": plus_one}
+        )
         entry = audit_mode(subject, DECODE, trials=MIN_TRIALS)
         assert entry.verdict is INCONCLUSIVE and entry.dynamic.trials == 0
         assert (
             "trial 0: the poisoned step published nothing (bucket 2), the reference step "
             "in_graph (bucket 2)" in entry.dynamic.reason
+        )
+
+    def test_only_the_poisoned_steps_that_match_count(self, gpu_path):
+        # three poisons: the 2nd poisoned step of each trial publishes, the 1st and 3rd do not
+        subject = table_subject(IN_GRAPH, platform=gpu_path, runner_cls=DroppingRunner)
+        entry = audit_mode(subject, DECODE, trials=MIN_TRIALS)
+        assert entry.verdict is INCONCLUSIVE and entry.dynamic.trials == MIN_TRIALS
+        assert (
+            f"{2 * MIN_TRIALS} poisoned step(s) did not publish what the reference step did"
+            in entry.dynamic.reason
         )
 
     def test_simulated_path(self):

@@ -1,5 +1,6 @@
-"""Poison values and output comparison (`warpolicy.audit.poison`): the poison changes every
-element of every dtype it can, and the comparison names the first difference."""
+"""Poison values and output comparison (`warpolicy.audit.poison`): every poison of the default
+set changes every element of every dtype it can, together they survive integer division and
+one-sided clamps, and the comparison names the first difference."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warpolicy.audit.poison import (
+    INTEGER_POISONS,
     default_poison,
+    default_poisons,
     first_mismatch,
     flatten_outputs,
+    half_turn,
+    high,
+    low,
+    plus_one,
+    poison_set,
     snapshot_outputs,
     unchanged_elements,
 )
@@ -70,11 +78,14 @@ class TestDefaultPoison:
             t = torch.tensor(values, dtype=dtype)
             assert unchanged_elements(default_poison(t), t) == 0, values
 
-    @pytest.mark.parametrize("values", [[0, 5, 7, 3], [0, 0, 0], [-1, 0, -1], [4]])
+    @pytest.mark.parametrize("values", [[0, 5, 7, 3], [0, 0, 0], [-1, 0, -1], [4], [3, 9]])
     def test_integer_index_tables_stay_in_range(self, values):
+        # a poisoned index table indexes what the table indexed: [min(0, min), max(1, max)]
         t = torch.tensor(values, dtype=torch.long)
-        p = default_poison(t)
-        assert int(p.min()) >= 0 and int(p.max()) <= max(1, int(t.max()))
+        for poison in default_poisons(t):
+            p = poison(t)
+            assert int(p.min()) >= min(0, int(t.min())), poison.name
+            assert int(p.max()) <= max(1, int(t.max())), poison.name
 
     def test_bool_and_complex(self):
         b = torch.tensor([True, False])
@@ -97,7 +108,84 @@ class TestDefaultPoison:
         info = torch.iinfo(dtype)
         values = data.draw(st.lists(st.integers(info.min, info.max), min_size=1, max_size=16))
         t = torch.tensor(values, dtype=dtype)
-        assert unchanged_elements(default_poison(t), t) == 0
+        for poison in (*default_poisons(t), plus_one):
+            assert unchanged_elements(poison(t), t) == 0, poison
+
+    @pytest.mark.parametrize("dtype", INTS)
+    def test_every_poison_of_the_set_changes_every_element(self, dtype):
+        info = torch.iinfo(dtype)
+        for values in ([0, 5, 7, 3], [0, 0], [1, 1], [0, 1], [info.min, info.max], [info.max]):
+            t = torch.tensor(values, dtype=dtype)
+            for poison in default_poisons(t):
+                assert unchanged_elements(poison(t), t) == 0, (poison.name, values)
+
+
+class TestPoisonSetAgainstDivisionAndClamps:
+    """What 0.2's ``x + 1`` missed on the H200, and what the set does instead."""
+
+    PAGE = 64
+
+    def aligned_table(self) -> torch.Tensor:
+        # a request-to-token table of whole pages: slot = page * 64 + offset; the max slot
+        # (page 31, offset 63) is not page-aligned, so x + 1 never wraps a page start
+        pages = torch.randperm(32, generator=torch.Generator().manual_seed(0))
+        return (pages[:, None] * self.PAGE + torch.arange(self.PAGE)).reshape(-1).to(torch.int32)
+
+    def test_plus_one_leaves_page_of_every_page_start_unchanged(self):
+        t = self.aligned_table()
+        starts = t[:: self.PAGE]
+        assert torch.equal(plus_one(t)[:: self.PAGE] // self.PAGE, starts // self.PAGE)
+
+    def test_half_turn_changes_the_page_of_every_entry(self):
+        t = self.aligned_table()
+        for g in (1, 2, 16, 64, 512, 1024):  # every granularity up to half the value range
+            assert not bool(((half_turn(t) // g) == (t // g)).any()), g
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(st.integers(0, 5000), min_size=1, max_size=12), st.integers(1, 64))
+    def test_property_half_turn_survives_division_up_to_half_the_range(self, values, g):
+        t = torch.tensor(values, dtype=torch.int64)
+        m = int(t.max()) + 1  # lo = 0 for non-negative tables
+        if g <= m // 2:
+            assert not bool(((half_turn(t) // g) == (t // g)).any())
+
+    @pytest.mark.parametrize("length", [2, 3, 64, 65, 1000])
+    def test_a_lone_length_stays_a_length(self, length):
+        t = torch.tensor([length], dtype=torch.int64)
+        assert int(plus_one(t)) == 0  # 0.2: the request became empty
+        assert int(half_turn(t)) == length // 2 >= 1
+        assert int(low(t)) == 1
+
+    def test_one_sided_clamps_see_a_change(self):
+        window = 128
+        clamps = {
+            "min(len, window)": lambda x: torch.clamp(x, max=window),
+            "max(len - window, 0)": lambda x: torch.clamp(x - window, min=0),
+        }
+        # a long batch (every length past the window) and a short one (all but the longest
+        # inside it): 0.2's x + 1 leaves each clamped value of the first three as it was
+        for name, lengths in (
+            ("min(len, window)", torch.tensor([200, 300, 129, 1000])),
+            ("max(len - window, 0)", torch.tensor([3, 100, 50, 300])),
+        ):
+            clamp = clamps[name]
+            assert torch.equal(clamp(plus_one(lengths))[:3], clamp(lengths)[:3]), name
+            for i in range(len(lengths)):  # every element: some poison of the set moves it
+                assert any(
+                    int(clamp(p(lengths))[i]) != int(clamp(lengths)[i]) for p in INTEGER_POISONS
+                ), (name, i)
+
+    def test_low_and_high_go_to_the_ends(self):
+        t = torch.tensor([-1, 4, 0, 9, 3], dtype=torch.int64)  # a -1 sentinel, as in an SWA map
+        assert low(t).tolist() == [0, 0, 9, 0, 0]  # lo + 1 = 0 (those already 0: hi)
+        assert high(t).tolist() == [9, 9, 9, -1, 9]
+
+    def test_overrides_one_callable_or_a_sequence(self):
+        t = torch.arange(4)
+        assert [p.name for p in poison_set(None, t)] == ["half_turn", "low", "high"]
+        assert [p.name for p in poison_set(plus_one, t)] == ["plus_one"]
+        assert [p.name for p in poison_set([plus_one, half_turn], t)] == ["plus_one", "half_turn"]
+        assert [p.name for p in poison_set(None, torch.zeros(2))] == ["negate"]
 
 
 class TestUnchangedElements:

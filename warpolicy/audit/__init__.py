@@ -3,7 +3,7 @@
 * `run_audit` / `format_audit`: what ``warpolicy audit`` calls (`warpolicy.audit.api`);
 * `warpolicy.audit.subject`: `AuditSubject` (what a factory returns) and the GPU stalls;
 * `warpolicy.audit.dynamic`: the differential race test (poison at the release, compare);
-* `warpolicy.audit.poison`: poison values per dtype and the output comparison;
+* `warpolicy.audit.poison`: the poison set per dtype and the output comparison;
 * `warpolicy.audit.static`: the walk of every captured graph (late readers of shared buffers,
   read through `warpolicy.runtime.graphwalk`), with the verdicts in `warpolicy.audit.graph` and the
   choice of graph in `warpolicy.audit.cuda_graph`;
@@ -27,6 +27,7 @@ from warpolicy.audit.report import (
     DynamicResult,
     Mismatch,
     Offender,
+    Refutation,
     StaticResult,
     Verdict,
     format_audit,
@@ -47,6 +48,7 @@ __all__ = [
     "MIN_TRIALS",
     "Mismatch",
     "Offender",
+    "Refutation",
     "STATIC_BLIND_SPOTS",
     "StalledModel",
     "StaticResult",

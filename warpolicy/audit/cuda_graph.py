@@ -31,8 +31,13 @@ class graph_for:  # noqa: N801 - used like a function: ``with graph_for(...) as 
     def __enter__(self) -> tuple[int, Optional[int]]:
         captured = getattr(self.runner, "captured", {}).get(self.bucket)
         raw = _raw_graph(getattr(captured, "graph", None))
-        if raw:  # the bucket's own planted event when it keeps one, else the fence's
-            event = getattr(captured, "event", None) or getattr(self.runner.fence, "event", None)
+        if raw:  # the event the bucket's own graph records (each bucket has its own), else
+            # the one its release hands out, else the fence's
+            event = (
+                getattr(captured, "recorded", None)
+                or getattr(captured, "event", None)
+                or getattr(self.runner.fence, "event", None)
+            )
             return raw, event_handle(event) or None
         self._own = _capture_body(self.runner.model, self.bucket)
         graph, event = self._own

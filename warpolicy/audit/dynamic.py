@@ -9,13 +9,17 @@ Per audited mode (docs/ARCHITECTURE.md, "Audit"):
 2. capture; snapshot the shared buffers and the subject's ``extra_outputs`` (to put back at
    the end);
 3. per trial: make a batch (it may write shared state), then snapshot the shared buffers and
-   extra outputs and compute the poison from that snapshot; run the step undisturbed and keep
-   its outputs and extra outputs (the reference); restore the snapshot and run the same step
-   again with the forward stream held by a head stall so the host enqueues the whole step and
-   the scheduler's reaction before the GPU starts it: take the read-done event, apply the
-   `SchedulerBarrier` on the schedule stream, and overwrite every shared buffer with poison
-   there; synchronize, compare, restore the snapshot. When the mode is done, everything gets
-   back what it held before the audit.
+   extra outputs and compute the poison set from that snapshot (`warpolicy.audit.poison`: one
+   round per poison); run the step undisturbed and keep its outputs and extra outputs (the
+   reference); then, per round, restore the snapshot and run the same step again with the
+   forward stream held by a head stall so the host enqueues the whole step and the scheduler's
+   reaction before the GPU starts it: take the read-done event, apply the `SchedulerBarrier` on
+   the schedule stream, and overwrite every shared buffer with that round's poison there;
+   synchronize, compare with the reference, restore the snapshot. When the mode is done,
+   everything gets back what it held before the audit;
+4. the runner's capture self-check: a declared ``in_graph`` bucket it demoted because shared
+   readers follow the marker is a refuted declaration (`warpolicy.audit.static.
+   self_check_refutation`), reported UNSAFE with those readers.
 
 On the simulated platform nothing runs concurrently, so the audit simulates the race in program
 order instead: a log listener poisons the buffers at the instant the published event fires
@@ -23,11 +27,12 @@ order instead: a log listener poisons the buffers at the instant the published e
 the release point then sees poison, exactly as a late GPU reader would in the widest window.
 
 Verdict per (backend, mode, spec): UNSAFE when any trial differs (with the first differing
-output element and trial); SAFE only when none does and the trials really exercised the
-declaration: the declared point published by a captured graph in every trial, the poisoned
-step publishing the same event as its reference, every element of every shared buffer changed
-by the poison, every captured bucket replayed, a race window widened by stalls or simulated,
-and on a real device at least `MIN_TRIALS` trials. INCONCLUSIVE with the reasons otherwise.
+output element, trial and poison) or the self-check refuted the declaration; SAFE only when
+none does and the trials really exercised the declaration: the declared point published by a
+captured graph in every trial, each poisoned step publishing the same event as its reference,
+every element of every shared buffer changed by every poison, every captured bucket replayed,
+a race window widened by stalls or simulated, and on a real device at least `MIN_TRIALS`
+trials. INCONCLUSIVE with the reasons otherwise.
 
 Over 400 lines: trials, poisoning at the release, reference replays and the checks that make a
 trial count (same publication, every bucket covered) belong to one loop.
@@ -41,8 +46,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import attrs
 
 from warpolicy.audit.poison import (
-    default_poison,
     first_mismatch,
+    poison_set,
     snapshot_outputs,
     unchanged_elements,
 )
@@ -55,7 +60,7 @@ from warpolicy.audit.report import (
     Mismatch,
     StaticResult,
 )
-from warpolicy.audit.static import audit_static_buckets
+from warpolicy.audit.static import audit_static_buckets, self_check_refutation
 from warpolicy.audit.subject import (
     DEFAULT_STALL_US,
     AuditSubject,
@@ -79,18 +84,23 @@ SIMULATED = SIM_DEVICE_TYPES  # the one alias list (warpolicy.runtime.platforms)
 
 
 def dynamic_verdict(
-    trials: int, corrupted: int, first: Optional[Mismatch], notes: Sequence[str] = ()
+    trials: int,
+    corrupted: int,
+    first: Optional[Mismatch],
+    notes: Sequence[str] = (),
+    caught: Sequence[tuple[str, int]] = (),
 ) -> DynamicResult:
     """UNSAFE on any difference; else INCONCLUSIVE when a note says the declaration was not
-    really exercised (or no trial ran); else SAFE."""
+    really exercised (or no trial ran); else SAFE. ``caught``: per poison, the trials whose
+    step under it differed."""
     if not trials and not notes:
         notes = ["no trial ran"]
     reason = "; ".join(notes)
     if first is not None:
-        return DynamicResult(UNSAFE, trials, corrupted, first, reason)
+        return DynamicResult(UNSAFE, trials, corrupted, first, reason, caught=caught)
     if notes:
-        return DynamicResult(INCONCLUSIVE, trials, 0, None, reason)
-    return DynamicResult(SAFE, trials, 0, None)
+        return DynamicResult(INCONCLUSIVE, trials, 0, None, reason, caught=caught)
+    return DynamicResult(SAFE, trials, 0, None, caught=caught)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +144,8 @@ class _Harness:
         self.platform.synchronize()
         self.original = self._clone()  # put back when the audit ends
         self.state = self.original  # the trial's state before its steps (restored between them)
-        self.poisoned: dict[str, Any] = {}
+        self.poisoned: dict[str, Any] = {}  # what `_poison` writes (the current round's poison)
+        self.rounds: list[tuple[str, dict[str, Any]]] = []  # this trial's poisons, in order
         self.placed = True  # simulated: the last poisoned step's poison landed at the release
         # the simulated platform's call log: its listeners place the poison in program order
         self.log = self.platform.log if self.simulated else None
@@ -145,24 +156,31 @@ class _Harness:
 
     def begin_trial(self) -> list[str]:
         """After ``make_batch`` (which may write shared state): snapshot the trial's state and
-        poison *that*, so the poison differs from what this trial's step really reads.
+        poison *that*, so each poison differs from what this trial's step really reads.
 
-        Returns a note for every buffer whose poison leaves some element unchanged."""
+        Builds ``rounds``: one poisoned step per poison of the longest per-buffer set (a buffer
+        with fewer poisons repeats its own in turn). Returns a note for every buffer whose
+        poison leaves some element unchanged."""
         self.platform.synchronize()
         self.state = self._clone()
-        self.poisoned = {
-            n: self.subject.poison.get(n, default_poison)(self.state[n]) for n in self.shared
-        }
+        sets = {n: poison_set(self.subject.poison.get(n), self.state[n]) for n in self.shared}
+        count = max((len(p) for p in sets.values()), default=0)
+        self.rounds = [] if count else [("nothing", {})]  # no shared buffer: one plain step
+        for k in range(count):
+            chosen = {n: p[k % len(p)] for n, p in sets.items()}
+            label = "+".join(dict.fromkeys(p.name for p in chosen.values()))
+            self.rounds.append((label, {n: p(self.state[n]) for n, p in chosen.items()}))
         self.platform.synchronize()
         notes = []
-        for name in self.shared:
-            total = self.state[name].numel()
-            same = unchanged_elements(self.poisoned[name], self.state[name]) if total else 0
-            if same:
-                notes.append(
-                    f"the poison of {name!r} leaves {same} of {total} elements "
-                    "unchanged: late reads of those are not checked"
-                )
+        for label, poisoned in self.rounds:
+            for name in self.shared:
+                total = self.state[name].numel()
+                same = unchanged_elements(poisoned[name], self.state[name]) if total else 0
+                if same:
+                    notes.append(
+                        f"the poison of {name!r} leaves {same} of {total} elements unchanged "
+                        f"under {label}: late reads of those are not checked there"
+                    )
         return notes
 
     def step(self, batch: Any) -> Any:
@@ -192,8 +210,12 @@ class _Harness:
         position = _release_position(records, read_done) if self.simulated else None
         return snapshot_outputs(out, self.written), self.published(read_done), position
 
-    def poisoned_step(self, batch: Any, position: Optional[int]) -> tuple[list, Publication]:
-        """The step with the scheduler poisoning shared state the moment the fence releases."""
+    def poisoned_step(
+        self, batch: Any, position: Optional[int], poisoned: Optional[dict[str, Any]] = None
+    ) -> tuple[list, Publication]:
+        """The step with the scheduler poisoning shared state (with ``poisoned``, else the
+        first round's poison) the moment the fence releases."""
+        self.poisoned = poisoned if poisoned is not None else self.rounds[0][1]
         if self.simulated:
             return self._simulated(batch, position)
         if self.head_stall is not None:
@@ -337,14 +359,17 @@ def _audit_mode(
     finally:
         with contextlib.suppress(Exception):  # never leave the subject's state poisoned
             harness.restore(original=True)
-    dynamic = dynamic_verdict(out.ran, out.corrupted, out.first, out.notes)
+    dynamic = dynamic_verdict(
+        out.ran, out.corrupted, out.first, out.notes, tuple(out.caught.items())
+    )
     static_result = (
         audit_static_buckets(runner, harness.shared, post_step=subject.post_step is not None)
         if static
         else StaticResult(INCONCLUSIVE, reason="static audit skipped")
     )
+    refuted = self_check_refutation(runner, harness.shared, declared, out.policy)
     return AuditEntry(
-        subject.name, mode, subject.spec, declared, out.policy, dynamic, static_result
+        subject.name, mode, subject.spec, declared, out.policy, dynamic, static_result, refuted
     )
 
 
@@ -360,7 +385,8 @@ class _Outcome:
     eager: int = 0  # trials that ran eagerly
     demoted: int = 0  # trials that published later than declared
     demoted_to: Optional[WarReadDonePolicy] = None  # the latest policy those published
-    unmatched: int = 0  # trials whose poisoned step published something else than the reference
+    unmatched: int = 0  # poisoned steps that published something else than the reference
+    caught: dict[str, int] = attrs.field(factory=dict)  # poison -> trials its step differed in
     notes: list[str] = attrs.field(factory=list)
 
     def note(self, text: str) -> None:
@@ -395,21 +421,32 @@ def _trials(
         if published.policy is None or out.policy is None or out.policy == NONE:
             out.note(_nothing_published(out.policy))
             break
-        harness.restore()  # the poisoned step starts from the reference step's state
-        observed, again = harness.poisoned_step(batch, position)
-        harness.restore()
-        if again != published:  # a comparison of two different releases proves nothing
-            out.unmatched += 1
-            out.note(
-                f"trial {trial}: the poisoned step published {again.describe()}, the "
-                f"reference step {published.describe()}"
-            )
+        counted = False
+        caught: Optional[Mismatch] = None
+        for label, poisoned in harness.rounds:
+            out.caught.setdefault(label, 0)
+            harness.restore()  # each poisoned step starts from the reference step's state
+            observed, again = harness.poisoned_step(batch, position, poisoned)
+            harness.restore()
+            if again != published:  # a comparison of two different releases proves nothing
+                out.unmatched += 1
+                out.note(
+                    f"trial {trial}: the poisoned step published {again.describe()}, the "
+                    f"reference step {published.describe()}"
+                )
+                continue
+            if not harness.placed:
+                raise RuntimeError(
+                    "simulated platform: the step recorded its events in a different "
+                    "order than the reference step; cannot place the release"
+                )
+            counted = True
+            mismatch = first_mismatch(reference, observed, trial, label)
+            if mismatch is not None:
+                out.caught[label] += 1
+                caught = caught or mismatch
+        if not counted:
             continue
-        if not harness.placed:
-            raise RuntimeError(
-                "simulated platform: the step recorded its events in a different "
-                "order than the reference step; cannot place the release"
-            )
         out.ran += 1
         if published.bucket is None:
             out.eager += 1
@@ -418,10 +455,9 @@ def _trials(
         if declared is not None and out.policy > declared:
             out.demoted += 1
             out.demoted_to = max(out.policy, out.demoted_to or out.policy)
-        mismatch = first_mismatch(reference, observed, trial)
-        if mismatch is not None:
+        if caught is not None:
             out.corrupted += 1
-            out.first = out.first or mismatch
+            out.first = out.first or caught
     out.notes += _exercise_notes(out, declared, harness)
     return out
 
@@ -453,8 +489,8 @@ def _exercise_notes(
         )
     if out.unmatched:
         notes.append(
-            f"in {out.unmatched} trial(s) the poisoned step did not publish what the "
-            "reference step did; those trials were not counted"
+            f"{out.unmatched} poisoned step(s) did not publish what the reference step "
+            "did; those steps were not counted"
         )
     captured = sorted(getattr(harness.runner, "captured", None) or ())
     missed = [b for b in captured if b not in out.replayed]

@@ -1,18 +1,38 @@
 """Poison values and output comparison for the dynamic race audit.
 
-The poison of a shared buffer must differ from its contents in *every* element it can, or a
-late read of an unchanged element goes unseen (a ``bf16`` value ``x`` with ``x + 1 == x`` is
-not poison). `default_poison` picks, per dtype:
+A poison must change what a late reader *computes*, not only what it loads. 0.2's single poison
+``(x + 1) mod (max + 1)`` changed every element and still missed real readers on the H200: on
+the only length of a one-request batch it gives 0 (an empty request, whose page-table rows a
+rebuild then leaves as they were), and it leaves ``x // page_size`` unchanged on every
+page-aligned entry of a request-to-token table or SWA mapping, so a late page-table rebuild
+passed the dynamic test 0/30. So each trial now runs one poisoned step per poison of a **set**
+(`default_poisons`), every one compared with the same reference step. For integers, with
+``lo = min(0, min x)``, ``hi = max x`` and ``m = hi - lo + 1`` values (every poison stays in
+``[lo, hi]``, so a poisoned index table still indexes what it indexed, and changes every
+element):
 
-* booleans: the negation;
-* integers: ``(x + 1) mod (max + 1)`` while that stays representable, so a poisoned index
-  table still points inside the pool it indexes (wrong data, never an illegal address); a
-  0/1 flip when nothing is positive; the bitwise complement when ``max + 1`` overflows;
-* floating point and complex: ``-2 x`` (exact in binary floating point, overflow gives an
-  infinity of the other sign), with zeros and NaNs becoming one.
+* ``half_turn``: ``lo + ((x - lo) + ceil(m / 2)) mod m`` moves every element by at least
+  ``floor(m / 2)``, so ``x // g`` changes for every granularity ``g <= m / 2`` (a page size
+  against a KV pool's slot numbers, a window against a length), and the only length ``L`` of a
+  one-request batch becomes ``floor(L / 2)``, still a length (not 0, for ``L >= 2``);
+* ``low``: every element becomes ``lo + 1`` (the smallest non-degenerate value: a length of 1,
+  slot 1, never the empty length 0 or a ``-1`` sentinel), those already there ``hi``: a reader
+  that clamps from above (``min(x, window)``) sees a value below any clamp;
+* ``high``: every element becomes ``hi``, those already there ``lo``: a reader that clamps
+  from below (``max(x - window, 0)``) sees the largest value the buffer holds.
 
-Each rule differs from every input element (including infinities, NaNs and signed zeros);
-`unchanged_elements` counts what a (possibly user-supplied) poison leaves equal, and the audit
+A late read is caught when any poison changes the step's output; the three cover exact reads,
+integer division by any granularity up to half the value range, and one-sided clamps at either
+end whose bound lies inside the values the buffer holds. A range-preserving poison cannot move
+a value across a bound no element reaches, and no finite set catches every function, so
+``AuditSubject.poison`` keeps per-buffer overrides (one callable or a sequence of them).
+
+Booleans get their negation; floating point and complex ``-2 x`` (exact in binary floating
+point; overflow gives an infinity of the other sign; zeros and NaNs become one), which flips
+every sign, so a clamp at zero sees it. ``plus_one`` is 0.2's poison, kept
+for comparison and for the positive controls that show what it misses.
+
+`unchanged_elements` counts what a (possibly user-supplied) poison leaves equal; the audit
 refuses a SAFE verdict when that count is not zero.
 
 Outputs are compared element by element (NaN equals NaN); `first_mismatch` names the first
@@ -21,21 +41,102 @@ differing element.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import attrs
 
 from warpolicy.audit.report import Mismatch
 
+PoisonFn = Callable[[Any], Any]
+#: What ``AuditSubject.poison`` maps a buffer to: one poison, or a set of them
+#: (``warpolicy.audit.subject.PoisonOverride``).
+PoisonSpec = Union[PoisonFn, Sequence[PoisonFn]]
 
-def default_poison(tensor: Any) -> Any:
-    """A tensor like ``tensor`` that differs from it in every element (see the module doc)."""
+
+@attrs.frozen
+class Poison:
+    """A named poison: ``apply(tensor)`` returns a tensor like it (the buffer is not changed)."""
+
+    name: str
+    apply: PoisonFn = attrs.field(eq=False)
+
+    def __call__(self, tensor: Any) -> Any:
+        return self.apply(tensor)
+
+
+def _int_range(tensor: Any) -> Optional[tuple[int, int, int]]:
+    """``(lo, hi, m)`` of an integer tensor (``lo = min(0, min)``), or None when ``m`` would not
+    fit the arithmetic (a range spanning most of int64)."""
+    lo = min(0, int(tensor.min().item()))
+    hi = int(tensor.max().item())
+    m = hi - lo + 1
+    return (lo, hi, m) if m < 2**62 else None
+
+
+def _single_value(tensor: Any) -> Any:
+    """Every element equals ``c``: ``c + 1`` (``c - 1`` when ``c`` is the dtype's maximum)."""
     import torch
 
-    if tensor.dtype == torch.bool:
-        return ~tensor
-    if tensor.is_floating_point() or tensor.is_complex():
-        wide = tensor.to(_wide_dtype(tensor.dtype)) if tensor.element_size() < 4 else tensor
-        nothing = (wide == 0) | torch.isnan(wide)
-        return torch.where(nothing, torch.ones_like(wide), wide * -2).to(tensor.dtype)
+    c = int(tensor.reshape(-1)[0].item())
+    return torch.full_like(tensor, c + 1 if c < torch.iinfo(tensor.dtype).max else c - 1)
+
+
+def _integer(tensor: Any, kind: str) -> Any:
+    import torch
+
+    if tensor.numel() == 0:
+        return tensor.clone()
+    bounds = _int_range(tensor)
+    if bounds is None:
+        return torch.bitwise_not(tensor)  # changes every element; the range is all of int64
+    lo, hi, m = bounds
+    if m == 1:
+        return _single_value(tensor)
+    wide = tensor.to(torch.int64)
+    if kind == "half_turn":
+        out = torch.remainder(wide - lo + (m + 1) // 2, m) + lo
+    elif kind == "low":
+        target = lo + 1
+        elsewhere = hi if m > 2 else lo
+        out = torch.where(
+            wide != target, torch.full_like(wide, target), torch.full_like(wide, elsewhere)
+        )
+    else:  # high
+        out = torch.where(wide != hi, torch.full_like(wide, hi), torch.full_like(wide, lo))
+    return out.to(tensor.dtype)
+
+
+def _floating(tensor: Any) -> Any:
+    import torch
+
+    wide = tensor.to(_wide_dtype(tensor.dtype)) if tensor.element_size() < 4 else tensor
+    nothing = (wide == 0) | torch.isnan(wide)
+    return torch.where(nothing, torch.ones_like(wide), wide * -2).to(tensor.dtype)
+
+
+def half_turn(tensor: Any) -> Any:
+    """Integers: every element moved half the value range (see the module doc)."""
+    return _non_integer(tensor) if _not_int(tensor) else _integer(tensor, "half_turn")
+
+
+def low(tensor: Any) -> Any:
+    """Integers: every element to ``lo + 1`` (those already there to ``hi``)."""
+    return _non_integer(tensor) if _not_int(tensor) else _integer(tensor, "low")
+
+
+def high(tensor: Any) -> Any:
+    """Integers: every element to ``hi`` (those already there to ``lo``)."""
+    return _non_integer(tensor) if _not_int(tensor) else _integer(tensor, "high")
+
+
+def plus_one(tensor: Any) -> Any:
+    """0.2's poison: integers ``(x + 1) mod (max + 1)`` (a 0/1 flip when nothing is positive,
+    the complement when ``max + 1`` overflows); other dtypes as `default_poisons`. Misses
+    readers that divide or clamp (the module doc); kept for comparison and the controls."""
+    import torch
+
+    if _not_int(tensor):
+        return _non_integer(tensor)
     if tensor.numel() == 0:
         return tensor.clone()
     top = int(tensor.max().item())
@@ -44,6 +145,51 @@ def default_poison(tensor: Any) -> Any:
     if top < torch.iinfo(tensor.dtype).max:
         return torch.remainder(tensor.to(torch.int64) + 1, top + 1).to(tensor.dtype)
     return torch.bitwise_not(tensor)  # max + 1 is not representable
+
+
+def _not_int(tensor: Any) -> bool:
+    import torch
+
+    return tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex()
+
+
+def _non_integer(tensor: Any) -> Any:
+    import torch
+
+    return ~tensor if tensor.dtype == torch.bool else _floating(tensor)
+
+
+#: The integer poison set (`half_turn`, `low`, `high`); see the module doc for what each covers.
+INTEGER_POISONS: tuple[Poison, ...] = (
+    Poison("half_turn", half_turn),
+    Poison("low", low),
+    Poison("high", high),
+)
+#: Booleans and floating point: one poison (negation, ``-2 x``).
+OTHER_POISONS: tuple[Poison, ...] = (Poison("negate", _non_integer),)
+
+
+def default_poisons(tensor: Any) -> tuple[Poison, ...]:
+    """The default poison set for ``tensor``'s dtype (three for integers, one otherwise)."""
+    return OTHER_POISONS if _not_int(tensor) else INTEGER_POISONS
+
+
+def default_poison(tensor: Any) -> Any:
+    """The first poison of the default set applied to ``tensor`` (``half_turn`` for integers)."""
+    return default_poisons(tensor)[0](tensor)
+
+
+def poison_set(spec: Optional[PoisonSpec], tensor: Any) -> tuple[Poison, ...]:
+    """The poisons for one buffer: ``spec`` (a callable or a sequence of callables, from
+    ``AuditSubject.poison``) or, when None, `default_poisons`."""
+    if spec is None:
+        return default_poisons(tensor)
+    given = [spec] if callable(spec) else list(spec)
+    if not given:
+        return default_poisons(tensor)
+    return tuple(
+        p if isinstance(p, Poison) else Poison(getattr(p, "__name__", "custom"), p) for p in given
+    )
 
 
 def _wide_dtype(dtype: Any) -> Any:
@@ -91,15 +237,19 @@ def snapshot_outputs(
 
 
 def first_mismatch(
-    reference: Sequence[tuple[str, Any]], observed: Sequence[tuple[str, Any]], trial: int
+    reference: Sequence[tuple[str, Any]],
+    observed: Sequence[tuple[str, Any]],
+    trial: int,
+    poison: str = "",
 ) -> Optional[Mismatch]:
-    """The first element where ``observed`` differs from ``reference`` (NaN equals NaN)."""
+    """The first element where ``observed`` differs from ``reference`` (NaN equals NaN);
+    ``poison`` names the poison of the step that produced ``observed``."""
     import torch
 
     want_labels = ", ".join(label for label, _ in reference)
     got_labels = ", ".join(label for label, _ in observed)
     if want_labels != got_labels:  # the step returned a differently shaped output
-        return Mismatch(trial, "out", (), want_labels, got_labels, 1)
+        return Mismatch(trial, "out", (), want_labels, got_labels, 1, poison)
     for (label, want), (_, got) in zip(reference, observed):
         if want.shape != got.shape or want.dtype != got.dtype:
             return Mismatch(
@@ -109,6 +259,7 @@ def first_mismatch(
                 f"{want.dtype}{list(want.shape)}",
                 f"{got.dtype}{list(got.shape)}",
                 1,
+                poison,
             )
         differ = want != got
         if want.is_floating_point() or want.is_complex():
@@ -116,5 +267,7 @@ def first_mismatch(
         count = int(differ.sum().item())
         if count:
             index = tuple(int(i) for i in differ.nonzero()[0].tolist()) if differ.dim() else ()
-            return Mismatch(trial, label, index, want[index].item(), got[index].item(), count)
+            return Mismatch(
+                trial, label, index, want[index].item(), got[index].item(), count, poison
+            )
     return None

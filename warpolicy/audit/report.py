@@ -4,11 +4,14 @@ One `AuditEntry` per audited (backend, mode, spec): a dynamic race result, a sta
 result and the combined verdict. `AuditReport.exit_code` is what ``warpolicy audit`` exits
 with, so the audit cannot pass by default:
 
-* `EXIT_UNSAFE` (1) when any entry is UNSAFE;
+* `EXIT_UNSAFE` (1) when any entry is UNSAFE, a refuted declaration included (`Refutation`);
 * else `EXIT_INCONCLUSIVE` (3) when the run proved nothing for some declaration: an
   INCONCLUSIVE entry (unless ``allow_inconclusive``), an audit that failed (always, even with
   ``allow_inconclusive``: a subject that crashes in every mode must not pass), or no entry;
 * else 0: every audited declaration is SAFE.
+
+Over 400 lines: the result records (dynamic, static, refutation, entry, report) and the two
+renderings that must agree on them stay together; each record is small.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ UNSAFE = Verdict.UNSAFE
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 
 
+def _pairs(value: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    return tuple((str(k), int(v)) for k, v in value)
+
+
 @attrs.frozen
 class Mismatch:
     """The first output element that differed from the undisturbed reference."""
@@ -63,11 +70,13 @@ class Mismatch:
     expected: Any  # the reference value (a Python scalar)
     got: Any  # the value the step produced while the scheduler poisoned shared state
     count: int  # how many elements of that output differed in that trial
+    poison: str = ""  # the poison whose step differed (`warpolicy.audit.poison`)
 
     def describe(self) -> str:
         idx = ", ".join(str(i) for i in self.index)
+        by = f", poison {self.poison}" if self.poison else ""
         return (
-            f"trial {self.trial}: {self.output}[{idx}] = {_scalar(self.got)}, "
+            f"trial {self.trial}{by}: {self.output}[{idx}] = {_scalar(self.got)}, "
             f"expected {_scalar(self.expected)} ({self.count} element"
             f"{'s' if self.count != 1 else ''} differ)"
         )
@@ -80,6 +89,7 @@ class Mismatch:
             "expected": self.expected,
             "got": self.got,
             "count": self.count,
+            "poison": self.poison,
         }
 
 
@@ -93,6 +103,15 @@ class DynamicResult:
     first: Optional[Mismatch] = None
     reason: str = ""  # why INCONCLUSIVE, or a note
     failed: bool = False  # the audit itself raised (the subject crashed): never passes
+    #: per poison of the set (in order): the trials whose step under that poison differed
+    caught: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_pairs)
+
+    def caught_line(self) -> str:
+        """``caught by half_turn 30/30, low 30/30, high 0/30`` (empty without poisons)."""
+        if not self.caught:
+            return ""
+        parts = ", ".join(f"{name} {n}/{self.trials}" for name, n in self.caught)
+        return f"caught by {parts}"
 
     def summary(self) -> str:
         if self.verdict is UNSAFE:
@@ -109,6 +128,7 @@ class DynamicResult:
             "first": self.first.to_json() if self.first else None,
             "reason": self.reason,
             "failed": self.failed,
+            "poisons": {name: n for name, n in self.caught},
         }
 
 
@@ -142,6 +162,10 @@ class Offender:
 
 def _offenders(value: Iterable[Offender]) -> tuple[Offender, ...]:
     return tuple(value)
+
+
+def _strs(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
 
 
 def _ints(value: Iterable[int]) -> tuple[int, ...]:
@@ -182,6 +206,45 @@ class StaticResult:
         }
 
 
+@attrs.frozen
+class Refutation:
+    """A declared ``in_graph`` that the runner's capture self-check refuted: shared readers
+    after the marker, so the runner demoted the bucket(s) to ``post_replay``.
+
+    The audit reports such a declaration UNSAFE, not INCONCLUSIVE: the demotion kept the
+    running system safe, but the declaration itself is wrong, and honoured it would release the
+    scheduler before those readers (the verdict stays ``unsafe`` so every consumer that fails
+    on it keeps failing; this record says why)."""
+
+    declared: WarReadDonePolicy
+    published: Optional[WarReadDonePolicy]
+    buckets: tuple[int, ...] = attrs.field(converter=_ints)
+    late: tuple[Offender, ...] = attrs.field(converter=_offenders)  # each tagged with its bucket
+    detail: tuple[str, ...] = attrs.field(default=(), converter=_strs)  # the runner's lines
+
+    def summary(self) -> str:
+        names = sorted({o.name for o in self.late})
+        return "refuted: " + ", ".join(names) if names else "refuted"
+
+    def describe(self) -> str:
+        readers = "; ".join(o.describe() for o in self.late)
+        published = self.published.label if self.published is not None else "nothing"
+        return (
+            f"the capture self-check refuted the declared {self.declared.label}: {readers} "
+            f"after the marker; the runner demoted bucket(s) "
+            f"{', '.join(map(str, self.buckets))} and published {published}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "declared": self.declared.label,
+            "published": self.published.label if self.published is not None else None,
+            "buckets": list(self.buckets),
+            "late_readers": [o.to_json() for o in self.late],
+            "detail": list(self.detail),
+        }
+
+
 def combine(dynamic: Verdict, static: Verdict) -> Verdict:
     """The entry's verdict: UNSAFE if either audit saw a race; otherwise the dynamic one.
 
@@ -204,17 +267,26 @@ class AuditEntry:
     policy: Optional[WarReadDonePolicy]  # what the runner actually published (None: not run)
     dynamic: DynamicResult
     static: StaticResult
+    #: the runner's capture self-check refuted the declaration (None: it did not)
+    refuted: Optional[Refutation] = None
 
     @property
     def verdict(self) -> Verdict:
+        """UNSAFE when the self-check refuted the declaration; else `combine`."""
+        if self.refuted is not None:
+            return UNSAFE
         return combine(self.dynamic.verdict, self.static.verdict)
 
     def reasons(self, skip_static: str = "") -> list[str]:
         """Every line worth printing under the table for this entry (``skip_static``: a static
         reason already printed once for the whole report)."""
         out = []
+        if self.refuted is not None:
+            out.append(f"self-check: {self.refuted.describe()}")
         if self.dynamic.first is not None:
             out.append(f"dynamic: {self.dynamic.first.describe()}")
+            if self.dynamic.caught_line():
+                out.append(f"dynamic: {self.dynamic.caught_line()}")
         if self.dynamic.reason:
             out.append(f"dynamic: {self.dynamic.reason}")
         for o in self.static.offenders:
@@ -233,6 +305,7 @@ class AuditEntry:
             "verdict": self.verdict.label,
             "dynamic": self.dynamic.to_json(),
             "static": self.static.to_json(),
+            "refuted": self.refuted.to_json() if self.refuted is not None else None,
         }
 
 
@@ -299,7 +372,7 @@ def _format_text(report: AuditReport) -> str:
             _label(e.declared),
             _label(e.policy),
             e.dynamic.summary(),
-            e.static.summary(),
+            _static_cell(e),
             e.verdict.name,
         ]
         for e in report.entries
@@ -327,6 +400,14 @@ def _format_text(report: AuditReport) -> str:
         lines.append(f"static (every entry): {shared}")
     lines.append(f"note: {STATIC_BLIND_SPOTS}")
     return "\n".join(lines)
+
+
+def _static_cell(entry: AuditEntry) -> str:
+    """The static column: a refutation by the capture self-check names its late readers (the
+    walk of the demoted graph at ``post_replay`` would say "safe")."""
+    if entry.refuted is not None and entry.static.verdict is not UNSAFE:
+        return entry.refuted.summary()
+    return entry.static.summary()
 
 
 def _common_static_reason(entries: Sequence[AuditEntry]) -> str:

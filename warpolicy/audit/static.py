@@ -6,6 +6,12 @@ combines the results (UNSAFE if any bucket has a late reader, naming the bucket)
 found by `warpolicy.audit.cuda_graph`, read by `warpolicy.runtime.graphwalk.cuda.read_graph` (the walk
 the marker self-check uses) and judged by `warpolicy.audit.graph`. Any failure here is an
 INCONCLUSIVE result with the reason, never an exception.
+
+`self_check_refutation` reads what the runner's capture self-check did: a declared
+``in_graph`` marker bucket the check demoted because shared readers follow the marker is a
+refuted declaration (`Refutation`); the late readers are named by walking that bucket's kept
+graph again through the platform's own check (`Platform.check_marker`), so the simulated
+platform's graph model and CUDA graphs are read alike.
 """
 
 from __future__ import annotations
@@ -16,8 +22,16 @@ import attrs
 
 from warpolicy.audit.cuda_graph import graph_for
 from warpolicy.audit.graph import analyze_graph
-from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult, Verdict
-from warpolicy.registry.vocabulary import NONE, WarReadDonePolicy
+from warpolicy.audit.report import (
+    INCONCLUSIVE,
+    SAFE,
+    UNSAFE,
+    Offender,
+    Refutation,
+    StaticResult,
+    Verdict,
+)
+from warpolicy.registry.vocabulary import IN_GRAPH, NONE, Placement, WarReadDonePolicy
 from warpolicy.runtime.graphwalk.cuda import read_graph
 from warpolicy.runtime.graphwalk.model import Graph, buffer_ranges
 from warpolicy.runtime.runners.protocols import Runner
@@ -121,3 +135,64 @@ def _audit_static(
     with graph_for(runner, bucket) as (raw, event):
         walked = read_graph(raw)
     return analyze_graph(walked.graph, ranges, policy, event=event, post_step=post_step)
+
+
+def self_check_refutation(
+    runner: Any,
+    shared: Mapping[str, Any],
+    declared: Optional[WarReadDonePolicy],
+    published: Optional[WarReadDonePolicy],
+) -> Optional[Refutation]:
+    """The `Refutation` of a declared ``in_graph`` by the runner's capture self-check, or None.
+
+    A bucket counts when its capture report says a marker was self-checked and failed
+    (``placement`` marker, ``walked``, ``ok`` False) *and* walking its kept graph again finds
+    shared readers after the marker. A check that could not run (no graph to read, marker not
+    found) demotes the bucket too, but proves nothing about the declaration: not a refutation.
+    Never raises.
+    """
+    if declared != IN_GRAPH:
+        return None
+    try:
+        reports = dict(getattr(runner, "capture_report", None) or {})
+        captured = dict(getattr(runner, "captured", None) or {})
+    except Exception:  # noqa: BLE001 - a runner without the reports refutes nothing
+        return None
+    late: list[Offender] = []
+    buckets: list[int] = []
+    detail: list[str] = []
+    for bucket, report in sorted(reports.items()):
+        if not (
+            getattr(report, "placement", None) is Placement.MARKER
+            and getattr(report, "walked", False)
+            and getattr(report, "ok", None) is False
+        ):
+            continue
+        found = _late_readers_of(runner, captured.get(bucket), shared)
+        if not found:
+            continue
+        buckets.append(bucket)
+        detail.append(str(getattr(report, "detail", "")))
+        late += [
+            Offender(r.index, r.kind.value, r.name, r.buffers, bucket=bucket)
+            for r in found
+            if not r.opaque
+        ]
+    if not buckets:
+        return None
+    return Refutation(IN_GRAPH, published, tuple(buckets), tuple(late), tuple(detail))
+
+
+def _late_readers_of(runner: Any, captured: Any, shared: Mapping[str, Any]) -> tuple:
+    """The readers the self-check finds after the marker in ``captured``'s kept graph (empty
+    when it cannot tell). The marker records the bucket's own event (``recorded``, kept
+    whatever the release decided)."""
+    graph = getattr(captured, "graph", None)
+    event = getattr(captured, "recorded", None) or getattr(captured, "event", None)
+    if graph is None or event is None:
+        return ()
+    try:
+        check = runner.platform.check_marker(graph, shared, event)
+    except Exception:  # noqa: BLE001 - PlacementError or anything else: cannot tell
+        return ()
+    return tuple(r for r in check.late if not r.opaque)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -17,6 +17,9 @@ _DEFAULT_CLOCK_KHZ = 1_980_000
 RunnerBuilder = Callable[[Any], Runner]  # (model adapter) -> an uncaptured runner
 BatchMaker = Callable[[ForwardMode, int], Any]  # (mode, trial) -> a batch on the device
 PostStep = Callable[[ForwardMode, Any, Any], Any]  # (mode, batch, output) -> step output
+#: A buffer's poison override: one poison (tensor -> tensor) or a set of them, one poisoned
+#: step each (`warpolicy.audit.poison`).
+PoisonOverride = Union[Callable[[Any], Any], Sequence[Callable[[Any], Any]]]
 
 
 def _modes(value: Mapping) -> Mapping[ForwardMode, Any]:
@@ -37,10 +40,11 @@ class AuditSubject:
     trial's batch, on the device, deterministic in ``trial``; the trials must replay every
     captured bucket, or the mode is INCONCLUSIVE. ``post_step`` is eager work the engine runs
     on the forward stream after the runner's step (its reads of shared state count as reads
-    of the step). ``poison`` overrides the default poison per buffer. ``extra_outputs`` names
-    state the step writes besides what it returns (KV pools, say): the audit snapshots it
-    before each step, puts it back between the reference and the poisoned step, and compares
-    it too, so a late read whose only effect is *where* the step writes is caught.
+    of the step). ``poison`` overrides the default poison set per buffer (one callable, or a
+    sequence of them: one poisoned step each). ``extra_outputs`` names state the step writes
+    besides what it returns (KV pools, say): the audit snapshots it before each step, puts it
+    back between the reference and the poisoned step, and compares it too, so a late read
+    whose only effect is *where* the step writes is caught.
     """
 
     name: str
@@ -51,7 +55,7 @@ class AuditSubject:
     declared: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict, converter=_modes)
     spec: str = "none"
     post_step: Optional[PostStep] = None
-    poison: Mapping[str, Callable[[Any], Any]] = attrs.field(factory=dict)
+    poison: Mapping[str, PoisonOverride] = attrs.field(factory=dict)
     extra_outputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_names)
 
 
