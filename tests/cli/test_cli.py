@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from warpolicy.cli.main import ExitCode, main
+from warpolicy.cli.main import TORCH_HINT, ExitCode, main
 
 FLAG_ENVS = (
     "WARPOLICY_PREFILL_READ_DONE",
@@ -270,7 +270,7 @@ def diff_json(capsys, *argv, code=ExitCode.OK):
     got, out, err = run_cli(capsys, "diff", *argv, "--format", "json")
     assert got == code, err
     doc = json.loads(out)
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2  # cells bounded by --limit, summary counts every change
     return doc
 
 
@@ -527,9 +527,8 @@ def test_runtime_commands_without_torch_are_one_line(capsys, monkeypatch, argv):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ModuleNotFoundError
     code, _, err = run_cli(capsys, *argv)
     assert code == ExitCode.USAGE
-    assert err.strip() == (
-        "warpolicy: this command needs PyTorch; install it with pip install 'warpolicy[torch]'"
-    )
+    assert err.strip() == f"warpolicy: {TORCH_HINT}"
+    assert "download.pytorch.org/whl/cpu" in TORCH_HINT  # never a multi-GB CUDA build by accident
 
 
 # -- output that cannot be written, hooks that exit, GPU commands without CUDA -------------------
@@ -666,10 +665,11 @@ def test_json_outputs_carry_a_schema_version(capsys):
         ["table", "--backend", "fa3"],
         ["plugins"],
         ["diff", "default", "default", "--mode", "decode"],
+        ["validate"],
     ):
         code, out, err = run_cli(capsys, *argv, "--format", "json")
         assert code == ExitCode.OK, err
-        assert json.loads(out)["schema_version"] == 1, argv
+        assert json.loads(out)["schema_version"] == (2 if argv[0] == "diff" else 1), argv
 
 
 def test_explain_markdown_for_pull_requests(capsys, tmp_path):
