@@ -339,16 +339,16 @@ def _diff_ref(args: argparse.Namespace) -> int:
         old_sources: list[Source] = list(bases)
         if old_version.text is not None:
             old_sources.append(Fragment(name=old_version.spec, data=old_version.text))
-        elif not bases:
-            common.out(
-                f"{path}: new file (absent at {args.ref}) and no --base: every cell is added, "
-                "none can be earlier"
-            )
-            documents.append({"file": path, "ref": args.ref, "status": "new", "cells": []})
-            continue
         try:
-            old = PolicyEngine(load_registry(old_sources), environ={})
             new = PolicyEngine(load_registry([*bases, path]), environ={})
+            if not old_sources:
+                common.out(
+                    f"{path}: new file (absent at {args.ref}) and no --base: every cell is "
+                    "added, none can be earlier"
+                )
+                documents.append({"file": path, "ref": args.ref, "status": "new", "cells": []})
+                continue
+            old = PolicyEngine(load_registry(old_sources), environ={})
             diff, space = _compare(old, new, args, fixed)
         except RegistryError as exc:
             problems = common.with_default_hint(exc.problems, [*bases, path])
