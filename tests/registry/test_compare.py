@@ -534,3 +534,19 @@ def test_an_override_of_base_evaluates_what_inherits_from_it(tmp_path):
     assert not any(c.backend.startswith("be_") for c in found.cells)  # added: never earlier
     cells = {(c.backend, c.mode, c.spec): c for c in found.cells}
     assert cells[("fa3", "decode", "none")].new == "pre_replay"
+
+
+def test_a_column_is_skipped_only_when_every_setting_makes_it_none():
+    """BASE's opt-in gate makes extend none only while the flag is off: the column is still
+    compared (the flag on shows the change); the capability gate makes verify none for
+    slow_spec whatever the setting: that column is not evaluated."""
+    old_text, _ = registries("Backend.reads_end")
+    new_text = old_text.replace("extend: post_replay", "extend: pre_replay", 1)
+    assert new_text != old_text
+    old, new = engines(old_text, new_text)
+    space = cell_space([old.registry, new.registry])
+    found = diff_engines(old, new, space)
+    cells = {(c.backend, c.mode, c.spec): c for c in found.cells}
+    assert cells[("late", "extend", "none")].when == "opt_in=true"
+    assert space.column(ForwardMode.TARGET_VERIFY, "slow_spec").all_none
+    assert not space.column(ForwardMode.EXTEND, "none").all_none
