@@ -898,16 +898,29 @@ def _one_sided(
 
 
 def summarize(found: Sequence[Setting], every: Sequence[Setting], column: Column) -> str:
-    """``any``, the assignments shared by exactly the settings ``found``, or each of them."""
+    """``any``; the assignments shared by exactly the settings ``found``; ``not (...)`` those
+    shared by exactly the others; else each setting of ``found``, joined by ``|``."""
     if len(found) == len(every):
         return "any"
     axes = [name for name, _values in column.axes]
+    simple = _conjunction(found, every, axes)
+    if simple is not None:
+        return simple
+    chosen = set(found)
+    simple = _conjunction([s for s in every if s not in chosen], every, axes)
+    if simple is not None:
+        return f"not ({simple})"
+    return " | ".join(_assignments({n: s.assignments()[n] for n in axes}) for s in found)
+
+
+def _conjunction(
+    found: Sequence[Setting], every: Sequence[Setting], axes: Sequence[str]
+) -> Optional[str]:
+    """The assignments all of ``found`` share, if exactly those settings have them."""
     values = [{n: s.assignments()[n] for n in axes} for s in found]
     common = {n: v for n, v in values[0].items() if all(x[n] == v for x in values)}
     matching = [s for s in every if all(s.assignments()[n] == v for n, v in common.items())]
-    if len(matching) == len(found):
-        return _assignments(common)
-    return " | ".join(_assignments(v) for v in values)
+    return _assignments(common) if len(matching) == len(found) else None
 
 
 def _assignments(values: Mapping[str, object]) -> str:

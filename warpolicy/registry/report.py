@@ -269,7 +269,7 @@ DIFF_SCHEMA_VERSION = 2
 #: Rows a report lists unless told otherwise (``--limit``; 0 lists every row).
 DEFAULT_LIMIT = 100
 #: Widest text or markdown cell; longer values (a long ``when``) are cut, JSON keeps them.
-MAX_CELL = 80
+MAX_CELL = 120
 _ORDER = {kind: i for i, kind in enumerate(CHANGES)}
 
 
