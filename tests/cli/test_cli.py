@@ -806,3 +806,15 @@ def test_table_for_a_spec_shows_draft_extend(capsys, spec, verify):
     assert (by_mode["target_verify"], by_mode["draft_extend"]) == (verify, "pre_replay")
     code, out, _ = run_cli(capsys, "table", "--spec", spec, "--backend", "fa3")
     assert code == ExitCode.OK and "draft_extend" in out
+
+
+def test_tp_worker_ranks_print_no_numpy_warning():
+    """Issue 22 item 18: the spawned ranks imported torch with its "Failed to initialize NumPy"
+    warning on; the parent's quiet import does not reach them."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch installed")
+    proc = run_process("bench", "overlap", "--tp", "2", "--device", "sim", "--steps", "4")
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert "NumPy" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
