@@ -324,7 +324,7 @@ def test_diff_sees_other_modes_and_changes_behind_a_flag(capsys, tmp_path):
     behind = cells[("fa3", "extend", "none")]
     assert (behind["old"], behind["new"], behind["change"]) == ("none", "pre_replay", "earlier")
     assert behind["when"] == (
-        "hicache_storage=false, hierarchical_cache=false, lmcache=false, prefill_read_done=true"
+        "prefill_read_done=true, hicache_storage=false, hierarchical_cache=false, lmcache=false"
     )
     assert all(s["prefill_read_done"] for s in behind["settings"])
     code, out, _ = run_cli(capsys, "diff", "default", layered, "--fail-on", "earlier")

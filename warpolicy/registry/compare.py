@@ -924,7 +924,17 @@ def _conjunction(
 
 
 def _assignments(values: Mapping[str, object]) -> str:
-    return ", ".join(f"{k}={_text(v)}" for k, v in values.items())
+    """``name=value, ...``: flags left at their default or on first (what usually tells the
+    story: ``prefill_read_done=true, hierarchical_cache=false``), then flags off, then facts."""
+
+    def rank(item: tuple[str, object]) -> int:
+        name, value = item
+        if name in FAST_PATH:
+            return 3
+        return 0 if value == DEFAULT else 1 if value is True else 2
+
+    ordered = sorted(values.items(), key=rank)  # stable: names stay sorted within a rank
+    return ", ".join(f"{k}={_text(v)}" for k, v in ordered)
 
 
 # -- layers ------------------------------------------------------------------------------------
