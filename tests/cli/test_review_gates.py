@@ -284,6 +284,10 @@ def test_a_file_over_the_default_validated_alone_says_how_to_layer_it(capsys, tm
     assert f"warpolicy validate default {mine}" in line and "--base, default" in line
     code, _, err = run_cli(capsys, "validate", "default", str(mine))
     assert code == ExitCode.OK, err
+    code, _, err = run_cli(
+        capsys, "query", "--backend", "my_attn", "--mode", "decode", "--capabilities", str(mine)
+    )
+    assert code == ExitCode.USAGE and "--capabilities default --capabilities" in err
 
 
 @pytest.mark.parametrize(

@@ -253,11 +253,9 @@ def _default_backends() -> frozenset[str]:
         return frozenset()
 
 
-def with_default_hint(problems: Sequence[Problem], sources: Sequence[object]) -> list[Problem]:
-    """Problems naming an unknown backend that the packaged default defines, while the default
-    is not among ``sources``, say how to layer the file over it."""
-    if str(default_registry_path()) in {str(s) for s in sources}:
-        return list(problems)
+def with_default_hint(problems: Sequence[Problem]) -> list[Problem]:
+    """A problem naming an unknown backend that the packaged default defines (so the default
+    was not loaded) says, on the same line, how to layer the file over it."""
     out = []
     for problem in problems:
         name = _unknown_backend(problem.message)

@@ -16,7 +16,14 @@ from typing import Optional, Sequence
 
 from warpolicy import __version__
 from warpolicy.cli import audit, bench, decide, plugins, review
-from warpolicy.cli.common import ExitCode, OutputError, Parser, UsageError, err
+from warpolicy.cli.common import (
+    ExitCode,
+    OutputError,
+    Parser,
+    UsageError,
+    err,
+    with_default_hint,
+)
 from warpolicy.errors import RegistryError, WarpolicyError
 
 __all__ = ["TORCH_HINT", "ExitCode", "build_parser", "main", "run"]
@@ -64,7 +71,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as exc:
         err(f"{exc.prog}: {exc}")
     except RegistryError as exc:  # located lines, as validate prints them
-        err("".join(f"{p}\n" for p in exc.problems))
+        err("".join(f"{p}\n" for p in with_default_hint(exc.problems)))
     except WarpolicyError as exc:
         err(f"warpolicy: {exc}")
     except ModuleNotFoundError as exc:

@@ -193,7 +193,7 @@ def _check(sources: Sequence[Source], blame: bool) -> tuple[list[Problem], list[
     problems = validate_sources(sources)
     if blame:
         problems = manager.blame_plugins(common.plugin_manager(), problems)
-    problems = common.with_default_hint(problems, sources)
+    problems = common.with_default_hint(problems)
     layers = [] if problems else earlier_layers(sources)
     return problems, layers
 
@@ -351,7 +351,7 @@ def _diff_ref(args: argparse.Namespace) -> int:
             old = PolicyEngine(load_registry(old_sources), environ={})
             diff, space = _compare(old, new, args, fixed)
         except RegistryError as exc:
-            problems = common.with_default_hint(exc.problems, [*bases, path])
+            problems = common.with_default_hint(exc.problems)
             common.err("".join(f"{p}\n" for p in problems))
             common.err(
                 f"warpolicy: diff: {path}: cannot compare with {old_version.spec} "
