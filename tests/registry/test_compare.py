@@ -17,17 +17,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warpolicy.registry import compare, model
-from warpolicy.registry.compare import (
+from warpolicy.registry.cells import (
     BACKEND_CONDITIONS,
+    FACT_NAMES,
+    STATIC_CONDITIONS,
+    cell_space,
+)
+from warpolicy.registry.compare import (
     CELLS,
     DEFAULTS,
     ENV,
-    FACT_NAMES,
     FIELD_COVERAGE,
     PLACEMENT,
-    STATIC_CONDITIONS,
     STEP_CELLS,
-    cell_space,
     diff_engines,
     earlier_layers,
 )

@@ -18,13 +18,8 @@ from typing import Optional, Sequence
 from warpolicy.cli import common, git
 from warpolicy.cli.common import ExitCode, UsageError
 from warpolicy.errors import Problem, RegistryError
-from warpolicy.registry.compare import (
-    Diff,
-    LayerChange,
-    cell_space,
-    diff_engines,
-    earlier_layers,
-)
+from warpolicy.registry.cells import cell_space
+from warpolicy.registry.compare import Diff, LayerChange, diff_engines, earlier_layers
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import (
     Fragment,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Mapping, Optional, Sequence
 
-from warpolicy.registry.compare import CHANGES, CellSpace, Diff, DiffCell, LayerChange
+from warpolicy.registry.cells import CellSpace
+from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
 from warpolicy.registry.engine import Decision, Explanation, GateCheck
 
 #: Every output format a command may offer.
