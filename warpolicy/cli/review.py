@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from warpolicy.cli import common, git
 from warpolicy.cli.common import ExitCode, UsageError
 from warpolicy.errors import Problem, RegistryError
-from warpolicy.registry.cells import cell_space
+from warpolicy.registry.cells import CellSpace, cell_space
 from warpolicy.registry.compare import Diff, LayerChange, diff_engines, earlier_layers
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import (
@@ -271,7 +271,7 @@ def _compare(
     args: argparse.Namespace,
     fixed: dict[str, object],
     label: Optional[str] = None,
-) -> tuple[Diff, object]:
+) -> tuple[Diff, CellSpace]:
     for name in fixed:
         if name not in common.FACT_OPTIONS:
             common.known_flag(name, [old, new])  # UnknownNameError with close matches
@@ -306,7 +306,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         diff, space = _compare(old, new, args, fixed, label)
         total = diff if total is None else total + diff
     assert total is not None and space is not None
-    common.out(format_diff(total, space, args.format, plugins, args.limit))  # type: ignore[arg-type]
+    common.out(format_diff(total, space, args.format, plugins, args.limit))
     fail_on = args.fail_on or ("any" if args.exit_code else None)
     return ExitCode.CHECK_FAILED if _fails(total, fail_on) else ExitCode.OK
 
@@ -356,12 +356,12 @@ def _diff_ref(args: argparse.Namespace) -> int:
             continue
         against = old_version.spec if old_version.text is not None else "the --base files"
         if args.format == "json":
-            doc = json.loads(format_diff(diff, space, "json", None, args.limit))  # type: ignore[arg-type]
+            doc = json.loads(format_diff(diff, space, "json", None, args.limit))
             doc.pop("schema_version")
             documents.append({"file": path, "ref": old_version.spec, "status": "compared", **doc})
         else:
             common.out(f"== {path} vs {against}")
-            common.out(format_diff(diff, space, args.format, None, args.limit))  # type: ignore[arg-type]
+            common.out(format_diff(diff, space, args.format, None, args.limit))
         if _fails(diff, fail_on):
             what = "need an audit" if fail_on == "earlier" else "changed"
             common.err(
