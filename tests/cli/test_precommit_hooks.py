@@ -355,11 +355,12 @@ def test_diff_sees_a_flipped_flag_default(repo):
 
 
 def test_diff_sees_a_spec_algorithm_gaining_last_reader_target_verify(repo):
-    """Issue 22 item 2: the step now hands the scheduler verify's event, before draft extend."""
+    """Issue 22 item 2: the step now hands the scheduler verify's event, before draft extend
+    (which decides none, so nothing later says it reads)."""
     edit(
         repo / "capabilities.yaml",
         "decode: post_replay, extend: post_replay",
-        "decode: post_replay, extend: post_replay, target_verify: in_graph, draft_extend: in_graph",
+        "decode: post_replay, extend: post_replay, target_verify: in_graph",
     )
     (repo / "capabilities.yaml").write_text(
         (repo / "capabilities.yaml").read_text()
@@ -377,7 +378,7 @@ def test_diff_sees_a_spec_algorithm_gaining_last_reader_target_verify(repo):
         "step",
         "eagle",
         "any",
-        "in_graph at draft_extend",
+        "none",
         "in_graph at target_verify",
         "earlier",
     ]

@@ -88,8 +88,7 @@ def test_plugins_lists_a_fragment_that_flips_a_default(capsys, monkeypatch):
 STEP_OLD = (
     "version: 1\nspec_algorithms:\n  eagle:\n    family: eagle\n"
     "    capabilities: {target_verify_read_done: true}\n    last_reader: draft_extend\n"
-    "    doc: x\nbackends:\n  mine:\n    reads_end: {target_verify: in_graph, draft_extend: "
-    "post_replay}\n    doc: x\n"
+    "    doc: x\nbackends:\n  mine:\n    reads_end: {target_verify: in_graph}\n    doc: x\n"
 )
 
 
@@ -104,7 +103,8 @@ def test_diff_fails_when_a_spec_gains_last_reader_target_verify(capsys, tmp_path
     assert code == ExitCode.CHECK_FAILED, err
     (line,) = [x for x in out.splitlines() if x.startswith("mine ")]
     assert line.split()[:3] == ["mine", "step", "eagle"]
-    assert "post_replay at draft_extend" in line and "in_graph at target_verify" in line
+    # draft extend decides none: the step was coarse, and now releases at verify's event
+    assert line.split()[3:6] == ["any", "none", "in_graph"] and "at target_verify" in line
     assert line.split()[-1] == "earlier"
 
 

@@ -90,11 +90,8 @@ BASE: dict = {
         "early": {"reads_end": {"decode": "pre_replay", "extend": "pre_replay"}, "doc": "x"},
         "b": {
             "inherits": "base",
-            "reads_end": {
-                "extend": "pre_replay",
-                "target_verify": "in_graph",
-                "draft_extend": "in_graph",
-            },
+            # draft_extend undeclared (none): with last_reader draft_extend the step is coarse
+            "reads_end": {"extend": "pre_replay", "target_verify": "in_graph"},
             "doc": "x",
         },
         "comp": {"latest_of": ["early", "late"], "doc": "x"},
@@ -276,9 +273,21 @@ def test_last_reader_gives_step_cells_ordered_by_phase_then_policy():
     old, new = engines(*registries("SpecAlgorithm.last_reader"))
     found = diff_engines(old, new, cell_space([old.registry, new.registry]))
     steps = {(c.backend, c.old, c.new, c.change) for c in found.cells if c.mode == "step"}
-    assert ("b", "in_graph at draft_extend", "in_graph at target_verify", "earlier") in steps
+    # the step was coarse (draft extend decides none); now it releases at verify's event
+    assert ("b", "none", "in_graph at target_verify", "earlier") in steps
     # early and late declare neither phase: none (coarse) on both sides, no step cell
     assert {s[0] for s in steps} == {"b"}
+
+
+def test_a_later_phase_that_publishes_stays_the_release():
+    """SpecStep releases after a later phase that decides to publish, whatever last_reader
+    says: naming verify while draft extend publishes moves no release."""
+    old_text, new_text = registries("SpecAlgorithm.last_reader")
+    declare = "target_verify: in_graph"
+    both = "target_verify: in_graph\n      draft_extend: post_replay"
+    old, new = engines(old_text.replace(declare, both, 1), new_text.replace(declare, both, 1))
+    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    assert [c for c in found.cells if c.mode == "step"] == []
 
 
 @pytest.mark.parametrize(

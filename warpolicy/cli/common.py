@@ -322,4 +322,4 @@ def quiet_torch() -> None:
     the commands that need torch; a missing torch is the caller's ModuleNotFoundError."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import torch  # noqa: F401  (deferred: only runtime commands need torch)
+        import torch  # noqa: F401, PLC0415 - deferred: only runtime commands need torch

@@ -478,22 +478,30 @@ def _compare_steps(
     space: CellSpace,
     plugins: Optional[str],
 ) -> list[DiffCell]:
-    """Step cells: the reader phase changed, so the step hands the scheduler another event."""
+    """Step cells: the reader phase changed, so the step may hand the scheduler another event.
+
+    As `warpolicy.runtime.runners.SpecStep` releases: at the declared reader's phase, unless a
+    later phase decides to publish (its answer says it reads shared state), then at that one."""
     column = space.column(_PHASES, spec)
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
     for setting in column.settings:
         values = []
         for side, reader in ((a, readers[0]), (b, readers[1])):
-            policies = None if reader is None else side.policies(names, reader, spec, setting)
-            values.append(
-                {
-                    n: (
-                        _step_value(reader, None if policies is None else policies[n]),
-                        _step_rank(reader, None if policies is None else policies[n]),
-                    )
-                    for n in names
-                }
-            )
+            if reader is None:
+                unknown = (_step_value(None, None), _step_rank(None, None))
+                values.append({n: unknown for n in names})
+                continue
+            later = _PHASES[_PHASES.index(reader) :]
+            policies = {m: side.policies(names, m, spec, setting) for m in later}
+            step_values: dict[str, tuple[str, tuple]] = {}
+            for n in names:
+                phase = reader
+                for m in later[1:]:
+                    if policies[m][n] != NONE:
+                        phase = m  # a later phase that publishes is the release
+                policy = policies[phase][n]
+                step_values[n] = (_step_value(phase, policy), _step_rank(phase, policy))
+            values.append(step_values)
         for name in names:
             (old, old_rank), (new, new_rank) = values[0][name], values[1][name]
             if old_rank == new_rank and old == new:
