@@ -1,6 +1,7 @@
-"""The pre-commit hooks on a sample git repository: the entry points run as pre-commit runs
-them (file arguments, in the repository root), the manifest checked by pre-commit itself, and
-``pre-commit try-repo`` against this repository where pre-commit and a package index exist."""
+"""The pre-commit hooks on a sample git repository: the entries (``warpolicy validate --each``,
+``warpolicy diff --ref origin/main``) run as pre-commit runs them (file arguments, in the
+repository root), the manifest checked by pre-commit itself, ``pre-commit try-repo`` against
+this repository, and README's local-hook configuration run by pre-commit."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import textwrap
 import pytest
 import yaml
 
-from warpolicy.cli import precommit
+from warpolicy.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / ".pre-commit-hooks.yaml"
@@ -66,20 +67,36 @@ def repo(tmp_path, monkeypatch):
     return root
 
 
+def entry(name: str) -> list[str]:
+    return next(h["entry"] for h in yaml.safe_load(MANIFEST.read_text()) if h["id"] == name).split()
+
+
 def hook(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a hook's entry in a subprocess, in the current directory, as pre-commit does."""
-    entry = next(h["entry"] for h in yaml.safe_load(MANIFEST.read_text()) if h["id"] == name)
-    argv = entry.split()
-    assert argv[0] == "python"
+    """Run a hook's entry in a subprocess, in the current directory, as pre-commit does (the
+    console script ``warpolicy`` is ``python -m warpolicy``)."""
+    argv = entry(name)
+    assert argv[0] == "warpolicy"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, *argv[1:], *args],
+        [sys.executable, "-m", "warpolicy", *argv[1:], *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
         check=False,
     )
+
+
+def row(text: str, backend: str, mode: str, spec: str = "none") -> list[str]:
+    """The diff table's row for ``backend``, ``mode`` and ``spec``, split on its column gaps."""
+    import re
+
+    (found,) = [
+        re.split(r"\s{2,}", line.strip())
+        for line in text.splitlines()
+        if line.split()[:3] == [backend, mode, spec]
+    ]
+    return found
 
 
 def edit(path: pathlib.Path, old: str, new: str) -> None:
@@ -168,11 +185,18 @@ def test_diff_fails_on_an_earlier_cell(repo):
     edit(repo / "capabilities.yaml", "decode: post_replay", "decode: in_graph")
     done = hook("warpolicy-diff", "capabilities.yaml")
     assert done.returncode == 1
-    assert (
-        "capabilities.yaml: backend mine, mode decode, spec none: post_replay -> in_graph (earlier)"
-        in done.stderr.splitlines()
-    )
-    assert "1 cell(s) release earlier than at origin/main" in done.stderr
+    assert row(done.stdout, "mine", "decode") == [
+        "mine",
+        "decode",
+        "none",
+        "any",
+        "post_replay",
+        "in_graph",
+        "earlier",
+    ]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("warpolicy: diff: capabilities.yaml: 1 cell(s) need an audit against ")
+    assert "origin/main:capabilities.yaml" in line and "SKIP=warpolicy-diff" in line
 
 
 def test_diff_finds_an_earlier_cell_behind_an_opt_in_flag(repo):
@@ -180,10 +204,15 @@ def test_diff_finds_an_earlier_cell_behind_an_opt_in_flag(repo):
     edit(repo / "capabilities.yaml", "extend: post_replay", "extend: pre_replay")
     done = hook("warpolicy-diff", "capabilities.yaml")
     assert done.returncode == 1
-    assert (
-        "capabilities.yaml: backend mine, mode extend, spec none when prefill_read_done=true: "
-        "post_replay -> pre_replay (earlier)"
-    ) in done.stderr
+    assert row(done.stdout, "mine", "extend") == [
+        "mine",
+        "extend",
+        "none",
+        "prefill_read_done=true",
+        "post_replay",
+        "pre_replay",
+        "earlier",
+    ]
 
 
 def test_diff_compares_with_a_configurable_ref(repo):
@@ -194,10 +223,23 @@ def test_diff_compares_with_a_configurable_ref(repo):
     assert hook("warpolicy-diff", "--ref", "main", "capabilities.yaml").returncode == 1
 
 
-def test_diff_new_file_has_nothing_to_compare(repo):
+def test_diff_new_standalone_file_has_no_earlier_cell(repo):
     (repo / "capabilities-new.yaml").write_text(REGISTRY)
     done = hook("warpolicy-diff", "capabilities-new.yaml")
     assert done.returncode == 0 and "new file" in done.stdout
+
+
+def test_diff_new_file_over_base_is_compared_with_the_base(repo):
+    """A new layer over the default that claims fa3 decodes pre_replay: not "nothing to
+    compare" (0.2 passed it), but the base alone against the base with the file."""
+    (repo / "capabilities-fast.yaml").write_text(
+        "version: 1\nbackends:\n  fa3:\n    override: true\n"
+        "    reads_end: {decode: pre_replay}\n    doc: claims a snapshot\n"
+    )
+    done = hook("warpolicy-diff", "--base", "default", "capabilities-fast.yaml")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert row(done.stdout, "fa3", "decode")[4:] == ["in_graph", "pre_replay", "earlier"]
+    assert "vs the --base files" in done.stdout
 
 
 def test_diff_in_a_subdirectory_reads_the_right_old_file(repo):
@@ -209,7 +251,8 @@ def test_diff_in_a_subdirectory_reads_the_right_old_file(repo):
     git(repo, "update-ref", "refs/remotes/origin/main", "HEAD")
     edit(sub / "capabilities.yaml", "decode: none", "decode: post_replay")
     done = hook("warpolicy-diff", "deploy/capabilities.yaml")
-    assert done.returncode == 1 and "none -> post_replay (earlier)" in done.stderr
+    assert done.returncode == 1
+    assert row(done.stdout, "mine", "decode")[4:] == ["none", "post_replay", "earlier"]
 
 
 def test_diff_unknown_ref_fails_closed_in_one_line(repo):
@@ -221,10 +264,10 @@ def test_diff_unknown_ref_fails_closed_in_one_line(repo):
 
 def test_diff_without_git_fails_closed_in_one_line(repo, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(repo / "no-such-dir"))
-    assert precommit.main(["diff", "capabilities.yaml"]) == 2
+    assert main(["diff", "--ref", "origin/main", "capabilities.yaml"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line == (
-        "warpolicy-diff: capabilities.yaml: cannot read the version at origin/main: "
+        "warpolicy: diff: capabilities.yaml: cannot read its version at origin/main: "
         "git is not available; failing closed"
     )
 
@@ -235,16 +278,118 @@ def test_diff_outside_a_repository_fails_closed(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     (tmp_path / "capabilities.yaml").write_text(REGISTRY)
-    assert precommit.main(["diff", "capabilities.yaml"]) == 2
+    assert main(["diff", "--ref", "HEAD", "capabilities.yaml"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_diff_with_an_invalid_new_file_fails_with_its_problems(repo):
+def test_diff_with_an_invalid_new_file_fails_closed_with_its_problems(repo):
     edit(repo / "capabilities.yaml", "decode: post_replay", "decode: soon")
     done = hook("warpolicy-diff", "capabilities.yaml")
-    assert done.returncode == 1
+    assert done.returncode == 2  # the comparison could not run: exit 2, like any unusable input
     assert done.stderr.splitlines()[0].startswith("capabilities.yaml:")
     assert done.stderr.splitlines()[-1].endswith("(invalid registry); failing closed")
+
+
+def test_diff_given_an_absolute_path_compares_the_file_at_the_ref(repo):
+    """0.2 built ``origin/main:./<absolute path>``, found nothing, said "new file" and exited 0."""
+    edit(repo / "capabilities.yaml", "decode: post_replay", "decode: in_graph")
+    done = hook("warpolicy-diff", str(repo / "capabilities.yaml"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "new file" not in done.stdout
+    assert row(done.stdout, "mine", "decode")[4:] == ["post_replay", "in_graph", "earlier"]
+    sub = repo / "deploy"
+    sub.mkdir()
+    done = subprocess.run(  # from a subdirectory, the absolute path still names the same file
+        [
+            sys.executable,
+            "-m",
+            "warpolicy",
+            *entry("warpolicy-diff")[1:],
+            str(repo / "capabilities.yaml"),
+        ],
+        cwd=sub,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1 and "origin/main:capabilities.yaml" in done.stdout
+
+
+def test_diff_of_a_path_outside_the_repository_fails_closed(repo, tmp_path):
+    outside = tmp_path / "elsewhere" / "capabilities.yaml"
+    outside.parent.mkdir()
+    outside.write_text(REGISTRY)
+    done = hook("warpolicy-diff", str(outside))
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "outside the repository" in line and line.endswith("failing closed")
+
+
+def test_diff_of_a_directory_at_the_ref_fails_closed(repo):
+    (repo / "capabilities.yaml").unlink()
+    (repo / "capabilities.yaml").mkdir()
+    (repo / "capabilities.yaml" / "x").write_text("x")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "now a directory")
+    git(repo, "update-ref", "refs/remotes/origin/main", "HEAD")
+    git(repo, "rm", "-rqf", "capabilities.yaml")
+    (repo / "capabilities.yaml").write_text(REGISTRY)
+    done = hook("warpolicy-diff", "capabilities.yaml")
+    assert done.returncode == 2 and "not a regular file" in done.stderr
+
+
+def test_diff_sees_a_flipped_flag_default(repo):
+    """Issue 22 item 1: extend was none under the opt-in flag's default; with the default
+    flipped it publishes. Enumerating the flag both ways on both sides hid it."""
+    edit(repo / "capabilities.yaml", "default: false", "default: true")
+    done = hook("warpolicy-diff", "capabilities.yaml")
+    assert done.returncode == 1, done.stdout
+    assert row(done.stdout, "mine", "extend")[3:] == [
+        "prefill_read_done=default",
+        "none",
+        "post_replay",
+        "earlier",
+    ]
+
+
+def test_diff_sees_a_spec_algorithm_gaining_last_reader_target_verify(repo):
+    """Issue 22 item 2: the step now hands the scheduler verify's event, before draft extend
+    (which decides none, so nothing later says it reads)."""
+    edit(
+        repo / "capabilities.yaml",
+        "decode: post_replay, extend: post_replay",
+        "decode: post_replay, extend: post_replay, target_verify: in_graph",
+    )
+    (repo / "capabilities.yaml").write_text(
+        (repo / "capabilities.yaml").read_text()
+        + "spec_algorithms:\n  eagle:\n    family: eagle\n    last_reader: draft_extend\n"
+        "    doc: x\n"
+    )
+    git(repo, "commit", "-qam", "spec")
+    git(repo, "update-ref", "refs/remotes/origin/main", "HEAD")
+    assert hook("warpolicy-diff", "capabilities.yaml").returncode == 0
+    edit(repo / "capabilities.yaml", "last_reader: draft_extend", "last_reader: target_verify")
+    done = hook("warpolicy-diff", "capabilities.yaml")
+    assert done.returncode == 1, done.stdout
+    assert row(done.stdout, "mine", "step", "eagle") == [
+        "mine",
+        "step",
+        "eagle",
+        "any",
+        "none",
+        "in_graph at target_verify",
+        "earlier",
+    ]
+
+
+@pytest.mark.parametrize("name", ["warpolicy-validate", "warpolicy-diff"])
+def test_an_unreadable_file_exits_2(repo, name):
+    (repo / "capabilities-dir.yaml").mkdir()
+    done = hook(name, "capabilities-dir.yaml")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # -- pre-commit itself -----------------------------------------------------------------------------
@@ -285,4 +430,4 @@ def test_pre_commit_try_repo_runs_both_hooks(repo, tmp_path):
     assert "warpolicy validate" in done.stdout and "Passed" in done.stdout
     done = try_repo("warpolicy-diff")
     assert done.returncode == 1, done.stdout[-2000:]
-    assert "backend mine, mode decode, spec none: post_replay -> in_graph (earlier)" in done.stdout
+    assert row(done.stdout, "mine", "decode")[4:] == ["post_replay", "in_graph", "earlier"]

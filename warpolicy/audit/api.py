@@ -168,12 +168,12 @@ def call_factory(make: Callable[..., Any], text: str, platform: Any) -> list[Aud
         raise InputError(f"--factory {text!r} failed: {type(exc).__name__}: {exc}") from None
     subjects = list(result) if isinstance(result, (list, tuple)) else [result]
     bad = [type(s).__name__ for s in subjects if not isinstance(s, AuditSubject)]
-    if bad or not subjects:
+    if bad:
         raise InputError(
             f"--factory {text!r} must return an AuditSubject or a list of them, "
-            f"got {', '.join(bad) or 'nothing'}"
+            f"got {', '.join(bad)}"
         )
-    return subjects
+    return subjects  # an empty list audits nothing: the report's exit code 3 says so
 
 
 def _non_negative(value: Any, what: str) -> float:

@@ -31,13 +31,14 @@ aggregation of the report.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import attrs
 
@@ -385,6 +386,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: What a spawned rank's interpreter ignores from the start: torch's import-time warning where
+#: NumPy is absent, which the parent silences (`warpolicy.cli.common.quiet_torch`) but each
+#: rank would print again while it imports torch.
+WORKER_WARNINGS = "ignore:Failed to initialize NumPy:UserWarning"
+
+
+@contextlib.contextmanager
+def _quiet_workers() -> Iterator[None]:
+    """``PYTHONWARNINGS`` for the ranks' interpreters (they inherit this environment)."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, WORKER_WARNINGS]))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
 def _spawned(rank: int, world_size: int, config: dict, init_method: str, outdir: str) -> None:
     try:
         result = run_rank(rank, world_size, TpConfig(**config), init_method=init_method)
@@ -431,7 +452,7 @@ def run_overlap_tp(
             )
     import torch.multiprocessing as mp  # deferred: importing the benchmark does not need torch
 
-    with tempfile.TemporaryDirectory(prefix="warpolicy-tp-") as outdir:
+    with tempfile.TemporaryDirectory(prefix="warpolicy-tp-") as outdir, _quiet_workers():
         mp.spawn(_spawned, args=(tp, cfg.to_json(), init, outdir), nprocs=tp)
         errors = sorted(Path(outdir).glob("error*.txt"))
         if errors:

@@ -1,286 +1,577 @@
-"""Registries compared cell by cell: `diff` and the layer report.
+"""Registries compared cell by cell: `diff`, the layer report and the pre-commit diff.
 
-A *cell* is (backend, mode, spec algorithm, setting), where a setting assigns the flags and the
-platform facts. Comparing every mode and spec is cheap; settings multiply, so `cell_space`
-enumerates only what can change a decision:
+The review gates rely on one promise: **every change that can make a release earlier shows as
+an ``earlier`` (or ``moved``) cell** (or a `FlagChange`). How each field of the registry model
+reaches a comparison is declared in `FIELD_COVERAGE`, and a test fails for a field that is not
+listed there. What is enumerated per cell is `warpolicy.registry.cells`.
 
-* a flag changes a decision only through a gate's ``when: {flags: ...}``, so the flags that some
-  gate (of either registry) tests are enumerated, the rest held at their declared defaults;
-* ``force_coarse`` is built into the engine and makes every cell ``none`` on both sides, so it is
-  held off;
-* a platform name or a runner fact (``eager``, ``planted``, ``external_events``) changes a
-  decision through a gate that tests it, or through sound demotion. Demotion is the same monotone
-  map on both sides, so it can hide a difference but never create one: facts no gate tests are
-  held at the fast path (cuda, external events, captured, planted), where nothing is hidden.
+Cost is proportional to what changed: only backends whose own entry, or an entry they reach
+through ``inherits`` / ``latest_of`` / ``per_mode``, differs are evaluated (every backend when a
+global gate or a flag changes; every backend of a spec column when that algorithm changes).
+Backends and spec algorithms present on one side only are ``added`` / ``removed``; their cells
+are evaluated only as far as a report lists them (``expand``).
 
-Past `MAX_SETTINGS` combinations the last enumerated flags are held at their defaults too, and
-the comparison says so (`CellSpace.held`). Engines are built without the environment, so an
-operator's variables never mask a change.
+Besides the mode cells: a spec algorithm whose ``last_reader`` changed gets a ``step`` cell per
+backend (the phase whose event a speculative step hands the scheduler, and its policy); an
+``in_graph`` cell whose node placement (``plant``) changed is ``moved``; a flag whose
+environment names changed while a gate tests it is a `FlagChange`. Engines are built without
+the environment, so an operator's variables never mask a change.
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import attrs
 
+from warpolicy.errors import WarpolicyError
+from warpolicy.registry.cells import (
+    MAX_SETTINGS,
+    CellSpace,
+    Setting,
+    all_gates,
+    cell_space,
+    summarize,
+)
 from warpolicy.registry.decision import FORCE_COARSE
 from warpolicy.registry.engine import PolicyEngine, layer_label
-from warpolicy.registry.model import Gate, Registry
-from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.registry.loader import Source, load_registry
+from warpolicy.registry.model import Registry
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
 
-if TYPE_CHECKING:
-    from warpolicy.registry.loader import Source
-
-MAX_SETTINGS = 256
-FACTS = ("external_events", "eager", "planted")
-FAST_PATH: Mapping[str, object] = {
-    "platform": "cuda",
-    "external_events": True,
-    "eager": False,
-    "planted": True,
-}
-#: Stands for every platform name no gate tests.
-OTHER_PLATFORM = "other"
 ABSENT = "absent"
+#: The pseudo-mode of a speculative step's release (see `step cells` in the module docstring).
+STEP = "step"
+
+#: Change kinds, in report order; `NEEDS_AUDIT` fail ``--fail-on earlier`` and the hooks.
+CHANGES = ("earlier", "moved", "later", "removed", "added")
+NEEDS_AUDIT = frozenset({"earlier", "moved"})
+
+# -- what a comparison sees of each field of the registry model ------------------------------
+
+IDENTITY = "identity: a name on one side only is added or removed"
+CELLS = "cells: compared through every decision it feeds"
+DEFAULTS = "cells: enumerated both ways, and at each side's own default where the defaults differ"
+ENV = "flag changes: new, dropped or reordered environment names of a flag a gate tests"
+STEP_CELLS = "step cells: the phase whose event a speculative step hands the scheduler"
+PLACEMENT = "moved cells: where an in_graph node is planted"
+LISTING = "listing only: every backend is compared, abstract ones included"
+CONTAINER = "entries compared by name, each through its own fields (missing: added or removed)"
+COSMETIC = "no effect on any release: documentation or provenance"
+
+#: How a comparison sees every field of every model class (``Class.field``). A field missing
+#: here fails ``tests/registry/test_compare_fields.py``; until it is listed it counts as
+#: semantic (a change to it marks the entry changed), so a new field errs on the safe side.
+FIELD_COVERAGE: Mapping[str, str] = {
+    "Origin.file": COSMETIC,
+    "Origin.line": COSMETIC,
+    "Origin.col": COSMETIC,
+    "Flag.name": IDENTITY,
+    "Flag.default": DEFAULTS,
+    "Flag.env": ENV,
+    "Flag.doc": COSMETIC,
+    "Flag.origin": COSMETIC,
+    "SpecAlgorithm.name": IDENTITY,
+    "SpecAlgorithm.family": CELLS,
+    "SpecAlgorithm.capabilities": CELLS,
+    "SpecAlgorithm.doc": COSMETIC,
+    "SpecAlgorithm.origin": COSMETIC,
+    "SpecAlgorithm.last_reader": STEP_CELLS,
+    "Conditions.mode": CELLS,
+    "Conditions.backend": CELLS,
+    "Conditions.spec": CELLS,
+    "Conditions.spec_family": CELLS,
+    "Conditions.spec_has": CELLS,
+    "Conditions.spec_lacks": CELLS,
+    "Conditions.flags": CELLS,
+    "Conditions.declared": CELLS,
+    "Conditions.platform": CELLS,
+    "Conditions.eager": CELLS,
+    "Conditions.planted": CELLS,
+    "Conditions.external_events": CELLS,
+    "Gate.id": COSMETIC,  # a reason's name; the gate itself is compared by what it does
+    "Gate.when": CELLS,
+    "Gate.at_least": CELLS,
+    "Gate.because": COSMETIC,
+    "Gate.origin": COSMETIC,
+    "Gate.scope": CELLS,
+    "Gate.doc": COSMETIC,
+    "Backend.name": IDENTITY,
+    "Backend.reads_end": CELLS,
+    "Backend.inherits": CELLS,
+    "Backend.latest_of": CELLS,
+    "Backend.per_mode": CELLS,
+    "Backend.gates": CELLS,
+    "Backend.abstract": LISTING,
+    "Backend.doc": COSMETIC,
+    "Backend.origin": COSMETIC,
+    "Backend.reads_end_origins": COSMETIC,
+    "Backend.plant": PLACEMENT,
+    "Registry.flags": CONTAINER,
+    "Registry.spec_algorithms": CONTAINER,
+    "Registry.backends": CONTAINER,
+    "Registry.gates": CELLS,
+    "Registry.sources": COSMETIC,
+}
 
 
-@attrs.frozen
-class Setting:
-    """Flag values and platform facts for one column of cells."""
-
-    flags: tuple[tuple[str, bool], ...]
-    platform: str
-    external_events: bool
-    eager: bool
-    planted: bool
-
-    def facts(self) -> dict[str, object]:
-        return {
-            "platform": self.platform,
-            "external_events": self.external_events,
-            "eager": self.eager,
-            "planted": self.planted,
-        }
-
-    def assignments(self) -> dict[str, object]:
-        return {**dict(self.flags), **self.facts()}
-
-
-@attrs.frozen
-class CellSpace:
-    """What a comparison enumerates and what it holds fixed (and why)."""
-
-    modes: tuple[ForwardMode, ...]
-    flags: tuple[str, ...]  # enumerated flags
-    platforms: tuple[str, ...]  # enumerated platform names (one: held)
-    facts: tuple[str, ...]  # enumerated runner facts, among FACTS
-    fixed: Mapping[str, object] = attrs.field(factory=dict)  # flag or fact -> held value
-    held: tuple[tuple[str, str], ...] = ()  # (name, "value: why") for reports
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        return self.flags + (("platform",) if len(self.platforms) > 1 else ()) + self.facts
-
-    def settings(self) -> list[Setting]:
-        fixed_flags = {k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH}
-        facts = {k: self.fixed.get(k, v) for k, v in FAST_PATH.items()}
-        out = []
-        for flag_values in itertools.product((False, True), repeat=len(self.flags)):
-            for platform in self.platforms:
-                for fact_values in itertools.product((True, False), repeat=len(self.facts)):
-                    chosen = dict(facts, platform=platform, **dict(zip(self.facts, fact_values)))
-                    flags = dict(fixed_flags, **dict(zip(self.flags, flag_values)))
-                    out.append(
-                        Setting(
-                            tuple(sorted(flags.items())),
-                            str(chosen["platform"]),
-                            bool(chosen["external_events"]),
-                            bool(chosen["eager"]),
-                            bool(chosen["planted"]),
-                        )
-                    )
-        return out
-
-    def to_json(self) -> dict:
-        return {
-            "modes": [m.label for m in self.modes],
-            "flags": list(self.flags),
-            "platforms": list(self.platforms),
-            "facts": list(self.facts),
-            "held": {name: why for name, why in self.held},
-        }
-
-    def describe(self) -> list[str]:
-        """Lines for a text report: what was compared and what was held fixed."""
-        compared = ", ".join(self.axes) or "nothing beyond backend, mode and spec"
-        lines = [
-            f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
-            f"combination of: {compared} ({len(self.settings())} setting(s))"
-        ]
-        lines += [f"held: {name} = {why}" for name, why in self.held]
-        return lines
-
-
-def _all_gates(registry: Registry) -> list[Gate]:
-    return list(registry.gates) + [g for b in registry.backends.values() for g in b.gates]
-
-
-def cell_space(
-    registries: Sequence[Registry],
-    *,
-    modes: Optional[Iterable[str]] = None,
-    fixed: Optional[Mapping[str, object]] = None,
-    max_settings: int = MAX_SETTINGS,
-) -> CellSpace:
-    """The cells worth comparing across ``registries`` (see the module docstring).
-
-    ``fixed`` holds flags (by name) or facts (``platform``, ``eager``, ``planted``,
-    ``external_events``) at a value the caller chose.
-    """
-    fixed = dict(fixed or {})
-    mode_list = tuple(ForwardMode.parse(m) for m in modes) if modes else tuple(ForwardMode)
-    gates = [g for r in registries for g in _all_gates(r)]
-    declared_flags = sorted({n for r in registries for n in r.flags} | {FORCE_COARSE.name})
-    tested_flags = {n for g in gates for n in g.when.flags}
-    held: list[tuple[str, str]] = []
-    flags: list[str] = []
-    for name in declared_flags:
-        if name in fixed:
-            held.append((name, f"{str(fixed[name]).lower()}: given"))
-        elif name == FORCE_COARSE.name:
-            held.append(
-                (name, "false: the built-in kill switch makes every cell none on both sides")
-            )
-        elif name in tested_flags:
-            flags.append(name)
-        else:
-            held.append((name, "default: no gate tests it, so it cannot change a decision"))
-    platforms: tuple[str, ...] = (str(FAST_PATH["platform"]),)
-    tested_platforms = {p for g in gates if g.when.platform for p in g.when.platform}
-    if "platform" in fixed:
-        platforms = (str(fixed["platform"]),)
-        held.append(("platform", f"{fixed['platform']}: given"))
-    elif tested_platforms:
-        platforms = tuple(dict.fromkeys(["cuda", *sorted(tested_platforms), OTHER_PLATFORM]))
-    else:
-        held.append(("platform", "cuda: no gate tests the platform"))
-    facts: list[str] = []
-    for fact in FACTS:
-        if fact in fixed:
-            held.append((fact, f"{str(fixed[fact]).lower()}: given"))
-        elif any(getattr(g.when, fact) is not None for g in gates):
-            facts.append(fact)
-        else:
-            held.append(
-                (
-                    fact,
-                    f"{str(FAST_PATH[fact]).lower()}: no gate tests it; sound "
-                    "demotion applies alike to both sides",
-                )
-            )
-    while flags and 2 ** len(flags) * len(platforms) * 2 ** len(facts) > max_settings:
-        name = flags.pop()
-        held.append(
-            (
-                name,
-                f"default: more than {max_settings} combinations; give it with "
-                f"--flag {name}=VALUE to compare the other value",
-            )
+def semantic_key(value: object) -> object:
+    """A hashable key of ``value`` without the fields `FIELD_COVERAGE` calls cosmetic: two
+    entries with the same key decide every cell alike."""
+    kind = type(value)
+    if attrs.has(kind):
+        name = kind.__name__
+        fields = attrs.fields(kind)
+        return (
+            name,
+            tuple(
+                (f.name, semantic_key(getattr(value, f.name)))
+                for f in fields
+                if FIELD_COVERAGE.get(f"{name}.{f.name}") != COSMETIC
+            ),
         )
-    return CellSpace(mode_list, tuple(flags), platforms, tuple(facts), fixed, tuple(held))
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), semantic_key(v)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):
+        return tuple(semantic_key(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(str(semantic_key(v)) for v in value))
+    return value
 
 
-def cells(
-    engine: PolicyEngine, backends: Sequence[str], specs: Sequence[str], space: CellSpace
-) -> dict[tuple[str, ForwardMode, str, Setting], str]:
-    """The policy label of every cell, ``absent`` where the backend or spec is not declared."""
-    present_b = [b for b in backends if b in engine.registry.backends]
-    present_s = [s for s in specs if s in set(engine.spec_names())]
-    out: dict[tuple[str, ForwardMode, str, Setting], str] = {}
-    for setting in space.settings():
-        for b in backends:
-            for m in space.modes:
-                for s in specs:
-                    out[(b, m, s, setting)] = ABSENT
-        if not present_b or not present_s:
-            continue
-        flags = {k: v for k, v in setting.flags if k in engine.registry.flags}
-        for d in engine.table(
-            present_b,
-            present_s,
-            space.modes,
-            flags,
-            platform=setting.platform,
-            external_events=setting.external_events,
-            eager=setting.eager,
-            planted=setting.planted,
-        ):
-            out[(d.context.backend, d.context.mode, d.context.spec, setting)] = d.policy.label
-    return out
+# -- the result --------------------------------------------------------------------------------
 
 
 @attrs.frozen
 class DiffCell:
-    """One (backend, mode, spec) whose policy differs, and the settings where it does."""
+    """One (backend, mode, spec) whose value differs, and the settings where it does.
+
+    ``mode`` is a mode's label, or ``step`` for a speculative step's release. ``old`` / ``new``
+    are policy labels (``in_graph (derived)`` for a derived node; ``none at target_verify``
+    style for step cells), or ``absent``.
+    """
 
     backend: str
-    mode: ForwardMode
+    mode: str
     spec: str
-    old: str  # policy label, or "absent"
+    old: str
     new: str
     when: str  # "any" or the assignments that select the differing settings
+    change: str  # one of CHANGES
     settings: tuple[Setting, ...] = ()
     plugins: Optional[str] = None  # "off" / "on" when a diff compares both
 
     @property
-    def change(self) -> str:
-        """``earlier`` is what a reviewer must audit: the fence now releases sooner."""
-        if ABSENT in (self.old, self.new):
-            return "added" if self.old == ABSENT else "removed"
-        earlier = WarReadDonePolicy.parse(self.new) < WarReadDonePolicy.parse(self.old)
-        return "earlier" if earlier else "later"
+    def needs_audit(self) -> bool:
+        """The fence may now release sooner (``earlier``) or elsewhere (``moved``)."""
+        return self.change in NEEDS_AUDIT
+
+
+@attrs.frozen
+class FlagChange:
+    """A flag whose environment names changed while some gate tests it: a deployment that sets
+    one of them may now resolve the flag differently."""
+
+    name: str
+    old_env: tuple[str, ...]
+    new_env: tuple[str, ...]
+    change: str  # "earlier" (may resolve to the value that releases sooner) or "later"
+    plugins: Optional[str] = None
+
+    @property
+    def needs_audit(self) -> bool:
+        return self.change in NEEDS_AUDIT
+
+
+@attrs.frozen
+class Diff:
+    """The outcome of comparing two engines over a `CellSpace`."""
+
+    cells: tuple[DiffCell, ...] = ()
+    flags: tuple[FlagChange, ...] = ()
+    added_backends: tuple[str, ...] = ()
+    removed_backends: tuple[str, ...] = ()
+    added_specs: tuple[str, ...] = ()
+    removed_specs: tuple[str, ...] = ()
+    #: change kind -> cells of one-sided backends or specs that were not evaluated (``expand``)
+    unlisted: Mapping[str, int] = attrs.field(factory=dict)
+    evaluated_backends: int = 0  # how many backends the comparison had to evaluate
+
+    @property
+    def needs_audit(self) -> bool:
+        return any(c.needs_audit for c in self.cells) or any(f.needs_audit for f in self.flags)
+
+    def __add__(self, other: Diff) -> Diff:
+        unlisted = dict(self.unlisted)
+        for kind, count in other.unlisted.items():
+            unlisted[kind] = unlisted.get(kind, 0) + count
+        return Diff(
+            self.cells + other.cells,
+            self.flags + other.flags,
+            tuple(dict.fromkeys(self.added_backends + other.added_backends)),
+            tuple(dict.fromkeys(self.removed_backends + other.removed_backends)),
+            tuple(dict.fromkeys(self.added_specs + other.added_specs)),
+            tuple(dict.fromkeys(self.removed_specs + other.removed_specs)),
+            unlisted,
+            self.evaluated_backends + other.evaluated_backends,
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Changed (backend, mode, spec) cells per change kind, unlisted ones included."""
+        seen: dict[str, set] = {kind: set() for kind in CHANGES}
+        for cell in self.cells:
+            seen[cell.change].add((cell.backend, cell.mode, cell.spec, cell.plugins))
+        return {kind: len(seen[kind]) + self.unlisted.get(kind, 0) for kind in CHANGES}
+
+
+# -- comparing ---------------------------------------------------------------------------------
+
+_PHASES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)  # in step order
+
+
+class _Side:
+    """One engine's values, cached per comparison."""
+
+    def __init__(self, engine: PolicyEngine) -> None:
+        self.engine = engine
+        self.registry = engine.registry
+        self._placement: dict[tuple[str, ForwardMode], Placement] = {}
+
+    def placement(self, backend: str, mode: ForwardMode) -> Placement:
+        key = (backend, mode)
+        if key not in self._placement:
+            self._placement[key] = self.engine.placement(backend, mode)
+        return self._placement[key]
+
+    def policies(
+        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
+    ) -> dict[str, WarReadDonePolicy]:
+        flags = {
+            k: v
+            for k, v in setting.overrides().items()
+            if k in self.registry.flags or k == FORCE_COARSE.name
+        }
+        decisions = self.engine.table(
+            backends,
+            [spec],
+            [mode],
+            flags,
+            **setting.fact_values(),  # type: ignore[arg-type]
+        )
+        return {d.context.backend: d.policy for d in decisions}
+
+    def label(self, backend: str, mode: ForwardMode, policy: WarReadDonePolicy) -> str:
+        if policy == IN_GRAPH and self.placement(backend, mode) is Placement.DERIVED:
+            return f"{policy.label} ({Placement.DERIVED.label})"
+        return policy.label
+
+
+def _mode_change(old: str, new: str) -> Optional[str]:
+    if old == new:
+        return None
+    old_policy = WarReadDonePolicy.parse(old.split(" ", 1)[0])
+    new_policy = WarReadDonePolicy.parse(new.split(" ", 1)[0])
+    if new_policy < old_policy:
+        return "earlier"
+    if new_policy > old_policy:
+        return "later"
+    return "moved"  # in_graph both ways, the node planted elsewhere
+
+
+def _step_value(reader: Optional[ForwardMode], policy: Optional[WarReadDonePolicy]) -> str:
+    if reader is None:
+        return "at its last phase"
+    assert policy is not None
+    return "none" if policy == NONE else f"{policy.label} at {reader.label}"
+
+
+def _step_rank(reader: Optional[ForwardMode], policy: Optional[WarReadDonePolicy]) -> tuple:
+    """Release order of a step: a named phase by (phase, policy); none (coarse) last; the
+    unnamed last phase after every named one, its policy unknown."""
+    if reader is None:
+        return (len(_PHASES), -1)
+    assert policy is not None
+    if policy == NONE:
+        return (len(_PHASES) + 1, 0)
+    return (_PHASES.index(reader), int(policy))
+
+
+def _step_change(old: tuple, new: tuple) -> str:
+    """``earlier`` unless the new step surely releases later: an unnamed last phase is
+    compared with a named one by phase only, and a coarse old step is beaten by anything that
+    publishes (the last phase's policy is unknown here)."""
+    if old[0] == len(_PHASES) and new[0] == len(_PHASES):
+        return "later"  # unreachable: the same reader is no step cell
+    return "earlier" if new < old else "later"
+
+
+def _reverse_deps(registries: Iterable[Registry]) -> dict[str, set[str]]:
+    rdeps: dict[str, set[str]] = {}
+    for registry in registries:
+        for backend in registry.backends.values():
+            for child in backend.children():
+                rdeps.setdefault(child, set()).add(backend.name)
+    return rdeps
+
+
+def _closure(start: Iterable[str], rdeps: Mapping[str, set[str]]) -> set[str]:
+    out = set(start)
+    todo = list(out)
+    while todo:
+        for parent in rdeps.get(todo.pop(), ()):
+            if parent not in out:
+                out.add(parent)
+                todo.append(parent)
+    return out
+
+
+def _keyed(items: Mapping[str, object]) -> dict[str, object]:
+    return {name: semantic_key(item) for name, item in items.items()}
+
+
+def _gates_key(registry: Registry) -> tuple:
+    return tuple(sorted(str(semantic_key(g)) for g in registry.gates))
+
+
+def _flag_changes(old: Registry, new: Registry, tested: set[str], plugins: Optional[str]) -> list:
+    out = []
+    for name in sorted(set(old.flags) & set(new.flags)):
+        before, after = old.flags[name].env, new.flags[name].env
+        if before == after:
+            continue
+        if name == FORCE_COARSE.name:
+            # on when any of its names says so: only a dropped name can switch it off
+            change = "earlier" if set(before) - set(after) else "later"
+        elif name in tested:
+            change = "earlier"  # first set name wins: any change may resolve it differently
+        else:
+            continue  # no gate tests it: it cannot change a decision
+        out.append(FlagChange(name, tuple(before), tuple(after), change, plugins))
+    return out
 
 
 def diff_engines(
-    old: PolicyEngine, new: PolicyEngine, space: CellSpace, plugins: Optional[str] = None
+    old: PolicyEngine,
+    new: PolicyEngine,
+    space: CellSpace,
+    plugins: Optional[str] = None,
+    *,
+    earlier_only: bool = False,
+    expand: Optional[int] = None,
+) -> Diff:
+    """Every cell of ``space`` whose value differs between two engines.
+
+    ``earlier_only`` (layer reports, hooks) skips what can never need an audit: backends and
+    spec algorithms on one side only. ``expand`` bounds how many rows of one-sided backends or
+    specs are evaluated per kind (None: all); the rest are counted in `Diff.unlisted`.
+    """
+    a, b = _Side(old), _Side(new)
+    ra, rb = old.registry, new.registry
+    backends_a, backends_b = set(ra.backends), set(rb.backends)
+    specs_a, specs_b = set(old.spec_names()), set(new.spec_names())
+    common_b = sorted(backends_a & backends_b)
+    common_s = sorted(specs_a & specs_b)
+    keys_a, keys_b = _keyed(ra.backends), _keyed(rb.backends)
+    global_changed = _keyed(ra.flags) != _keyed(rb.flags) or _gates_key(ra) != _gates_key(rb)
+    if global_changed:
+        affected = set(common_b)
+    else:
+        changed = {n for n in common_b if keys_a[n] != keys_b[n]}
+        changed |= backends_a ^ backends_b
+        affected = _closure(changed, _reverse_deps([ra, rb])) & set(common_b)
+    spec_a = {s: semantic_key(old.spec(s)) for s in common_s}
+    spec_b = {s: semantic_key(new.spec(s)) for s in common_s}
+    changed_specs = {s for s in common_s if spec_a[s] != spec_b[s]}
+    tested = {n for r in (ra, rb) for g in all_gates(r) for n in g.when.flags}
+
+    cells: list[DiffCell] = []
+    evaluated: set[str] = set()
+    for spec in common_s:
+        names = common_b if spec in changed_specs else sorted(affected)
+        if not names:
+            continue
+        evaluated.update(names)
+        for mode in space.modes:
+            cells += _compare_column(a, b, names, mode, spec, space, plugins)
+        reader_a, reader_b = old.spec(spec).last_reader, new.spec(spec).last_reader
+        if reader_a != reader_b and any(m in space.modes for m in _PHASES):
+            cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
+
+    result = Diff(
+        tuple(c for c in cells if not earlier_only or c.needs_audit),
+        tuple(_flag_changes(ra, rb, tested, plugins)),
+        evaluated_backends=len(evaluated),
+    )
+    if earlier_only:
+        return result
+    one_sided = Diff(
+        added_backends=tuple(sorted(backends_b - backends_a)),
+        removed_backends=tuple(sorted(backends_a - backends_b)),
+        added_specs=tuple(sorted(specs_b - specs_a)),
+        removed_specs=tuple(sorted(specs_a - specs_b)),
+    )
+    for kind, side, others, own_specs, other_specs in (
+        ("removed", a, backends_b, specs_a, specs_b),
+        ("added", b, backends_a, specs_b, specs_a),
+    ):
+        pairs = [
+            (backend, spec)
+            for backend in sorted(side.registry.backends)
+            for spec in sorted(own_specs)
+            if backend not in others or spec not in other_specs
+        ]
+        rows, unlisted = _one_sided(side, pairs, kind, space, plugins, expand)
+        one_sided = one_sided + Diff(tuple(rows), unlisted={kind: unlisted} if unlisted else {})
+    return result + one_sided
+
+
+def _compare_column(
+    a: _Side,
+    b: _Side,
+    names: Sequence[str],
+    mode: ForwardMode,
+    spec: str,
+    space: CellSpace,
+    plugins: Optional[str],
 ) -> list[DiffCell]:
-    """Every cell of ``space`` whose policy differs between two engines."""
-    backends = sorted(set(old.registry.concrete_backends()) | set(new.registry.concrete_backends()))
-    specs = sorted(set(old.spec_names()) | set(new.spec_names()))
-    a = cells(old, backends, specs, space)
-    b = cells(new, backends, specs, space)
-    groups: dict[tuple[str, ForwardMode, str, str, str], list[Setting]] = {}
-    for key, was in a.items():
-        if b[key] != was:
-            groups.setdefault((key[0], key[1], key[2], was, b[key]), []).append(key[3])
-    every = space.settings()
+    column = space.column(mode, spec)
+    if column.all_none:
+        return []
+    groups: dict[tuple[str, str, str, str], list[Setting]] = {}
+    for setting in column.settings:
+        before = a.policies(names, mode, spec, setting)
+        after = b.policies(names, mode, spec, setting)
+        for name in names:
+            old = a.label(name, mode, before[name])
+            new = b.label(name, mode, after[name])
+            change = _mode_change(old, new)
+            if change is not None:
+                groups.setdefault((name, old, new, change), []).append(setting)
     return [
         DiffCell(
-            k[0], k[1], k[2], k[3], k[4], summarize(found, every, space), tuple(found), plugins
+            name,
+            mode.label,
+            spec,
+            old,
+            new,
+            summarize(found, column.settings, column),
+            change,
+            tuple(found),
+            plugins,
         )
-        for k, found in groups.items()
+        for (name, old, new, change), found in groups.items()
     ]
 
 
-def summarize(found: Sequence[Setting], every: Sequence[Setting], space: CellSpace) -> str:
-    """``any``, the assignments shared by exactly the settings ``found``, or each of them."""
-    if len(found) == len(every):
-        return "any"
-    axes = space.axes
-    values = [{a: s.assignments()[a] for a in axes} for s in found]
-    common = {a: v for a, v in values[0].items() if all(x[a] == v for x in values)}
-    matching = [s for s in every if all(s.assignments()[a] == v for a, v in common.items())]
-    if len(matching) == len(found):
-        return _assignments(common)
-    return " | ".join(_assignments(v) for v in values)
+def _compare_steps(
+    a: _Side,
+    b: _Side,
+    names: Sequence[str],
+    spec: str,
+    readers: tuple[Optional[ForwardMode], Optional[ForwardMode]],
+    space: CellSpace,
+    plugins: Optional[str],
+) -> list[DiffCell]:
+    """Step cells: the reader phase changed, so the step may hand the scheduler another event.
+
+    As `warpolicy.runtime.runners.SpecStep` releases: at the declared reader's phase, unless a
+    later phase decides to publish (its answer says it reads shared state), then at that one."""
+    column = space.column(_PHASES, spec)
+    groups: dict[tuple[str, str, str, str], list[Setting]] = {}
+    for setting in column.settings:
+        values = []
+        for side, reader in ((a, readers[0]), (b, readers[1])):
+            if reader is None:
+                unknown = (_step_value(None, None), _step_rank(None, None))
+                values.append({n: unknown for n in names})
+                continue
+            later = _PHASES[_PHASES.index(reader) :]
+            policies = {m: side.policies(names, m, spec, setting) for m in later}
+            step_values: dict[str, tuple[str, tuple]] = {}
+            for n in names:
+                phase = reader
+                for m in later[1:]:
+                    if policies[m][n] != NONE:
+                        phase = m  # a later phase that publishes is the release
+                policy = policies[phase][n]
+                step_values[n] = (_step_value(phase, policy), _step_rank(phase, policy))
+            values.append(step_values)
+        for name in names:
+            (old, old_rank), (new, new_rank) = values[0][name], values[1][name]
+            if old_rank == new_rank and old == new:
+                continue
+            change = _step_change(old_rank, new_rank)
+            groups.setdefault((name, old, new, change), []).append(setting)
+    return [
+        DiffCell(
+            name,
+            STEP,
+            spec,
+            old,
+            new,
+            summarize(found, column.settings, column),
+            change,
+            tuple(found),
+            plugins,
+        )
+        for (name, old, new, change), found in groups.items()
+    ]
 
 
-def _assignments(values: Mapping[str, object]) -> str:
-    return ", ".join(
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()
-    )
+def _one_sided(
+    side: _Side,
+    pairs: Sequence[tuple[str, str]],
+    kind: str,
+    space: CellSpace,
+    plugins: Optional[str],
+    expand: Optional[int],
+) -> tuple[list[DiffCell], int]:
+    """Rows of backends or specs on one side only, evaluated in order until ``expand`` rows;
+    returns the rows and how many cells were left unevaluated."""
+    rows: list[DiffCell] = []
+    index = 0
+    chunk = 16
+    while index < len(pairs) and (expand is None or len(rows) < expand):
+        batch = pairs[index : index + (len(pairs) if expand is None else chunk)]
+        index += len(batch)
+        by_spec: dict[str, list[str]] = {}
+        for backend, spec in batch:
+            by_spec.setdefault(spec, []).append(backend)
+        for spec, names in by_spec.items():
+            for mode in space.modes:
+                column = space.column(mode, spec)
+                groups: dict[tuple[str, str], list[Setting]] = {}
+                for setting in column.settings:
+                    policies = side.policies(names, mode, spec, setting)
+                    for name in names:
+                        value = side.label(name, mode, policies[name])
+                        groups.setdefault((name, value), []).append(setting)
+                for (name, value), found in groups.items():
+                    old, new = (value, ABSENT) if kind == "removed" else (ABSENT, value)
+                    rows.append(
+                        DiffCell(
+                            name,
+                            mode.label,
+                            spec,
+                            old,
+                            new,
+                            summarize(found, column.settings, column),
+                            kind,
+                            tuple(found),
+                            plugins,
+                        )
+                    )
+    unlisted = (len(pairs) - index) * len(space.modes)
+    return rows, unlisted
+
+
+# -- layers ------------------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -288,8 +579,9 @@ class LayerChange:
     """A layer that makes some cells earlier than the layers below it."""
 
     layer: str  # a file path or a plugin fragment name (``plugin:NAME``...)
-    cells: tuple[DiffCell, ...]  # the earlier cells (old = below, new = with the layer)
+    cells: tuple[DiffCell, ...]  # the cells that need an audit (old = below, new = with it)
     note: str = ""  # why a layer could not be compared, if it could not
+    flags: tuple[FlagChange, ...] = ()
 
 
 def earlier_layers(
@@ -298,26 +590,17 @@ def earlier_layers(
     modes: Optional[Iterable[str]] = None,
     max_settings: int = MAX_SETTINGS,
 ) -> list[LayerChange]:
-    """For each layer k > 0: the cells where ``layers[0..k]`` is earlier than ``layers[0..k-1]``.
+    """For each layer k > 0: the cells where ``layers[0..k]`` is earlier than ``layers[0..k-1]``
+    (each prefix under its own flag defaults).
 
     A prefix that does not load on its own (a fragment that refers to a later layer) is skipped
     with a note; the comparison resumes at the next prefix that loads.
     """
-    from warpolicy.errors import WarpolicyError
-    from warpolicy.registry.loader import (
-        load_registry,  # the loader sits below; imported where used
-    )
-
     engines: list[tuple[str, Optional[PolicyEngine], str]] = []
     for k, source in enumerate(layers):
         try:
-            engines.append(
-                (
-                    layer_label(source),
-                    PolicyEngine(load_registry(list(layers[: k + 1])), environ={}),
-                    "",
-                )
-            )
+            loaded = PolicyEngine(load_registry(list(layers[: k + 1])), environ={})
+            engines.append((layer_label(source), loaded, ""))
         except WarpolicyError as exc:
             engines.append((layer_label(source), None, str(exc).splitlines()[0]))
     out: list[LayerChange] = []
@@ -331,8 +614,25 @@ def earlier_layers(
             space = cell_space(
                 [below.registry, engine.registry], modes=modes, max_settings=max_settings
             )
-            earlier = tuple(c for c in diff_engines(below, engine, space) if c.change == "earlier")
-            if earlier:
-                out.append(LayerChange(label, earlier))
+            found = diff_engines(below, engine, space, earlier_only=True)
+            flags = tuple(f for f in found.flags if f.needs_audit)
+            if found.cells or flags:
+                out.append(LayerChange(label, found.cells, flags=flags))
         below = engine
     return out
+
+
+__all__ = [
+    "ABSENT",
+    "CHANGES",
+    "FIELD_COVERAGE",
+    "NEEDS_AUDIT",
+    "STEP",
+    "Diff",
+    "DiffCell",
+    "FlagChange",
+    "LayerChange",
+    "diff_engines",
+    "earlier_layers",
+    "semantic_key",
+]

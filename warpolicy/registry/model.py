@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Mapping, Optional
 
 import attrs
 
-from warpolicy.errors import InputError, Problem, RegistryError, UnknownNameError
+from warpolicy.errors import Problem, RegistryError, UnknownNameError
 from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
 
 
@@ -30,21 +30,6 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 def _gates(value: Iterable[Gate]) -> tuple[Gate, ...]:
     return tuple(value)
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
-
-
-def parse_flag_value(text: str, what: str) -> bool:
-    """Parse an operator-supplied flag value (an environment variable or ``--flag NAME=VALUE``):
-    1/0, true/false, yes/no, on/off in any case; empty is false. Raises `InputError`."""
-    key = str(text).strip().lower()
-    if key in _TRUE:
-        return True
-    if key in _FALSE:
-        return False
-    raise InputError(f"{what}={text!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
 @attrs.frozen

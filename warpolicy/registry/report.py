@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Mapping, Optional, Sequence
 
-from warpolicy.registry.compare import CellSpace, DiffCell, LayerChange
+from warpolicy.registry.cells import CellSpace
+from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
 from warpolicy.registry.engine import Decision, Explanation, GateCheck
 
 #: Every output format a command may offer.
@@ -263,30 +264,79 @@ def _explanation_markdown(exp: Explanation) -> str:
 
 # -- diff, layers, plugins ---------------------------------------------------------------------
 
+#: ``schema_version`` of `diff` documents: 2 since ``cells`` holds at most ``--limit`` rows
+#: (``summary`` counts every change) and ``when`` may hold ``default``.
+DIFF_SCHEMA_VERSION = 2
+#: Rows a report lists unless told otherwise (``--limit``; 0 lists every row).
+DEFAULT_LIMIT = 100
+#: Widest text or markdown cell; longer values (a long ``when``) are cut, JSON keeps them.
+MAX_CELL = 120
+_ORDER = {kind: i for i, kind in enumerate(CHANGES)}
+
+
+def _cut(text: object, width: int = MAX_CELL) -> str:
+    text = str(text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def sorted_cells(diff: Diff) -> list[DiffCell]:
+    """Changed cells in report order: what needs an audit first."""
+    return sorted(
+        diff.cells,
+        key=lambda c: (_ORDER[c.change], c.backend, c.mode, c.spec, c.plugins or "", c.when),
+    )
+
+
+def _names(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+def diff_summary(diff: Diff, shown: int) -> list[str]:
+    """Lines that count every change, whatever the listing left out."""
+    counts = diff.counts()
+    parts = [f"{counts[k]} {k}" for k in CHANGES if counts[k]]
+    lines = [f"summary: {', '.join(parts) or 'no'} cell(s)"]
+    for what, names in (
+        ("added backends", diff.added_backends),
+        ("removed backends", diff.removed_backends),
+        ("added spec algorithms", diff.added_specs),
+        ("removed spec algorithms", diff.removed_specs),
+    ):
+        if names:
+            lines.append(f"{what}: {_names(list(names))}")
+    total = len(diff.cells) + sum(diff.unlisted.values())
+    if shown < total:
+        lines.append(
+            f"listed: {shown} of {total} row(s); --limit 0 lists every row "
+            "(--format json keeps long values whole)"
+        )
+    for flag in diff.flags:
+        lines.append(
+            f"flag {flag.name}: env [{', '.join(flag.old_env)}] -> [{', '.join(flag.new_env)}] "
+            f"({flag.change}: a deployment that sets these may resolve it differently)"
+            + (f" [plugins {flag.plugins}]" if flag.plugins else "")
+        )
+    return lines
+
 
 def format_diff(
-    cells: Sequence[DiffCell], space: CellSpace, fmt: str = "text", plugins: Optional[str] = None
+    diff: Diff,
+    space: CellSpace,
+    fmt: str = "text",
+    plugins: Optional[str] = None,
+    limit: Optional[int] = DEFAULT_LIMIT,
 ) -> str:
-    """Changed cells (``earlier`` first) and what was compared and held fixed."""
-    order = {"earlier": 0, "removed": 1, "added": 2, "later": 3}
-    cells = sorted(
-        cells,
-        key=lambda c: (order[c.change], c.backend, c.mode.label, c.spec, c.plugins or "", c.when),
-    )
+    """Changed cells (``earlier`` first, at most ``limit`` rows; None or 0: all), a summary
+    that counts every change, and what was compared and held fixed."""
+    cells = sorted_cells(diff)
+    listed = cells if not limit else cells[:limit]
     with_plugins = any(c.plugins for c in cells) or plugins == "both"
-    header = ("backend", "mode", "spec", "when", "old", "new", "change") + (
-        ("plugins",) if with_plugins else ()
-    )
-    rows = [
-        (c.backend, c.mode.label, c.spec, c.when, c.old, c.new, c.change)
-        + ((c.plugins or "-",) if with_plugins else ())
-        for c in cells
-    ]
     if fmt == "json":
         records = [
             {
                 "backend": c.backend,
-                "mode": c.mode.label,
+                "mode": c.mode,
                 "spec": c.spec,
                 "when": c.when,
                 "settings": [s.assignments() for s in c.settings],
@@ -295,14 +345,54 @@ def format_diff(
                 "change": c.change,
                 "plugins": c.plugins,
             }
-            for c in cells
+            for c in listed
         ]
-        return json_document({"compared": space.to_json(), "plugins": plugins, "cells": records})
-    about = space.describe() + ([f"plugins: {plugins}"] if plugins else [])
+        summary = {
+            "cells": diff.counts(),
+            "rows": len(cells) + sum(diff.unlisted.values()),
+            "listed": len(records),
+            "added_backends": list(diff.added_backends),
+            "removed_backends": list(diff.removed_backends),
+            "added_specs": list(diff.added_specs),
+            "removed_specs": list(diff.removed_specs),
+            "needs_audit": diff.needs_audit,
+        }
+        flags = [
+            {
+                "flag": f.name,
+                "old_env": list(f.old_env),
+                "new_env": list(f.new_env),
+                "change": f.change,
+                "plugins": f.plugins,
+            }
+            for f in diff.flags
+        ]
+        return json.dumps(
+            {
+                "schema_version": DIFF_SCHEMA_VERSION,
+                "compared": space.to_json(),
+                "plugins": plugins,
+                "summary": summary,
+                "flags": flags,
+                "cells": records,
+            },
+            indent=2,
+            default=str,
+        )
+    header = ("backend", "mode", "spec", "when", "old", "new", "change") + (
+        ("plugins",) if with_plugins else ()
+    )
+    rows = [
+        (c.backend, c.mode, c.spec, _cut(c.when), c.old, c.new, c.change)
+        + ((c.plugins or "-",) if with_plugins else ())
+        for c in listed
+    ]
+    about = diff_summary(diff, len(listed)) + space.describe()
+    about += [f"plugins: {plugins}"] if plugins else []
     if fmt == "markdown":
-        body = render_table(header, rows, "markdown") if cells else "No policy changes."
+        body = render_table(header, rows, "markdown") if rows else "No policy changes."
         return body + "\n\n" + "\n".join(f"- {line}" for line in about)
-    body = render_table(header, rows) if cells else "no policy changes"
+    body = render_table(header, rows) if rows else "no policy changes"
     return body + "\n\n" + "\n".join(about)
 
 
@@ -313,12 +403,21 @@ def layer_warnings(changes: Sequence[LayerChange]) -> list[str]:
         if change.note:
             lines.append(f"layer {change.layer}: {change.note}")
             continue
-        first = change.cells[0]
-        lines.append(
-            f"layer {change.layer} makes {len(change.cells)} cell(s) earlier than the "
-            f"layers below it, e.g. {first.backend} {first.mode.label} spec {first.spec} "
-            f"({first.when}): {first.old} -> {first.new}"
-        )
+        parts = []
+        if change.cells:
+            first = change.cells[0]
+            parts.append(
+                f"makes {len(change.cells)} cell(s) earlier than the layers below it, e.g. "
+                f"{first.backend} {first.mode} spec {first.spec} "
+                f"({_cut(first.when)}): {first.old} -> {first.new}"
+                + ("" if first.change == "earlier" else f" ({first.change})")
+            )
+        for flag in change.flags:
+            parts.append(
+                f"changes the environment names of flag {flag.name} "
+                f"([{', '.join(flag.old_env)}] -> [{', '.join(flag.new_env)}])"
+            )
+        lines.append(f"layer {change.layer} " + "; ".join(parts))
     return lines
 
 

@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import attrs
 
 from warpolicy.errors import InputError, Problem, RegistryError, UnreadableSourceError
+from warpolicy.registry.inputs import parse_bool
 from warpolicy.registry.loader import reading
 from warpolicy.registry.loader.entries import EntryBuilder
 from warpolicy.registry.loader.fragments import (
@@ -35,7 +36,7 @@ from warpolicy.registry.loader.fragments import (
 )
 from warpolicy.registry.loader.merge import Merger
 from warpolicy.registry.loader.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, Document
-from warpolicy.registry.model import Registry, parse_flag_value
+from warpolicy.registry.model import Registry
 
 __all__ = [
     "DEFAULT",
@@ -175,10 +176,10 @@ def env_flag_problems(registry: Registry, environ: Mapping[str, str]) -> list[Pr
     found = []
     for flag in registry.flags.values():
         for var in flag.env:
-            if var not in environ:
-                continue
+            if not environ.get(var, "").strip():
+                continue  # unset, empty or blank: the engine reads it as unset too
             try:
-                parse_flag_value(environ[var], var)
+                parse_bool(environ[var], var)
             except InputError as exc:
                 origin = flag.origin
                 found.append(

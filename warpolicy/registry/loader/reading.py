@@ -2,8 +2,8 @@
 
 Reading is bounded: only regular files are opened (a FIFO or a device is refused before it
 is opened, so a read can never block), at most `MAX_BYTES` are read, composing stops at
-`MAX_DEPTH` levels of nesting, and a document whose aliases expand it past `MAX_NODES` nodes
-is refused before anything walks it. YAML-level constructs the registry format does not have
+`MAX_DEPTH` levels of nesting, and a document whose aliases add more than `MAX_NODES` nodes
+to it is refused before anything walks it. YAML-level constructs the registry format does not have
 (explicit tags such as ``!!bool``) are refused here, at their mark, because the node tree no
 longer shows them.
 """
@@ -30,8 +30,9 @@ MAX_BYTES = 4 * 1024 * 1024
 #: in Python, a crash in libyaml's C composer) and scanning is quadratic in flow depth; a
 #: registry nests about 6 deep.
 MAX_DEPTH = 100
-#: Most nodes a document may expand to once aliases are followed (each alias counts the whole
-#: subtree it names). A 1,000-backend registry has about 20,000.
+#: Most nodes YAML aliases may add to a document once they are followed (each alias counts the
+#: whole subtree it names; the document's own nodes do not count: `MAX_BYTES` bounds those).
+#: A 1,000-backend registry has about 20,000 nodes and no aliases.
 MAX_NODES = 200_000
 
 TAG = "tag:yaml.org,2002:"
@@ -253,35 +254,45 @@ def yaml_problem(name: str, text: str, exc: yaml.YAMLError) -> Problem:
 
 
 def _within_node_limit(name: str, root: Node, problems: list[Problem]) -> bool:
-    """Refuse a document whose aliases expand it past `MAX_NODES`, in time linear in its
-    distinct nodes: an alias is the same node object, so sizes are memoised per object."""
-    sizes: dict[int, int] = {}
+    """Refuse a document whose aliases add more than `MAX_NODES` nodes to it (its size with
+    every alias expanded, less its distinct nodes), in time linear in its distinct nodes: an
+    alias is the same node object, so sizes are memoised per object. A large document without
+    aliases is bounded by `MAX_BYTES` alone."""
+    sizes: dict[int, int] = {}  # expanded size per distinct node, in post-order
+    nodes: list[Node] = []
     stack: list[tuple[Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
-        if id(node) in sizes:
+        key = id(node)
+        if key in sizes:
+            continue
+        if isinstance(node, ScalarNode):
+            sizes[key] = 1
+            nodes.append(node)
             continue
         kids = _children(node)
         if not children_done:
             stack.append((node, True))
             stack.extend((k, False) for k in kids if id(k) not in sizes)
             continue
-        size = 1 + sum(sizes.get(id(k), 0) for k in kids)
-        sizes[id(node)] = size
-        if size > MAX_NODES:
-            mark = node.start_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
-            problems.append(
-                Problem(
-                    name,
-                    line,
-                    col,
-                    f"this value expands to more than "
-                    f"{MAX_NODES} nodes through YAML aliases; not a registry",
-                )
-            )
-            return False
-    return True
+        sizes[key] = 1 + sum(sizes[id(k)] for k in kids)
+        nodes.append(node)
+    limit = len(sizes) + MAX_NODES
+    if sizes[id(root)] <= limit:
+        return True
+    node = next(n for n in nodes if sizes[id(n)] > limit)  # the first value over the limit
+    mark = node.start_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
+    problems.append(
+        Problem(
+            name,
+            line,
+            col,
+            f"this value expands to more than {MAX_NODES} nodes through YAML aliases; "
+            "not a registry",
+        )
+    )
+    return False
 
 
 def _children(node: Node) -> list[Node]:

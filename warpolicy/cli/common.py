@@ -1,0 +1,325 @@
+"""What every command group shares: exit codes, output, argument groups, flags and facts, the
+engine a command reads, and the plugin manager (built once per process at the composition root,
+`warpolicy.runtime.manager.get_plugin_manager`).
+
+One rule for exit codes (README, "Exit codes"): 0 the command did what was asked and found
+nothing wrong; 1 it ran and its check failed (validate found problems, diff found a change it
+was told to fail on, audit found an UNSAFE declaration); 2 it could not run as asked (bad
+arguments, an unknown name, a registry that cannot be read, or, for a command that needs one
+loaded, an invalid registry; a broken plugin; no PyTorch or no CUDA for a GPU command); 3 an
+audit proved nothing for some declaration; 4 the output could not be written; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import functools
+import sys
+import warnings
+from typing import Iterable, Mapping, NoReturn, Optional, Sequence, TypedDict
+
+import attrs
+import pluggy
+
+from warpolicy.errors import InputError, Problem, WarpolicyError
+from warpolicy.registry.decision import FORCE_COARSE, Context
+from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.inputs import parse_bool, parse_positive_int
+from warpolicy.registry.loader import default_registry_path, load_registry
+from warpolicy.registry.report import FORMATS
+from warpolicy.runtime import manager
+
+#: Formats of commands whose output is not a table (benchmarks, audit).
+DATA_FORMATS = tuple(f for f in FORMATS if f != "markdown")
+#: The runner facts a command line can give (``--platform``, ``--[no-]external-events``,
+#: ``--eager``, ``--no-plant``).
+FACT_OPTIONS = ("platform", "external_events", "eager", "planted")
+
+
+class ExitCode(enum.IntEnum):
+    """Documented exit codes of every ``warpolicy`` command (see the module docstring)."""
+
+    OK = 0
+    CHECK_FAILED = 1  # the command ran and its check failed
+    USAGE = 2  # the command could not run as asked
+    INCONCLUSIVE = 3  # audit proved nothing for some declaration (or failed)
+    OUTPUT = 4  # the output could not be written: full disk, closed stdout, unencodable text
+    INTERRUPTED = 130
+
+
+class OutputError(Exception):
+    """stdout could not take the output; carries the one line to print on stderr."""
+
+
+class UsageError(InputError):
+    """A command line argparse refused; ``prog`` names the (sub)command."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        self.prog = prog
+        super().__init__(message)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so errors stay one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, message)
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts (iterations, trials, steps): a traceback-free usage error."""
+    try:
+        return parse_positive_int(text, "count")
+    except InputError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for a limit where 0 means none."""
+    if text.strip() == "0":
+        return 0
+    return positive_int(text)
+
+
+# -- argument groups shared by several commands ---------------------------------------------
+
+
+def add_format(p: argparse.ArgumentParser, formats: Sequence[str] = FORMATS) -> None:
+    p.add_argument("--format", choices=formats, default="text")
+
+
+def add_registry_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--capabilities",
+        action="append",
+        metavar="FILE",
+        help="registry file (repeatable, layered in order; 'default' names the "
+        "packaged one); default: $WARPOLICY_CAPABILITIES or the packaged file",
+    )
+
+
+def add_flag_args(p: argparse.ArgumentParser, *, what: str = "this query") -> None:
+    p.add_argument(
+        "--flag",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"set a registry flag for {what} (repeatable)",
+    )
+    p.add_argument(
+        "--eager", action="store_true", default=None, help="the forward runs eagerly (no graph)"
+    )
+    p.add_argument(
+        "--no-plant", action="store_true", default=None, help="the read-done node was not planted"
+    )
+    events = p.add_mutually_exclusive_group()
+    events.add_argument(
+        "--external-events",
+        dest="external_events",
+        action="store_true",
+        default=None,
+        help="the platform has external events (default: only cuda)",
+    )
+    events.add_argument(
+        "--no-external-events",
+        dest="external_events",
+        action="store_false",
+        help="the platform has no external events",
+    )
+    p.add_argument(
+        "--platform",
+        default=None,
+        type=platform_name,
+        help="platform name, any case (default: cuda)",
+    )
+
+
+def add_context_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", required=True, help="attention backend name")
+    p.add_argument(
+        "--mode", required=True, help="forward mode (decode, extend, target_verify, ...)"
+    )
+    p.add_argument("--spec", default="none", help="speculative algorithm (default: none)")
+    add_flag_args(p)
+    add_registry_args(p)
+    add_format(p)
+
+
+# -- flags and facts -------------------------------------------------------------------------
+
+
+def platform_name(text: str) -> str:
+    """Platform names are case-folded (``CUDA`` is ``cuda``), as registries spell them."""
+    return text.strip().lower()
+
+
+def parse_flags(items: Iterable[str]) -> dict[str, bool]:
+    flags: dict[str, bool] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InputError(f"--flag {item!r}: expected NAME=VALUE")
+        if not value.strip():
+            raise InputError(
+                f"--flag {item!r}: empty value; expected NAME=VALUE with a boolean "
+                "(1/0, true/false, yes/no, on/off)"
+            )
+        flags[name] = parse_bool(value, f"--flag {name}")
+    return flags
+
+
+def known_flag(name: str, engines: Sequence[PolicyEngine]) -> None:
+    """Raise `UnknownNameError` (with close matches) unless some engine declares ``name``;
+    the built-in ``force_coarse`` is always known."""
+    if name == FORCE_COARSE.name or any(name in e.registry.flags for e in engines):
+        return
+    engines[-1].registry.flag(name)
+
+
+class Facts(TypedDict):
+    platform: str
+    external_events: bool
+    eager: bool
+    planted: bool
+
+
+def facts(args: argparse.Namespace) -> Facts:
+    platform = args.platform or "cuda"
+    external = args.external_events
+    if external is None:  # external events exist only on CUDA (torch >= 2.8)
+        external = platform == "cuda"
+    return {
+        "platform": platform,
+        "external_events": external,
+        "eager": bool(args.eager),
+        "planted": not args.no_plant,
+    }
+
+
+def given_facts(args: argparse.Namespace) -> dict[str, object]:
+    """Only the facts the user set, for commands that otherwise enumerate them (diff)."""
+    given: dict[str, object] = {}
+    if args.platform is not None:
+        given["platform"] = args.platform
+    if args.external_events is not None:
+        given["external_events"] = args.external_events
+    elif args.platform is not None:  # as for query: external events exist only on CUDA
+        given["external_events"] = args.platform == "cuda"
+    if args.eager is not None:
+        given["eager"] = True
+    if args.no_plant is not None:
+        given["planted"] = False
+    return given
+
+
+def context(args: argparse.Namespace) -> Context:
+    return Context(args.backend, args.mode, args.spec, parse_flags(args.flag), **facts(args))
+
+
+# -- the plugin manager and the engine -------------------------------------------------------
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    """The process's plugin manager, built once by the composition root."""
+    return manager.get_plugin_manager()
+
+
+def engine(
+    files: Optional[Sequence[str]],
+    *,
+    plugins: bool = True,
+    environ: Optional[Mapping[str, str]] = None,
+) -> PolicyEngine:
+    """The engine over ``files`` (else $WARPOLICY_CAPABILITIES, else the default), plus the
+    installed plugins' fragments unless ``plugins`` is False."""
+    if not plugins:
+        return PolicyEngine.load(files, environ=environ)
+    pm = plugin_manager()
+    return PolicyEngine.load(
+        files,
+        fragments=manager.collect_fragments(pm),
+        blame=functools.partial(manager.blame_plugins, pm),
+        environ=environ,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _default_backends() -> frozenset[str]:
+    try:
+        return frozenset(load_registry([default_registry_path()]).backends)
+    except WarpolicyError:  # a hint only; the default itself is tested elsewhere
+        return frozenset()
+
+
+def with_default_hint(problems: Sequence[Problem]) -> list[Problem]:
+    """A problem naming an unknown backend that the packaged default defines (so the default
+    was not loaded) says, on the same line, how to layer the file over it."""
+    out = []
+    for problem in problems:
+        name = _unknown_backend(problem.message)
+        if name is not None and name in _default_backends():
+            hint = (
+                f" ({name!r} is in the packaged default registry: layer this file over it with "
+                f"`warpolicy validate default {problem.file}`, `--capabilities default "
+                f"--capabilities {problem.file}` or `diff ... default:{problem.file}`; "
+                "pre-commit: args: [--base, default])"
+            )
+            problem = attrs.evolve(problem, message=problem.message + hint)
+        out.append(problem)
+    return out
+
+
+def _unknown_backend(message: str) -> Optional[str]:
+    marker = "unknown backend '"
+    at = message.find(marker)
+    if at < 0:
+        return None
+    rest = message[at + len(marker) :]
+    end = rest.find("'")
+    return rest[:end] if end > 0 else None
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def out(text: str) -> None:
+    """Write and flush now, so a full disk or a closed stdout is an `OutputError` here."""
+    stream = sys.stdout
+    if stream is None:  # started with stdout closed (``>&-``)
+        raise OutputError("cannot write the output: stdout is closed")
+    try:
+        stream.write(text if text.endswith("\n") else text + "\n")
+        stream.flush()
+    except UnicodeEncodeError as exc:
+        raise OutputError(
+            f"cannot write the output: the output encoding "
+            f"{getattr(stream, 'encoding', '?')} cannot encode "
+            f"{exc.object[exc.start : exc.end]!a}; set PYTHONIOENCODING=utf-8"
+        ) from None
+    except BrokenPipeError:
+        raise OutputError("cannot write the output: the reader closed the pipe") from None
+    except (OSError, ValueError) as exc:  # ENOSPC, EBADF, or "I/O operation on closed file"
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise OutputError(f"cannot write the output: {why}") from None
+
+
+def err(line: str) -> None:
+    """One line (or several, each ending in a newline) on stderr; if stderr is gone too, there
+    is nobody left to tell."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(line if line.endswith("\n") else line + "\n")
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def quiet_torch() -> None:
+    """Import torch once with its import-time warnings silenced (e.g. "Failed to initialize
+    NumPy"), so a GPU command without CUDA prints one line, not a warning first. Deferred to
+    the commands that need torch; a missing torch is the caller's ModuleNotFoundError."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch  # noqa: F401, PLC0415 - deferred: only runtime commands need torch

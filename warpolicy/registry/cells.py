@@ -1,0 +1,394 @@
+"""What a comparison of registries enumerates: cells, their axes and settings.
+
+A *cell* is (backend, mode, spec algorithm) under a *setting*: values for the flags and the
+runner facts (platform, external events, eager, planted). Per (mode, spec) *column*
+(`CellSpace.column`) a comparison enumerates:
+
+* the flags that a gate *live* in that column tests (a gate is live unless its mode, spec, spec
+  family or capability conditions rule the column out), each both ways; a flag whose declared
+  default differs between the sides is also compared *left at each side's own default*
+  (`DEFAULT`), so a layer that flips a default is seen;
+* the runner facts (`FACT_AXES`) that a live gate tests. Facts no gate tests change a decision
+  only through sound demotion, the same monotone map on both sides, so they are held at the
+  fast path (cuda, external events, captured, planted), where no difference is hidden;
+* ``force_coarse`` is never enumerated: each side takes its own default (with the environment
+  left out), and switched on it makes every cell ``none`` on both sides.
+
+A column where both sides have a global gate that makes every cell ``none`` whatever the setting
+needs no evaluation (`Column.all_none`). Past ``max_settings`` combinations in one column the
+last flags are held at each side's default, and `CellSpace.held` says so.
+
+Adding a runner fact: add the field to `Context` and `Conditions`, then declare it in
+`FACT_AXES` (name, fast-path value, the values to enumerate given those gates test);
+``tests/registry/test_compare.py`` names any condition that has no axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import attrs
+
+from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC
+from warpolicy.registry.model import Conditions, Gate, Registry, SpecAlgorithm
+from warpolicy.registry.vocabulary import NONE, ForwardMode
+
+MAX_SETTINGS = 256
+#: Stands for every platform name no gate tests.
+OTHER_PLATFORM = "other"
+#: A flag left at each side's own declared default (compared where the defaults differ).
+DEFAULT = "default"
+#: Conditions decided by the (mode, spec) column alone: a gate failing one is not live there.
+STATIC_CONDITIONS = ("mode", "spec", "spec_family", "spec_has", "spec_lacks")
+#: Conditions evaluated per backend (never enumerated: every backend is its own cell).
+BACKEND_CONDITIONS = ("backend", "declared")
+
+# -- the axes of a cell ------------------------------------------------------------------------
+
+
+def _both_ways(fast: object) -> Callable[[frozenset], tuple[object, ...]]:
+    return lambda _tested: (fast, not fast)
+
+
+def _platforms(tested: frozenset) -> tuple[object, ...]:
+    return tuple(dict.fromkeys(["cuda", *sorted(str(p) for p in tested), OTHER_PLATFORM]))
+
+
+@attrs.frozen
+class FactAxis:
+    """A runner fact of `Context` that gates test through the `Conditions` field of the same
+    name: enumerated (``values(tested)``) in a column where a live gate tests it, else held at
+    ``fast``, the fast path."""
+
+    name: str
+    fast: object
+    values: Callable[[frozenset], tuple[object, ...]] = attrs.field(eq=False)
+
+    def tested(self, when: Conditions) -> Optional[frozenset]:
+        """The values a gate's condition names, or None when it does not test this fact."""
+        value = getattr(when, self.name)
+        if value is None:
+            return None
+        return frozenset(value) if isinstance(value, (set, frozenset)) else frozenset([value])
+
+
+#: Every runner fact a gate may test. Add one here to make `diff` enumerate it.
+FACT_AXES: tuple[FactAxis, ...] = (
+    FactAxis("platform", "cuda", _platforms),
+    FactAxis("external_events", True, _both_ways(True)),
+    FactAxis("eager", False, _both_ways(False)),
+    FactAxis("planted", True, _both_ways(True)),
+)
+FACT_NAMES = tuple(a.name for a in FACT_AXES)
+FAST_PATH: Mapping[str, object] = {a.name: a.fast for a in FACT_AXES}
+
+FlagSetting = Union[bool, str]  # True / False, or DEFAULT
+
+
+@attrs.frozen
+class Setting:
+    """Flag values (``DEFAULT``: each side's own default) and runner facts for one column."""
+
+    flags: tuple[tuple[str, FlagSetting], ...]
+    facts: tuple[tuple[str, object], ...]
+
+    def overrides(self) -> dict[str, bool]:
+        """The flags given explicitly (both sides get the same value)."""
+        return {k: bool(v) for k, v in self.flags if v != DEFAULT}
+
+    def fact_values(self) -> dict[str, object]:
+        return dict(self.facts)
+
+    def assignments(self) -> dict[str, object]:
+        return {**dict(self.flags), **dict(self.facts)}
+
+
+@attrs.frozen
+class Column:
+    """What one (mode, spec) column enumerates: its axes and their settings."""
+
+    axes: tuple[tuple[str, tuple[object, ...]], ...]
+    settings: tuple[Setting, ...]
+    all_none: bool = False  # every cell is none on both sides whatever the setting
+
+
+def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:
+    spec = registry.spec_algorithms.get(name)
+    if spec is None and name == IMPLICIT_SPEC.name:
+        return IMPLICIT_SPEC
+    return spec
+
+
+def all_gates(registry: Registry) -> list[Gate]:
+    return list(registry.gates) + [g for b in registry.backends.values() for g in b.gates]
+
+
+def _live(gate: Gate, modes: Sequence[ForwardMode], spec: SpecAlgorithm) -> bool:
+    """Whether ``gate`` can match somewhere in the columns of ``modes`` x ``spec``."""
+    when = gate.when
+    if when.mode is not None and not any(m in when.mode for m in modes):
+        return False
+    if when.spec is not None and spec.name not in when.spec:
+        return False
+    if when.spec_family is not None and spec.family not in when.spec_family:
+        return False
+    if when.spec_has is not None and not any(spec.has(c) for c in when.spec_has):
+        return False
+    return not (when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks))
+
+
+def _makes_all_none(gate: Gate) -> bool:
+    """A global gate that, once live, makes every cell none whatever the setting or backend."""
+    when = gate.when
+    dynamic = (
+        when.flags
+        or any(getattr(when, c) is not None for c in BACKEND_CONDITIONS)
+        or any(getattr(when, a.name) is not None for a in FACT_AXES)
+    )
+    return gate.scope is None and gate.at_least == NONE and not dynamic
+
+
+@attrs.frozen(eq=False)
+class CellSpace:
+    """What a comparison of ``registries`` enumerates, per column, and what it holds fixed."""
+
+    modes: tuple[ForwardMode, ...]
+    registries: tuple[Registry, ...]
+    fixed: Mapping[str, object] = attrs.field(factory=dict)  # flag or fact -> given value
+    max_settings: int = MAX_SETTINGS
+    _columns: dict = attrs.field(factory=dict, init=False, repr=False)
+    _held: dict = attrs.field(factory=dict, init=False, repr=False)
+
+    # -- columns --------------------------------------------------------------------------
+
+    def column(self, modes: Union[ForwardMode, Sequence[ForwardMode]], spec: str) -> Column:
+        """The axes and settings of the column(s) of ``modes`` x ``spec`` (several modes: one
+        setting list that serves each of them, for step cells)."""
+        key_modes = (modes,) if isinstance(modes, ForwardMode) else tuple(modes)
+        key = (key_modes, spec)
+        if key not in self._columns:
+            self._columns[key] = self._build_column(key_modes, spec)
+        return self._columns[key]
+
+    def _build_column(self, modes: tuple[ForwardMode, ...], spec: str) -> Column:
+        live: list[Gate] = []
+        all_none = True
+        for registry in self.registries:
+            algorithm = _spec_of(registry, spec)
+            if algorithm is None:
+                all_none = False  # one side lacks the spec: its cells are added or removed
+                continue
+            gates = [g for g in all_gates(registry) if _live(g, modes, algorithm)]
+            live += gates
+            all_none = all_none and any(_makes_all_none(g) for g in gates)
+        if all_none:
+            return Column((), (self._setting({}),), all_none=True)
+        declared = {n for r in self.registries for n in r.flags}
+        tested = {n for g in live for n in g.when.flags} & declared
+        flags: list[tuple[str, tuple[object, ...]]] = []
+        for name in sorted(tested - {FORCE_COARSE.name} - set(self.fixed)):
+            defaults = {r.flags[name].default for r in self.registries if name in r.flags}
+            values: tuple[object, ...] = (False, True) + ((DEFAULT,) if len(defaults) > 1 else ())
+            flags.append((name, values))
+        facts: list[tuple[str, tuple[object, ...]]] = []
+        for axis in FACT_AXES:
+            if axis.name in self.fixed:
+                continue
+            seen = [t for g in live if (t := axis.tested(g.when)) is not None]
+            if seen:
+                facts.append((axis.name, axis.values(frozenset().union(*seen))))
+
+        def size() -> int:
+            count = 1
+            for _name, values in flags + facts:
+                count *= len(values)
+            return count
+
+        while flags and size() > self.max_settings:
+            name, _values = flags.pop()
+            self._held.setdefault(
+                name,
+                f"{DEFAULT}: more than {self.max_settings} combinations in a column; give it "
+                f"with --flag {name}=VALUE to compare the other values",
+            )
+        axes = tuple(flags + facts)
+        settings = []
+        for combo in itertools.product(*(values for _name, values in axes)):
+            chosen = dict(zip((name for name, _values in axes), combo))
+            settings.append(self._setting(chosen))
+        return Column(axes, tuple(settings))
+
+    def _setting(self, chosen: Mapping[str, object]) -> Setting:
+        """A setting: the given values, ``chosen`` for enumerated axes, the rest held."""
+        flag_values: dict[str, FlagSetting] = {
+            k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH
+        }
+        for name, value in chosen.items():
+            if name not in FAST_PATH:
+                flag_values[name] = DEFAULT if value == DEFAULT else bool(value)
+        facts = {a.name: chosen.get(a.name, self.fixed.get(a.name, a.fast)) for a in FACT_AXES}
+        return Setting(
+            tuple(sorted(flag_values.items())), tuple((a.name, facts[a.name]) for a in FACT_AXES)
+        )
+
+    # -- what the comparison enumerated, for reports ---------------------------------------
+
+    def specs(self) -> list[str]:
+        names = {IMPLICIT_SPEC.name}
+        for registry in self.registries:
+            names |= set(registry.spec_algorithms)
+        return sorted(names)
+
+    def _all_columns(self) -> list[Column]:
+        return [self.column(m, s) for m in self.modes for s in self.specs()]
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Flags enumerated in some column."""
+        names = {n for c in self._all_columns() for n, v in c.axes if n not in FAST_PATH}
+        return tuple(sorted(names))
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        found: dict[str, None] = {}
+        for column in self._all_columns():
+            for name, values in column.axes:
+                if name == "platform":
+                    found.update(dict.fromkeys(str(v) for v in values))
+        if not found:
+            found[str(self.fixed.get("platform", FAST_PATH["platform"]))] = None
+        return tuple(found)
+
+    @property
+    def facts(self) -> tuple[str, ...]:
+        """Runner facts (platform excluded) enumerated in some column."""
+        names = {n for c in self._all_columns() for n, _v in c.axes}
+        return tuple(a.name for a in FACT_AXES if a.name != "platform" and a.name in names)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self.flags + (("platform",) if len(self.platforms) > 1 else ()) + self.facts
+
+    @property
+    def held(self) -> tuple[tuple[str, str], ...]:
+        """(name, "value: why") for every flag or fact not enumerated everywhere."""
+        self._all_columns()  # fills the columns' held flags
+        enumerated = set(self.flags)
+        out: list[tuple[str, str]] = []
+        declared = sorted({n for r in self.registries for n in r.flags} | {FORCE_COARSE.name})
+        for name in declared:
+            if name in self.fixed:
+                out.append((name, f"{str(self.fixed[name]).lower()}: given"))
+            elif name == FORCE_COARSE.name:
+                out.append(
+                    (
+                        name,
+                        f"{DEFAULT}: each side's own; the built-in kill switch makes every "
+                        "cell none on both sides",
+                    )
+                )
+            elif name in self._held:
+                out.append((name, self._held[name]))
+            elif name not in enumerated:
+                out.append((name, f"{DEFAULT}: no gate tests it, so it cannot change a decision"))
+        names = set(self.axes)
+        for axis in FACT_AXES:
+            if axis.name in self.fixed:
+                out.append((axis.name, f"{_text(self.fixed[axis.name])}: given"))
+            elif axis.name not in names and not (
+                axis.name == "platform" and len(self.platforms) > 1
+            ):
+                why = (
+                    "no gate tests the platform"
+                    if axis.name == "platform"
+                    else "no gate tests it; sound demotion applies alike to both sides"
+                )
+                out.append((axis.name, f"{_text(axis.fast)}: {why}"))
+        return tuple(out)
+
+    def to_json(self) -> dict:
+        return {
+            "modes": [m.label for m in self.modes],
+            "flags": list(self.flags),
+            "platforms": list(self.platforms),
+            "facts": list(self.facts),
+            "held": {name: why for name, why in self.held},
+            "max_settings_per_column": max(
+                (len(c.settings) for c in self._all_columns()), default=1
+            ),
+        }
+
+    def describe(self) -> list[str]:
+        """Lines for a text report: what was compared and what was held fixed."""
+        compared = ", ".join(self.axes) or "nothing beyond backend, mode and spec"
+        most = max((len(c.settings) for c in self._all_columns()), default=1)
+        lines = [
+            f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
+            f"combination of what a gate tests in that mode and spec: {compared} (at most "
+            f"{most} setting(s) per cell)"
+        ]
+        lines += [f"held: {name} = {why}" for name, why in self.held]
+        return lines
+
+
+def _text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def cell_space(
+    registries: Sequence[Registry],
+    *,
+    modes: Optional[Iterable[Union[str, ForwardMode]]] = None,
+    fixed: Optional[Mapping[str, object]] = None,
+    max_settings: int = MAX_SETTINGS,
+) -> CellSpace:
+    """The cells worth comparing across ``registries`` (see the module docstring).
+
+    ``fixed`` holds flags (by name) or facts (``platform``, ``eager``, ``planted``,
+    ``external_events``) at a value the caller chose.
+    """
+    mode_list = tuple(ForwardMode.parse(m) for m in modes) if modes else tuple(ForwardMode)
+    return CellSpace(
+        tuple(dict.fromkeys(mode_list)), tuple(registries), dict(fixed or {}), max_settings
+    )
+
+
+def summarize(found: Sequence[Setting], every: Sequence[Setting], column: Column) -> str:
+    """``any``; the assignments shared by exactly the settings ``found``; ``not (...)`` those
+    shared by exactly the others; else each setting of ``found``, joined by ``|``."""
+    if len(found) == len(every):
+        return "any"
+    axes = [name for name, _values in column.axes]
+    simple = _conjunction(found, every, axes)
+    if simple is not None:
+        return simple
+    chosen = set(found)
+    simple = _conjunction([s for s in every if s not in chosen], every, axes)
+    if simple is not None:
+        return f"not ({simple})"
+    return " | ".join(_assignments({n: s.assignments()[n] for n in axes}) for s in found)
+
+
+def _conjunction(
+    found: Sequence[Setting], every: Sequence[Setting], axes: Sequence[str]
+) -> Optional[str]:
+    """The assignments all of ``found`` share, if exactly those settings have them."""
+    values = [{n: s.assignments()[n] for n in axes} for s in found]
+    common = {n: v for n, v in values[0].items() if all(x[n] == v for x in values)}
+    matching = [s for s in every if all(s.assignments()[n] == v for n, v in common.items())]
+    return _assignments(common) if len(matching) == len(found) else None
+
+
+def _assignments(values: Mapping[str, object]) -> str:
+    """``name=value, ...``: flags left at their default or on first (what usually tells the
+    story: ``prefill_read_done=true, hierarchical_cache=false``), then flags off, then facts."""
+
+    def rank(item: tuple[str, object]) -> int:
+        name, value = item
+        if name in FAST_PATH:
+            return 3
+        return 0 if value == DEFAULT else 1 if value is True else 2
+
+    ordered = sorted(values.items(), key=rank)  # stable: names stay sorted within a rank
+    return ", ".join(f"{k}={_text(v)}" for k, v in ordered)
