@@ -482,6 +482,10 @@ class SimPlatform:
             raise PlacementError(self.graph_walk_unavailable() or "no graph model")
         if not graph.captured:
             raise PlacementError(f"sim graph {graph.id} was never captured")
+        if not graph.keep_graph:  # as on CUDA: only a kept graph can be read
+            raise PlacementError(
+                f"the raw graph of sim graph {graph.id} was not kept; capture with keep_graph=True"
+            )
         model = self.graph_model(graph)
         if not isinstance(model, Graph):
             raise PlacementError(

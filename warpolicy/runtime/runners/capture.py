@@ -159,9 +159,8 @@ class CaptureTransaction:
         graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
-        return CapturedBucket(bucket, graph, outcome.release, recorded=outcome.recorded), (
-            outcome.report
-        )
+        captured = CapturedBucket(bucket, graph, outcome.release, recorded=outcome.recorded)
+        return captured, outcome.report
 
 
 __all__ = [
