@@ -607,13 +607,27 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
         f"~{c['layer_us_target']:g} us, batch {c['batch']}, scheduler "
         f"~{c['sched_us_target']:g} us ({c['sched_kind']}), {c['steps']} steps x "
         f"{c['repeats']} runs, model {c.get('model', 'in_graph')}",
+        *format_measurement(result),
+    ]
+    if c["platform"] != "cuda":
+        lines.append("(simulated platform: host timestamps, numbers are meaningless)")
+    if "trace" in result:
+        lines.append(f"trace written to {result['trace']}")
+    return "\n".join(lines)
+
+
+def format_measurement(result: dict) -> list[str]:
+    """The lines of one measured model: the ideal release, a row per variant, what each capture
+    did, the targets (``result``: ``ideal_release_us``, ``rows``, ``capture``, ``targets``)."""
+    lines = [
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
         f"{'variant':12s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
-        f"{'gap closed':>10s} {'corrupted':>10s}  note",
+        f"{'tokens/s':>10s} {'gap closed':>10s} {'corrupted':>10s}  note",
     ]
     for r in result["rows"]:
         gap = "-" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.1f}%"
+        rate = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.0f}"
         note = "" if r["sound"] else ("unsafe bound" if not r["barrier"] else "UNSOUND here")
         if "release_minus_ideal_us" in r and r["sound"]:
             note = f"release - ideal = {r['release_minus_ideal_us']:+.1f} us"
@@ -623,7 +637,8 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
             note += f" (capture demoted {r['policy']} to {r['resolved']})"
         lines.append(
             f"{r['name']:12s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
-            f"{r['idle_gap_us']:9.1f} {gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
+            f"{r['idle_gap_us']:9.1f} {rate:>10s} {gap:>10s} "
+            f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
         )
     lines.append("")
     for name in ("in_graph", "derived"):
@@ -640,8 +655,4 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
     lines.append(
         "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
     )
-    if c["platform"] != "cuda":
-        lines.append("(simulated platform: host timestamps, numbers are meaningless)")
-    if "trace" in result:
-        lines.append(f"trace written to {result['trace']}")
-    return "\n".join(lines)
+    return lines
