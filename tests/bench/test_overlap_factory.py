@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from overlap_subjects import TableModel
+from overlap_subjects import TableModel, writer
 
 from warpolicy.bench.overlap import PrepOnly
 from warpolicy.bench.overlap_factory import (
@@ -70,11 +70,7 @@ def test_a_make_batch_that_writes_nothing_shared_is_said_to_show_no_race():
 
 
 def test_the_state_is_put_back_before_every_run():
-    platform = sim_platform()
-    model = TableModel(writes=True)
-    from overlap_subjects import _subject
-
-    subject = _subject("w", True, platform)
+    subject = writer(sim_platform())
     model = subject.model
     before, kv = model.table.clone(), model.kv.clone()
     schedule = SubjectSchedule(subject, ForwardMode.DECODE)
