@@ -163,10 +163,13 @@ class CudaGraphRunner:
         self.inputs["seq_lens"][:n].copy_(lens)
         self.inputs["req_pool_indices"][n:bs].zero_()  # padding: row 0, length 1
         self.inputs["seq_lens"][n:bs].fill_(1)
+        # canary: due = session.step() first; the release is session.release_for(bs, ...)
         release = self.outcomes[bs].release  # decided once, at capture
+        # canary: if due, sample = session.begin(bs, step, release, spec, shared, rerun)
         self.fence.before_replay(release)
         self.platform.replay(self.graphs[bs])
         self.fence.after_replay(release)
+        # canary: if sampled, session.observe(sample, self.outputs[bs])
         return self.outputs[bs][:n]
 
 
@@ -221,6 +224,7 @@ def run(
         if k + 1 < len(schedule.steps):
             with p.stream(schedule_stream):
                 schedule.write(state, k + 1)  # overlaps step k's forward
+                # canary: session.check() here, after the writes
     p.synchronize()
     return [o.cpu() for o in outs]
 
