@@ -27,34 +27,51 @@ four points of each step (forward: launch, end; schedule stream: released, writt
 * step: launch to next launch; idle gap: forward end to next launch;
 * gap closed: (coarse step - step) / (coarse step - no_barrier step);
 * release vs ideal: hold minus the ideal point, the end of the in-graph prep after launch
-  (measured by replaying a prep-only graph the same way);
+  (measured by replaying a prep-only graph the same way: `PrepOnly`, built from the
+  `ModelAdapter` protocol alone);
+* tokens/s: the mean tokens per step over the steady-state step time;
 * corrupted: steps whose output differs (bitwise) from a sequential, single-stream reference.
+
+`OverlapBench` is model-agnostic: it runs any `ModelAdapter` under a `Schedule` (the
+scheduler's per-step writes and batches). ``warpolicy bench overlap --factory MODULE:CALLABLE``
+(`warpolicy.bench.overlap_factory`) runs it on the model of an audit factory.
 
 With ``device="sim"`` (alias ``fake``) it runs a tiny config on the simulated platform (numbers are host times
 and meaningless); otherwise it needs CUDA and raises `CudaUnavailableError` without it.
 
 Over 400 lines: the benchmark's variants (coarse, post_replay, in_graph, derived, pre_replay,
-no barrier), its measuring loop and its report share one set of per-step probes.
+no barrier), its measuring loop and its report share one set of per-step probes, which the
+factory, speculative-step and tensor-parallel variants reuse.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from typing import Any, Callable, Optional, Sequence
+import warnings
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from warpolicy.bench.timing import (
+    SCHED_KINDS,
     CudaProbe,
     HostProbe,
     calibrate_rows,
-    copy_work,
-    matmul_work,
-    spin_work,
+    scheduler_work,
 )
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.registry.report import json_document
-from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
-from warpolicy.runtime.platforms import is_simulated
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    POST_REPLAY,
+    PRE_REPLAY,
+    ForwardMode,
+    WarReadDonePolicy,
+)
+from warpolicy.runtime.manager import open_runtime
+from warpolicy.runtime.platforms import Platform, is_simulated
+from warpolicy.runtime.policy import PolicyFn
+from warpolicy.runtime.runners import GraphRunner, OverlapLoop
 
 #: (name, policy, sound for the plain model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -69,10 +86,6 @@ VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
 #: The models: the plain synthetic decode model, and the one whose first layer rebuilds its
 #: metadata from the live table (the marker after the prep is unsound there).
 MODELS = ("in_graph", "first_layer_rebuild")
-
-#: The scheduler's GPU bookkeeping: ``copy`` (copy engines), ``latency`` (one spinning SM),
-#: ``matmul`` (every SM).
-SCHED_KINDS = ("copy", "latency", "matmul")
 
 
 # -- the runs ------------------------------------------------------------------------------------
@@ -95,29 +108,50 @@ def step_metrics(t: dict[str, list[float]], warmup: int) -> dict[str, float]:
 
 
 class PrepOnly:
-    """The model with its forward cut after the in-graph prep: times the ideal release point."""
+    """A `ModelAdapter` cut after its in-graph metadata prep: replayed the way the full model
+    is, its end is the ideal release point. Built from the protocol alone (``graph_prep``
+    captured with a forward that does nothing), so it works on any model."""
 
     def __init__(self, model: Any) -> None:
-        self.m = model
+        self.model = model
         self.shared_buffers = model.shared_buffers
+        measure = getattr(model, "batch_size", None)  # optional in the protocol
+        self._measure: Callable[[Any], int] = measure if callable(measure) else len
 
-    def bucket_sizes(self, mode: Any) -> Sequence[int]:
-        return self.m.bucket_sizes(mode)
+    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
+        return self.model.bucket_sizes(mode)
 
     def batch_size(self, batch: Any) -> int:
-        return self.m.batch_size(batch)
+        return int(self._measure(batch))
 
     def prepare_bucket(self, bucket: int) -> None:
-        self.m.prepare_bucket(bucket)
+        self.model.prepare_bucket(bucket)
 
     def host_prep(self, batch: Any, bucket: int) -> None:
-        self.m.host_prep(batch, bucket)
+        self.model.host_prep(batch, bucket)
 
     def graph_prep(self, bucket: int) -> None:
-        self.m.graph_prep(bucket)
+        self.model.graph_prep(bucket)
 
-    def forward(self, bucket: int) -> Any:
-        return self.m.metadata(bucket)
+    def forward(self, bucket: int) -> None:
+        return None
+
+
+class Schedule(Protocol):
+    """The scheduler side of a benchmark: what it writes before each step, on the current
+    stream (the schedule stream in the overlapped run), and the step's batch."""
+
+    def reset(self) -> None:
+        """Put the model's state back where the first step expects it (before every run)."""
+        ...
+
+    def write_step(self, step: int) -> None:
+        """The scheduler's device writes for ``step`` (its batch included)."""
+        ...
+
+    def batch(self, step: int) -> Any:
+        """The batch of ``step`` (after `write_step` of that step)."""
+        ...
 
 
 class SchedulePlan:
@@ -130,7 +164,7 @@ class SchedulePlan:
     """
 
     def __init__(self, model: Any, steps: int, batch: int, seed: int = 1) -> None:
-        import torch
+        import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
         cfg = model.cfg
         g = torch.Generator().manual_seed(seed)
@@ -144,6 +178,9 @@ class SchedulePlan:
             model.device
         )
 
+    def reset(self) -> None:
+        """Nothing to put back: each step reads only the rows its own writes set."""
+
     def batch(self, step: int) -> Any:
         return self.batches[step]
 
@@ -155,36 +192,78 @@ class SchedulePlan:
             self.model.batch_index[: self.batches.shape[1]].copy_(self.batches[step])
 
 
+def snapshot(output: Any) -> Any:
+    """A copy of a step's output (tensors cloned, sequences and mappings of them too)."""
+    if hasattr(output, "clone"):
+        return output.clone()
+    if isinstance(output, (list, tuple)):
+        return type(output)(snapshot(o) for o in output)
+    if isinstance(output, dict):
+        return {k: snapshot(v) for k, v in output.items()}
+    return output
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two snapshots are equal, tensors bitwise."""
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def fixed(policy: WarReadDonePolicy | str) -> PolicyFn:
+    """A policy callable answering ``policy`` for every mode (soundly demoted)."""
+    from warpolicy.bench.models import fixed_policy  # noqa: PLC0415 - deferred: imports torch
+
+    return fixed_policy(policy)
+
+
 class OverlapBench:
-    """One configured benchmark: model, bookkeeping work, platform, probe factory."""
+    """One configured benchmark: platform, model, schedule, bookkeeping work, probe factory.
+
+    ``mode``: the forward mode the runners capture (decode by default).
+    """
 
     def __init__(
         self,
-        platform: Any,
+        platform: Platform,
         model: Any,
-        plan: SchedulePlan,
+        plan: Schedule,
         bookkeeping: Callable[[], None],
         steps: int,
         warmup: int,
         probe_factory: Callable[[], Any],
+        mode: ForwardMode = ForwardMode.DECODE,
     ) -> None:
         self.platform, self.model, self.plan, self.bookkeeping = platform, model, plan, bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
+        self.mode = mode
         self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
 
-    def runner(self, policy: Any, name: str, model: Any = None) -> Any:
-        """A captured `DecodeRunner` answering ``policy`` (a fixed policy, or a policy
-        function such as a consistency-guarded one); the row named ``derived`` plants by the
-        graph walk, every other row by the marker."""
-        import warnings
-
-        from warpolicy.bench.models import fixed_policy
-        from warpolicy.runtime.runners import DecodeRunner
-
-        policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
+    def runner(self, policy: Any, name: str, model: Any = None) -> GraphRunner:
+        """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
+        policy function such as a consistency-guarded one); the row named ``derived`` plants
+        by the graph walk, every other row by the marker."""
+        policy_fn = fixed(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
-        runner = DecodeRunner(
-            model or self.model, policy_fn, self.platform, name=name, placement=placement
+        runner = GraphRunner(
+            model or self.model,
+            policy_fn,
+            self.platform,
+            name=name,
+            mode=self.mode,
+            placement=placement,
         )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
@@ -194,20 +273,20 @@ class OverlapBench:
 
     def reference(self, runner: Any) -> list[Any]:
         """Sequential: writes, then the step, on one stream: no overlap, no race."""
+        self.plan.reset()
         outs = []
         for k in range(self.steps):
             self.plan.write_step(k)
             self.bookkeeping()
-            outs.append(runner.run(self.plan.batch(k)).clone())  # nobody takes: no barrier
+            outs.append(snapshot(runner.run(self.plan.batch(k))))  # nobody takes: no barrier
         self.platform.synchronize()
         return outs
 
     def overlapped(
         self, runner: Any, skip_barrier: bool
     ) -> tuple[list[Any], dict[str, list[float]]]:
-        from warpolicy.runtime.runners import OverlapLoop
-
         p, plan = self.platform, self.plan
+        plan.reset()
         plan.write_step(0)
         p.synchronize()
         probe = self.probe_factory()
@@ -220,9 +299,19 @@ class OverlapBench:
                     plan.write_step(k + 1)
                 self.bookkeeping()
 
-            outs.append(loop.step(plan.batch(k), write_next).clone())  # on the forward stream
+            outs.append(snapshot(loop.step(plan.batch(k), write_next)))  # on the forward stream
         loop.drain()
         return outs, probe.times_us()
+
+    def tokens_per_step(self, runner: Any) -> float:
+        """The mean batch size (in the runner's units: tokens) of the steps."""
+        self.plan.reset()
+        sizes = []
+        for k in range(self.steps):
+            self.plan.write_step(k)
+            sizes.append(runner.size_of(self.plan.batch(k)))
+        self.platform.synchronize()
+        return sum(sizes) / len(sizes) if sizes else 0.0
 
     def ideal_us(self) -> float:
         """Launch to end of the in-graph prep, replaying a prep-only graph back to back."""
@@ -230,7 +319,9 @@ class OverlapBench:
         p = self.platform
         probe = self.probe_factory()
         fwd = p.current_stream()
+        self.plan.reset()
         for k in range(self.steps):
+            self.plan.write_step(k)
             probe.mark("launch", fwd)
             runner.run(self.plan.batch(k))  # nobody takes: the next step empties the mailbox
             probe.mark("launched", fwd)
@@ -238,6 +329,43 @@ class OverlapBench:
         t = probe.times_us()
         ks = range(min(self.warmup, self.steps - 1), self.steps)
         return median([t["launched"][k] - t["launch"][k] for k in ks])
+
+    def measure(
+        self, variants: Sequence[tuple[str, WarReadDonePolicy, bool, bool]], repeats: int
+    ) -> tuple[list[dict], dict, dict]:
+        """Every variant ``repeats`` times: (rows, the first run's marks per variant, what each
+        capture did)."""
+        rows, traces, captures = [], {}, {}
+        tokens: Optional[float] = None
+        for name, policy, is_sound, skip in variants:
+            runner = self.runner(policy, name)
+            if tokens is None:
+                tokens = self.tokens_per_step(runner)
+            captures[name] = capture_costs(runner, self.capture_warnings.get(name, []))
+            per_run, corrupted = [], 0
+            for r in range(repeats):
+                ref = self.reference(runner)
+                outs, t = self.overlapped(runner, skip)
+                corrupted += sum(not same(a, b) for a, b in zip(outs, ref))
+                per_run.append(step_metrics(t, self.warmup))
+                if r == 0:
+                    traces[name] = t
+            row: dict[str, Any] = {k: median([m[k] for m in per_run]) for k in per_run[0]}
+            step_s = row["step_us"] * 1e-6
+            row.update(
+                name=name,
+                policy=policy.label,
+                resolved=runner.policy_for(runner.buckets[-1]).label,
+                sound=is_sound,
+                barrier=not skip,
+                corrupted=corrupted,
+                checked=self.steps * repeats,
+                tokens_per_step=tokens,
+                tokens_per_s=tokens / step_s if step_s > 0 else None,
+            )
+            rows.append(row)
+        gap_closed(rows)
+        return rows, traces, captures
 
 
 def run_overlap_bench(
@@ -267,11 +395,14 @@ def run_overlap_bench(
     kernels) or ``matmul`` (throughput-bound work that competes with the forward for every SM).
     ``model_name`` is one of `MODELS`.
     """
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
-    from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-    from warpolicy.registry.vocabulary import ForwardMode
-    from warpolicy.runtime.manager import open_runtime
+    # deferred: the synthetic model imports torch
+    from warpolicy.audit.synthetic_model import (  # noqa: PLC0415
+        Layout,
+        SyntheticConfig,
+        SyntheticModel,
+    )
 
     if sched_kind not in SCHED_KINDS:
         raise InputError(
@@ -315,42 +446,18 @@ def run_overlap_bench(
     rebuild = model_name == "first_layer_rebuild"
     model = SyntheticModel(Layout(first_layer_rebuild=rebuild), cfg, tdev)
     plan = SchedulePlan(model, steps, batch)
-    if fake or sched_kind == "matmul":
-        bookkeeping = matmul_work(sched_rows, hidden, tdev)
-    elif sched_kind == "latency":
-        bookkeeping = spin_work(sched_us, tdev)
+    if fake:
+        bookkeeping = scheduler_work("matmul", 0.0, tdev, rows=sched_rows, hidden=hidden)
     else:
-        bookkeeping = copy_work(sched_us, tdev)
+        bookkeeping = scheduler_work(sched_kind, sched_us, tdev, rows=sched_rows, hidden=hidden)
     bench = OverlapBench(platform, model, plan, bookkeeping, steps, warmup, probe_factory)
     ideal = bench.ideal_us()
-
-    rows, traces, captures = [], {}, {}
-    for name, policy, is_sound, skip in VARIANTS:
-        if rebuild and name == "in_graph":
-            is_sound = False  # the marker releases before the first layer's rebuild
-        runner = bench.runner(policy, name)
-        captures[name] = _capture_costs(runner, bench.capture_warnings.get(name, []))
-        per_run, corrupted = [], 0
-        for r in range(repeats):
-            ref = bench.reference(runner)
-            outs, t = bench.overlapped(runner, skip)
-            corrupted += sum(not torch.equal(a, b) for a, b in zip(outs, ref))
-            per_run.append(step_metrics(t, warmup))
-            if r == 0:
-                traces[name] = t
-        row: dict[str, Any] = {k: median([m[k] for m in per_run]) for k in per_run[0]}
-        row.update(
-            name=name,
-            policy=policy.label,
-            resolved=runner.policy_for(batch).label,
-            sound=is_sound,
-            barrier=not skip,
-            corrupted=corrupted,
-            checked=steps * repeats,
-        )
-        rows.append(row)
-
-    gap_closed(rows)
+    variants = [
+        # the marker releases before the first layer's rebuild: unsound for that model
+        (name, policy, is_sound and not (rebuild and name == "in_graph"), skip)
+        for name, policy, is_sound, skip in VARIANTS
+    ]
+    rows, traces, captures = bench.measure(variants, repeats)
     by = {r["name"]: r for r in rows}
     ig = by["in_graph"]
     ig["release_minus_ideal_us"] = ig["hold_us"] - ideal
@@ -396,7 +503,7 @@ def gap_closed(rows: list[dict]) -> None:
         r["gap_closed"] = (coarse - r["step_us"]) / gap if gap > 0.005 * coarse else None
 
 
-def _capture_costs(runner: Any, capture_warnings: list[str]) -> dict:
+def capture_costs(runner: Any, capture_warnings: list[str]) -> dict:
     """What the capture did per bucket: placement, planted, the walk's cost and outcome."""
     return {
         "warnings": list(capture_warnings),
@@ -444,7 +551,7 @@ def _targets(rows: list[dict], ideal: float, model_name: str = "in_graph") -> di
 def _device_name(platform: Any, tdev: Any) -> str:
     if platform.name != "cuda":
         return platform.name
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     return torch.cuda.get_device_name(tdev)
 
@@ -500,13 +607,27 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
         f"~{c['layer_us_target']:g} us, batch {c['batch']}, scheduler "
         f"~{c['sched_us_target']:g} us ({c['sched_kind']}), {c['steps']} steps x "
         f"{c['repeats']} runs, model {c.get('model', 'in_graph')}",
+        *format_measurement(result),
+    ]
+    if c["platform"] != "cuda":
+        lines.append("(simulated platform: host timestamps, numbers are meaningless)")
+    if "trace" in result:
+        lines.append(f"trace written to {result['trace']}")
+    return "\n".join(lines)
+
+
+def format_measurement(result: dict) -> list[str]:
+    """The lines of one measured model: the ideal release, a row per variant, what each capture
+    did, the targets (``result``: ``ideal_release_us``, ``rows``, ``capture``, ``targets``)."""
+    lines = [
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
         f"{'variant':12s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
-        f"{'gap closed':>10s} {'corrupted':>10s}  note",
+        f"{'tokens/s':>10s} {'gap closed':>10s} {'corrupted':>10s}  note",
     ]
     for r in result["rows"]:
         gap = "-" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.1f}%"
+        rate = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.0f}"
         note = "" if r["sound"] else ("unsafe bound" if not r["barrier"] else "UNSOUND here")
         if "release_minus_ideal_us" in r and r["sound"]:
             note = f"release - ideal = {r['release_minus_ideal_us']:+.1f} us"
@@ -516,7 +637,8 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
             note += f" (capture demoted {r['policy']} to {r['resolved']})"
         lines.append(
             f"{r['name']:12s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
-            f"{r['idle_gap_us']:9.1f} {gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
+            f"{r['idle_gap_us']:9.1f} {rate:>10s} {gap:>10s} "
+            f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
         )
     lines.append("")
     for name in ("in_graph", "derived"):
@@ -533,8 +655,4 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
     lines.append(
         "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
     )
-    if c["platform"] != "cuda":
-        lines.append("(simulated platform: host timestamps, numbers are meaningless)")
-    if "trace" in result:
-        lines.append(f"trace written to {result['trace']}")
-    return "\n".join(lines)
+    return lines

@@ -27,12 +27,21 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-from warpolicy.bench.overlap import SchedulePlan
+from warpolicy.bench.overlap import SchedulePlan, fixed
 from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
 from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import is_simulated
+from warpolicy.runtime.runners import (
+    DecodeRunner,
+    DraftExtendRunner,
+    GraphRunner,
+    OverlapLoop,
+    SpecStep,
+    VerifyRunner,
+)
 
 SHAPES = ("eagle", "dflash")
 RUNS = ("coarse", "step", "no_barrier")
@@ -70,14 +79,6 @@ class _Shape:
         self.schedules = [SchedulePlan(model, steps, batch) for _, _, model in self.plan]
 
     def step(self, run: str) -> Any:
-        from warpolicy.bench.models import fixed_policy
-        from warpolicy.runtime.runners import (
-            DecodeRunner,
-            DraftExtendRunner,
-            GraphRunner,
-            SpecStep,
-            VerifyRunner,
-        )
 
         choice = {
             "draft": "in_graph",
@@ -86,7 +87,7 @@ class _Shape:
         }
         runners: list[GraphRunner] = []
         for name, mode, model in self.plan:
-            policy = fixed_policy("none" if run == "coarse" else choice[name])
+            policy = fixed("none" if run == "coarse" else choice[name])
             adapter = model
             runner: GraphRunner
             if mode == ForwardMode.TARGET_VERIFY:
@@ -123,11 +124,14 @@ def run_overlap_spec_bench(
     pm: Any = None,
 ) -> dict:
     """Run every shape and run kind once; return the result dict (see `format_overlap_spec`)."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
-    from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
-    from warpolicy.runtime.manager import open_runtime
-    from warpolicy.runtime.runners import OverlapLoop
+    # deferred: the synthetic model imports torch
+    from warpolicy.audit.synthetic_model import (  # noqa: PLC0415
+        Layout,
+        SyntheticConfig,
+        SyntheticModel,
+    )
 
     if min(layers, draft_layers, batch, steps) <= 0:
         raise InputError(

@@ -43,14 +43,15 @@ from typing import Any, Callable, Iterator, Optional
 import attrs
 
 from warpolicy.bench.overlap import (
-    SCHED_KINDS,
     OverlapBench,
     SchedulePlan,
+    fixed,
     gap_closed,
     median,
     step_metrics,
 )
 from warpolicy.bench.timing import (
+    SCHED_KINDS,
     CudaProbe,
     HostProbe,
     calibrate_rows,
@@ -59,6 +60,7 @@ from warpolicy.bench.timing import (
     spin_work,
 )
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
@@ -68,6 +70,7 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.distributed import all_gather_json, compile_consistent, guard_policy
+from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
 
 #: (name, policy, sound for this model, skip the barrier entirely)
@@ -132,9 +135,10 @@ class TpConfig:
 def tensor_parallel_model(cfg: Any, device: Any, group: Any = None) -> Any:
     """The synthetic model with a shared batch index and every layer ending in an all-reduce
     (the partial outputs of a row-parallel layer, summed over the ranks)."""
-    import torch.distributed as dist  # deferred: importing the benchmark does not need torch
+    import torch.distributed as dist  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
-    from warpolicy.audit.synthetic_model import Layout, SyntheticModel
+    # deferred: the synthetic model imports torch
+    from warpolicy.audit.synthetic_model import Layout, SyntheticModel  # noqa: PLC0415
 
     model = SyntheticModel(Layout(), attrs.evolve(cfg, shared_index=True), device)
     model.after_layer = lambda h: dist.all_reduce(h, group=group)
@@ -196,12 +200,10 @@ def _rank_environ(rank: int, config: TpConfig) -> dict[str, str]:
 
 def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> dict:
     """Run every variant on this rank (inside an initialised process group); its report."""
-    import torch  # deferred: importing the benchmark does not need torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
-    from warpolicy.audit.synthetic_model import SyntheticConfig
-    from warpolicy.bench.models import fixed_policy
-    from warpolicy.registry.engine import PolicyEngine
-    from warpolicy.runtime.manager import open_runtime
+    # deferred: the synthetic model imports torch
+    from warpolicy.audit.synthetic_model import SyntheticConfig  # noqa: PLC0415
 
     fake = config.simulated
     runtime = open_runtime("sim" if fake else device)
@@ -268,7 +270,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     rows: list[dict[str, Any]] = []
     checksum: Optional[float] = None
     for name, policy, is_sound, skip in VARIANTS:
-        runner = bench.runner(guard_policy(fixed_policy(policy), consistency), name)
+        runner = bench.runner(guard_policy(fixed(policy), consistency), name)
         per_run, corrupted = [], 0
         for _ in range(config.repeats):
             ref = bench.reference(runner)
@@ -333,8 +335,8 @@ def run_rank(
         )
     if config.mismatch_rank is not None and world_size < 2:
         raise InputError("overlap --tp: a mismatch needs at least two ranks to disagree")
-    import torch  # deferred: importing the benchmark does not need torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+    import torch.distributed as dist  # noqa: PLC0415 - deferred with torch
 
     if config.simulated:
         device, backend = torch.device("cpu"), "gloo"
@@ -444,13 +446,13 @@ def run_overlap_tp(
     if tp == 1:
         return run_rank(0, 1, cfg, init_method=init)
     if not cfg.simulated:
-        import torch  # deferred: importing the benchmark does not need torch
+        import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
         if torch.cuda.device_count() < tp:
             raise CudaUnavailableError(
                 f"overlap --tp {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible"
             )
-    import torch.multiprocessing as mp  # deferred: importing the benchmark does not need torch
+    import torch.multiprocessing as mp  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     with tempfile.TemporaryDirectory(prefix="warpolicy-tp-") as outdir, _quiet_workers():
         mp.spawn(_spawned, args=(tp, cfg.to_json(), init, outdir), nprocs=tp)

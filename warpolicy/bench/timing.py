@@ -3,8 +3,9 @@
 * `CudaProbe` / `HostProbe`: a timestamp per step point (GPU timing events, or host time on
   the simulated platform);
 * `calibrate_rows`: the matmul size that takes about a target time on this GPU;
-* `spin_work`, `copy_work`, `matmul_work`: the scheduler's GPU bookkeeping of about a target
-  time (latency-bound spin, copy-engine upload, throughput-bound matmul).
+* `spin_work`, `copy_work`, `matmul_work` (`scheduler_work` picks one): the scheduler's GPU
+  bookkeeping of about a target time (latency-bound spin, copy-engine upload, throughput-bound
+  matmul).
 
 Everything that touches CUDA imports torch inside the function, so importing this module (and
 the CLI's ``bench`` listing) does not.
@@ -24,7 +25,7 @@ class CudaProbe:
     """Records a timing event on the given stream at each mark (GPU time)."""
 
     def __init__(self) -> None:
-        import torch
+        import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
         self._torch = torch
         self.base = torch.cuda.Event(enable_timing=True)
@@ -58,7 +59,7 @@ class HostProbe:
 
 
 def _time_us(fn: Callable[[], Any], reps: int = 20) -> float:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     for _ in range(3):
         fn()
@@ -73,7 +74,7 @@ def _time_us(fn: Callable[[], Any], reps: int = 20) -> float:
 
 def calibrate_rows(target_us: float, hidden: int, device: Any, *, tanh: bool = False) -> int:
     """Rows of a ``rows x hidden @ hidden x hidden`` bf16 matmul taking about ``target_us``."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     if target_us <= 0:
         return 0
@@ -87,7 +88,21 @@ def calibrate_rows(target_us: float, hidden: int, device: Any, *, tanh: bool = F
     return rows
 
 
+#: The scheduler's GPU bookkeeping: ``copy`` (copy engines), ``latency`` (one spinning SM),
+#: ``matmul`` (every SM).
 SCHED_KINDS = ("copy", "latency", "matmul")
+
+
+def scheduler_work(
+    kind: str, target_us: float, device: Any, *, rows: int = 0, hidden: int = 0
+) -> Callable[[], None]:
+    """The scheduler's GPU bookkeeping of ``kind`` (`SCHED_KINDS`): about ``target_us`` of a
+    pinned upload (``copy``) or a spin (``latency``), or a ``rows x hidden`` matmul."""
+    if kind == "matmul":
+        return matmul_work(rows, hidden, device)
+    if kind == "latency":
+        return spin_work(target_us, device)
+    return copy_work(target_us, device)
 
 
 def spin_work(target_us: float, device: Any) -> Callable[[], None]:
@@ -97,7 +112,7 @@ def spin_work(target_us: float, device: Any) -> Callable[[], None]:
     occupy a few SMs for their latency; a spin models that without competing with the forward
     for the whole GPU (a big matmul would, and then no barrier can recover its time).
     """
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     if target_us <= 0:
         return lambda: None
@@ -122,7 +137,7 @@ def copy_work(target_us: float, device: Any) -> Callable[[], None]:
     it, so it overlaps the forward without taking SMs (a kernel on the schedule stream would
     hold SMs that persistent forward kernels wait for, which no barrier can give back).
     """
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     if target_us <= 0:
         return lambda: None
@@ -145,7 +160,7 @@ def matmul_work(
     rows: int, hidden: int, device: Any, dtype: Any = None, seed: int = 1
 ) -> Callable[[], None]:
     """A closure doing one ``rows x hidden @ hidden x hidden`` matmul (scheduler bookkeeping)."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -7,6 +7,7 @@ import argparse
 from warpolicy.bench.decide import format_decide, run_decide_bench
 from warpolicy.bench.fence import format_fence_bench, run_fence_bench
 from warpolicy.bench.overlap import format_overlap, run_overlap_bench
+from warpolicy.bench.overlap_factory import format_factory_overlap, run_factory_overlap
 from warpolicy.bench.overlap_spec import format_overlap_spec, run_overlap_spec_bench
 from warpolicy.bench.overlap_tp import format_overlap_tp, run_overlap_tp
 from warpolicy.cli import common
@@ -26,10 +27,28 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--iterations", type=common.positive_int, default=200_000)
     b.add_argument("--format", choices=common.DATA_FORMATS, default="text")
     b = bench.add_parser(
-        "overlap", help="scheduler overlap per policy on a synthetic decode model (GPU)"
+        "overlap",
+        help="scheduler overlap per policy on a synthetic decode model, or on your own model "
+        "with --factory (GPU)",
     )
-    b.add_argument("--layers", type=common.positive_int, default=32)
-    b.add_argument("--batch", type=common.positive_int, default=32)
+    b.add_argument(
+        "--factory",
+        metavar="MODULE:CALLABLE",
+        help="benchmark your own model: the callable `audit --factory` takes (called with the "
+        "platform, returns an AuditSubject or a list); e.g. warpolicy.bench.llama:decode",
+    )
+    b.add_argument(
+        "--layers",
+        type=common.positive_int,
+        default=None,
+        help="synthetic model's layers (default 32)",
+    )
+    b.add_argument(
+        "--batch",
+        type=common.positive_int,
+        default=None,
+        help="synthetic model's batch (default 32)",
+    )
     b.add_argument("--steps", type=common.positive_int, default=150)
     b.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the streams")
     b.add_argument(
@@ -159,13 +178,42 @@ def _bench_overlap(args: argparse.Namespace) -> None:
         raise InputError(
             f"bench overlap --spec-step: {', '.join(single_only)} is not supported with --spec-step"
         )
+    synthetic_only = [
+        name
+        for name, given in (
+            ("--layers", args.layers is not None),
+            ("--batch", args.batch is not None),
+            ("--window-us", args.window_us is not None),
+            ("--model", args.model != "in_graph"),
+            ("--tp", args.tp is not None),
+            ("--spec-step", args.spec_step),
+        )
+        if given
+    ]
+    if args.factory is not None and synthetic_only:
+        raise InputError(
+            f"bench overlap --factory: {', '.join(synthetic_only)} describe the synthetic "
+            "model; the factory's model has its own"
+        )
+    layers = args.layers if args.layers is not None else 32
+    batch = args.batch if args.batch is not None else 32
     common.quiet_torch()
+    if args.factory is not None:
+        measured = run_factory_overlap(
+            args.factory,
+            steps=args.steps,
+            device=args.device,
+            sched_kind=args.sched_kind,
+            trace=args.trace,
+        )
+        common.out(format_factory_overlap(measured, args.format))
+        return
     if args.tp is not None:
         extra = {} if args.mismatch_env is None else {"mismatch_env": args.mismatch_env}
         result = run_overlap_tp(
             args.tp,
-            layers=args.layers,
-            batch=args.batch,
+            layers=layers,
+            batch=batch,
             steps=args.steps,
             sched_kind=args.sched_kind,
             device=args.device or "cuda",
@@ -176,12 +224,12 @@ def _bench_overlap(args: argparse.Namespace) -> None:
         if result is not None:  # under torchrun, ranks other than 0 print nothing
             common.out(format_overlap_tp(result, args.format))
     elif args.spec_step:
-        result = run_overlap_spec_bench(batch=args.batch, steps=args.steps, device=args.device)
+        result = run_overlap_spec_bench(batch=batch, steps=args.steps, device=args.device)
         common.out(format_overlap_spec(result, args.format))
     else:
         result = run_overlap_bench(
-            layers=args.layers,
-            batch=args.batch,
+            layers=layers,
+            batch=batch,
             steps=args.steps,
             trace=args.trace,
             sched_kind=args.sched_kind,

@@ -26,6 +26,7 @@ from warpolicy.runtime.graphwalk.errors import (
 from warpolicy.runtime.graphwalk.model import BufferRange, Graph, Node, NodeKind, buffer_ranges
 from warpolicy.runtime.graphwalk.plant import (
     DerivedPlant,
+    RawGraph,
     SelfCheck,
     check_marker,
     derive_and_plant,
@@ -43,6 +44,7 @@ __all__ = [
     "NodeKind",
     "Outcome",
     "PlacementError",
+    "RawGraph",
     "Reader",
     "SelfCheck",
     "ancestors",

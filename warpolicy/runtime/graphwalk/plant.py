@@ -120,6 +120,36 @@ def event_handle(event: Any) -> int:
     return 0
 
 
+def _graph_handle(value: Any) -> int:
+    """A ``cudaGraph_t`` as an int: an int, or a handle object with ``__int__`` (cuda-bindings'
+    ``cudaGraph_t`` / ``CUgraph``)."""
+    if isinstance(value, bool):
+        raise TypeError(f"not a cudaGraph_t: {value!r}")
+    try:
+        handle = int(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"not a cudaGraph_t: {type(value).__name__} (give an int or a cuda-bindings handle)"
+        ) from None
+    if handle <= 0:
+        raise ValueError(f"not a cudaGraph_t: {handle} (null or negative)")
+    return handle
+
+
+@attrs.frozen
+class RawGraph:
+    """A raw ``cudaGraph_t`` an engine holds, for derived placement and the marker self-check
+    in place of a torch ``CUDAGraph``: an int, or a cuda-bindings ``cudaGraph_t`` / ``CUgraph``
+    (``RawGraph(torch_graph.raw_cuda_graph())`` for a torch graph captured with
+    ``keep_graph=True``). warpolicy never instantiates it: the engine does, after planting."""
+
+    handle: int = attrs.field(converter=_graph_handle)
+
+    def raw_cuda_graph(self) -> int:
+        """The handle (the same call torch's ``CUDAGraph`` answers)."""
+        return self.handle
+
+
 def raw_graph_of(graph: Any) -> int:
     """The ``cudaGraph_t`` of a torch graph captured with ``keep_graph=True``."""
     getter = getattr(graph, "raw_cuda_graph", None)

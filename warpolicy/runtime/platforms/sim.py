@@ -47,7 +47,9 @@ Graph semantics, modelled on CUDA:
 Graph walk (derived placement and the marker self-check): the simulated platform has no real
 graph to read, so it walks a hand-made `warpolicy.runtime.graphwalk.Graph` that ``graph_model(graph)``
 returns for each captured graph (set ``SimPlatform.graph_model``; without it the walk is
-unavailable and a runner fails closed). A derived node fires at each replay after the whole
+unavailable and a runner fails closed). A kept graph's ``raw_cuda_graph()`` is its id, and the
+walk, the plant and ``instantiate`` also take a raw handle (`warpolicy.runtime.graphwalk.RawGraph`)
+naming it, as the CUDA platform takes a ``cudaGraph_t``. A derived node fires at each replay after the whole
 body (the sim cannot place it inside the body), on the launching stream; a test's graph model
 says which readers it found.
 """
@@ -128,6 +130,17 @@ class SimGraph:
 
     def planted_ids(self) -> set[int]:
         return {e.id for e in self.planted}
+
+    def raw_cuda_graph(self) -> int:
+        """The graph's id, as torch's ``CUDAGraph.raw_cuda_graph()`` answers the ``cudaGraph_t``
+        (a kept, captured graph only): what an engine holding a raw handle passes around."""
+        if not self.keep_graph:
+            raise RuntimeError(
+                "sim graph: the raw graph was not kept (capture with keep_graph=True)"
+            )
+        if not self.captured:
+            raise RuntimeError(f"sim graph {self.id} was never captured")
+        return self.id
 
 
 @attrs.define(eq=False)
@@ -237,6 +250,8 @@ class SimPlatform:
         self._replaying: Optional[SimGraph] = None
         #: ``graph_model(graph) -> Graph``: the hand-made graph the walk reads for ``graph``
         self.graph_model: Optional[Callable[[SimGraph], Graph]] = None
+        #: graphs by id: a raw handle (``RawGraph(graph.raw_cuda_graph())``) finds its graph
+        self._graphs: weakref.WeakValueDictionary[int, SimGraph] = weakref.WeakValueDictionary()
 
     def __repr__(self) -> str:
         return f"SimPlatform(external_events={self.external_events_supported})"
@@ -360,7 +375,9 @@ class SimPlatform:
     # -- graphs -------------------------------------------------------------------------------
 
     def new_graph(self, keep_graph: bool) -> SimGraph:
-        return SimGraph(self._next_id(), bool(keep_graph))
+        graph = SimGraph(self._next_id(), bool(keep_graph))
+        self._graphs[graph.id] = graph
+        return graph
 
     def graph_pool(self) -> SimPool:
         return SimPool(self._next_id())
@@ -444,11 +461,31 @@ class SimPlatform:
             return "the simulated platform has no graph model to walk (SimPlatform.graph_model)"
         return None
 
+    def graph_of(self, graph: Any) -> SimGraph:
+        """The `SimGraph` behind ``graph``: itself, or the graph a raw handle (anything with
+        ``raw_cuda_graph()``, e.g. a `warpolicy.runtime.graphwalk.RawGraph`) names."""
+        if isinstance(graph, SimGraph):
+            return graph
+        getter = getattr(graph, "raw_cuda_graph", None)
+        if getter is None:
+            raise PlacementError(f"not a graph of the simulated platform: {graph!r}")
+        try:
+            found = self._graphs.get(int(getter()))
+        except Exception as exc:  # noqa: BLE001 - one line; the caller fails closed
+            raise PlacementError(f"the raw graph is not available ({exc})") from None
+        if found is None:
+            raise PlacementError(f"no graph of this simulated platform has the handle {graph!r}")
+        return found
+
     def _model_of(self, graph: SimGraph) -> Graph:
         if self.graph_model is None:
             raise PlacementError(self.graph_walk_unavailable() or "no graph model")
         if not graph.captured:
             raise PlacementError(f"sim graph {graph.id} was never captured")
+        if not graph.keep_graph:  # as on CUDA: only a kept graph can be read
+            raise PlacementError(
+                f"the raw graph of sim graph {graph.id} was not kept; capture with keep_graph=True"
+            )
         model = self.graph_model(graph)
         if not isinstance(model, Graph):
             raise PlacementError(
@@ -458,9 +495,10 @@ class SimPlatform:
         return model
 
     def plant_derived(
-        self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
+        self, graph: Any, shared_buffers: SharedBuffers, event: SimEvent
     ) -> DerivedPlant:
         """Derive the read-done node on the graph model; the node fires after the body."""
+        graph = self.graph_of(graph)
         if graph.instantiated:
             raise PlacementError("the graph is already instantiated; plant before instantiate()")
         if not isinstance(event, SimEvent) or event.records == 0:
@@ -490,16 +528,16 @@ class SimPlatform:
             plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes, 0.0, 0.0, 0.0
         )
 
-    def check_marker(
-        self, graph: SimGraph, shared_buffers: SharedBuffers, event: SimEvent
-    ) -> SelfCheck:
+    def check_marker(self, graph: Any, shared_buffers: SharedBuffers, event: SimEvent) -> SelfCheck:
         """The marker self-check on the graph model (the marker node records ``event.id``)."""
         if not isinstance(event, SimEvent):
             raise PlacementError("the marker event has no handle; nothing to look for")
-        return check_walked(self._model_of(graph), ranges_of(shared_buffers), event.id)
+        return check_walked(
+            self._model_of(self.graph_of(graph)), ranges_of(shared_buffers), event.id
+        )
 
-    def instantiate(self, graph: SimGraph) -> None:
-        graph.instantiated = True
+    def instantiate(self, graph: Any) -> None:
+        self.graph_of(graph).instantiated = True
 
 
 class SimPlugin:

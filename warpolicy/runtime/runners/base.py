@@ -43,9 +43,10 @@ from warpolicy.registry.vocabulary import NONE, ForwardMode, Placement, WarReadD
 from warpolicy.runtime.distributed import ConsistencyResult, consistent_policy
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.owned_capture import SELF_CHECK_MODES, placement_of
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
-from warpolicy.runtime.policy import PlacedPolicy, RunnerPolicy, policy_function
+from warpolicy.runtime.policy import RunnerPolicy, policy_function
 from warpolicy.runtime.release import (
     BucketFacts,
     BucketRelease,
@@ -55,7 +56,6 @@ from warpolicy.runtime.release import (
     resolve_policies,
 )
 from warpolicy.runtime.runners.capture import (
-    SELF_CHECK_MODES,
     CaptureReport,
     CaptureTransaction,
     notify_decision,
@@ -88,15 +88,6 @@ def check_buckets(name: str, sizes: Sequence[Any]) -> tuple[int, ...]:
             raise InputError(f"{name} runner: bucket sizes must be positive, got {value}")
         out.add(value)
     return tuple(sorted(out))
-
-
-def parse_placement(given: Union[Placement, str]) -> Placement:
-    """``marker`` or ``derived`` (a `Placement` or its name), else an `InputError`."""
-    try:
-        return Placement(given)
-    except ValueError:
-        choices = ", ".join(p.value for p in Placement)
-        raise InputError(f"placement must be one of {choices}, not {given!r}") from None
 
 
 class GraphRunner:
@@ -181,17 +172,10 @@ class GraphRunner:
     ) -> Placement:
         """The explicit ``placement=``, else the policy's ``placement(mode)``, else the marker;
         a failing lookup is the marker (which the self-check then guards)."""
-        if given is not None:
-            return parse_placement(given)
-        if not isinstance(policy, PlacedPolicy):
-            return Placement.MARKER
-        try:
-            return Placement(policy.placement(self.mode))
-        except Exception as exc:  # noqa: BLE001 - the marker is the conservative default
-            self.reporter.warn(
-                "placement", f"placement lookup failed ({exc!r}); planting the marker"
-            )
-            return Placement.MARKER
+        placement, note = placement_of(policy, self.mode, given)
+        if note is not None:
+            self.reporter.warn("placement", note)
+        return placement
 
     def release_thread(self) -> None:
         """Hand the runner (and its fence) to another thread: the next thread that uses it owns

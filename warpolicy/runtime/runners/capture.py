@@ -15,73 +15,36 @@ capture succeeds). Inside it:
    `BucketFacts` and decided by `decide_bucket` from the `ModePolicies` resolved once;
 4. the host synchronizes (``finally``).
 
-A doubt (anything that raised or could not be confirmed: the plant, the check, the probe, the
-instantiation, the event) makes that bucket publish nothing; a verified refutation (a late
+Steps 2 and 3 are the engine-facing API (`warpolicy.runtime.owned_capture`: `ReadDoneCapture`,
+`BucketCapture.mark` / ``finish``), which an engine that captures its own graphs calls the same
+way: a doubt (anything that raised or could not be confirmed: the plant, the check, the probe,
+the instantiation, the event) makes that bucket publish nothing; a verified refutation (a late
 reader, no reader found, no external events) gives it the unplanted policy. Both are reported to
 ``warpolicy_on_demotion`` every time (one warning per bucket).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any
 
 import attrs
 
-from warpolicy.errors import WarpolicyError
-from warpolicy.registry.decision import Context, Decision, Reason
-from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import ForwardMode, Placement
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import Reporter
-from warpolicy.runtime.placement import (
-    PlacementOutcome,
-    Verdict,
-    check_bucket_marker,
-    instantiate_kept,
-    plant_bucket_derived,
-    walk_unavailable,
+from warpolicy.runtime.owned_capture import (
+    SELF_CHECK_MODES,
+    CaptureReport,
+    CellPolicy,
+    ReadDoneCapture,
+    SelfCheckError,
+    explain,
+    notify_decision,
 )
-from warpolicy.runtime.platforms import (
-    EventHandle,
-    GraphHandle,
-    Platform,
-    PoolHandle,
-    StreamHandle,
-)
-from warpolicy.runtime.policy import ExplainedPolicy, RunnerPolicy
-from warpolicy.runtime.release import (
-    BucketFacts,
-    BucketRelease,
-    ModePolicies,
-    decide_bucket,
-)
+from warpolicy.runtime.platforms import Platform, PoolHandle, StreamHandle
+from warpolicy.runtime.policy import RunnerPolicy
+from warpolicy.runtime.release import BucketRelease, ModePolicies
 from warpolicy.runtime.runners.protocols import CapturedBucket, ModelAdapter
-
-#: Values of the runner's ``self_check`` option.
-SELF_CHECK_MODES = ("warn", "off", "error")
-
-
-class SelfCheckError(WarpolicyError):
-    """``self_check="error"``: a captured marker failed the self-check (or it could not run)."""
-
-
-@attrs.frozen
-class CaptureReport:
-    """What the capture of one bucket did about its release point.
-
-    ``walked``: a graph walk ran (derived placement, or the marker self-check); ``ok``: it
-    succeeded and, for the self-check, found no late reader (None when no walk ran);
-    ``walk_ms``: what the walk cost, 0 when none ran; ``detail``: one line (the plant or check
-    described, or why it failed or was skipped); ``policy``: what the bucket publishes.
-    """
-
-    bucket: int
-    placement: Placement
-    planted: bool
-    walked: bool
-    ok: Optional[bool]
-    walk_ms: float
-    detail: str
-    policy: Optional[WarReadDonePolicy] = None
 
 
 @attrs.frozen
@@ -89,19 +52,6 @@ class CaptureResult:
     captured: dict[int, CapturedBucket]
     reports: dict[int, CaptureReport]
     eager: BucketRelease
-
-
-@attrs.frozen
-class _Walk:
-    """The walk probe's answer, asked once per capture."""
-
-    needed: bool
-    unavailable: Optional[str] = None  # cleanly cannot walk: why
-    failed: Optional[str] = None  # the probe raised: a doubt
-
-    @property
-    def available(self) -> bool:
-        return self.needed and self.unavailable is None and self.failed is None
 
 
 class CaptureTransaction:
@@ -126,20 +76,16 @@ class CaptureTransaction:
         outputs: dict[int, Any],
     ) -> None:
         self.name = name
-        self.mode = mode
         self.platform = platform
         self.model = model
         self.fence = fence
         self.reporter = reporter
-        self.policy = policy
-        self.policies = policies
+        self.cell = CellPolicy(mode, policies, placement, policy)
         self.buckets = buckets
-        self.placement = placement
         self.marker = marker
         self.self_check = self_check
         self.keep_graphs = keep_graphs
         self.outputs = outputs
-        self.derived = placement is Placement.DERIVED
         #: streams with capture-time work (the warm-up's) the host has not yet waited for: a
         #: runner whose transaction failed orders every later step after them
         self.unsettled: tuple[StreamHandle, ...] = ()
@@ -153,18 +99,23 @@ class CaptureTransaction:
             for bucket in self.buckets:
                 self.model.prepare_bucket(bucket)
             self._warm_up()
-            walk = self._probe()
+            capture = ReadDoneCapture(  # the walk probe runs here, once
+                p,
+                self.cell,
+                self.fence,
+                marker=self.marker,
+                self_check=self.self_check,
+                reporter=self.reporter,
+            )
             pool = p.graph_pool()
             captured: dict[int, CapturedBucket] = {}
             reports: dict[int, CaptureReport] = {}
             for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its pool
-                captured[bucket], reports[bucket] = self._capture_bucket(bucket, pool, walk)
+                captured[bucket], reports[bucket] = self._capture_bucket(capture, bucket, pool)
         finally:
             p.synchronize()  # what the captures enqueued (and the warm-up) is done
             self.unsettled = ()
-        eager = decide_bucket(self.policies, BucketFacts(None), self.name)
-        self.notify_decision(eager, eager=True, planted=False)
-        return CaptureResult(captured, reports, eager)
+        return CaptureResult(captured, reports, capture.eager())
 
     def _warm_up(self) -> None:
         """One eager pass per bucket on a side stream (cuBLAS, the allocator), as torch asks.
@@ -191,228 +142,25 @@ class CaptureTransaction:
                 raise
         p.synchronize()
 
-    def _probe(self) -> _Walk:
-        """Ask once whether the platform can walk its graphs, when a walk is needed: an
-        ``in_graph`` answer for planted graphs with derived placement, or with the marker and
-        the self-check on."""
-        wants_in_graph = self.policies.planted is IN_GRAPH
-        if self.derived:
-            needed = wants_in_graph
-        else:
-            needed = self.marker and wants_in_graph and self.self_check != "off"
-        if not needed:
-            return _Walk(False)
-        unavailable, failed = walk_unavailable(self.platform)
-        walk = _Walk(True, unavailable, failed)
-        if not self.derived and walk.unavailable is not None and self.self_check == "error":
-            raise SelfCheckError(
-                f"{self.name} runner: self_check='error' but the marker self-check cannot "
-                f"run: {walk.unavailable}"
-            )
-        return walk
-
-    # -- one bucket -------------------------------------------------------------------------------
-
     def _capture_bucket(
-        self, bucket: int, pool: PoolHandle, walk: _Walk
+        self, capture: ReadDoneCapture, bucket: int, pool: PoolHandle
     ) -> tuple[CapturedBucket, CaptureReport]:
-        event, doubt = self._new_event()
-        planted: list[Optional[EventHandle]] = []
-        fence, model, outputs = self.fence, self.model, self.outputs
-        plants = self.marker and not self.derived and event is not None
+        """Capture ``graph_prep -> marker -> forward`` (the marker only for marker placement)
+        into a fresh graph, then let the engine API finish the bucket."""
+        point = capture.begin(bucket)
+        model, outputs = self.model, self.outputs
 
         def body() -> None:
             model.graph_prep(bucket)
-            if plants:
-                node = fence.plant(event)
-                if not planted:  # what the real capture did, not a replay's re-run
-                    planted.append(node)
+            point.mark()  # nothing for derived placement or a body without a marker
             outputs[bucket] = model.forward(bucket)
 
-        kept = self.keep_graphs or walk.available
+        kept = self.keep_graphs or capture.keep_graphs
         graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
-
-        facts, outcome = self._facts(bucket, graph, event, doubt, planted, walk)
-        if kept and facts.doubt is None:
-            failed = instantiate_kept(self.platform, graph)
-            if failed is not None:
-                facts = BucketFacts(bucket, doubt=f"bucket {bucket}: {failed}")
-        elif kept:
-            instantiate_kept(self.platform, graph)  # the graph must still replay
-        release = decide_bucket(self.policies, facts, self.name)
-        report = self._report(bucket, release, facts, outcome)
-        if facts.doubt is not None or (facts.refuted is not None and outcome is not None):
-            self.reporter.demotion(self.name, bucket, self._demotion_text(bucket, release, facts))
-        self.notify_decision(release, eager=False, planted=facts.event is not None)
-        return CapturedBucket(bucket, graph, release, recorded=event), report
-
-    def _new_event(self) -> tuple[Optional[EventHandle], Optional[str]]:
-        """A fresh external event for this bucket, or (None, why it is a doubt)."""
-        if not self.platform.external_events_supported():
-            return None, None
-        if not self.derived and not self.marker:
-            return None, None  # no node on this path (the draft extend's marker placement)
-        event = self.fence.prepare()
-        if event is None:
-            return None, "creating or seeding the read-done event failed"
-        return event, None
-
-    def _facts(
-        self,
-        bucket: int,
-        graph: GraphHandle,
-        event: Optional[EventHandle],
-        doubt: Optional[str],
-        planted: list[Optional[EventHandle]],
-        walk: _Walk,
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
-        """What the capture of ``bucket`` verifiably did (and the walk's outcome, if any)."""
-        where = f"bucket {bucket}: "
-        if doubt is not None:
-            return BucketFacts(bucket, doubt=where + doubt), None
-        if event is None:
-            why = (
-                "no in-graph marker on this path"
-                if self.platform.external_events_supported()
-                else f"platform {self.platform.name!r} has no external events"
-            )
-            return BucketFacts(bucket, refuted=why), None
-        if self.derived:
-            return self._derived_facts(bucket, graph, event, walk)
-        node = planted[0] if planted else None
-        if node is None:
-            return BucketFacts(bucket, doubt=where + "the plant failed (no confirmed node)"), None
-        if not walk.needed:
-            return BucketFacts(bucket, event=node), None
-        if walk.failed is not None:
-            return BucketFacts(bucket, doubt=where + walk.failed), None
-        if walk.unavailable is not None:
-            self._skipped_check(walk.unavailable)
-            return BucketFacts(bucket, event=node), None
-        outcome = check_bucket_marker(self.platform, graph, self.model.shared_buffers, node)
-        if outcome.verdict is Verdict.CONFIRMED:
-            return BucketFacts(bucket, event=node), outcome
-        if self.self_check == "error":
-            raise SelfCheckError(f"{self.name} runner: bucket {bucket}: {outcome.detail}")
-        if outcome.verdict is Verdict.REFUTED:
-            return BucketFacts(bucket, refuted=where + outcome.detail), outcome
-        return BucketFacts(bucket, doubt=where + outcome.detail), outcome
-
-    def _derived_facts(
-        self, bucket: int, graph: GraphHandle, event: EventHandle, walk: _Walk
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
-        where = f"bucket {bucket}: "
-        if not walk.needed:  # the planted answer is not in_graph: no node wanted
-            return BucketFacts(bucket, refuted="derived placement not needed"), None
-        if walk.failed is not None:
-            return BucketFacts(bucket, doubt=where + walk.failed), None
-        if walk.unavailable is not None:
-            outcome = PlacementOutcome(Verdict.REFUTED, walk.unavailable)
-            return BucketFacts(bucket, refuted=where + walk.unavailable), outcome
-        outcome = plant_bucket_derived(self.platform, graph, self.model.shared_buffers, event)
-        if outcome.verdict is Verdict.CONFIRMED:
-            return BucketFacts(bucket, event=event), outcome
-        if outcome.verdict is Verdict.REFUTED:
-            return BucketFacts(bucket, refuted=where + outcome.detail), outcome
-        return BucketFacts(bucket, doubt=where + outcome.detail), outcome
-
-    def _skipped_check(self, reason: str) -> None:
-        """The self-check cannot run here: on CUDA say so once (elsewhere there is no raw
-        graph, so nothing is lost)."""
-        if self.platform.name == "cuda":
-            self.reporter.warn("self-check-unavailable", f"marker self-check skipped: {reason}")
-
-    # -- reporting --------------------------------------------------------------------------------
-
-    def _report(
-        self,
-        bucket: int,
-        release: BucketRelease,
-        facts: BucketFacts,
-        outcome: Optional[PlacementOutcome],
-    ) -> CaptureReport:
-        walked = outcome is not None and outcome.walked
-        ok = None if outcome is None else outcome.confirmed
-        if facts.doubt is not None:
-            detail = facts.doubt
-        elif facts.refuted is not None:
-            detail = facts.refuted
-        elif outcome is not None:
-            detail = outcome.detail
-        else:
-            detail = "derived" if self.derived else "marker after graph_prep"
-        return CaptureReport(
-            bucket,
-            self.placement,
-            release.planted,
-            walked,
-            ok,
-            outcome.walk_ms if outcome is not None else 0.0,
-            detail,
-            release.policy,
-        )
-
-    def _demotion_text(self, bucket: int, release: BucketRelease, facts: BucketFacts) -> str:
-        if facts.doubt is not None:
-            return f"{facts.doubt}; bucket {bucket} publishes nothing (the coarse barrier)"
-        if self.derived:
-            return (
-                f"bucket {bucket}: derived placement left the bucket unplanted "
-                f"({facts.refuted}); it publishes no earlier than {release.policy.label}"
-            )
-        return f"{facts.refuted}; bucket {bucket} demoted to {release.policy.label}"
-
-    def notify_decision(self, release: BucketRelease, *, eager: bool, planted: bool) -> None:
-        notify_decision(self.reporter, self.policy, self.mode, release, eager, planted)
-
-
-def notify_decision(
-    reporter: Reporter,
-    policy: RunnerPolicy,
-    mode: ForwardMode,
-    release: BucketRelease,
-    eager: bool,
-    planted: bool,
-) -> None:
-    """Tell the decision observers what a bucket (or the eager path) publishes, with the
-    reasons (``where="runner:<name>"``; explaining never changes the release)."""
-    if not reporter.observers.on_decision:
-        return
-    decision = explain(policy, release.source, mode, release, eager, planted, reporter.warn)
-    if decision is not None:
-        reporter.decision(decision, f"runner:{release.source}")
-
-
-def explain(
-    policy: RunnerPolicy,
-    name: str,
-    mode: ForwardMode,
-    release: BucketRelease,
-    eager: bool,
-    planted: bool,
-    warn: Callable[[str, str], None],
-) -> Optional[Decision]:
-    """The `Decision` behind ``release``: the policy's own explanation when it has one, with
-    the runtime's override added when the release differs (a doubt, a failed lookup)."""
-    try:
-        if isinstance(policy, ExplainedPolicy):
-            decision = policy.decision(mode, eager, planted)
-        else:
-            ctx = Context(name, mode, eager=eager, planted=planted)
-            reason = Reason(
-                "policy-callable", "given by the engine's policy callable", release.policy
-            )
-            decision = Decision(release.policy, ctx, (reason,))
-        if decision.policy != release.policy:  # the runtime moved it (later, never earlier)
-            why = Reason("runtime-capture", release.reason or "capture-time facts", release.policy)
-            decision = attrs.evolve(
-                decision, policy=release.policy, reasons=(*decision.reasons, why)
-            )
-    except Exception as exc:  # noqa: BLE001 - explaining never changes the policy
-        warn("explain", f"explaining the decision failed ({exc!r})")
-        return None
-    return decision
+        outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
+        captured = CapturedBucket(bucket, graph, outcome.release, recorded=outcome.recorded)
+        return captured, outcome.report
 
 
 __all__ = [

@@ -1,0 +1,306 @@
+"""Overlap benchmark on your own model: ``warpolicy bench overlap --factory MODULE:CALLABLE``.
+
+The factory is the one ``warpolicy audit --factory`` takes: a callable that gets the `Platform`
+and returns an `warpolicy.audit.AuditSubject` (or a list of them). Of each subject the benchmark
+uses only what the audit does: its ``model`` (a `ModelAdapter`), ``make_batch(mode, step)``,
+its ``extra_outputs`` and the mode of its runners (decode when it has one, else its first).
+
+The scheduler (`SubjectSchedule`) is the subject's own ``make_batch``: step ``k``'s batch is
+``make_batch(mode, k)``, called by the scheduler before step ``k`` runs, on the schedule stream
+in the overlapped run (right after step ``k - 1``'s barrier), followed by the bookkeeping work
+(``sched_kind``, about ``sched_us``). Whatever ``make_batch`` writes to the model's shared
+buffers (request-to-token rows, page tables, ...) is the write that races an early release, so
+a factory whose ``make_batch`` writes nothing shared measures the overlap but cannot show a
+race: the result says so. Before every run the shared buffers and ``extra_outputs`` are put
+back as they were when the subject was built, so the overlapped run and its sequential
+reference start from the same state.
+
+The variants are the single-GPU benchmark's minus ``pre_replay``: ``coarse``, ``post_replay``,
+``in_graph`` (the marker after ``graph_prep``, self-checked at capture), ``derived`` and
+``no_barrier`` (the unsafe bound), each run through the model in runners of the subject's mode.
+Per variant: hold, step time, idle gap, tokens/s, the share of the coarse-to-unsafe gap
+closed, and corrupted steps against a sequential reference; the ideal release (the end of
+``graph_prep``) is measured by replaying a graph of ``graph_prep`` alone (`PrepOnly`).
+
+`warpolicy.bench.llama` ships such a factory: a Llama-shaped decode on SGLang's Triton
+attention (``--factory warpolicy.bench.llama:decode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from warpolicy.audit.api import call_factory, resolve_factory
+from warpolicy.audit.subject import AuditSubject
+from warpolicy.bench.overlap import OverlapBench, format_measurement, write_trace
+from warpolicy.bench.timing import (
+    SCHED_KINDS,
+    CudaProbe,
+    HostProbe,
+    calibrate_rows,
+    scheduler_work,
+)
+from warpolicy.errors import CudaUnavailableError, InputError
+from warpolicy.registry.inputs import parse_positive_int
+from warpolicy.registry.report import json_document
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    NONE,
+    POST_REPLAY,
+    ForwardMode,
+    WarReadDonePolicy,
+)
+from warpolicy.runtime.manager import open_runtime
+from warpolicy.runtime.platforms import Platform, cuda_available, is_simulated
+
+#: (name, policy, sound whatever the model, skip the barrier entirely)
+VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
+    ("coarse", NONE, True, False),
+    ("post_replay", POST_REPLAY, True, False),
+    ("in_graph", IN_GRAPH, True, False),  # the self-check demotes a refuted marker
+    ("derived", IN_GRAPH, True, False),
+    ("no_barrier", NONE, False, True),
+)
+
+#: The bookkeeping matmul's width when ``sched_kind="matmul"`` (as the synthetic benchmark).
+SCHED_HIDDEN = 2048
+
+
+class SubjectSchedule:
+    """The scheduler of an audit subject: step ``k``'s writes and batch are
+    ``make_batch(mode, k)`` on the current stream (see the module docstring)."""
+
+    def __init__(self, subject: AuditSubject, mode: ForwardMode) -> None:
+        self.subject = subject
+        self.mode = mode
+        self._shared = _tensors(subject.model.shared_buffers)
+        self._extra = _tensors(subject.extra_outputs)
+        self._initial = {name: t.clone() for name, t in self._shared.items()}
+        self._extra_initial = {name: t.clone() for name, t in self._extra.items()}
+        self._batches: dict[int, Any] = {}
+
+    def reset(self) -> None:
+        for name, saved in self._initial.items():
+            self._shared[name].copy_(saved)
+        for name, saved in self._extra_initial.items():
+            self._extra[name].copy_(saved)
+        self._batches.clear()  # the device is idle here: every run ends with a synchronize
+
+    def write_step(self, step: int) -> None:
+        self._batches[step] = self.subject.make_batch(self.mode, step)
+
+    def batch(self, step: int) -> Any:
+        return self._batches[step]
+
+    def writes_shared(self) -> bool:
+        """Whether the steps since the last `reset` changed a shared buffer (call it after a
+        run, with the device idle)."""
+        import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+
+        return any(not torch.equal(t, self._initial[n]) for n, t in self._shared.items())
+
+
+def _tensors(buffers: Any) -> dict[str, Any]:
+    """The tensors of a name -> tensor mapping (anything else, e.g. address ranges, is skipped:
+    it cannot be put back)."""
+    if not hasattr(buffers, "items"):
+        return {}
+    return {str(n): t for n, t in buffers.items() if hasattr(t, "copy_") and hasattr(t, "clone")}
+
+
+def subject_mode(subject: AuditSubject) -> ForwardMode:
+    """Decode when the subject has a runner for it, else its first mode."""
+    modes = list(subject.runners)
+    if not modes:
+        raise InputError(f"subject {subject.name!r} has no runner, so no mode to benchmark")
+    return ForwardMode.DECODE if ForwardMode.DECODE in modes else modes[0]
+
+
+def run_factory_overlap(
+    factory: str,
+    *,
+    steps: int = 150,
+    repeats: int = 3,
+    device: Any = None,
+    sched_kind: str = "copy",
+    sched_us: float = 300.0,
+    warmup: int = 10,
+    trace: Optional[str] = None,
+    platform: Optional[Platform] = None,
+    pm: Any = None,
+) -> dict:
+    """Benchmark every subject the factory returns; the result dict (`format_factory_overlap`).
+
+    ``device``: ``cuda`` (default) or ``sim`` (the simulated platform: host times, numbers
+    meaningless, for tests and demos). ``platform`` (tests) is handed to the factory as is.
+    Raises `CudaUnavailableError` without CUDA (unless simulated), `InputError` for a bad
+    factory, and whatever `WarpolicyError` the factory raises (e.g. missing kernel files).
+    """
+    steps = parse_positive_int(steps, "--steps")
+    repeats = parse_positive_int(repeats, "repeats")
+    if sched_kind not in SCHED_KINDS:
+        raise InputError(
+            f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {sched_kind!r}"
+        )
+    make = resolve_factory(factory)  # one line for a bad MODULE:CALLABLE, before any device work
+    if platform is None:
+        simulated = device is not None and is_simulated(device)
+        if not simulated and not cuda_available():
+            raise CudaUnavailableError(
+                "bench overlap --factory needs a CUDA device (torch.cuda.is_available() is "
+                "False); --device sim runs it on the simulated platform"
+            )
+        platform = open_runtime("sim" if simulated else (device or "cuda"), pm=pm).platform
+    on_cuda = platform.name == "cuda"
+    subjects = call_factory(make, factory, platform)
+    warmup = min(warmup, max(steps - 2, 0))
+    probe_factory: Callable[[], Any] = CudaProbe if on_cuda else HostProbe
+    bookkeeping = _bookkeeping(platform, sched_kind, sched_us) if on_cuda else _no_work
+    measured, traces = [], {}
+    for subject in subjects:
+        one, marks = _measure(subject, platform, bookkeeping, steps, repeats, warmup, probe_factory)
+        measured.append(one)
+        traces.update({f"{subject.name}:{name}": t for name, t in marks.items()})
+    result: dict[str, Any] = {
+        "config": {
+            "factory": factory,
+            "steps": steps,
+            "repeats": repeats,
+            "warmup": warmup,
+            "sched_kind": sched_kind,
+            "sched_us_target": sched_us,
+            "platform": platform.name,
+            "device": _device_name(platform),
+            "torch": _torch_version(),
+        },
+        "subjects": measured,
+    }
+    if trace:
+        write_trace(trace, traces)
+        result["trace"] = str(trace)
+    return result
+
+
+def _no_work() -> None:
+    """No scheduler bookkeeping on the simulated platform (host times are meaningless)."""
+
+
+def _bookkeeping(platform: Platform, kind: str, target_us: float) -> Callable[[], None]:
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+
+    device = torch.device(platform.device)
+    rows = calibrate_rows(target_us, SCHED_HIDDEN, device) if kind == "matmul" else 0
+    return scheduler_work(kind, target_us, device, rows=rows, hidden=SCHED_HIDDEN)
+
+
+def _measure(
+    subject: AuditSubject,
+    platform: Platform,
+    bookkeeping: Callable[[], None],
+    steps: int,
+    repeats: int,
+    warmup: int,
+    probe_factory: Callable[[], Any],
+) -> tuple[dict, dict]:
+    mode = subject_mode(subject)
+    buckets = [int(b) for b in subject.model.bucket_sizes(mode)]
+    if not buckets:
+        raise InputError(
+            f"subject {subject.name!r}: the model has no capture bucket for {mode.label}, so "
+            "there is no graph to overlap"
+        )
+    schedule = SubjectSchedule(subject, mode)
+    bench = OverlapBench(
+        platform, subject.model, schedule, bookkeeping, steps, warmup, probe_factory, mode
+    )
+    ideal = bench.ideal_us()
+    rows, traces, captures = bench.measure(VARIANTS, repeats)
+    writes_shared = schedule.writes_shared()  # after the last run's steps (the device is idle)
+    by = {r["name"]: r for r in rows}
+    for name in ("in_graph", "derived"):
+        by[name]["release_minus_ideal_us"] = by[name]["hold_us"] - ideal
+    notes = []
+    if not writes_shared:
+        notes.append(
+            "make_batch wrote no shared buffer: the scheduler's writes race nothing here, so the "
+            "corrupted counts cannot show an early release (the audit can: warpolicy audit "
+            "--factory)"
+        )
+    result = {
+        "name": subject.name,
+        "mode": mode.label,
+        "buckets": sorted(buckets),
+        "spec": subject.spec,
+        "ideal_release_us": ideal,
+        "rows": rows,
+        "capture": captures,
+        "targets": targets(rows),
+        "writes_shared": writes_shared,
+        "notes": notes,
+    }
+    return result, traces
+
+
+def _closes(row: dict, share: float) -> bool:
+    return row["gap_closed"] is not None and row["gap_closed"] >= share
+
+
+def targets(rows: Sequence[dict]) -> dict[str, bool]:
+    """The bar: ``in_graph`` and ``derived`` close at least 95% of the coarse-to-unsafe gap,
+    and no variant with a barrier corrupts a step."""
+    by = {r["name"]: r for r in rows}
+    return {
+        "in_graph_closes_95pct": _closes(by["in_graph"], 0.95),
+        "derived_closes_95pct": _closes(by["derived"], 0.95),
+        "sound_policies_zero_corrupted": all(r["corrupted"] == 0 for r in rows if r["sound"]),
+    }
+
+
+def _device_name(platform: Platform) -> str:
+    if platform.name != "cuda":
+        return platform.name
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+
+    return str(torch.cuda.get_device_name(platform.device))
+
+
+def _torch_version() -> str:
+    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+
+    return str(torch.__version__)
+
+
+def format_factory_overlap(result: dict, fmt: str = "text") -> str:
+    """The result as tables (``text``, one per subject) or JSON (``json``)."""
+    if fmt == "json":
+        return json_document(result)
+    if fmt != "text":
+        raise InputError(f"unknown format {fmt!r}; use text or json")
+    c = result["config"]
+    lines = [
+        f"overlap benchmark of {c['factory']} on {c['device']} (torch {c['torch']}): scheduler "
+        f"= make_batch + ~{c['sched_us_target']:g} us ({c['sched_kind']}), {c['steps']} steps "
+        f"x {c['repeats']} runs"
+    ]
+    for one in result["subjects"]:
+        lines += [
+            "",
+            f"{one['name']} ({one['mode']}, spec {one['spec']}, buckets {one['buckets']}):",
+            *format_measurement(one),
+            *(f"note: {note}" for note in one["notes"]),
+        ]
+    if c["platform"] != "cuda":
+        lines.append("(simulated platform: host timestamps, numbers are meaningless)")
+    if "trace" in result:
+        lines.append(f"trace written to {result['trace']}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "VARIANTS",
+    "SubjectSchedule",
+    "format_factory_overlap",
+    "run_factory_overlap",
+    "subject_mode",
+    "targets",
+]

@@ -1,0 +1,686 @@
+"""The read-done point of graphs an engine captures itself: the engine-facing API.
+
+Every serving engine captures its own CUDA graphs (SGLang's ``CudaGraphRunner``, vLLM's model
+runner). This module is what such an engine calls, and what warpolicy's own runners call
+(`warpolicy.runtime.runners.capture.CaptureTransaction` is built on it), so both fail closed
+the same way. One mode of one engine, per capture of its buckets::
+
+    cell = resolve_cell(engine, "triton", "decode", "none", platform=rt.platform)   # once
+    fence = ReadDoneFence(rt.platform, name="decode", observers=rt.observers)
+    capture = ReadDoneCapture(rt.platform, cell, fence, observers=rt.observers)
+    for bs in reversed(batch_sizes):                 # per bucket, largest first
+        bucket = capture.begin(bs)                   # a fresh read-done event for this graph
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(graph, pool=pool):
+            metadata_prep(bs)                        # the reads of scheduler-shared state
+            bucket.mark()                            # marker placement only (no-op for derived)
+            forward(bs)
+        outcome = bucket.finish(graph, shared_buffers)   # check or derive, instantiate, decide
+        releases[bs] = outcome.release               # immutable: all a step reads
+
+and per step, on the forward stream, then on the scheduler's side::
+
+    fence.before_replay(release); graph.replay(); fence.after_replay(release)
+    barrier.apply(schedule_stream, forward_stream, fence.take())
+
+What each piece does:
+
+* `resolve_cell` / `cell_policy`: the policy for one (backend, mode, spec, flags), asked once
+  for each set of facts a bucket can end with, and where the read-done node goes (`CellPolicy`).
+  A lookup that fails (an unknown backend, say) makes every answer ``none``, with the reason;
+* `ReadDoneCapture`: one capture of one mode's buckets; it asks once whether the platform can
+  walk its graphs (`WalkProbe`) and begins each bucket;
+* `BucketCapture`: one bucket. ``mark()`` records its event in the capture body (the marker,
+  confirmed by the capture state); ``finish(graph, shared_buffers)`` self-checks that marker
+  (or a ``marker=`` event the engine recorded itself), or plants the derived node after the
+  last shared readers the walk finds, instantiates the graph and decides the bucket's
+  `BucketRelease`, reported in a `CaptureReport`. The graph is a torch ``CUDAGraph`` captured
+  with ``keep_graph=True``, or a `RawGraph` wrapping the ``cudaGraph_t`` the engine holds (the
+  engine instantiates that one itself, after ``finish``).
+
+Failing closed, exactly as in the runners: a verified refutation (a late shared reader, no
+shared reader found, no external events, a platform that cleanly cannot walk its graphs for
+derived placement, an engine-recorded marker nothing can confirm) gives the bucket the policy's
+*unplanted* answer (``post_replay`` in the default registry), with one line why; a doubt
+(anything that raised or returned nonsense: the event, the plant, the probe, the check, the
+instantiation, a marker never recorded) makes it publish nothing (the coarse barrier). Both
+reach ``warpolicy_on_demotion`` every time and one warning per bucket. ``self_check="error"``
+raises `SelfCheckError` instead of demoting a marker.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional, Union
+
+import attrs
+
+from warpolicy.errors import InputError, WarpolicyError
+from warpolicy.registry.decision import Context, Decision, Reason
+from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
+from warpolicy.runtime.graphwalk.plant import RawGraph, SharedBuffers
+from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.placement import (
+    PlacementOutcome,
+    Verdict,
+    check_bucket_marker,
+    instantiate_kept,
+    plant_bucket_derived,
+    walk_unavailable,
+)
+from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
+from warpolicy.runtime.policy import ExplainedPolicy, PlacedPolicy, RunnerPolicy, policy_function
+from warpolicy.runtime.release import (
+    BucketFacts,
+    BucketRelease,
+    ModePolicies,
+    ReadDone,
+    decide_bucket,
+    resolve_policies,
+)
+
+#: Values of ``self_check``: warn and demote (default), skip the check, raise `SelfCheckError`.
+SELF_CHECK_MODES = ("warn", "off", "error")
+
+
+class SelfCheckError(WarpolicyError):
+    """``self_check="error"``: a captured marker failed the self-check (or it could not run)."""
+
+
+# -- the policy, resolved once ----------------------------------------------------------------
+
+
+def parse_placement(given: Union[Placement, str]) -> Placement:
+    """``marker`` or ``derived`` (a `Placement` or its name), else an `InputError`."""
+    try:
+        return Placement(given)
+    except ValueError:
+        choices = ", ".join(p.value for p in Placement)
+        raise InputError(f"placement must be one of {choices}, not {given!r}") from None
+
+
+def placement_of(
+    policy: RunnerPolicy, mode: ForwardMode, given: Optional[Union[Placement, str]] = None
+) -> tuple[Placement, Optional[str]]:
+    """Where ``mode``'s read-done node goes: ``given`` (an `InputError` when it is not a
+    placement), else the policy's ``placement(mode)`` (a `PlacedPolicy`), else the marker.
+    Returns the placement and, when the policy's lookup failed, one line why: the marker is then
+    the conservative answer (its self-check guards it)."""
+    if given is not None:
+        return parse_placement(given), None
+    if not isinstance(policy, PlacedPolicy):
+        return Placement.MARKER, None
+    try:
+        return Placement(policy.placement(mode)), None
+    except Exception as exc:  # noqa: BLE001 - the marker is the conservative default
+        return Placement.MARKER, f"placement lookup failed ({exc!r}); planting the marker"
+
+
+@attrs.frozen
+class CellPolicy:
+    """What one mode's buckets may publish, resolved once (`resolve_cell`, `cell_policy`).
+
+    ``policies``: the answers for a graph with a confirmed node, without one, and for an eager
+    step (every answer ``none`` when the lookup failed: ``failure`` says why); ``placement``:
+    where the node goes; ``source``: the policy they came from (observers get its explanation
+    when it has one); ``note``: a lookup that fell back (the placement), else None.
+    """
+
+    mode: ForwardMode
+    policies: ModePolicies
+    placement: Placement = Placement.MARKER
+    source: Optional[RunnerPolicy] = attrs.field(default=None, eq=False, repr=False)
+    note: Optional[str] = None
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why every answer is ``none`` (the policy lookup failed), else None."""
+        return self.policies.failure
+
+
+def cell_policy(
+    policy: RunnerPolicy,
+    mode: Union[ForwardMode, str],
+    *,
+    placement: Optional[Union[Placement, str]] = None,
+) -> CellPolicy:
+    """The `CellPolicy` of ``mode`` from any runner policy: a compiled policy (or another
+    object with ``lookup(mode, eager, planted)``) or a ``(mode, eager, planted) -> policy``
+    callable. The policy is asked once per fact set (`resolve_policies`); any exception or
+    junk answer makes every answer ``none``. ``placement`` overrides the policy's."""
+    mode = ForwardMode.parse(mode)
+    where, note = placement_of(policy, mode, placement)
+    return CellPolicy(mode, resolve_policies(policy_function(policy), mode), where, policy, note)
+
+
+def resolve_cell(
+    engine: PolicyEngine,
+    backend: str,
+    mode: Union[ForwardMode, str],
+    spec: str = "none",
+    flags: Optional[Mapping[str, Union[bool, str]]] = None,
+    *,
+    platform: Platform,
+    placement: Optional[Union[Placement, str]] = None,
+) -> CellPolicy:
+    """The policy of (``backend``, ``mode``, ``spec``, ``flags``) on ``platform`` from the
+    registry ``engine`` holds, resolved once (call it at capture, never per step).
+
+    Fails closed: an unknown backend or spec, or any error while compiling, gives every answer
+    ``none`` (the coarse barrier) with the error as ``failure``; nothing raises but an
+    `UnknownNameError` for the mode itself and an `InputError` for a bad ``placement``.
+    """
+    mode = ForwardMode.parse(mode)
+    try:
+        compiled = engine.compile(
+            backend,
+            spec,
+            flags,
+            platform=platform.name,
+            external_events=platform.external_events_supported(),
+            strict=True,
+        )
+    except Exception as exc:  # noqa: BLE001 - fail closed: coarse, saying why
+        failure = f"compiling the policy of {backend!r} (spec {spec!r}) failed: {exc}"
+        where = parse_placement(placement) if placement is not None else Placement.MARKER
+        return CellPolicy(mode, ModePolicies.coarse(mode, failure, exc), where)
+    return cell_policy(compiled, mode, placement=placement)
+
+
+# -- what a capture established ---------------------------------------------------------------
+
+
+@attrs.frozen
+class CaptureReport:
+    """What the capture of one bucket did about its release point.
+
+    ``walked``: a graph walk ran (derived placement, or the marker self-check); ``ok``: it
+    succeeded and, for the self-check, found no late reader (None when no walk ran);
+    ``walk_ms``: what the walk cost, 0 when none ran; ``detail``: one line (the plant or check
+    described, or why it failed or was skipped); ``policy``: what the bucket publishes.
+    """
+
+    bucket: int
+    placement: Placement
+    planted: bool
+    walked: bool
+    ok: Optional[bool]
+    walk_ms: float
+    detail: str
+    policy: Optional[WarReadDonePolicy] = None
+
+
+@attrs.frozen(eq=False)
+class BucketOutcome:
+    """The result of `BucketCapture.finish`: the bucket's `BucketRelease` (the only thing its
+    steps read), its `CaptureReport`, the verified `BucketFacts` it was decided from, what the
+    walk (the self-check or the derived plant) established, if one ran, and the event the graph
+    records (keep the outcome, or that event, as long as the graph)."""
+
+    release: BucketRelease
+    report: CaptureReport
+    facts: BucketFacts
+    placement: Optional[PlacementOutcome] = None
+    #: the event the graph's read-done node records, whatever the release decided (None: no
+    #: node). Keep it alive as long as the graph: a graph exec recording a destroyed event is
+    #: undefined behaviour in CUDA (seen on the H200: an abort inside ``replay``).
+    recorded: Optional[EventHandle] = None
+
+    @property
+    def policy(self) -> WarReadDonePolicy:
+        """What every step of this bucket publishes."""
+        return self.release.policy
+
+    @property
+    def event(self) -> Optional[EventHandle]:
+        """The read-done event the graph records, when the bucket publishes ``in_graph``."""
+        return self.release.event
+
+
+@attrs.frozen
+class WalkProbe:
+    """Whether a capture walks its graphs, asked once per capture (`ReadDoneCapture.walk`).
+
+    ``needed``: an ``in_graph`` answer for planted graphs, with derived placement, or with the
+    marker and the self-check on; ``unavailable``: why the platform cleanly cannot walk its
+    graphs; ``failed``: why the probe itself failed (a doubt for every bucket).
+    """
+
+    needed: bool
+    unavailable: Optional[str] = None
+    failed: Optional[str] = None
+
+    @property
+    def available(self) -> bool:
+        return self.needed and self.unavailable is None and self.failed is None
+
+
+# -- one capture of one mode --------------------------------------------------------------------
+
+
+class ReadDoneCapture:
+    """One capture of the buckets of one mode: begin each bucket, finish it after its capture.
+
+    ``cell``: the mode's `CellPolicy` (resolved once, reused across captures). ``fence``: the
+    `ReadDoneFence` whose events the graphs record and which publishes at replay (its ``name``
+    names this capture). ``marker=False``: this capture body records no marker (only derived
+    placement can plant; e.g. SGLang's draft-extend graph). ``self_check``: one of
+    `SELF_CHECK_MODES`. ``observers`` (or a ``reporter`` to share, as the runners do) see every
+    demotion and decision.
+
+    The walk probe runs at construction (once per capture): build a new `ReadDoneCapture` for
+    every capture of the mode's buckets, after the warm-up.
+    """
+
+    def __init__(
+        self,
+        platform: Platform,
+        cell: CellPolicy,
+        fence: ReadDoneFence,
+        *,
+        marker: bool = True,
+        self_check: str = "warn",
+        observers: Observers = NO_OBSERVERS,
+        reporter: Optional[Reporter] = None,
+    ) -> None:
+        if not isinstance(platform, Platform):
+            raise InputError(
+                "ReadDoneCapture needs a Platform (build one with warpolicy.runtime.manager."
+                f"open_runtime or open_platform), not {type(platform).__name__}"
+            )
+        if self_check not in SELF_CHECK_MODES:
+            raise InputError(
+                f"self_check must be one of {', '.join(SELF_CHECK_MODES)}, not {self_check!r}"
+            )
+        self.platform = platform
+        self.cell = cell
+        self.fence = fence
+        self.name = fence.name
+        self.marker = bool(marker)
+        self.self_check = self_check
+        self.reporter = (
+            reporter if reporter is not None else Reporter(observers, f"{self.name} capture")
+        )
+        if cell.note is not None:
+            self.reporter.warn("placement", cell.note)
+        self.walk = self._probe()
+
+    @property
+    def mode(self) -> ForwardMode:
+        return self.cell.mode
+
+    @property
+    def policies(self) -> ModePolicies:
+        return self.cell.policies
+
+    @property
+    def placement(self) -> Placement:
+        return self.cell.placement
+
+    @property
+    def derived(self) -> bool:
+        return self.cell.placement is Placement.DERIVED
+
+    @property
+    def keep_graphs(self) -> bool:
+        """Whether this capture walks its graphs, so they must be captured with
+        ``keep_graph=True`` (capturing them so anyway costs nothing but the kept graph)."""
+        return self.walk.available
+
+    def _probe(self) -> WalkProbe:
+        wants_in_graph = self.policies.planted is IN_GRAPH
+        if self.derived:
+            needed = wants_in_graph
+        else:
+            needed = self.marker and wants_in_graph and self.self_check != "off"
+        if not needed:
+            return WalkProbe(False)
+        unavailable, failed = walk_unavailable(self.platform)
+        walk = WalkProbe(True, unavailable, failed)
+        if not self.derived and walk.unavailable is not None and self.self_check == "error":
+            raise SelfCheckError(
+                f"{self.name}: self_check='error' but the marker self-check cannot run: "
+                f"{walk.unavailable}"
+            )
+        return walk
+
+    def begin(self, bucket: int) -> BucketCapture:
+        """Before capturing ``bucket``: a fresh read-done event for its graph (none without
+        external events, or when this capture plants nothing; a failure to create it is a doubt
+        that `BucketCapture.finish` reports)."""
+        event: Optional[EventHandle] = None
+        doubt: Optional[str] = None
+        if self.platform.external_events_supported() and (self.derived or self.marker):
+            event = self.fence.prepare()
+            if event is None:
+                doubt = "creating or seeding the read-done event failed"
+        return BucketCapture(self, int(bucket), event, doubt)
+
+    def eager(self) -> BucketRelease:
+        """The release of a step that runs without a graph (a batch no bucket holds)."""
+        release = decide_bucket(self.policies, BucketFacts(None), self.name)
+        self.notify(release, eager=True, planted=False)
+        return release
+
+    def notify(self, release: BucketRelease, *, eager: bool, planted: bool) -> None:
+        """Tell the decision observers what a bucket (or the eager path) publishes."""
+        notify_decision(self.reporter, self.cell.source, self.mode, release, eager, planted)
+
+
+class BucketCapture:
+    """The read-done side of one bucket's capture (`ReadDoneCapture.begin`).
+
+    ``event``: the external event this bucket's graph records (the marker, or the derived
+    node), None without one. ``mark`` goes in the capture body; ``finish`` after the capture.
+    """
+
+    def __init__(
+        self,
+        capture: ReadDoneCapture,
+        bucket: int,
+        event: Optional[EventHandle],
+        doubt: Optional[str],
+    ) -> None:
+        self.capture = capture
+        self.bucket = bucket
+        self.event = event
+        self._doubt = doubt
+        self._marks: list[Optional[EventHandle]] = []
+        self.outcome: Optional[BucketOutcome] = None
+
+    @property
+    def keep_graph(self) -> bool:
+        """Whether ``finish`` walks this bucket's graph (capture it with ``keep_graph=True``)."""
+        return self.capture.keep_graphs
+
+    def mark(self, event: Optional[EventHandle] = None) -> Optional[EventHandle]:
+        """In the capture body, right after the metadata prep: record the bucket's event (or
+        ``event``: the engine's own external event) with the capture stream current.
+
+        Returns the event the graph now records, or None (derived placement, a warm-up or eager
+        pass, no event, or a failed record, which the fence reports). Only the first call of a
+        capture counts: a platform that re-runs the body at each replay (the simulated one)
+        calls it again inside steps, and a failure there makes that step publish nothing.
+        """
+        c = self.capture
+        if c.derived or not c.marker:
+            return None
+        target = event if event is not None else self.event
+        if target is None:
+            return None
+        node = c.fence.plant(target)
+        if not self._marks:
+            self._marks.append(node)
+        return node
+
+    def finish(
+        self,
+        graph: GraphHandle,
+        shared_buffers: SharedBuffers,
+        *,
+        marker: Optional[EventHandle] = None,
+        instantiate: Optional[bool] = None,
+    ) -> BucketOutcome:
+        """After the capture: check the marker or plant the derived node, instantiate the graph,
+        and decide the bucket's release (a `BucketOutcome`; also kept as ``self.outcome``).
+
+        ``graph``: the captured graph (a torch ``CUDAGraph`` with ``keep_graph=True``, a
+        `RawGraph` around the engine's ``cudaGraph_t``, or the simulated platform's graph).
+        ``shared_buffers``: the scheduler-shared tensors by name (or their address ranges).
+        ``marker``: an external event the engine recorded in the capture body itself (instead
+        of `mark`); only a graph walk can confirm it. ``instantiate``: build the executable
+        graph now (default: yes, except for a `RawGraph`, which the engine instantiates after
+        this call; derived placement must come before any instantiation).
+
+        Never raises an ``Exception`` for a failed plant, check or instantiation: the bucket
+        fails closed (see the module docstring); ``self_check="error"`` raises `SelfCheckError`.
+        """
+        c = self.capture
+        if instantiate is None:
+            instantiate = not isinstance(graph, RawGraph)
+        facts, outcome = self._facts(graph, shared_buffers, marker)
+        if instantiate and facts.doubt is None:
+            failed = instantiate_kept(c.platform, graph)
+            if failed is not None:
+                facts = BucketFacts(self.bucket, doubt=f"bucket {self.bucket}: {failed}")
+        elif instantiate:
+            instantiate_kept(c.platform, graph)  # the graph must still replay
+        release = decide_bucket(c.policies, facts, c.name)
+        report = self._report(release, facts, outcome)
+        if facts.doubt is not None or (facts.refuted is not None and outcome is not None):
+            c.reporter.demotion(c.name, self.bucket, self._demotion_text(release, facts))
+        c.notify(release, eager=False, planted=facts.event is not None)
+        recorded = marker if marker is not None and not c.derived else self.event
+        self.outcome = BucketOutcome(release, report, facts, outcome, recorded)
+        return self.outcome
+
+    # -- the facts -------------------------------------------------------------------------------
+
+    def _facts(
+        self, graph: GraphHandle, shared: SharedBuffers, marker: Optional[EventHandle]
+    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+        """What the capture of this bucket verifiably did (and the walk's outcome, if any)."""
+        c, bucket = self.capture, self.bucket
+        where = f"bucket {bucket}: "
+        if self._doubt is not None:
+            return BucketFacts(bucket, doubt=where + self._doubt), None
+        if c.derived:
+            return self._derived_facts(graph, shared)
+        if marker is not None:
+            return self._engine_marker_facts(graph, shared, marker)
+        if self.event is None:
+            why = (
+                "no in-graph marker on this path"
+                if c.platform.external_events_supported()
+                else f"platform {c.platform.name!r} has no external events"
+            )
+            return BucketFacts(bucket, refuted=why), None
+        node = self._marks[0] if self._marks else None
+        if node is None:
+            why = (
+                "the plant failed (no confirmed node)"
+                if self._marks
+                else "the marker was not recorded (mark() not called in the capture body)"
+            )
+            return BucketFacts(bucket, doubt=where + why), None
+        walk = c.walk
+        if not walk.needed:
+            return BucketFacts(bucket, event=node), None
+        if walk.failed is not None:
+            return BucketFacts(bucket, doubt=where + walk.failed), None
+        if walk.unavailable is not None:
+            self._skipped_check(walk.unavailable)
+            return BucketFacts(bucket, event=node), None
+        return self._checked(graph, shared, node)
+
+    def _checked(
+        self, graph: GraphHandle, shared: SharedBuffers, node: EventHandle
+    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+        c, bucket = self.capture, self.bucket
+        outcome = check_bucket_marker(c.platform, graph, shared, node)
+        if outcome.verdict is Verdict.CONFIRMED:
+            return BucketFacts(bucket, event=node), outcome
+        if c.self_check == "error":
+            raise SelfCheckError(f"{c.name}: bucket {bucket}: {outcome.detail}")
+        if outcome.verdict is Verdict.REFUTED:
+            return BucketFacts(bucket, refuted=f"bucket {bucket}: {outcome.detail}"), outcome
+        return BucketFacts(bucket, doubt=f"bucket {bucket}: {outcome.detail}"), outcome
+
+    def _engine_marker_facts(
+        self, graph: GraphHandle, shared: SharedBuffers, marker: EventHandle
+    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+        """A marker the engine recorded itself: nothing saw the capture state when it was
+        recorded, so only a walk can confirm it (else the unplanted answer, never ``in_graph``)."""
+        c, bucket = self.capture, self.bucket
+        where = f"bucket {bucket}: "
+        if not c.platform.external_events_supported():
+            return BucketFacts(
+                bucket, refuted=f"platform {c.platform.name!r} has no external events"
+            ), None
+        walk = c.walk
+        if c.policies.planted is not IN_GRAPH:  # the node would not be used
+            return BucketFacts(bucket, event=marker), None
+        if not walk.needed:  # self_check="off", or a capture that records no marker
+            why = "the engine's marker cannot be confirmed without the self-check"
+            return BucketFacts(bucket, refuted=where + why), PlacementOutcome(Verdict.REFUTED, why)
+        if walk.failed is not None:
+            return BucketFacts(bucket, doubt=where + walk.failed), None
+        if walk.unavailable is not None:
+            why = f"the engine's marker cannot be confirmed ({walk.unavailable})"
+            return BucketFacts(bucket, refuted=where + why), PlacementOutcome(Verdict.REFUTED, why)
+        return self._checked(graph, shared, marker)
+
+    def _derived_facts(
+        self, graph: GraphHandle, shared: SharedBuffers
+    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+        c, bucket = self.capture, self.bucket
+        where = f"bucket {bucket}: "
+        event = self.event
+        if event is None:
+            why = (
+                "no read-done event for derived placement"
+                if c.platform.external_events_supported()
+                else f"platform {c.platform.name!r} has no external events"
+            )
+            return BucketFacts(bucket, refuted=why), None
+        walk = c.walk
+        if not walk.needed:  # the planted answer is not in_graph: no node wanted
+            return BucketFacts(bucket, refuted="derived placement not needed"), None
+        if walk.failed is not None:
+            return BucketFacts(bucket, doubt=where + walk.failed), None
+        if walk.unavailable is not None:
+            outcome = PlacementOutcome(Verdict.REFUTED, walk.unavailable)
+            return BucketFacts(bucket, refuted=where + walk.unavailable), outcome
+        outcome = plant_bucket_derived(c.platform, graph, shared, event)
+        if outcome.verdict is Verdict.CONFIRMED:
+            return BucketFacts(bucket, event=event), outcome
+        if outcome.verdict is Verdict.REFUTED:
+            return BucketFacts(bucket, refuted=where + outcome.detail), outcome
+        return BucketFacts(bucket, doubt=where + outcome.detail), outcome
+
+    def _skipped_check(self, reason: str) -> None:
+        """The self-check cannot run here: on CUDA say so once (elsewhere there is no raw
+        graph, so nothing is lost)."""
+        c = self.capture
+        if c.platform.name == "cuda":
+            c.reporter.warn("self-check-unavailable", f"marker self-check skipped: {reason}")
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def _report(
+        self, release: BucketRelease, facts: BucketFacts, outcome: Optional[PlacementOutcome]
+    ) -> CaptureReport:
+        c = self.capture
+        walked = outcome is not None and outcome.walked
+        ok = None if outcome is None else outcome.confirmed
+        if facts.doubt is not None:
+            detail = facts.doubt
+        elif facts.refuted is not None:
+            detail = facts.refuted
+        elif outcome is not None:
+            detail = outcome.detail
+        else:
+            detail = "derived" if c.derived else "marker after the metadata prep"
+        return CaptureReport(
+            self.bucket,
+            c.placement,
+            release.planted,
+            walked,
+            ok,
+            outcome.walk_ms if outcome is not None else 0.0,
+            detail,
+            release.policy,
+        )
+
+    def _demotion_text(self, release: BucketRelease, facts: BucketFacts) -> str:
+        bucket = self.bucket
+        if facts.doubt is not None:
+            return f"{facts.doubt}; bucket {bucket} publishes nothing (the coarse barrier)"
+        if self.capture.derived:
+            return (
+                f"bucket {bucket}: derived placement left the bucket unplanted "
+                f"({facts.refuted}); it publishes no earlier than {release.policy.label}"
+            )
+        return f"{facts.refuted}; bucket {bucket} demoted to {release.policy.label}"
+
+
+# -- observers ---------------------------------------------------------------------------------
+
+
+def notify_decision(
+    reporter: Reporter,
+    policy: Optional[RunnerPolicy],
+    mode: ForwardMode,
+    release: BucketRelease,
+    eager: bool,
+    planted: bool,
+) -> None:
+    """Tell the decision observers what a bucket (or the eager path) publishes, with the
+    reasons (``where="runner:<name>"``; explaining never changes the release)."""
+    if not reporter.observers.on_decision:
+        return
+    decision = explain(policy, release.source, mode, release, eager, planted, reporter.warn)
+    if decision is not None:
+        reporter.decision(decision, f"runner:{release.source}")
+
+
+def explain(
+    policy: Optional[RunnerPolicy],
+    name: str,
+    mode: ForwardMode,
+    release: BucketRelease,
+    eager: bool,
+    planted: bool,
+    warn: Callable[[str, str], None],
+) -> Optional[Decision]:
+    """The `Decision` behind ``release``: the policy's own explanation when it has one, with
+    the runtime's override added when the release differs (a doubt, a failed lookup).
+    ``policy`` None (a cell whose policy could not even be compiled): the release's reason."""
+    try:
+        if policy is None:
+            ctx = Context(name, mode, eager=eager, planted=planted)
+            why = Reason("runtime-capture", release.reason or "capture-time facts", release.policy)
+            return Decision(release.policy, ctx, (why,))
+        if isinstance(policy, ExplainedPolicy):
+            decision = policy.decision(mode, eager, planted)
+        else:
+            ctx = Context(name, mode, eager=eager, planted=planted)
+            reason = Reason(
+                "policy-callable", "given by the engine's policy callable", release.policy
+            )
+            decision = Decision(release.policy, ctx, (reason,))
+        if decision.policy != release.policy:  # the runtime moved it (later, never earlier)
+            why = Reason("runtime-capture", release.reason or "capture-time facts", release.policy)
+            decision = attrs.evolve(
+                decision, policy=release.policy, reasons=(*decision.reasons, why)
+            )
+    except Exception as exc:  # noqa: BLE001 - explaining never changes the policy
+        warn("explain", f"explaining the decision failed ({exc!r})")
+        return None
+    return decision
+
+
+__all__ = [
+    "SELF_CHECK_MODES",
+    "BucketCapture",
+    "BucketFacts",
+    "BucketOutcome",
+    "BucketRelease",
+    "CaptureReport",
+    "CellPolicy",
+    "RawGraph",
+    "ReadDone",
+    "ReadDoneCapture",
+    "ReadDoneFence",
+    "SchedulerBarrier",
+    "SelfCheckError",
+    "WalkProbe",
+    "cell_policy",
+    "decide_bucket",
+    "explain",
+    "notify_decision",
+    "parse_placement",
+    "placement_of",
+    "resolve_cell",
+]
