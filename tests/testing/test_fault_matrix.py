@@ -137,6 +137,18 @@ def test_fault_modes_raise_what_they_say(mode, error):
         assert not isinstance(info.value, (Exception, KeyboardInterrupt))
 
 
+def test_an_injected_interrupt_is_carried_on_after_and_a_real_one_stops_the_matrix():
+    harness = Harness()
+    harness.guard(lambda: Injector(Fault("forward", "interrupt", nth=1)).call("forward", int))
+    assert len(harness.errors) == 1
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        harness.guard(ctrl_c)
+
+
 def test_placement_and_the_self_check_really_run_on_a_graph_model():
     harness = Harness()
     with harness.recording():
