@@ -12,11 +12,13 @@ import functools
 
 import pytest
 
+from warpolicy.runtime import hookspecs
 from warpolicy.runtime.platforms import PLATFORM_OPERATIONS
 from warpolicy.testing import faults
 from warpolicy.testing.faults import controls
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import MODES, Fault, Injector
+from warpolicy.testing.faults.model import OBSERVER_TARGETS, UNCALLED_OBSERVERS
 from warpolicy.testing.faults.report import MatrixResult
 
 SCENARIOS = sorted(faults.SCENARIOS)
@@ -77,6 +79,17 @@ def test_targets_are_every_platform_operation_model_callback_policy_scheduler_an
     )
     assert {"write_next", "policy", "warpolicy_on_fallback"} <= set(faults.TARGETS)
     assert set(MODES) == {"raise", "interrupt", "base", "none", "act_then_raise"}
+
+
+def test_every_observer_hook_is_a_target_unless_no_runtime_path_calls_it():
+    hooks = set(hookspecs.OBSERVER_HOOKS)
+    assert hooks == set(OBSERVER_TARGETS) | set(UNCALLED_OBSERVERS)
+    harness = Harness()
+    with harness.recording():
+        faults.SCENARIOS["decode"].run(harness, "in_graph_late")
+    assert set(harness.observers.seen) >= {"warpolicy_on_decision", "warpolicy_on_publish"}
+    called = set(harness.observers.seen) & set(UNCALLED_OBSERVERS)
+    assert called == set(), f"{called}: called now, so make them fault targets"
 
 
 def test_scenarios_cover_every_runner_kind_streams_lag_and_threads():
