@@ -12,11 +12,13 @@ import functools
 
 import pytest
 
+from warpolicy.runtime import hookspecs
 from warpolicy.runtime.platforms import PLATFORM_OPERATIONS
 from warpolicy.testing import faults
 from warpolicy.testing.faults import controls
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import MODES, Fault, Injector
+from warpolicy.testing.faults.model import OBSERVER_TARGETS, UNCALLED_OBSERVERS
 from warpolicy.testing.faults.report import MatrixResult
 
 SCENARIOS = sorted(faults.SCENARIOS)
@@ -79,6 +81,17 @@ def test_targets_are_every_platform_operation_model_callback_policy_scheduler_an
     assert set(MODES) == {"raise", "interrupt", "base", "none", "act_then_raise"}
 
 
+def test_every_observer_hook_is_a_target_unless_no_runtime_path_calls_it():
+    hooks = set(hookspecs.OBSERVER_HOOKS)
+    assert hooks == set(OBSERVER_TARGETS) | set(UNCALLED_OBSERVERS)
+    harness = Harness()
+    with harness.recording():
+        faults.SCENARIOS["decode"].run(harness, "in_graph_late")
+    assert set(harness.observers.seen) >= {"warpolicy_on_decision", "warpolicy_on_publish"}
+    called = set(harness.observers.seen) & set(UNCALLED_OBSERVERS)
+    assert called == set(), f"{called}: called now, so make them fault targets"
+
+
 def test_scenarios_cover_every_runner_kind_streams_lag_and_threads():
     assert {
         "decode",
@@ -135,6 +148,18 @@ def test_fault_modes_raise_what_they_say(mode, error):
         injector.call("forward", lambda: None)
     if mode == "base":
         assert not isinstance(info.value, (Exception, KeyboardInterrupt))
+
+
+def test_an_injected_interrupt_is_carried_on_after_and_a_real_one_stops_the_matrix():
+    harness = Harness()
+    harness.guard(lambda: Injector(Fault("forward", "interrupt", nth=1)).call("forward", int))
+    assert len(harness.errors) == 1
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        harness.guard(ctrl_c)
 
 
 def test_placement_and_the_self_check_really_run_on_a_graph_model():

@@ -22,6 +22,7 @@ from warpolicy.testing.faults.injection import (
     Fault,
     InjectedBaseException,
     InjectedError,
+    InjectedInterrupt,
 )
 from warpolicy.testing.faults.matrix import TARGETS, Case, CaseResult, cases, run_case, run_cases
 from warpolicy.testing.faults.oracle import Oracle, Verdict
@@ -44,6 +45,7 @@ __all__ = [
     "Fault",
     "InjectedBaseException",
     "InjectedError",
+    "InjectedInterrupt",
     "MatrixResult",
     "Oracle",
     "Verdict",

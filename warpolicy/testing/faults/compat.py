@@ -9,6 +9,7 @@ the one place that knows the difference.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any
 
@@ -17,14 +18,17 @@ import pluggy
 from warpolicy.runtime import manager
 from warpolicy.runtime.runners import GraphRunner
 
-try:  # 0.3: the facade lives with the platforms and carries no plugin manager
-    from warpolicy.runtime.platforms import Platform  # type: ignore[attr-defined,unused-ignore]
 
-    PLATFORM_CARRIES_PM = False
-except ImportError:  # 0.2
-    from warpolicy.runtime.platform import Platform  # type: ignore[no-redef,import-not-found,import-untyped,unused-ignore]
+def _facade() -> tuple[Any, bool]:
+    """The `Platform` class, and whether it carries the plugin manager (0.2)."""
+    platforms = importlib.import_module("warpolicy.runtime.platforms")
+    facade = getattr(platforms, "Platform", None)
+    if facade is not None:  # 0.3: the facade lives with the platforms, no plugin manager
+        return facade, False
+    return importlib.import_module("warpolicy.runtime.platform").Platform, True  # 0.2
 
-    PLATFORM_CARRIES_PM = True
+
+Platform, PLATFORM_CARRIES_PM = _facade()
 
 #: Whether components take their observers as ``observers=`` (0.3).
 OBSERVERS_PASSED_IN = "observers" in inspect.signature(GraphRunner.__init__).parameters
@@ -32,7 +36,7 @@ OBSERVERS_PASSED_IN = "observers" in inspect.signature(GraphRunner.__init__).par
 
 def make_platform(impl: Any, pm: pluggy.PluginManager) -> Any:
     """The `Platform` facade over ``impl`` (observers on ``pm``)."""
-    return Platform(impl, pm) if PLATFORM_CARRIES_PM else Platform(impl)  # type: ignore[call-arg,unused-ignore]
+    return Platform(impl, pm) if PLATFORM_CARRIES_PM else Platform(impl)
 
 
 def component_kwargs(pm: pluggy.PluginManager) -> dict[str, Any]:
@@ -46,7 +50,7 @@ def open_device(pm: pluggy.PluginManager, device: str) -> Any:
     opener = getattr(manager, "open_platform", None)
     if opener is not None:  # 0.3
         return opener(pm, device)
-    return Platform.for_device(device, pm)  # type: ignore[attr-defined,unused-ignore]
+    return Platform.for_device(device, pm)
 
 
 def publish_args(bucket: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -26,7 +26,7 @@ from warpolicy.runtime.manager import new_plugin_manager
 from warpolicy.runtime.platforms import PLATFORM_OPERATIONS
 from warpolicy.runtime.platforms.sim import SimGraph, SimPlatform
 from warpolicy.testing.faults.compat import component_kwargs, make_platform
-from warpolicy.testing.faults.injection import Fault, Injector
+from warpolicy.testing.faults.injection import Fault, Injector, injected
 from warpolicy.testing.faults.model import HarnessObservers, graph_model
 from warpolicy.testing.faults.oracle import Oracle, Point
 
@@ -287,7 +287,9 @@ class Harness:
         engine carries on (the promise holds after any failure)."""
         try:
             return fn()
-        except BaseException as exc:  # noqa: BLE001 - every escape is counted, none hidden
+        except BaseException as exc:  # every escape is counted; a real Ctrl-C is re-raised
+            if not injected(exc):
+                raise  # a real Ctrl-C (or exit) stops the matrix
             self.errors.append(exc)
             return None
 

@@ -38,6 +38,19 @@ class InjectedBaseException(BaseException):
     """Another ``BaseException``: neither ``Exception`` nor ``KeyboardInterrupt``."""
 
 
+class InjectedInterrupt(KeyboardInterrupt):
+    """The ``KeyboardInterrupt`` an ``interrupt`` fault raises (a subclass, so the harness can
+    tell it from a real Ctrl-C, which it lets through)."""
+
+
+def injected(error: BaseException) -> bool:
+    """Whether ``error`` is an injected failure (or any ordinary exception), i.e. something the
+    engine carries on after; a real ``KeyboardInterrupt`` or ``SystemExit`` is not."""
+    if isinstance(error, (InjectedInterrupt, InjectedBaseException, Exception)):
+        return True
+    return not isinstance(error, (KeyboardInterrupt, SystemExit))
+
+
 @attrs.frozen
 class Fault:
     """One injected failure of ``target``: its ``nth`` call (1-based), every call while the
@@ -80,7 +93,7 @@ def fail(fault: Fault, act: Callable[[], Any]) -> Any:
         act()
     where = fault.describe()
     if fault.mode == "interrupt":
-        raise KeyboardInterrupt(f"injected: {where}")
+        raise InjectedInterrupt(f"injected: {where}")
     if fault.mode == "base":
         raise InjectedBaseException(f"injected: {where}")
     raise InjectedError(f"injected: {where}")

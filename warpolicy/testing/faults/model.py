@@ -41,7 +41,7 @@ MODEL_TARGETS = (
     "graph_prep",
     "forward",
 )
-#: The observer hooks the harness implements (and can fail).
+#: The observer hooks the harness implements and can fail.
 OBSERVER_TARGETS = (
     "warpolicy_on_decision",
     "warpolicy_on_publish",
@@ -49,6 +49,10 @@ OBSERVER_TARGETS = (
     "warpolicy_on_fallback",
     "warpolicy_on_demotion",
 )
+#: Observer hooks the harness implements but does not fail: no runtime path calls them yet
+#: (the canary and the sampled release lead are wave 2). A test checks they stay uncalled; once
+#: the runtime calls one, it belongs in `OBSERVER_TARGETS`.
+UNCALLED_OBSERVERS = ("warpolicy_on_violation", "warpolicy_on_release_lead")
 
 _SHARED_BASE = 0x10_0000
 _PRIVATE_BASE = 0x80_0000
@@ -197,6 +201,25 @@ class HarnessObservers:
     @hookimpl
     def warpolicy_on_demotion(self, runner: str, bucket: int, reason: str) -> None:
         self._call("warpolicy_on_demotion")
+
+    @hookimpl
+    def warpolicy_on_violation(
+        self,
+        runner: str,
+        backend: str,
+        mode: Any,
+        spec: str,
+        bucket: Optional[int],
+        step: int,
+        detail: str,
+    ) -> None:
+        self._call("warpolicy_on_violation")
+
+    @hookimpl
+    def warpolicy_on_release_lead(
+        self, runner: str, mode: Any, bucket: Optional[int], step: int, lead_us: float
+    ) -> None:
+        self._call("warpolicy_on_release_lead")
 
 
 def policy_table(
