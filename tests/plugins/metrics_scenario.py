@@ -27,30 +27,48 @@ from warpolicy.testing import RecModel, sim_impl, sim_runtime
 STEPS = 5  # in-graph steps
 FAULTY = 2  # steps whose write-event record raises
 
+
+def _key(name: str, **labels: str) -> tuple[str, frozenset]:
+    return name, frozenset(labels.items())
+
+
+PUBLISHES = "warpolicy_read_done_publishes_total"
+BARRIERS = "warpolicy_barriers_total"
+LEAD = "warpolicy_release_lead_seconds"
+RESOLVED = "warpolicy_resolved_policy"
+DECODE_CELL = {"runner": "decode", "mode": "decode", "bucket": "1"}
+
 #: (sample name, labels) -> value that one `drive` adds (identity labels not included).
 EXPECTED: dict[tuple[str, frozenset], float] = {
-    ("warpolicy_read_done_publishes_total", frozenset({("runner", "decode"), ("policy", "in_graph")})): STEPS + FAULTY + 1,
-    ("warpolicy_read_done_publishes_total", frozenset({("runner", "decode"), ("policy", "post_replay")})): 1,
-    ("warpolicy_read_done_publishes_total", frozenset({("runner", "verify"), ("policy", "none")})): 1,
-    ("warpolicy_read_done_publishes_total", frozenset({("runner", "draft"), ("policy", "post_replay")})): 1,
-    ("warpolicy_barriers_total", frozenset({("runner", "decode"), ("kind", "event"), ("reason", "in_graph")})): STEPS + FAULTY,
-    ("warpolicy_barriers_total", frozenset({("runner", "decode"), ("kind", "event"), ("reason", "post_replay")})): 1,
-    ("warpolicy_barriers_total", frozenset({("runner", "decode"), ("kind", "coarse"), ("reason", "forced")})): 1,
-    ("warpolicy_barriers_total", frozenset({("runner", "verify"), ("kind", "coarse"), ("reason", "no_event")})): 1,
-    ("warpolicy_barriers_total", frozenset({("runner", "draft"), ("kind", "event"), ("reason", "post_replay")})): 1,
-    ("warpolicy_fallbacks_total", frozenset({("runner", ""), ("component", "overlap_loop"), ("place", "record")})): FAULTY,
-    ("warpolicy_demotions_total", frozenset({("runner", "draft"), ("bucket", "1"), ("reason", "late_reader")})): 1,
-    ("warpolicy_violations_total", frozenset({("runner", "decode"), ("backend", "fa3"), ("mode", "decode"), ("spec", "none"), ("bucket", "4")})): 1,
-    ("warpolicy_release_lead_seconds_count", frozenset({("runner", "decode"), ("mode", "decode"), ("bucket", "1")})): 1,
-    ("warpolicy_release_lead_seconds_sum", frozenset({("runner", "decode"), ("mode", "decode"), ("bucket", "1")})): 250e-6,
-    ("warpolicy_release_lead_seconds_bucket", frozenset({("runner", "decode"), ("mode", "decode"), ("bucket", "1"), ("le", "0.00025")})): 1,
-    ("warpolicy_release_lead_seconds_bucket", frozenset({("runner", "decode"), ("mode", "decode"), ("bucket", "1"), ("le", "0.0001")})): 0,
-    ("warpolicy_resolved_policy", frozenset({("runner", "decode"), ("mode", "decode"), ("graph", "captured"), ("policy", "in_graph")})): 1,
-    ("warpolicy_resolved_policy", frozenset({("runner", "decode"), ("mode", "decode"), ("graph", "captured"), ("policy", "none")})): 0,
-    ("warpolicy_resolved_policy", frozenset({("runner", "decode"), ("mode", "decode"), ("graph", "eager"), ("policy", "post_replay")})): 1,
-    ("warpolicy_resolved_policy", frozenset({("runner", "verify"), ("mode", "decode"), ("graph", "captured"), ("policy", "none")})): 1,
-    ("warpolicy_resolved_policy", frozenset({("runner", "draft"), ("mode", "decode"), ("graph", "captured"), ("policy", "post_replay")})): 1,
-}  # fmt: skip
+    _key(PUBLISHES, runner="decode", policy="in_graph"): STEPS + FAULTY + 1,
+    _key(PUBLISHES, runner="decode", policy="post_replay"): 1,
+    _key(PUBLISHES, runner="verify", policy="none"): 1,
+    _key(PUBLISHES, runner="draft", policy="post_replay"): 1,
+    _key(BARRIERS, runner="decode", kind="event", reason="in_graph"): STEPS + FAULTY,
+    _key(BARRIERS, runner="decode", kind="event", reason="post_replay"): 1,
+    _key(BARRIERS, runner="decode", kind="coarse", reason="forced"): 1,
+    _key(BARRIERS, runner="verify", kind="coarse", reason="no_event"): 1,
+    _key(BARRIERS, runner="draft", kind="event", reason="post_replay"): 1,
+    _key("warpolicy_fallbacks_total", runner="", component="overlap_loop", place="record"): FAULTY,
+    _key("warpolicy_demotions_total", runner="draft", bucket="1", reason="late_reader"): 1,
+    _key(
+        "warpolicy_violations_total",
+        runner="decode",
+        backend="fa3",
+        mode="decode",
+        spec="none",
+        bucket="4",
+    ): 1,
+    _key(f"{LEAD}_count", **DECODE_CELL): 1,
+    _key(f"{LEAD}_sum", **DECODE_CELL): 250e-6,
+    _key(f"{LEAD}_bucket", **DECODE_CELL, le="0.00025"): 1,
+    _key(f"{LEAD}_bucket", **DECODE_CELL, le="0.0001"): 0,
+    _key(RESOLVED, runner="decode", mode="decode", graph="captured", policy="in_graph"): 1,
+    _key(RESOLVED, runner="decode", mode="decode", graph="captured", policy="none"): 0,
+    _key(RESOLVED, runner="decode", mode="decode", graph="eager", policy="post_replay"): 1,
+    _key(RESOLVED, runner="verify", mode="decode", graph="captured", policy="none"): 1,
+    _key(RESOLVED, runner="draft", mode="decode", graph="captured", policy="post_replay"): 1,
+}
 
 
 def late_reader_graph(model: RecModel, graph: SimGraph) -> Graph:
@@ -90,13 +108,17 @@ def drive(rt: Any) -> None:
     loop.step([1.0] * 9, lambda: None)  # larger than every bucket: eager, post_replay
     OverlapLoop(decode, force_coarse=True).step([1.0], None)
 
-    verify = DecodeRunner(RecModel(), fixed_policy("none"), platform, name="verify", observers=observers)
+    verify = DecodeRunner(
+        RecModel(), fixed_policy("none"), platform, name="verify", observers=observers
+    )
     verify.capture()
     OverlapLoop(verify).step([1.0], None)
 
     draft_model = RecModel(buckets=(1,))
     impl.graph_model = lambda graph: late_reader_graph(draft_model, graph)
-    draft = DecodeRunner(draft_model, fixed_policy("in_graph"), platform, name="draft", observers=observers)
+    draft = DecodeRunner(
+        draft_model, fixed_policy("in_graph"), platform, name="draft", observers=observers
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         draft.capture()  # bucket 1: late reader -> demoted to post_replay
@@ -112,7 +134,7 @@ def main(argv: list[str]) -> int:
     """``RANK MODE``: run the scenario with the plugin in this process's identity
     (``tp_rank=RANK``). MODE ``exit``: exit normally (the at-exit flush writes the counts);
     ``kill``: flush, print ``flushed`` and wait to be killed (no at-exit flush)."""
-    import warpolicy_metrics  # noqa: PLC0415 - the worker's sys.path names the plugin
+    import warpolicy_metrics  # the worker's sys.path names the plugin's source tree
 
     rank, mode = int(argv[0]), argv[1]
     rt = sim_runtime()

@@ -212,14 +212,14 @@ class WarpolicyMetrics:
         self._flush_lock = threading.Lock()
         self._flushed: dict[tuple[str, Any], int] = {}
         self._flush_failed = False
-        self._flusher: Optional[flushing.Flusher] = None
+        self.flusher: Optional[flushing.Flusher] = None
         self.flush_interval = float(flush_interval)
         self.publishes_counter: Optional[Counter] = None
         self.barriers_counter: Optional[Counter] = None
         if self.multiprocess:
             self.publishes_counter = Counter(*PUBLISHES[:2], names + PUBLISHES[2], registry=None)
             self.barriers_counter = Counter(*BARRIERS[:2], names + BARRIERS[2], registry=None)
-            self._flusher = flushing.Flusher(self.flush, self.flush_interval)
+            self.flusher = flushing.Flusher(self.flush, self.flush_interval)
             flushing.track(self)
             return
         registered: list[Any] = []
@@ -248,9 +248,9 @@ class WarpolicyMetrics:
     def unregister(self) -> None:
         """Remove these metrics from their registry (before building new ones on it); in
         multi-process mode, flush and stop the flusher."""
-        if self._flusher is not None:
-            self._flusher.stop()
-            self._flusher = None
+        if self.flusher is not None:
+            self.flusher.stop()
+            self.flusher = None
             flushing.untrack(self)
             self.flush()
         for collector in self.collectors():
@@ -340,8 +340,8 @@ class WarpolicyMetrics:
         for cells in (self._publishes, self._barriers):
             for key, cell in cells.items():
                 self._flushed[key] = cell[0]
-        if self._flusher is not None:
-            self._flusher = flushing.Flusher(self.flush, self.flush_interval)
+        if self.flusher is not None:
+            self.flusher = flushing.Flusher(self.flush, self.flush_interval)
 
     # -- observer hooks ------------------------------------------------------------------------
 
