@@ -574,3 +574,22 @@ def test_cpu_benchmark_reports_both_observers_side_by_side(capsys):
         assert result[f"{what}_noop"] > 0 and result[f"{what}_metrics"] > 0
     assert result["step_metrics"] == result["publish_metrics"] + result["barrier_metrics"]
     assert result["flush_us"] > 0
+
+
+# -- documentation ---------------------------------------------------------------------------------
+
+
+def test_every_family_and_label_value_is_documented():
+    from warpolicy_metrics import vocabulary
+
+    readme = (PLUGIN_ROOT / "README.md").read_text(encoding="utf-8")
+    top = (PLUGIN_ROOT.parents[1] / "README.md").read_text(encoding="utf-8")
+    for family in warpolicy_metrics.FAMILIES:
+        assert f"`{family}`" in readme and f"`{family}`" in top, family
+    values = (
+        set(vocabulary.BARRIER_REASONS.values())
+        | set(vocabulary.DEMOTIONS)
+        | set(vocabulary.COMPONENTS)
+        | vocabulary.PLACES
+    ) - {vocabulary.OTHER}
+    assert {v for v in values if f"`{v}`" not in readme} == set()
