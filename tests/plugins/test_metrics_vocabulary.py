@@ -244,6 +244,8 @@ class TestMapping:
             ("fence 'a:b':ring", ("a:b", "fence", "ring")),
             ("fence 'decode':warpolicy_on_publish:broken", ("decode", "fence", "observer")),
             ("overlap loop:warpolicy_on_barrier:x:y", ("", "overlap_loop", "observer")),
+            ("canary 'decode':check", ("decode", "canary", "check")),
+            ("overlap loop:release_lead", ("", "overlap_loop", "release_lead")),
             ("fence 'decode':teleport", ("decode", "fence", "other")),
             ("fence 'decode':record", ("decode", "fence", "other")),  # a loop place, not a fence's
             ("something else entirely", ("", "other", "other")),
@@ -303,3 +305,19 @@ class TestMapping:
         with pytest.raises(ValueError, match="identity label") as info:
             identity_labels(identity, frozenset({"runner"}))
         assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "reason, label",
+    [
+        ("bucket 4: shared reader(s) after the read-done node: k (#3) reads table; bucket 4 "
+         "demoted to post_replay", "late_reader"),
+        ("bucket 2: the marker was not recorded (mark() not called in the capture body); "
+         "bucket 2 publishes nothing (the coarse barrier)", "plant_failed"),
+        ("bucket 1: derived placement left the bucket unplanted (bucket 1: suspicious: no shared "
+         "reader found in the graph (x)); it publishes no earlier than post_replay", "no_reader"),
+        ("something new", "other"),
+    ],
+)  # fmt: skip
+def test_demotion_texts(reason, label):
+    assert demotion_reason(reason) == label

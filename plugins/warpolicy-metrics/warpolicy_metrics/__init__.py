@@ -418,9 +418,11 @@ class WarpolicyMetrics:
             self._zero_fallbacks(runner)
 
     def _zero_fallbacks(self, runner: str) -> None:
-        """Every fallback series of a runner, at 0 from its first capture, so that
-        ``increase(warpolicy_fallbacks_total[10m]) > 0`` sees the first fallback too."""
+        """Every fallback series of a runner (the canary's aside), at 0 from its first capture,
+        so that ``increase(warpolicy_fallbacks_total[10m]) > 0`` sees the first fallback too."""
         for component, places in FALLBACK_PLACES.items():
+            if component == "canary":  # only where a canary runs: at its first count
+                continue
             owner = "" if component == "overlap_loop" else runner
             for place in sorted(places):
                 self.fallbacks.labels(*self._id, owner, component, place)

@@ -83,8 +83,10 @@ FALLBACK_PLACES: Mapping[str, frozenset[str]] = {
     "fence": frozenset({"prepare", "plant", "before_replay", "after_replay", "ring"}),
     "barrier": frozenset({"wait_event", "wait_stream"}),
     "runner": frozenset({"policy", "settle", "publish"}),
-    "overlap_loop": frozenset({"record", "wait", "barrier"}),
+    "overlap_loop": frozenset({"record", "wait", "barrier", "release_lead"}),
     "consistency": frozenset({"consistency"}),
+    # the WAR canary's session of a runner (warpolicy.runtime.canary)
+    "canary": frozenset({"begin", "observe", "check", "on_demote"}),
 }
 COMPONENTS = (*FALLBACK_PLACES, OTHER)
 PLACES = frozenset().union(*FALLBACK_PLACES.values()) | {"observer", OTHER}
@@ -94,7 +96,8 @@ def fallback_labels(where: str) -> tuple[str, str, str]:
     """``warpolicy_on_fallback``'s ``where`` -> (runner, component, place).
 
     ``where`` is ``"<who>:<place>"`` (``"fence 'decode':after_replay"``, ``"decode runner:policy"``,
-    ``"overlap loop:record"``, ``"runner:decode:consistency"``) or, for an observer that raised,
+    ``"overlap loop:record"``, ``"runner:decode:consistency"``, ``"canary 'decode':check"``) or,
+    for an observer that raised,
     ``"<who>:<hook>:<plugin>"``. ``runner`` is ``""`` where the component names none.
     """
     where = str(where)
@@ -114,7 +117,11 @@ def fallback_labels(where: str) -> tuple[str, str, str]:
 
 def _component(who: str) -> tuple[str, str]:
     """(component, runner) of a reporter's ``who``."""
-    for prefix, component in (("fence '", "fence"), ("barrier '", "barrier")):
+    for prefix, component in (
+        ("fence '", "fence"),
+        ("barrier '", "barrier"),
+        ("canary '", "canary"),
+    ):
         if who.startswith(prefix) and who.endswith("'"):
             return component, ident(who[len(prefix) : -1])
     if who.endswith(" runner"):
@@ -137,9 +144,10 @@ DEMOTION_REASONS: tuple[tuple[str, str], ...] = (
     ("derived placement left the bucket unplanted", "unplanted"),  # the walk was unavailable
     ("instantiating the graph failed", "instantiate_failed"),
     ("the plant failed", "plant_failed"),
+    ("marker was not recorded", "plant_failed"),  # an engine-owned capture never marked it
     ("read-done event failed", "event_failed"),  # creating or seeding the bucket's event
 )
-DEMOTIONS = tuple(label for _, label in DEMOTION_REASONS) + (OTHER,)
+DEMOTIONS = tuple(dict.fromkeys(label for _, label in DEMOTION_REASONS)) + (OTHER,)
 
 
 def demotion_reason(reason: str) -> str:
