@@ -405,6 +405,17 @@ def test_two_names_that_map_to_one_label_value_are_one_series():
     }
 
 
+def test_a_publish_that_is_not_a_policy_is_counted_as_other():
+    registry = CollectorRegistry()
+    plugin = WarpolicyMetrics(registry)
+    for policy in ("in_graph", 7, None, IN_GRAPH):
+        plugin.warpolicy_on_publish(runner="d", step=1, policy=policy, event=None)
+    assert nonzero(scrape(registry), "warpolicy_read_done_publishes_total") == {
+        frozenset({("runner", "d"), ("policy", "other")}): 3,
+        frozenset({("runner", "d"), ("policy", "in_graph")}): 1,
+    }
+
+
 def test_metrics_never_make_a_step_coarse():
     _, _, loop = run_loop("in_graph", 2)
     assert loop.last_barrier == "event" and loop.last_read_done.policy == IN_GRAPH

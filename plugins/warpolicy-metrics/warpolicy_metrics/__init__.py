@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import pluggy
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -57,6 +57,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from warpolicy_metrics import flushing
 from warpolicy_metrics.vocabulary import (
     FALLBACK_PLACES,
+    OTHER,
     POLICIES,
     barrier_kind,
     barrier_reason,
@@ -66,7 +67,6 @@ from warpolicy_metrics.vocabulary import (
     ident,
     identity_labels,
     mode_label,
-    policy_label,
 )
 
 __version__ = "0.3.0"
@@ -191,8 +191,10 @@ class WarpolicyMetrics:
             )
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         names = tuple(self.identity)
-        # per-step counts: raw hook arguments -> [count]; labels are made at scrape / flush time
-        self._publishes: dict[tuple[str, Any], list[int]] = {}
+        # per-step counts, labelled at scrape / flush time: per runner, a count per policy
+        # (indexed by the policy, an IntEnum: hashing an enum member costs a Python call), the
+        # last slot for anything else; per raw (runner, kind, reason), a one-item list
+        self._publishes: dict[str, list[int]] = {}
         self._barriers: dict[tuple[str, str, str], list[int]] = {}
         self._last_runner: Optional[str] = None  # the runner that published last
         self._label_cache: dict[Any, tuple[str, ...]] = {}
@@ -210,7 +212,7 @@ class WarpolicyMetrics:
         self._runners_seen: set[str] = set()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._flushed: dict[tuple[str, Any], int] = {}
+        self._flushed: dict[tuple[str, ...], int] = {}
         self._flush_failed = False
         self.flusher: Optional[flushing.Flusher] = None
         self.flush_interval = float(flush_interval)
@@ -258,11 +260,12 @@ class WarpolicyMetrics:
 
     # -- labels ----------------------------------------------------------------------------------
 
-    def _publish_labels(self, key: tuple[str, Any]) -> tuple[str, ...]:
+    def _publish_labels(self, key: tuple[str, int]) -> tuple[str, ...]:
         labels = self._label_cache.get(key)
         if labels is None:
-            runner, policy = key
-            labels = self._label_cache[key] = (*self._id, ident(runner), policy_label(policy))
+            runner, index = key
+            policy = POLICIES[index] if index < len(POLICIES) else OTHER
+            labels = self._label_cache[key] = (*self._id, ident(runner), policy)
         return labels
 
     def _barrier_labels(self, key: tuple[str, str, str]) -> tuple[str, ...]:
@@ -285,16 +288,27 @@ class WarpolicyMetrics:
         for name, doc, labels in (PUBLISHES, BARRIERS):
             yield CounterMetricFamily(name, doc, labels=names + labels)
 
+    def _publish_counts(self) -> Iterator[tuple[tuple[str, int], int]]:
+        """(raw key, count) of every publish count (the scheduler's thread may be adding)."""
+        for runner, cells in list(self._publishes.items()):
+            for index, count in enumerate(list(cells)):
+                if count:
+                    yield (runner, index), count
+
+    def _barrier_counts(self) -> Iterator[tuple[tuple[str, str, str], int]]:
+        for key, cell in list(self._barriers.items()):
+            yield key, cell[0]
+
     def collect(self) -> Iterator[Metric]:
         names = tuple(self.identity)
-        for (name, doc, labels), cells, make in (
-            (PUBLISHES, self._publishes, self._publish_labels),
-            (BARRIERS, self._barriers, self._barrier_labels),
+        for (name, doc, labels), counts, make in (
+            (PUBLISHES, self._publish_counts(), self._publish_labels),
+            (BARRIERS, self._barrier_counts(), self._barrier_labels),
         ):
             totals: dict[tuple[str, ...], int] = {}
-            for key, cell in list(cells.items()):
+            for key, count in counts:  # two raw keys may make one label set: add them up
                 label_values = make(key)
-                totals[label_values] = totals.get(label_values, 0) + cell[0]
+                totals[label_values] = totals.get(label_values, 0) + count
             family = CounterMetricFamily(name, doc, labels=names + labels)
             for label_values, count in totals.items():
                 family.add_metric(list(label_values), count)
@@ -311,8 +325,8 @@ class WarpolicyMetrics:
             return
         with self._flush_lock:
             try:
-                self._flush_cells(publishes, self._publishes, self._publish_labels)
-                self._flush_cells(barriers, self._barriers, self._barrier_labels)
+                self._flush_counts(publishes, self._publish_counts(), self._publish_labels)
+                self._flush_counts(barriers, self._barrier_counts(), self._barrier_labels)
             except Exception as exc:  # noqa: BLE001 - metrics never stop the engine
                 if not self._flush_failed:
                     self._flush_failed = True
@@ -323,9 +337,10 @@ class WarpolicyMetrics:
                         exc,
                     )
 
-    def _flush_cells(self, counter: Counter, cells: Mapping[Any, list[int]], make: Any) -> None:
-        for key, cell in list(cells.items()):
-            count = cell[0]
+    def _flush_counts(
+        self, counter: Counter, counts: Iterable[tuple[Any, int]], make: Callable[[Any], Any]
+    ) -> None:
+        for key, count in counts:
             done = self._flushed.get(key, 0)
             if count != done:
                 counter.labels(*make(key)).inc(count - done)
@@ -336,10 +351,8 @@ class WarpolicyMetrics:
         fresh locks (a parent's thread may have held them) and a flusher thread of its own."""
         self._flush_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._flushed = {}
-        for cells in (self._publishes, self._barriers):
-            for key, cell in cells.items():
-                self._flushed[key] = cell[0]
+        self._flushed = dict(self._publish_counts())
+        self._flushed.update(self._barrier_counts())
         if self.flusher is not None:
             self.flusher = flushing.Flusher(self.flush, self.flush_interval)
 
@@ -348,10 +361,13 @@ class WarpolicyMetrics:
     @hookimpl
     def warpolicy_on_publish(self, runner: str, step: int, policy: Any, event: Any) -> None:
         self._last_runner = runner
-        cell = self._publishes.get((runner, policy))
-        if cell is None:
-            cell = self._publishes.setdefault((runner, policy), [0])
-        cell[0] += 1
+        cells = self._publishes.get(runner)
+        if cells is None:
+            cells = self._publishes.setdefault(runner, [0] * (len(POLICIES) + 1))
+        try:
+            cells[policy] += 1
+        except (TypeError, IndexError):  # not a WarReadDonePolicy: counted as policy="other"
+            cells[-1] += 1
 
     @hookimpl
     def warpolicy_on_barrier(
