@@ -1,6 +1,7 @@
 """CPU micro-benchmark: what one observer hook call costs with the metrics plugin, against a
-no-op observer, measured side by side (interleaved blocks, medians) in one process; and what one
-flush of the per-step counts costs in multi-process mode (done by a thread, once a second).
+no-op observer, measured side by side (interleaved blocks, medians) in one process, called as the
+runtime calls observers (`warpolicy.runtime.observers.Reporter`); and what one flush of the
+per-step counts costs in multi-process mode (done by a thread, once a second).
 
 Run: ``PYTHONPATH=.:plugins/warpolicy-metrics python -m warpolicy_metrics.bench``; with
 ``PROMETHEUS_MULTIPROC_DIR=$(mktemp -d)`` the flush writes prometheus_client's files, as in an
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from warpolicy.registry.vocabulary import IN_GRAPH
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.manager import new_plugin_manager
+from warpolicy.runtime.observers import Reporter
 from warpolicy_metrics import WarpolicyMetrics
 
 
@@ -41,12 +43,13 @@ def _ns_per_call(fn: Callable[[int], None], calls: int) -> float:
 
 
 def per_call_cost(calls: int = 20_000, rounds: int = 7, *, show: bool = True) -> dict[str, float]:
-    """Median ns per ``warpolicy_on_publish`` and per ``warpolicy_on_barrier`` call through the
-    plugin manager, with a no-op observer, with the metrics plugin and with the metrics plugin
-    in multi-process mode; and ``flush_us``, one flush of 16 runners' counts. Prints them unless
-    ``show`` is False. ``step`` = one publish + one barrier, the per-step hook work."""
+    """Median ns per ``warpolicy_on_publish`` and per ``warpolicy_on_barrier`` call as the
+    runtime makes them (a `Reporter` on the manager's observers), with a no-op observer, with
+    the metrics plugin and with the metrics plugin in multi-process mode; and ``flush_us``, one
+    flush of 16 runners' counts. Prints them unless ``show`` is False. ``step`` = one publish +
+    one barrier, the per-step hook work."""
     multiprocess = WarpolicyMetrics(CollectorRegistry(), multiprocess=True, flush_interval=3600)
-    managers = {}
+    reporters = {}
     try:
         for name, observer in (
             ("noop", NoOpObserver()),
@@ -55,8 +58,8 @@ def per_call_cost(calls: int = 20_000, rounds: int = 7, *, show: bool = True) ->
         ):
             pm = new_plugin_manager(load_entry_points=False, environ={})
             pm.register(observer, name=f"bench-{name}")
-            managers[name] = pm.hook
-        result = _hook_costs(managers, calls, rounds)
+            reporters[name] = Reporter(pm.observers, "bench")
+        result = _hook_costs(reporters, calls, rounds)
         result["flush_us"] = _flush_cost(multiprocess, rounds)
     finally:
         multiprocess.unregister()
@@ -65,29 +68,25 @@ def per_call_cost(calls: int = 20_000, rounds: int = 7, *, show: bool = True) ->
     return result
 
 
-def _hook_costs(managers: dict[str, Any], calls: int, rounds: int) -> dict[str, float]:
-    def publish(hook: Any) -> Callable[[int], None]:
-        return lambda i: hook.warpolicy_on_publish(
-            runner="decode", step=i, policy=IN_GRAPH, event=None
-        )
+def _hook_costs(reporters: dict[str, Reporter], calls: int, rounds: int) -> dict[str, float]:
+    def publish(reporter: Reporter) -> Callable[[int], None]:
+        return lambda i: reporter.publish("decode", i, IN_GRAPH, None)
 
-    def barrier(hook: Any) -> Callable[[int], None]:
-        return lambda i: hook.warpolicy_on_barrier(
-            runner="decode", step=i, kind="event", reason="in_graph"
-        )
+    def barrier(reporter: Reporter) -> Callable[[int], None]:
+        return lambda i: reporter.barrier("decode", i, "event", "in_graph")
 
     samples: dict[str, list[float]] = {
-        f"{h}_{n}": [] for h in ("publish", "barrier") for n in managers
+        f"{h}_{n}": [] for h in ("publish", "barrier") for n in reporters
     }
     for fn in (publish, barrier):  # warm-up: label cells, caches
-        for hook in managers.values():
-            _ns_per_call(fn(hook), 1000)
+        for reporter in reporters.values():
+            _ns_per_call(fn(reporter), 1000)
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
-        for name, hook in managers.items():
-            samples[f"publish_{name}"].append(_ns_per_call(publish(hook), calls))
-            samples[f"barrier_{name}"].append(_ns_per_call(barrier(hook), calls))
+        for name, reporter in reporters.items():
+            samples[f"publish_{name}"].append(_ns_per_call(publish(reporter), calls))
+            samples[f"barrier_{name}"].append(_ns_per_call(barrier(reporter), calls))
     result = {key: float(statistics.median(xs)) for key, xs in samples.items()}
-    for name in managers:
+    for name in reporters:
         result[f"step_{name}"] = result[f"publish_{name}"] + result[f"barrier_{name}"]
     result["step_extra"] = result["step_metrics"] - result["step_noop"]
     result["step_extra_multiprocess"] = result["step_multiprocess"] - result["step_noop"]
