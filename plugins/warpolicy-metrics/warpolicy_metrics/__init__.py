@@ -212,7 +212,7 @@ class WarpolicyMetrics:
         self._runners_seen: set[str] = set()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._flushed: dict[tuple[str, ...], int] = {}
+        self._flushed: dict[tuple[Any, ...], int] = {}
         self._flush_failed = False
         self.flusher: Optional[flushing.Flusher] = None
         self.flush_interval = float(flush_interval)
