@@ -1,32 +1,43 @@
-"""warpolicy plugin: Prometheus metrics of read-done publishes, barriers, fallbacks and policies.
+"""warpolicy plugin: Prometheus metrics of read-done publishes, barriers, fallbacks, demotions,
+canary violations, the release lead and the policy each runner resolved.
 
 Registered through the entry point ``[project.entry-points.warpolicy] metrics =
 "warpolicy_metrics"``. It implements only observer hooks, so it never changes a decision or a
-barrier, and it serves nothing: the metrics live in a `prometheus_client.CollectorRegistry`
-(the engine's own, given to `configure`, else prometheus_client's default registry) that the
-engine already exposes on its ``/metrics``. `start_http_server` is there for engines that
-expose none.
+barrier, and it serves nothing: the metrics go to the engine's own
+``prometheus_client.CollectorRegistry`` (given to `configure`, else prometheus_client's default
+registry), or, in prometheus_client's multi-process mode (``PROMETHEUS_MULTIPROC_DIR`` set), to
+the per-process files the engine's ``MultiProcessCollector`` reads. `start_http_server` is there
+for engines that expose no ``/metrics``.
 
-Metrics (label values are the runner/fence names, policy labels and barrier reasons):
+Series (every one also carries the engine's identity labels given to `configure`, e.g.
+``model_name``, ``tp_rank``, ``pp_rank``, ``engine_id``):
 
 * ``warpolicy_read_done_publishes_total{runner, policy}``: steps published per policy;
-  ``policy="none"`` counts steps that published nothing (the scheduler went coarse).
-* ``warpolicy_barriers_total{runner, kind, reason}``: scheduler barriers; ``kind`` is
-  ``event`` or ``coarse``; ``reason`` the policy label for ``event``, else why it was coarse
-  (``forced``, ``no read-done event``, ``hook failed``).
-* ``warpolicy_fallbacks_total{where}``: runtime failures absorbed by failing closed.
-* ``warpolicy_resolved_policy{runner, mode, graph}``: the policy a runner resolved at capture,
-  as a number (0 pre_replay, 1 in_graph, 2 post_replay, 3 none); ``graph`` is ``captured`` or
+  ``policy="none"``: nothing was published (the scheduler went coarse).
+* ``warpolicy_barriers_total{runner, kind, reason}``: scheduler barriers; ``kind`` ``event`` or
+  ``coarse``; ``reason`` the policy for ``event``, else ``forced``, ``no_event`` or
+  ``wait_failed``. A coarse barrier with nothing taken is counted for the runner that published
+  last on the scheduler's thread (the one that published nothing).
+* ``warpolicy_fallbacks_total{runner, component, place}``: runtime failures absorbed by failing
+  closed, e.g. ``component="overlap_loop", place="record"`` (`vocabulary.FALLBACK_PLACES`).
+* ``warpolicy_demotions_total{runner, bucket, reason}``: buckets demoted at capture
+  (`vocabulary.DEMOTION_REASONS`).
+* ``warpolicy_violations_total{runner, backend, mode, spec, bucket}``: early releases the WAR
+  canary caught (each demotes its cell for the rest of the process).
+* ``warpolicy_release_lead_seconds{runner, mode, bucket}`` (histogram): sampled by the runtime,
+  how long before the end of the forward the scheduler was released.
+* ``warpolicy_resolved_policy{runner, mode, graph, policy}``: one series per policy, 1 for the
+  policy the runner resolved at capture and 0 for the others; ``graph`` is ``captured`` or
   ``eager``. Several buckets of one runner: the latest (most conservative) of them.
-* ``warpolicy_release_lead_seconds{runner}`` (histogram, off by default): sampled every N steps
-  (``WARPOLICY_METRICS_SAMPLE_EVERY=N`` or ``configure(sample_every=N)``), how long before the
-  end of the forward the scheduler was released, timed with CUDA events. Platforms whose events
-  have no ``elapsed_time`` turn the sampling off (one log line).
 
-Per step with sampling off, the hooks cost a dict lookup and an integer add each: the two
-per-step counters are plain ints in dict cells that a custom collector turns into exposition
-text when scraped (a ``prometheus_client.Counter`` child's ``inc`` costs several times more).
-The hooks fire on the scheduler's thread; one runner name is expected to publish from one thread.
+Label values are identifiers from fixed vocabularies (`warpolicy_metrics.vocabulary`) or names
+the engine chose, made identifier-like; never free text.
+
+Per step, the two per-step hooks cost a dict lookup and an integer add each: the per-step
+counts are plain ints that a collector turns into exposition text when scraped (single process)
+or that a flusher thread adds to prometheus_client counters every second (multi-process mode;
+`warpolicy_metrics.flushing`). Rare events use prometheus_client objects directly. The hooks
+fire on the scheduler's thread; one scheduler thread per process is expected.
 """
 
 from __future__ import annotations
@@ -34,20 +45,37 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import pluggy
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _prometheus_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
-__version__ = "0.2.0"
+from warpolicy_metrics import flushing
+from warpolicy_metrics.vocabulary import (
+    FALLBACK_PLACES,
+    OTHER,
+    POLICIES,
+    barrier_kind,
+    barrier_reason,
+    bucket_label,
+    demotion_reason,
+    fallback_labels,
+    ident,
+    identity_labels,
+    mode_label,
+)
+
+__version__ = "0.3.0"
 
 hookimpl = pluggy.HookimplMarker("warpolicy")
 log = logging.getLogger("warpolicy")
 
-SAMPLE_ENV = "WARPOLICY_METRICS_SAMPLE_EVERY"
+#: Read no more (0.2 sampled the release lead itself; the runtime samples it now).
+REMOVED_SAMPLE_ENV = "WARPOLICY_METRICS_SAMPLE_EVERY"
 
 #: Histogram buckets of the release lead: 1 us .. 50 ms (a decode forward is 1-50 ms).
 LEAD_BUCKETS = (
@@ -67,94 +95,10 @@ LEAD_BUCKETS = (
     5e-2,
 )
 
-
-def _label(value: Any) -> str:
-    """A policy's lowercase label, or its str."""
-    return str(getattr(value, "label", value))
-
-
-def sample_every_from(environ: Mapping[str, str]) -> int:
-    """``WARPOLICY_METRICS_SAMPLE_EVERY`` as a step count; 0 (off) when unset or invalid."""
-    raw = environ.get(SAMPLE_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        every = int(raw)
-    except ValueError:
-        every = -1
-    if every < 0:
-        log.warning(
-            "warpolicy-metrics: %s=%r is not a step count; release sampling is off", SAMPLE_ENV, raw
-        )
-        return 0
-    return every
-
-
-# -- release timing --------------------------------------------------------------------------------
-
-
-class ReleaseTiming(Protocol):
-    """Times one sample at a time: ``begin`` enqueues it, ``ready`` polls without blocking,
-    ``lead_seconds`` reads it once ready."""
-
-    def supports(self, event: Any) -> bool: ...
-
-    def begin(self, read_done_event: Any) -> None: ...
-
-    def ready(self) -> bool: ...
-
-    def lead_seconds(self) -> float: ...
-
-
-class CudaReleaseTiming:
-    """Two timing events of its own: ``end`` on the forward stream right after the replay is
-    enqueued (where ``warpolicy_on_publish`` fires), and ``released`` on an idle side stream
-    that waits on the published read-done event. The published events themselves are neither
-    timing-enabled nor ours to keep (the planted one is re-recorded every replay, ring events
-    every few steps); a wait captures the record current at enqueue time, so later re-records
-    do not move this sample."""
-
-    def __init__(self) -> None:
-        # torch only here: the plugin imports without torch, and only sampling needs it
-        import torch  # noqa: PLC0415 - deferred: only release sampling needs torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("no CUDA device")
-        self._torch = torch
-        self._side = torch.cuda.Stream()
-        self._released = torch.cuda.Event(enable_timing=True)
-        self._end = torch.cuda.Event(enable_timing=True)
-
-    def supports(self, event: Any) -> bool:
-        return isinstance(event, self._torch.cuda.Event)
-
-    def begin(self, read_done_event: Any) -> None:
-        self._end.record()  # the current stream: the forward stream, the replay just enqueued
-        self._side.wait_event(read_done_event)
-        self._released.record(self._side)
-
-    def ready(self) -> bool:
-        return bool(self._end.query() and self._released.query())
-
-    def lead_seconds(self) -> float:
-        # a post_replay release can land a few us after our own end record: that is 0 lead
-        return max(0.0, self._released.elapsed_time(self._end) / 1000.0)
-
-
-def cuda_release_timing() -> Optional[ReleaseTiming]:
-    """CUDA event timing, or None (one log line) where there is no CUDA torch."""
-    try:
-        return CudaReleaseTiming()
-    except Exception as exc:  # noqa: BLE001 - no torch, no CUDA, no device: sampling is off
-        log.warning("warpolicy-metrics: release sampling is off (%s: %s)", type(exc).__name__, exc)
-        return None
-
-
-# -- the metrics -----------------------------------------------------------------------------------
-
+#: Each metric: (name without ``_total``, help, its own labels).
 PUBLISHES = (
     "warpolicy_read_done_publishes",
-    ("Steps published, by runner and policy (none: nothing published, the scheduler went coarse)."),
+    "Steps published, by runner and policy (none: nothing published, the scheduler went coarse).",
     ("runner", "policy"),
 )
 BARRIERS = (
@@ -162,53 +106,124 @@ BARRIERS = (
     "Scheduler barriers by runner, kind (event or coarse) and reason.",
     ("runner", "kind", "reason"),
 )
+FALLBACKS = (
+    "warpolicy_fallbacks",
+    "Runtime failures absorbed by failing closed, by runner, component and place.",
+    ("runner", "component", "place"),
+)
+DEMOTIONS = (
+    "warpolicy_demotions",
+    "Buckets demoted at capture (they publish later, or nothing), by runner, bucket and reason.",
+    ("runner", "bucket", "reason"),
+)
+VIOLATIONS = (
+    "warpolicy_violations",
+    "Early releases caught by the WAR canary (each demotes its cell to the coarse barrier).",
+    ("runner", "backend", "mode", "spec", "bucket"),
+)
+RELEASE_LEAD = (
+    "warpolicy_release_lead_seconds",
+    "Sampled: how long before the end of the forward the scheduler was released.",
+    ("runner", "mode", "bucket"),
+)
+RESOLVED = (
+    "warpolicy_resolved_policy",
+    "1 for the policy a runner resolved at capture per mode and graph (the latest of its "
+    "buckets), 0 for the other policies.",
+    ("runner", "mode", "graph", "policy"),
+)
+
+#: Every family the plugin exposes, as scraped (counters with ``_total``).
+FAMILIES = (
+    "warpolicy_read_done_publishes_total",
+    "warpolicy_barriers_total",
+    "warpolicy_fallbacks_total",
+    "warpolicy_demotions_total",
+    "warpolicy_violations_total",
+    "warpolicy_release_lead_seconds",
+    "warpolicy_resolved_policy",
+)
+
+_ALL_LABELS = frozenset(
+    label
+    for _, _, labels in (
+        PUBLISHES,
+        BARRIERS,
+        FALLBACKS,
+        DEMOTIONS,
+        VIOLATIONS,
+        RELEASE_LEAD,
+        RESOLVED,
+    )
+    for label in labels
+) | {"le", "quantile", "pid"}
+
+DEFAULT_FLUSH_INTERVAL = 1.0
 
 
 class WarpolicyMetrics:
     """The metrics and the observer hooks that update them. Register an instance on a plugin
     manager, or use the module (the entry point), which forwards to `configure`'s instance.
 
-    It is itself the collector of the two per-step counters (``collect``/``describe``).
+    ``identity``: constant labels naming this engine process (``{"model_name": "llama-8b",
+    "tp_rank": 0}``), on every series. ``multiprocess``: None follows prometheus_client
+    (``PROMETHEUS_MULTIPROC_DIR`` set); then nothing is registered on ``registry`` (the engine's
+    ``MultiProcessCollector`` reads the files) and the per-step counts reach the files every
+    ``flush_interval`` seconds, at exit and on `flush`.
     """
 
     def __init__(
         self,
         registry: Optional[CollectorRegistry] = None,
         *,
-        sample_every: int = 0,
-        timing: Optional[Callable[[], Optional[ReleaseTiming]]] = None,
+        identity: Optional[Mapping[str, Any]] = None,
+        multiprocess: Optional[bool] = None,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     ) -> None:
+        self.identity = identity_labels(identity, _ALL_LABELS)
+        self._id = tuple(self.identity.values())
+        self.multiprocess = (
+            flushing.multiprocess_from(os.environ) if multiprocess is None else bool(multiprocess)
+        )
+        if not flush_interval > 0:
+            raise ValueError(
+                f"warpolicy-metrics: flush_interval must be positive, not {flush_interval!r}"
+            )
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
-        # per-step counters: key -> [count]; read by collect() at scrape time
-        self._publishes: dict[tuple[str, Any], list[int]] = {}
+        names = tuple(self.identity)
+        # per-step counts, labelled at scrape / flush time: per runner, a count per policy
+        # (indexed by the policy, an IntEnum: hashing an enum member costs a Python call), the
+        # last slot for anything else; per raw (runner, kind, reason), a one-item list
+        self._publishes: dict[str, list[int]] = {}
         self._barriers: dict[tuple[str, str, str], list[int]] = {}
-        self.fallbacks = Counter(
-            "warpolicy_fallbacks",
-            "Runtime failures absorbed by failing closed (coarse barrier), by place.",
-            ["where"],
-            registry=None,
-        )
-        self.resolved = Gauge(
-            "warpolicy_resolved_policy",
-            "Policy a runner resolved per mode "
-            "(0 pre_replay, 1 in_graph, 2 post_replay, 3 none); the latest of "
-            "its buckets.",
-            ["runner", "mode", "graph"],
-            registry=None,
-        )
+        self._last_runner: Optional[str] = None  # the runner that published last
+        self._label_cache: dict[Any, tuple[str, ...]] = {}
+        self.fallbacks = Counter(*FALLBACKS[:2], names + FALLBACKS[2], registry=None)
+        self.demotions = Counter(*DEMOTIONS[:2], names + DEMOTIONS[2], registry=None)
+        self.violations = Counter(*VIOLATIONS[:2], names + VIOLATIONS[2], registry=None)
         self.release_lead = Histogram(
-            "warpolicy_release_lead_seconds",
-            "Sampled: how long before the end of the forward the scheduler was released.",
-            ["runner"],
-            buckets=LEAD_BUCKETS,
-            registry=None,
+            *RELEASE_LEAD[:2], names + RELEASE_LEAD[2], buckets=LEAD_BUCKETS, registry=None
+        )
+        # "max" across processes: a policy any process of this identity resolved shows as 1
+        self.resolved = Gauge(
+            *RESOLVED[:2], names + RESOLVED[2], multiprocess_mode="max", registry=None
         )
         self._resolved_max: dict[tuple[str, str, str], int] = {}
-        self.sample_every = max(0, int(sample_every))
-        self._timing_factory = timing if timing is not None else cuda_release_timing
-        self._timing: Optional[ReleaseTiming] = None
-        self._pending: Optional[str] = None  # runner of the sample in flight
+        self._runners_seen: set[str] = set()
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._flushed: dict[tuple[Any, ...], int] = {}
+        self._flush_failed = False
+        self.flusher: Optional[flushing.Flusher] = None
+        self.flush_interval = float(flush_interval)
+        self.publishes_counter: Optional[Counter] = None
+        self.barriers_counter: Optional[Counter] = None
+        if self.multiprocess:
+            self.publishes_counter = Counter(*PUBLISHES[:2], names + PUBLISHES[2], registry=None)
+            self.barriers_counter = Counter(*BARRIERS[:2], names + BARRIERS[2], registry=None)
+            self.flusher = flushing.Flusher(self.flush, self.flush_interval)
+            flushing.track(self)
+            return
         registered: list[Any] = []
         try:  # all or nothing: a name clash leaves the registry as it was
             for collector in self.collectors():
@@ -220,45 +235,146 @@ class WarpolicyMetrics:
             raise
 
     def collectors(self) -> tuple[Any, ...]:
-        return (self, self.fallbacks, self.resolved, self.release_lead)
+        """What is registered on the registry (nothing in multi-process mode)."""
+        if self.multiprocess:
+            return ()
+        return (
+            self,
+            self.fallbacks,
+            self.demotions,
+            self.violations,
+            self.release_lead,
+            self.resolved,
+        )
 
     def unregister(self) -> None:
-        """Remove these metrics from their registry (before building new ones on it)."""
+        """Remove these metrics from their registry (before building new ones on it); in
+        multi-process mode, flush and stop the flusher."""
+        if self.flusher is not None:
+            self.flusher.stop()
+            self.flusher = None
+            flushing.untrack(self)
+            self.flush()
         for collector in self.collectors():
             self.registry.unregister(collector)
 
-    # -- collector of the per-step counters ----------------------------------------------------
+    # -- labels ----------------------------------------------------------------------------------
+
+    def _publish_labels(self, key: tuple[str, int]) -> tuple[str, ...]:
+        labels = self._label_cache.get(key)
+        if labels is None:
+            runner, index = key
+            policy = POLICIES[index] if index < len(POLICIES) else OTHER
+            labels = self._label_cache[key] = (*self._id, ident(runner), policy)
+        return labels
+
+    def _barrier_labels(self, key: tuple[str, str, str]) -> tuple[str, ...]:
+        labels = self._label_cache.get(key)
+        if labels is None:
+            runner, kind, reason = key
+            labels = self._label_cache[key] = (
+                *self._id,
+                ident(runner),
+                barrier_kind(kind),
+                barrier_reason(kind, reason),
+            )
+        return labels
+
+    # -- single process: the collector of the per-step counts ---------------------------------
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples (so registering does not call `collect`)."""
+        names = tuple(self.identity)
         for name, doc, labels in (PUBLISHES, BARRIERS):
-            yield CounterMetricFamily(name, doc, labels=labels)
+            yield CounterMetricFamily(name, doc, labels=names + labels)
+
+    def _publish_counts(self) -> Iterator[tuple[tuple[str, int], int]]:
+        """(raw key, count) of every publish count (the scheduler's thread may be adding)."""
+        for runner, cells in list(self._publishes.items()):
+            for index, count in enumerate(list(cells)):
+                if count:
+                    yield (runner, index), count
+
+    def _barrier_counts(self) -> Iterator[tuple[tuple[str, str, str], int]]:
+        for key, cell in list(self._barriers.items()):
+            yield key, cell[0]
 
     def collect(self) -> Iterator[Metric]:
-        publishes = CounterMetricFamily(*PUBLISHES[:2], labels=PUBLISHES[2])
-        for (runner, policy), cell in list(self._publishes.items()):
-            publishes.add_metric([runner, _label(policy)], cell[0])
-        yield publishes
-        barriers = CounterMetricFamily(*BARRIERS[:2], labels=BARRIERS[2])
-        for (runner, kind, reason), cell in list(self._barriers.items()):
-            barriers.add_metric([runner, kind, reason], cell[0])
-        yield barriers
+        names = tuple(self.identity)
+        for (name, doc, labels), counts, make in (
+            (PUBLISHES, self._publish_counts(), self._publish_labels),
+            (BARRIERS, self._barrier_counts(), self._barrier_labels),
+        ):
+            totals: dict[tuple[str, ...], int] = {}
+            for key, count in counts:  # two raw keys may make one label set: add them up
+                label_values = make(key)
+                totals[label_values] = totals.get(label_values, 0) + count
+            family = CounterMetricFamily(name, doc, labels=names + labels)
+            for label_values, count in totals.items():
+                family.add_metric(list(label_values), count)
+            yield family
+
+    # -- multi-process: flushing the per-step counts into the files ---------------------------
+
+    def flush(self) -> None:
+        """Add the per-step counts gained since the last flush to the prometheus_client counters
+        (multi-process mode: they write the files the engine's collector reads). Never raises:
+        a failure is logged once and retried at the next flush."""
+        publishes, barriers = self.publishes_counter, self.barriers_counter
+        if publishes is None or barriers is None:
+            return
+        with self._flush_lock:
+            try:
+                self._flush_counts(publishes, self._publish_counts(), self._publish_labels)
+                self._flush_counts(barriers, self._barrier_counts(), self._barrier_labels)
+            except Exception as exc:  # noqa: BLE001 - metrics never stop the engine
+                if not self._flush_failed:
+                    self._flush_failed = True
+                    log.warning(
+                        "warpolicy-metrics: writing the multi-process metrics failed "
+                        "(%s: %s); retrying at every flush",
+                        type(exc).__name__,
+                        exc,
+                    )
+
+    def _flush_counts(
+        self, counter: Counter, counts: Iterable[tuple[Any, int]], make: Callable[[Any], Any]
+    ) -> None:
+        for key, count in counts:
+            done = self._flushed.get(key, 0)
+            if count != done:
+                counter.labels(*make(key)).inc(count - done)
+                self._flushed[key] = count
+
+    def forget_in_child(self) -> None:
+        """In a forked child: the parent flushes what it counted, the child only its own steps;
+        fresh locks (a parent's thread may have held them) and a flusher thread of its own."""
+        self._flush_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._flushed = dict(self._publish_counts())
+        self._flushed.update(self._barrier_counts())
+        if self.flusher is not None:
+            self.flusher = flushing.Flusher(self.flush, self.flush_interval)
 
     # -- observer hooks ------------------------------------------------------------------------
 
     @hookimpl
     def warpolicy_on_publish(self, runner: str, step: int, policy: Any, event: Any) -> None:
-        cell = self._publishes.get((runner, policy))
-        if cell is None:
-            cell = self._publishes.setdefault((runner, policy), [0])
-        cell[0] += 1
-        if self.sample_every and step % self.sample_every == 0:
-            self._sample(runner, event)
+        self._last_runner = runner
+        cells = self._publishes.get(runner)
+        if cells is None:
+            cells = self._publishes.setdefault(runner, [0] * (len(POLICIES) + 1))
+        try:
+            cells[policy] += 1
+        except (TypeError, IndexError):  # not a WarReadDonePolicy: counted as policy="other"
+            cells[-1] += 1
 
     @hookimpl
     def warpolicy_on_barrier(
         self, runner: str, step: Optional[int], kind: str, reason: str
     ) -> None:
+        if step is None:  # nothing was taken: the barrier's own name; count it for the runner
+            runner = self._last_runner or runner  # that just published nothing
         cell = self._barriers.get((runner, kind, reason))
         if cell is None:
             cell = self._barriers.setdefault((runner, kind, reason), [0])
@@ -266,7 +382,37 @@ class WarpolicyMetrics:
 
     @hookimpl
     def warpolicy_on_fallback(self, where: str, error: BaseException) -> None:
-        self.fallbacks.labels(where).inc()  # rare: a prometheus_client counter is fine
+        runner, component, place = fallback_labels(where)
+        if component == "barrier" and self._last_runner is not None:
+            runner = ident(self._last_runner)  # the scheduler's barrier: the step's runner
+        self.fallbacks.labels(*self._id, runner, component, place).inc()
+
+    @hookimpl
+    def warpolicy_on_demotion(self, runner: str, bucket: int, reason: str) -> None:
+        self.demotions.labels(
+            *self._id, ident(runner), bucket_label(bucket), demotion_reason(reason)
+        ).inc()
+
+    @hookimpl
+    def warpolicy_on_violation(
+        self, runner: str, backend: str, mode: Any, spec: str, bucket: Optional[int]
+    ) -> None:
+        self.violations.labels(
+            *self._id,
+            ident(runner),
+            ident(backend) if backend else "",
+            mode_label(mode),
+            ident(spec) if spec else "",
+            bucket_label(bucket),
+        ).inc()
+
+    @hookimpl
+    def warpolicy_on_release_lead(
+        self, runner: str, mode: Any, bucket: Optional[int], lead_us: float
+    ) -> None:
+        self.release_lead.labels(
+            *self._id, ident(runner), mode_label(mode), bucket_label(bucket)
+        ).observe(max(0.0, float(lead_us)) / 1e6)
 
     @hookimpl
     def warpolicy_on_decision(self, decision: Any, where: str) -> None:
@@ -274,48 +420,28 @@ class WarpolicyMetrics:
         if context is None:  # a bare policy: nothing says which mode
             return
         policy = int(getattr(decision, "policy", decision))
-        runner = where.split(":", 1)[1] if where.startswith("runner:") else where
-        mode = str(getattr(context.mode, "value", context.mode))
+        runner = ident(where.split(":", 1)[1] if where.startswith("runner:") else where)
+        mode = mode_label(context.mode)
         key = (runner, mode, "eager" if getattr(context, "eager", False) else "captured")
         with self._lock:  # capture time only
             value = max(policy, self._resolved_max.get(key, policy))
             self._resolved_max[key] = value
-        self.resolved.labels(*key).set(value)
+            first = runner not in self._runners_seen
+            self._runners_seen.add(runner)
+        for index, label in enumerate(POLICIES):
+            self.resolved.labels(*self._id, *key, label).set(1 if index == value else 0)
+        if first:
+            self._zero_fallbacks(runner)
 
-    # -- release sampling ----------------------------------------------------------------------
-
-    def _sample(self, runner: str, event: Any) -> None:
-        """Finish the sample in flight if it is ready, then start one on ``event``. Never blocks;
-        any failure turns sampling off (an observer must not raise)."""
-        try:
-            with self._lock:
-                timing = self._timing
-                if timing is None:
-                    timing = self._timing = self._timing_factory()
-                    if timing is None:
-                        self.sample_every = 0
-                        return
-                if self._pending is not None:
-                    if not timing.ready():
-                        return  # the last sample is still in flight: skip this one
-                    self.release_lead.labels(self._pending).observe(timing.lead_seconds())
-                    self._pending = None
-                if event is None:
-                    return
-                if not timing.supports(event):
-                    log.warning(
-                        "warpolicy-metrics: release sampling is off (%s has no GPU timing)",
-                        type(event).__name__,
-                    )
-                    self.sample_every = 0
-                    return
-                timing.begin(event)
-                self._pending = runner
-        except Exception as exc:  # noqa: BLE001 - metrics never change a step; stop sampling
-            log.warning(
-                "warpolicy-metrics: release sampling is off (%s: %s)", type(exc).__name__, exc
-            )
-            self.sample_every = 0
+    def _zero_fallbacks(self, runner: str) -> None:
+        """Every fallback series of a runner (the canary's aside), at 0 from its first capture,
+        so that ``increase(warpolicy_fallbacks_total[10m]) > 0`` sees the first fallback too."""
+        for component, places in FALLBACK_PLACES.items():
+            if component == "canary":  # only where a canary runs: at its first count
+                continue
+            owner = "" if component == "overlap_loop" else runner
+            for place in sorted(places):
+                self.fallbacks.labels(*self._id, owner, component, place)
 
 
 # -- the module as a plugin (entry point) ----------------------------------------------------------
@@ -327,29 +453,41 @@ _CONFIG_LOCK = threading.Lock()
 def configure(
     registry: Optional[CollectorRegistry] = None,
     *,
-    sample_every: Optional[int] = None,
-    timing: Optional[Callable[[], Optional[ReleaseTiming]]] = None,
+    identity: Optional[Mapping[str, Any]] = None,
+    multiprocess: Optional[bool] = None,
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL,
 ) -> WarpolicyMetrics:
-    """Put the entry-point plugin's metrics on ``registry`` (None: prometheus_client's default).
+    """Put the entry-point plugin's metrics on ``registry`` (None: prometheus_client's default),
+    labelled with the engine's ``identity`` (e.g. ``{"model_name": ..., "tp_rank": 0}``).
 
-    Call it before the runners capture; metrics already made move (their counts start over).
-    ``sample_every`` None reads ``WARPOLICY_METRICS_SAMPLE_EVERY`` (unset: off).
+    Call it before the runners capture; metrics already made move (their counts start over in
+    a single process; in multi-process mode the files keep them). Raises ValueError for an
+    identity label that is not a label name or whose value is not identifier-like.
     """
     with _CONFIG_LOCK:
-        return _configure_locked(registry, sample_every, timing)
+        return _configure_locked(registry, identity, multiprocess, flush_interval)
 
 
 def _configure_locked(
     registry: Optional[CollectorRegistry],
-    sample_every: Optional[int],
-    timing: Optional[Callable[[], Optional[ReleaseTiming]]],
+    identity: Optional[Mapping[str, Any]],
+    multiprocess: Optional[bool],
+    flush_interval: float,
 ) -> WarpolicyMetrics:
     global _ACTIVE
-    every = sample_every_from(os.environ) if sample_every is None else sample_every
+    if REMOVED_SAMPLE_ENV in os.environ:
+        log.warning(
+            "warpolicy-metrics: %s is no longer read; the release lead comes from the runtime's "
+            "sampling (warpolicy_on_release_lead)",
+            REMOVED_SAMPLE_ENV,
+        )
+    identity_labels(identity, _ALL_LABELS)  # a bad identity leaves the active metrics alone
     if _ACTIVE is not None:
         _ACTIVE.unregister()
         _ACTIVE = None
-    _ACTIVE = WarpolicyMetrics(registry, sample_every=every, timing=timing)
+    _ACTIVE = WarpolicyMetrics(
+        registry, identity=identity, multiprocess=multiprocess, flush_interval=flush_interval
+    )
     return _ACTIVE
 
 
@@ -359,7 +497,9 @@ def metrics() -> WarpolicyMetrics:
     if active is not None:
         return active
     with _CONFIG_LOCK:
-        return _ACTIVE if _ACTIVE is not None else _configure_locked(None, None, None)
+        if _ACTIVE is not None:
+            return _ACTIVE
+        return _configure_locked(None, None, None, DEFAULT_FLUSH_INTERVAL)
 
 
 def reset() -> None:
@@ -372,8 +512,15 @@ def reset() -> None:
 
 
 def start_http_server(port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve the metrics' registry on ``addr:port`` (for engines that serve no ``/metrics``)."""
-    return _prometheus_http_server(port, addr=addr, registry=metrics().registry)
+    """Serve the metrics on ``addr:port`` (for engines that serve no ``/metrics``): the
+    registry given to `configure`, or in multi-process mode every process's files through a
+    ``MultiProcessCollector``."""
+    active = metrics()
+    if active.multiprocess:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return _prometheus_http_server(port, addr=addr, registry=registry)
+    return _prometheus_http_server(port, addr=addr, registry=active.registry)
 
 
 @hookimpl
@@ -389,6 +536,25 @@ def warpolicy_on_barrier(runner: str, step: Optional[int], kind: str, reason: st
 @hookimpl
 def warpolicy_on_fallback(where: str, error: BaseException) -> None:
     (_ACTIVE or metrics()).warpolicy_on_fallback(where, error)
+
+
+@hookimpl
+def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
+    (_ACTIVE or metrics()).warpolicy_on_demotion(runner, bucket, reason)
+
+
+@hookimpl
+def warpolicy_on_violation(
+    runner: str, backend: str, mode: Any, spec: str, bucket: Optional[int]
+) -> None:
+    (_ACTIVE or metrics()).warpolicy_on_violation(runner, backend, mode, spec, bucket)
+
+
+@hookimpl
+def warpolicy_on_release_lead(
+    runner: str, mode: Any, bucket: Optional[int], lead_us: float
+) -> None:
+    (_ACTIVE or metrics()).warpolicy_on_release_lead(runner, mode, bucket, lead_us)
 
 
 @hookimpl
