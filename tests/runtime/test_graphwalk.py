@@ -19,6 +19,7 @@ from warpolicy.runtime.graphwalk.analysis import (
     derive_plan,
     find_event_record,
     find_readers,
+    joining_successors,
     late_readers,
     reader_frontier,
     topological_order,
@@ -270,6 +271,38 @@ def test_frontier_covers_every_reader_and_is_minimal(case):
         assert not any(a in ancestors(graph, r) for r in readers if r != a)
 
 
+@settings(max_examples=200, deadline=None)
+@given(dags())
+def test_joining_successors_order_nothing_new_and_keep_the_graph_acyclic(case):
+    graph, readers = case
+    frontier = reader_frontier(graph, readers)
+    successors = joining_successors(graph, frontier)
+    # oracle: brute-force descendants through ancestors(), not the function's own walk
+    common = {
+        c for c in range(len(graph.nodes)) if all(f in ancestors(graph, c) for f in frontier)
+    }
+    first = {c for c in common if not any(d in common for d in graph.nodes[c].deps)}
+    assert set(successors) == first
+    # the new node after the frontier, joined to the successors: still a DAG, and every
+    # successor already had the whole frontier among its ancestors (no new ordering)
+    new = len(graph.nodes)
+    joined = [
+        plain(n.index, tuple(sorted(set(n.deps) | ({new} if n.index in first else set()))))
+        for n in graph.nodes
+    ]
+    topological_order(Graph((*joined, plain(new, tuple(frontier)))))
+    for c in successors:
+        assert set(frontier) <= ancestors(graph, c)
+
+
+def test_joining_successors_of_hand_made_graphs():
+    assert joining_successors(chain(["kernel"] * 4), (1,)) == (2,)
+    assert joining_successors(chain(["kernel"] * 4), (3,)) == ()  # a sink: nothing after it
+    assert joining_successors(diamond(set()), (1, 2)) == (3,)
+    assert joining_successors(diamond(set()), (0,)) == (1, 2)
+    assert joining_successors(diamond(set()), ()) == ()
+
+
 # ---------------------------------------------------------------------------------------------
 # Self-check
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +391,7 @@ class FakeDriver(types.SimpleNamespace):
         self.weak = set(weak)
         self.added = []
         self.drop_added = False  # simulate a driver that accepts the node but loses it
+        self.joined = []  # edges added from a new node
         self._keep = []
 
     # handle constructors
@@ -433,6 +467,13 @@ class FakeDriver(types.SimpleNamespace):
             )
             self.edges += [(int(d) - 100, len(self.nodes) - 1) for d in deps]
         return CUresult.CUDA_SUCCESS, Handle(100 + len(self.nodes) - 1)
+
+    def cuGraphAddDependencies(self, graph, sources, targets, data, count):
+        if count != len(sources) or len(sources) != len(targets) or data is not None:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        self.joined += [(int(a) - 100, int(b) - 100) for a, b in zip(sources, targets)]
+        self.edges += self.joined[-count:]
+        return (CUresult.CUDA_SUCCESS,)
 
 
 def arg(value, size=8):
@@ -566,6 +607,7 @@ class TestPlant:
         result = derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent())
         assert driver.added == [([2], EVENT)]  # #0 is an ancestor of #2
         assert [r.index for r in result.frontier] == [2] and result.nodes == 4
+        assert driver.joined == [(4, 3)] and result.successors == (3,)  # not a leaf
         assert len(result.readers) == 2 and result.total_ms >= 0
         assert "#2" in result.describe()
 
@@ -605,6 +647,26 @@ class TestPlant:
         derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent())
         check = check_marker(FakeTorchGraph(), RANGES, FakeEvent())
         assert check.ok and check.marker == 4 and check.readers == 2
+
+    def test_a_join_that_fails_leaves_a_planted_leaf(self, fake_driver):
+        driver = fake_driver(*fake_forward())
+        driver.cuGraphAddDependencies = lambda *a: (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        result = derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent())
+        assert driver.added == [([2], EVENT)] and result.successors == ()
+        assert "left a leaf of the graph (cuGraphAddDependencies failed" in result.describe()
+        assert check_marker(FakeTorchGraph(), RANGES, FakeEvent()).ok
+
+    def test_join_with_the_12x_signature(self, fake_driver):
+        driver = fake_driver(*fake_forward())
+        calls = []
+
+        def old(graph, sources, targets, count):  # cuda-bindings 12: no edge data
+            calls.append(count)
+            return (CUresult.CUDA_SUCCESS,)
+
+        driver.cuGraphAddDependencies = old
+        assert derive_and_plant(FakeTorchGraph(), RANGES, FakeEvent()).successors == (3,)
+        assert calls == [1]
 
     def test_api_error_becomes_placement_error(self, fake_driver):
         driver = fake_driver(*fake_forward())

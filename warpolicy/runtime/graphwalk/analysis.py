@@ -57,6 +57,9 @@ class DerivedPlan:
     readers: tuple[Reader, ...]  # every reader, opaque ones included, in node order
     frontier: tuple[int, ...]  # the readers the new node depends on (no reader after them)
     nodes: int  # nodes in the graph
+    #: nodes already after every frontier node that the new node is joined to (see
+    #: `joining_successors`); empty when none exists (the new node is then a leaf)
+    successors: tuple[int, ...] = ()
 
     @property
     def seen(self) -> tuple[Reader, ...]:
@@ -165,6 +168,36 @@ def reader_frontier(graph: Graph, readers: Iterable[int]) -> tuple[int, ...]:
     return tuple(i for i, r in enumerate(is_reader) if r and not reader_below[i])
 
 
+def joining_successors(graph: Graph, frontier: Sequence[int]) -> tuple[int, ...]:
+    """The first nodes after every node of ``frontier``: descendants of each frontier node
+    none of whose dependencies is one (sorted).
+
+    A read-done node that depends on the frontier is joined to these by new edges, so it is
+    not a leaf of the graph. The edges order nothing new (each successor already waits for the
+    whole frontier), but they matter for speed: on an H200 a leaf event-record node added to a
+    captured decode graph cost about 45 us per replay, the same node joined to its successors
+    about 2 us (docs/ARCHITECTURE.md, "Derived placement"). Empty when the frontier has no common
+    descendant (a frontier node is a sink).
+    """
+    if not frontier:
+        return ()
+    children = graph.children()
+
+    def descendants(start: int) -> set[int]:
+        seen: set[int] = set()
+        todo = deque(children[start])
+        while todo:
+            node = todo.popleft()
+            if node not in seen:
+                seen.add(node)
+                todo.extend(children[node])
+        return seen
+
+    common = set.intersection(*(descendants(f) for f in frontier))
+    nodes = graph.nodes
+    return tuple(sorted(c for c in common if not any(d in common for d in nodes[c].deps)))
+
+
 # ---------------------------------------------------------------------------------------------
 # Derived placement and the self-check
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +211,8 @@ def derive_plan(graph: Graph, ranges: Sequence[BufferRange]) -> DerivedPlan:
     if not any(not r.opaque for r in readers):
         return DerivedPlan(Outcome.NO_READERS, readers, (), len(graph))
     frontier = reader_frontier(graph, (r.index for r in readers))
-    return DerivedPlan(Outcome.PLANNED, readers, frontier, len(graph))
+    successors = joining_successors(graph, frontier)
+    return DerivedPlan(Outcome.PLANNED, readers, frontier, len(graph), successors)
 
 
 def find_event_record(graph: Graph, event: int) -> Optional[int]:

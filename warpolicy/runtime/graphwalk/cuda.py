@@ -410,6 +410,20 @@ def add_event_record_node(raw: RawGraph, deps: Sequence[int], event: int) -> Any
     )[0]
 
 
+def add_dependencies(raw: RawGraph, node: Any, successors: Sequence[int]) -> None:
+    """Add edges from the new ``node`` to nodes ``successors`` of the walked graph."""
+    driver = driver_module()
+    targets = [raw.handles[i] for i in sorted(set(successors))]
+    sources = [node] * len(targets)
+    try:  # cuda-bindings 13: (graph, from, to, edgeData, count); None: plain edges
+        call(driver, "cuGraphAddDependencies", raw.cu_graph, sources, targets, None, len(targets))
+    except CudaCallError as exc:
+        if exc.code != "TypeError":
+            raise
+        # cuda-bindings 12: (graph, from, to, count)
+        call(driver, "cuGraphAddDependencies", raw.cu_graph, sources, targets, len(targets))
+
+
 def node_count(raw: int) -> int:
     """How many nodes the ``cudaGraph_t`` ``raw`` has now."""
     driver = driver_module()

@@ -53,6 +53,10 @@ class DerivedPlant:
     plant_ms: float  # adding the node
     weak_edges: int = 0  # programmatic edges not trusted for ordering
     node: Any = attrs.field(default=None, eq=False, repr=False)  # the new CUgraphNode
+    #: nodes the new one was joined to by an edge (`joining_successors`); empty: a leaf
+    successors: tuple[int, ...] = ()
+    #: why joining failed (the node then stays a leaf: as safe, slower per replay)
+    join_error: str = ""
 
     @property
     def total_ms(self) -> float:
@@ -67,6 +71,8 @@ class DerivedPlant:
             f"{f', {opaque} unseen node(s)' if opaque else ''} in {self.nodes} nodes; "
             f"{self.total_ms:.1f} ms)"
         )
+        if self.join_error:
+            text += f"; left a leaf of the graph ({self.join_error})"
         return text
 
 
@@ -230,6 +236,7 @@ def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> 
     after = cuda.node_count(raw)
     if after != plan.nodes + 1:  # the driver accepted the call but the graph did not change
         raise PlacementError(f"the graph has {after} nodes after adding one to {plan.nodes}")
+    joined, join_error = _join(walked, node, plan.successors)
     t3 = time.perf_counter()
     by_index = {r.index: r for r in plan.readers}
     return DerivedPlant(
@@ -241,7 +248,23 @@ def _derive_and_plant(graph: Any, ranges: Sequence[BufferRange], event: Any) -> 
         _ms(t3 - t2),
         walked.weak_edges,
         node,
+        joined,
+        join_error,
     )
+
+
+def _join(
+    walked: cuda.RawGraph, node: Any, successors: tuple[int, ...]
+) -> tuple[tuple[int, ...], str]:
+    """Join the new node to ``successors`` (edges that order nothing new, for replay speed);
+    the joined nodes, or none and why."""
+    if not successors:
+        return (), ""
+    try:
+        cuda.add_dependencies(walked, node, successors)
+    except GraphWalkError as exc:  # the node is planted: a leaf is as safe, only slower
+        return (), str(exc)
+    return successors, ""
 
 
 def _no_readers(plan: DerivedPlan, ranges: Sequence[BufferRange]) -> str:
