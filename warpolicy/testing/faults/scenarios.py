@@ -38,6 +38,7 @@ from warpolicy.registry.vocabulary import (
     ForwardMode,
     WarReadDonePolicy,
 )
+from warpolicy.runtime.canary import Canary, CanaryConfig
 from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.runners import (
     DecodeRunner,
@@ -252,6 +253,18 @@ def _single(cls: type[GraphRunner], sizes: str, **kw: Any) -> Callable[[Harness,
     return run
 
 
+def _canary_scenario(h: Harness, variant: str) -> None:
+    """DecodeRunner with the WAR canary checking every step (its saves, restores, replay and
+    put-back are logged reads and writes: the oracle judges them too)."""
+    policy, reads = VARIANTS[variant]
+    canary = h.guard(lambda: Canary(h.platform, CanaryConfig(rate=1.0, seed=0), **h.kw))
+    if canary is None:
+        return
+    runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy), canary=canary)
+    if runner is not None:
+        overlap(h, runner, STEPS["decode"])
+
+
 def _streams_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -362,6 +375,12 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("declared",),
             _spec_late_phase,
             "SpecStep whose phase after the last reader publishes (issue 17 class 12)",
+        ),
+        Scenario(
+            "canary",
+            ("pre_replay", "in_graph"),
+            _canary_scenario,
+            "DecodeRunner with the WAR canary checking every step; OverlapLoop; re-capture",
         ),
         Scenario(
             "streams",
