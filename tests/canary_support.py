@@ -378,9 +378,15 @@ def reference_run(
 
 
 def same(a: tuple[Any, Any], b: tuple[Any, Any], exact: bool) -> bool:
+    """Whether two fingerprints agree: bitwise, or (a graph against an eager run on a GPU)
+    within the rounding of their dtype; a race moves whole rows, far beyond either."""
     if exact:
         return all(torch.equal(x, y) for x, y in zip(a, b))
-    return all(torch.allclose(x.float(), y.float(), rtol=1e-3, atol=1e-4) for x, y in zip(a, b))
+    for x, y in zip(a, b):
+        tol = 1e-4 if x.dtype in (torch.float32, torch.float64) else 3e-2
+        if not torch.allclose(x.float(), y.float(), rtol=tol, atol=tol):
+            return False
+    return True
 
 
 class ShapeTrial:
