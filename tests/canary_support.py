@@ -464,3 +464,10 @@ class ShapeTrial:
         fired = [k for k, (a, b) in enumerate(zip(self.prints, reference)) if not same(a, b, exact)]
         first = self.flagged[0] if self.flagged else len(self.prints)
         return fired, [k for k in fired if k > first]
+
+
+def synthetic_factory(platform: Any) -> Any:
+    """An audit factory (``canary_support:synthetic_factory``): the in-graph synthetic subject."""
+    from warpolicy.audit.synthetic import make_synthetic
+
+    return make_synthetic("in_graph", platform=platform)

@@ -33,8 +33,10 @@ canary half-restored would be a silent corruption of its own.
 
 What a sample holds (the byte budget, ``max_bytes``, counts it before saving anything): the
 pre-step copies of ``inputs`` and ``state``, the observed output and ``state``, and during the
-check the live copies of ``inputs``, ``state`` and output: ``2 x inputs + 3 x state + 2 x
-output`` bytes. A sample over the budget is skipped (said once per bucket).
+check the live copies of ``inputs``, ``state`` and output and the replay's ``state``: ``2 x
+inputs + 4 x state + 2 x output`` bytes (an eager step's rerun allocates its own output too).
+A sample over the budget is skipped (said once per bucket). ``Canary.max_sample_bytes`` is the
+most one sample held.
 """
 
 from __future__ import annotations
@@ -268,6 +270,8 @@ class Canary:
         #: ``sampled``, ``checked``, ``violations``, ``failures``, ``skipped``
         self.stats: collections.Counter[str] = collections.Counter()
         self.violations: collections.deque[Violation] = collections.deque(maxlen=KEEP_VIOLATIONS)
+        #: the most bytes one sample held (snapshots, observed results, the check's live copies)
+        self.max_sample_bytes = 0
         self._leads: dict[LeadKey, LeadSummary] = {}
         self._lead_clock = lead_clock
         self._seeds = itertools.count(config.seed if config.seed is not None else 0)
@@ -546,7 +550,7 @@ class CanarySession:
         given = spec.inputs if spec.inputs is not None else shared
         inputs = [(str(n), as_snapshot(str(n), v)) for n, v in dict(given).items()]
         state = [(str(n), as_snapshot(str(n), v)) for n, v in dict(spec.state).items()]
-        held = 2 * sum(s.nbytes for _, s in inputs) + 3 * sum(s.nbytes for _, s in state)
+        held = 2 * sum(s.nbytes for _, s in inputs) + 4 * sum(s.nbytes for _, s in state)
         if held > canary.config.max_bytes:
             canary._skipped(
                 f"too-big:{self.name}:{bucket}",
@@ -577,6 +581,8 @@ class CanarySession:
                     f"max_bytes ({limit}); not sampled",
                 )
                 return
+            held = sample.held + 2 * out_bytes
+            self.canary.max_sample_bytes = max(self.canary.max_sample_bytes, held)
             compared = outputs if sample.spec.compare_output else []
             observed = [(label, t.detach().clone()) for label, t in compared]
             observed += [(f"state[{n!r}]", s.save()) for n, s in sample.state]
