@@ -267,7 +267,7 @@ class Canary:
         self._cells: dict[CanaryCell, str] = {}
         #: bumped on every new demoted cell (sessions compare it once per step)
         self.version = 0
-        #: ``sampled``, ``checked``, ``violations``, ``failures``, ``skipped``
+        #: ``sampled``, ``checked``, ``violations``, ``failures``, ``skipped``, ``discarded``
         self.stats: collections.Counter[str] = collections.Counter()
         self.violations: collections.deque[Violation] = collections.deque(maxlen=KEEP_VIOLATIONS)
         #: the most bytes one sample held (snapshots, observed results, the check's live copies)
@@ -368,7 +368,7 @@ class Canary:
 
     def _failed(self, session: CanarySession, where: str, error: BaseException, text: str) -> None:
         self.stats["failures"] += 1
-        self.reporter.fallback(f"{session.name}:{where}", error, text)
+        session.reporter.fallback(where, error, text)
 
     def _skipped(self, key: str, text: str) -> None:
         self.stats["skipped"] += 1
@@ -458,6 +458,9 @@ class CanarySession:
         self.backend = backend
         self.spec = spec
         self.scope = backend or f"runner {name}"
+        #: reports this session's fallbacks (``where="canary '<name>':<place>"``, place
+        #: ``begin``, ``observe``, ``check`` or ``on_demote``)
+        self.reporter = Reporter(canary.observers, f"canary {name!r}")
         self._on_demote = on_demote
         self._countdown = Countdown(canary.config.rate, canary._seed())
         self._seen = -1  # the canary version whose demotions this session applied
@@ -595,6 +598,13 @@ class CanarySession:
             return
         self._pending = sample
 
+    def discard(self) -> None:
+        """Drop the pending sample unchecked (its graph is about to be replaced: a re-capture
+        must never find an old graph replayed into memory the new capture reuses)."""
+        if self._pending is not None:
+            self._pending = None
+            self.canary.stats["discarded"] += 1
+
     def check(self) -> Optional[Violation]:
         """Check the pending sample, if any (see the module docstring); returns the violation
         it caught, else None. Call it after the scheduler's writes for the next step, with the
@@ -693,7 +703,7 @@ class CanarySession:
                 try:
                     self._on_demote(cell.bucket, reason)
                 except Exception as exc:  # noqa: BLE001 - release_for still answers coarse
-                    canary.reporter.fallback(f"{self.name}:on_demote", exc)
+                    self.reporter.fallback("on_demote", exc)
 
     def __repr__(self) -> str:
         return (

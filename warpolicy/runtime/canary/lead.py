@@ -255,7 +255,7 @@ class ReleaseLeadProbe:
         self.enabled = False
         self._pending.clear()
         self.reporter.fallback(
-            "release-lead",
+            "release_lead",
             exc,
             f"measuring the release lead failed ({exc!r}); release leads are off for this loop",
         )

@@ -314,6 +314,8 @@ class GraphRunner:
         reads shared state. Raises what the capture raised, after making the runner coarse.
         """
         self._owner.check()
+        if self.canary_session is not None:  # a sample of an old graph is never replayed
+            self.canary_session.discard()
         # No bucket keeps an old graph or an old event past this point: until the transaction
         # returns, the runner is coarse.
         self._captured = {}
