@@ -5,9 +5,11 @@ The model is the overlap benchmark's (the audit's synthetic decode model in a wi
 configuration, through the real `DecodeRunner`, fence and `OverlapLoop`, the scheduler
 rewriting the next step's table rows with `warpolicy.bench.overlap.SchedulePlan`), or, with
 ``factory="MODULE:CALLABLE"``, the model of each audit subject an audit factory returns (e.g.
-``warpolicy.bench.llama:decode``, a Llama-shaped decode on SGLang's kernels, where present): its
-``make_batch`` is the scheduler's writes and its ``extra_outputs`` (the KV the step writes) are
-the state the canary saves, puts back and compares (`SubjectCanaryModel`).
+``warpolicy.bench.llama:decode``, a Llama-shaped decode on SGLang's kernels): its ``make_batch``
+is the scheduler's writes (`warpolicy.bench.overlap_factory.SubjectSchedule`, as ``bench overlap
+--factory``) and its ``extra_outputs`` (the KV the step writes) are the state the canary saves,
+puts back and compares (`SubjectCanaryModel`). After its writes the scheduler does the overlap
+benchmark's GPU bookkeeping (``sched_kind``, ``sched_us``).
 
 Cost rows (the ``in_graph`` policy, the release that overlaps most): the canary off, then
 sampling one step in 1000, one in 100, and every step. All times come from CUDA timing events
@@ -41,8 +43,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
-from warpolicy.bench.overlap import SchedulePlan, median
-from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows
+from warpolicy.bench.overlap import Schedule, SchedulePlan, median
+from warpolicy.bench.overlap_factory import SubjectSchedule
+from warpolicy.bench.timing import SCHED_KINDS, CudaProbe, HostProbe, calibrate_rows, scheduler_work
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
 from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import (
@@ -112,45 +115,6 @@ class SubjectCanaryModel:
         return CanarySpec(state=self.extra_outputs, tolerance=self.tolerance)
 
 
-class _SubjectSchedule:
-    """An audit subject's scheduler: step ``k``'s writes and batch are ``make_batch(mode, k)``;
-    ``reset`` puts the shared buffers and extra outputs back as they were when built."""
-
-    def __init__(self, subject: AuditSubject, mode: ForwardMode) -> None:
-        self.subject, self.mode = subject, mode
-        tensors = {**dict(subject.model.shared_buffers), **dict(subject.extra_outputs)}
-        self._live = {n: t for n, t in tensors.items() if hasattr(t, "clone")}
-        self._initial = {n: t.clone() for n, t in self._live.items()}
-        self._batches: dict[int, Any] = {}
-
-    def reset(self) -> None:
-        for name, saved in self._initial.items():
-            self._live[name].copy_(saved)
-        self._batches.clear()
-
-    def write_step(self, step: int) -> None:
-        self._batches[step] = self.subject.make_batch(self.mode, step)
-
-    def batch(self, step: int) -> Any:
-        return self._batches[step]
-
-
-class _PlanSchedule:
-    """The synthetic model's scheduler (`SchedulePlan`: it writes only what each step reads)."""
-
-    def __init__(self, plan: SchedulePlan) -> None:
-        self.plan = plan
-
-    def reset(self) -> None:
-        pass
-
-    def write_step(self, step: int) -> None:
-        self.plan.write_step(step)
-
-    def batch(self, step: int) -> Any:
-        return self.plan.batch(step)
-
-
 class _Bench:
     """One model under the canary: runs a row, measures it."""
 
@@ -158,12 +122,14 @@ class _Bench:
         self,
         platform: Platform,
         model: Any,
-        schedule: Any,
+        schedule: Schedule,
+        bookkeeping: Callable[[], None],
         steps: int,
         warmup: int,
         probe_factory: Callable[[], Any],
     ) -> None:
         self.platform, self.model, self.schedule = platform, model, schedule
+        self.bookkeeping = bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
 
     def runner(self, policy: WarReadDonePolicy, name: str, canary: Optional[Canary]) -> GraphRunner:
@@ -202,6 +168,7 @@ class _Bench:
             def write_next(k: int = k) -> None:
                 if k + 1 < count:
                     schedule.write_step(k + 1)
+                self.bookkeeping()
 
             loop.step(schedule.batch(k), write_next)
         loop.drain()
@@ -295,13 +262,19 @@ def run_canary_bench(
     warmup: int = 20,
     lead_rate: float = 0.1,
     tolerance: Optional[float] = None,
+    sched_kind: str = "copy",
+    sched_us: float = 300.0,
     pm: Any = None,
 ) -> dict:
     """Run the cost and release-lead rows; return the result dict (`format_canary`).
 
     ``factory``: ``MODULE:CALLABLE`` of an audit factory (each subject it returns is a model
-    of its own; ``tolerance``, an absolute tolerance for its comparisons, default bitwise);
-    otherwise the synthetic model (``layers`` of about ``layer_us``, ``batch``, ``hidden``).
+    of its own, its ``make_batch`` the scheduler: `warpolicy.bench.overlap_factory.
+    SubjectSchedule`; ``tolerance``, an absolute tolerance for its comparisons, default
+    bitwise); otherwise the synthetic model (``layers`` of about ``layer_us``, ``batch``,
+    ``hidden``; `SchedulePlan`). After its writes the scheduler does ``sched_us`` of GPU
+    bookkeeping of ``sched_kind`` (`warpolicy.bench.timing.scheduler_work`), as in ``bench
+    overlap``.
     """
     import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
@@ -309,6 +282,10 @@ def run_canary_bench(
         raise InputError("canary bench: steps, layers, batch and repeats must be positive")
     if not 0 < lead_rate <= 1:
         raise InputError(f"canary bench: lead_rate must be in (0, 1], not {lead_rate}")
+    if sched_kind not in SCHED_KINDS:
+        raise InputError(
+            f"canary bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {sched_kind!r}"
+        )
     fake = device is not None and is_simulated(device)
     if not fake and not cuda_available():
         raise CudaUnavailableError(
@@ -328,13 +305,19 @@ def run_canary_bench(
             if mode not in subject.runners:
                 raise InputError(f"canary bench: subject {subject.name!r} has no decode runner")
             models.append(
-                (subject.name, SubjectCanaryModel(subject, tol), _SubjectSchedule(subject, mode))
+                (subject.name, SubjectCanaryModel(subject, tol), SubjectSchedule(subject, mode))
             )
     else:
         models.append(_synthetic(platform, fake, steps, layers, batch, hidden, layer_us, torch))
+    if fake:
+        bookkeeping: Callable[[], None] = _no_work
+    else:
+        tdev = torch.device(platform.device)
+        rows = calibrate_rows(sched_us, hidden, tdev) if sched_kind == "matmul" else 0
+        bookkeeping = scheduler_work(sched_kind, sched_us, tdev, rows=rows, hidden=hidden)
     results = []
     for name, model, schedule in models:
-        bench = _Bench(platform, model, schedule, steps, warmup, probe_factory)
+        bench = _Bench(platform, model, schedule, bookkeeping, steps, warmup, probe_factory)
         cost = _cost_rows(bench, repeats)
         results.append(
             {
@@ -354,6 +337,8 @@ def run_canary_bench(
             "hidden": hidden,
             "layer_us_target": layer_us,
             "lead_rate": lead_rate,
+            "sched_kind": sched_kind,
+            "sched_us_target": sched_us,
             "factory": factory,
             "platform": platform.name,
             "device": _device_name(platform),
@@ -394,7 +379,11 @@ def _synthetic(
     )
     model = SyntheticModel(Layout(), cfg, tdev)
     model.canary_state = "rows"  # as in production: only the KV rows the step writes
-    return "synthetic decode", model, _PlanSchedule(SchedulePlan(model, steps, batch))
+    return "synthetic decode", model, SchedulePlan(model, steps, batch)
+
+
+def _no_work() -> None:
+    pass
 
 
 def _device_name(platform: Platform) -> str:
@@ -418,7 +407,8 @@ def format_canary(result: dict, fmt: str = "text") -> str:
     c = result["config"]
     lines = [
         f"WAR canary benchmark on {c['device']} (torch {c['torch']}): {c['steps']} steps x "
-        f"{c['repeats']} runs per row, policy in_graph"
+        f"{c['repeats']} runs per row, policy in_graph, scheduler ~{c['sched_us_target']:g} us "
+        f"({c['sched_kind']})"
         + (
             f", factory {c['factory']}"
             if c["factory"]
@@ -494,6 +484,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tolerance", type=float, default=None, help="absolute tolerance (factory models)"
     )
+    parser.add_argument("--sched-kind", choices=SCHED_KINDS, default="copy", dest="sched_kind")
+    parser.add_argument("--sched-us", type=float, default=300.0, dest="sched_us")
     parser.add_argument("--device", default=None, help="cuda (default) or sim")
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -508,6 +500,8 @@ def run_from_args(args: argparse.Namespace) -> dict:
         repeats=args.repeats,
         lead_rate=args.lead_rate,
         tolerance=args.tolerance,
+        sched_kind=args.sched_kind,
+        sched_us=args.sched_us,
     )
 
 

@@ -141,6 +141,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="ATOL",
         help="with --factory: compare within this absolute tolerance (default bitwise)",
     )
+    b.add_argument(
+        "--sched-kind",
+        choices=("copy", "latency", "matmul"),
+        default="copy",
+        help="scheduler GPU bookkeeping after its writes, as in bench overlap",
+    )
+    b.add_argument("--sched-us", type=float, default=300.0, metavar="US")
     b.add_argument("--device", choices=BENCH_DEVICES, default=None, help="cuda (default) or sim")
     b.add_argument("--format", choices=common.DATA_FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
