@@ -605,3 +605,31 @@ def test_a_recapture_drops_a_sample_of_the_old_graph_unchecked():
     engine.runner.capture()
     assert not engine.runner.canary_session.pending
     assert engine.canary.stats["discarded"] == 1 and engine.canary.stats["checked"] == 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_observer_that_raises_on_a_violation_changes_nothing_that_matters(error):
+    class Raising:
+        raised = False
+
+        @hookimpl
+        def warpolicy_on_violation(self, runner):
+            if not Raising.raised:  # once: a second KeyboardInterrupt would stop pytest
+                Raising.raised = True
+                raise error("observer broke")
+
+    engine = Engine(TableModel(late=True))
+    engine.rt.pm.register(Raising())
+    if error is KeyboardInterrupt:  # propagates, after the demotion and the put-back
+        with pytest.raises(KeyboardInterrupt):
+            engine.step(0, BATCHES[0])
+        engine.loop.drain()
+        outs = [engine.step(k, BATCHES[k]) for k in range(1, 5)]
+    else:
+        with pytest.warns(RuntimeWarning, match="observer plugin"):
+            outs = engine.run(5)[1:]
+    assert engine.runner.policy_for(2) is NONE
+    assert engine.canary.stats["violations"] >= 1
+    ref, _ = reference(5, late=True)
+    bad = [k for k, (a, b) in enumerate(zip(outs, ref[1:]), start=1) if not torch.equal(a, b)]
+    assert bad == [1]  # bucket 4's first step races (and is caught); bucket 2 stays coarse

@@ -113,8 +113,8 @@ def test_leads_are_read_later_never_waited_for():
         loop.step([1.0], None)
     assert leads.seen == [] and not canary.leads  # nothing complete: nothing read, no wait
     clock.ready_now = True
-    loop.step([1.0], None)  # the next sampled step reads what completed
-    assert len(leads.seen) == 3
+    loop.step([1.0], None)  # the end of the next sampled step reads what completed
+    assert len(leads.seen) == 4
     loop.drain()
     assert len(leads.seen) == 4
 

@@ -9,9 +9,12 @@ the forward. A coarse barrier releases at the forward's end (lead 0); an ``in_gr
 leads by the forward's time after its last shared read.
 
 Nothing is read on the step path: recorded pairs wait in a bounded queue and are read only
-once both events completed (a non-blocking query), at the next sampled step, at the canary's
-check or at ``drain``. Each reading reaches ``warpolicy_on_release_lead`` (metrics) and the
-canary's per-cell summary (`LeadSummary`, for ``bench`` output).
+once both events completed (a non-blocking query), at the end of a later sampled step (after the
+barrier and the scheduler's writes are enqueued) or at ``drain``. Each reading reaches
+``warpolicy_on_release_lead`` (metrics) and the canary's per-cell summary (`LeadSummary`, for
+``bench`` output). The two marks never call an observer (a failing clock is reported at the next
+`ReleaseLeadProbe.poll`), so nothing an observer raises can come between a launch and its
+barrier.
 
 Clocks: `CudaLeadClock` (timing events) on CUDA; `HostLeadClock` on the simulated platform (host
 time at enqueue: it exercises the path, its numbers mean nothing); any `LeadClock` can be given.
@@ -171,9 +174,9 @@ class ReleaseLeadProbe:
     `mark_released` after the barrier, `poll` to read completed pairs).
 
     ``record(key, step, lead_us)`` receives every reading (the canary's summaries); every
-    reading also reaches ``warpolicy_on_release_lead`` through ``reporter``. Nothing here ever
-    raises into the loop: a failing clock is reported (``warpolicy_on_fallback``) and the probe
-    turns itself off.
+    reading also reaches ``warpolicy_on_release_lead`` through ``reporter``, in `poll` only (the
+    loop polls at the end of a sampled step). A failing clock turns the probe off; the failure
+    is reported (``warpolicy_on_fallback``) at the next `poll`. The marks never raise.
     """
 
     def __init__(
@@ -191,20 +194,23 @@ class ReleaseLeadProbe:
         self._pending: collections.deque[_Pending] = collections.deque()
         self.enabled = rate > 0
         self.skipped = 0  # sampled steps not measured (the queue was full)
+        self._error: Optional[Exception] = None  # a failure of a mark, reported at `poll`
+        #: a step was sampled (or a mark failed) since the last `poll`: the loop polls then
+        self.wants_poll = False
 
     def mark_forward(self, stream: StreamHandle) -> Optional[LeadMark]:
         """After the step's launch, with ``stream`` its forward stream: a mark when this step is
         sampled, else None."""
         if not self.enabled or not self._countdown.due():
             return None
+        self.wants_poll = True
+        if len(self._pending) >= MAX_PENDING:
+            self.skipped += 1
+            return None
         try:
-            self.poll()
-            if len(self._pending) >= MAX_PENDING:
-                self.skipped += 1
-                return None
             stamp = self.clock.stamp(stream)
         except Exception as exc:  # noqa: BLE001 - observability never changes a step
-            self._failed(exc)
+            self._off(exc)
             return None
         return LeadMark(_Pending(LeadKey("", ForwardMode.DECODE, None), 0, stamp))
 
@@ -219,20 +225,26 @@ class ReleaseLeadProbe:
     ) -> None:
         """After the barrier, with ``stream`` the schedule stream: queue the pair."""
         pending = mark.pending
+        if not self.enabled:
+            return
         try:
             pending.released = self.clock.stamp(stream)
         except Exception as exc:  # noqa: BLE001 - observability never changes a step
-            self._failed(exc)
+            self._off(exc)
             return
         pending.key = LeadKey(runner, mode, bucket)
         pending.step = step
         self._pending.append(pending)
 
     def poll(self) -> int:
-        """Read every pair whose events completed (oldest first, non-blocking); returns how
-        many were read."""
+        """Read every pair whose events completed (oldest first, non-blocking) and report
+        them (and a failure of a mark since the last poll); returns how many were read."""
         read = 0
         clock = self.clock
+        self.wants_poll = False
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._report_off(error)
         try:
             while self._pending:
                 head = self._pending[0]
@@ -248,12 +260,18 @@ class ReleaseLeadProbe:
                     key = head.key
                     self.reporter.release_lead(key.runner, key.mode, key.bucket, head.step, lead)
         except Exception as exc:  # noqa: BLE001 - observability never changes a step
-            self._failed(exc)
+            self._off(exc)
+            self._error = None
+            self._report_off(exc)
         return read
 
-    def _failed(self, exc: Exception) -> None:
+    def _off(self, exc: Exception) -> None:
+        """A clock failed: off from now on, reported at the next `poll`."""
         self.enabled = False
         self._pending.clear()
+        self._error = exc
+
+    def _report_off(self, exc: Exception) -> None:
         self.reporter.fallback(
             "release_lead",
             exc,

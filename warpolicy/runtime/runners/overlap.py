@@ -27,7 +27,8 @@ with::
 With a canary whose ``lead_rate`` is above 0 (the loop's ``canary=``, else its runner's), sampled
 steps also measure the release lead: a timing event on the forward stream after the launch and
 one on the schedule stream after the barrier, read later (never on the step path) and reported
-to ``warpolicy_on_release_lead``.
+to ``warpolicy_on_release_lead`` at the end of a later sampled step (once everything of that
+step is ordered: an observer that raises cannot come between a launch and its barrier).
 
 Failures stay ordered: a failed barrier falls back to the coarse one (then to a host
 synchronize; if even that fails the step raises before anything is written), a failed
@@ -207,6 +208,8 @@ class OverlapLoop:
                 self._record_writes()
         self._mark("written", self.schedule_stream)
         self.steps += 1
+        if lead is not None and lead.wants_poll:  # everything of this step is ordered: report
+            lead.poll()
         return out
 
     def _launch_failed(self, runner: Runner, fwd: StreamHandle) -> None:

@@ -49,18 +49,22 @@ MODEL_TARGETS = (
     "forward",
     "canary_spec",
 )
-#: The observer hooks the harness implements and can fail.
+#: The observer hooks the harness implements and can fail (the release lead's: the ``canary``
+#: scenario times every step).
 OBSERVER_TARGETS = (
     "warpolicy_on_decision",
     "warpolicy_on_publish",
     "warpolicy_on_barrier",
     "warpolicy_on_fallback",
     "warpolicy_on_demotion",
+    "warpolicy_on_release_lead",
 )
-#: Observer hooks the harness implements but does not fail: no runtime path calls them yet
-#: (the canary and the sampled release lead are wave 2). A test checks they stay uncalled; once
-#: the runtime calls one, it belongs in `OBSERVER_TARGETS`.
-UNCALLED_OBSERVERS = ("warpolicy_on_violation", "warpolicy_on_release_lead")
+#: Observer hooks the harness implements but does not fail: no path of the harness calls them.
+#: ``warpolicy_on_violation`` fires when the WAR canary's replay differs from the step, and the
+#: harness's model has no values to differ (its reads and writes are log entries);
+#: tests/runtime/test_canary.py drives it, observers that raise included. A test checks they
+#: stay uncalled here; once a scenario calls one, it belongs in `OBSERVER_TARGETS`.
+UNCALLED_OBSERVERS = ("warpolicy_on_violation",)
 
 _SHARED_BASE = 0x10_0000
 _PRIVATE_BASE = 0x80_0000

@@ -145,12 +145,14 @@ def overlap(
     *,
     forward_streams: int = 1,
     recapture_at: Optional[int] = RECAPTURE_AT,
+    canary: Optional[Canary] = None,
 ) -> None:
-    """Capture, then step through `OverlapLoop` (re-capturing once after a drain)."""
+    """Capture, then step through `OverlapLoop` (re-capturing once after a drain); with
+    ``canary``, the loop measures the release lead through it."""
     if h.wrap_runner is not None:
         runner = h.wrap_runner(h, runner)
     loop: Optional[OverlapLoop] = h.guard(
-        lambda: OverlapLoop(platform=h.platform, probe=_Probe(h), **h.kw)
+        lambda: OverlapLoop(platform=h.platform, probe=_Probe(h), canary=canary, **h.kw)
     )
     if loop is None:
         return
@@ -255,14 +257,16 @@ def _single(cls: type[GraphRunner], sizes: str, **kw: Any) -> Callable[[Harness,
 
 def _canary_scenario(h: Harness, variant: str) -> None:
     """DecodeRunner with the WAR canary checking every step (its saves, restores, replay and
-    put-back are logged reads and writes: the oracle judges them too)."""
+    put-back are logged reads and writes: the oracle judges them too) and timing every step's
+    release lead (its observer hook is a fault target)."""
     policy, reads = VARIANTS[variant]
-    canary = h.guard(lambda: Canary(h.platform, CanaryConfig(rate=1.0, seed=0), **h.kw))
+    config = CanaryConfig(rate=1.0, lead_rate=1.0, seed=0)
+    canary = h.guard(lambda: Canary(h.platform, config, **h.kw))
     if canary is None:
         return
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy), canary=canary)
     if runner is not None:
-        overlap(h, runner, STEPS["decode"])
+        overlap(h, runner, STEPS["decode"], canary=canary)
 
 
 def _streams_scenario(h: Harness, variant: str) -> None:
