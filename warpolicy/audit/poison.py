@@ -36,7 +36,8 @@ for comparison and for the positive controls that show what it misses.
 refuses a SAFE verdict when that count is not zero.
 
 Outputs are compared element by element (NaN equals NaN); `first_mismatch` names the first
-differing element.
+differing element. Flattening and comparing are the runtime's (`warpolicy.runtime.canary.compare`),
+shared with the WAR canary.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import attrs
 
 from warpolicy.audit.report import Mismatch
+from warpolicy.runtime.canary.compare import first_difference, flatten_outputs
 
 PoisonFn = Callable[[Any], Any]
 #: What ``AuditSubject.poison`` maps a buffer to: one poison, or a set of them
@@ -212,21 +214,6 @@ def unchanged_elements(poison: Any, state: Any) -> int:
     return int(same.sum().item())
 
 
-def flatten_outputs(output: Any, label: str = "out") -> list[tuple[str, Any]]:
-    """``(label, tensor)`` for every tensor in a tensor / sequence / mapping output."""
-    if hasattr(output, "shape") and hasattr(output, "dtype"):
-        return [(label, output)]
-    if isinstance(output, Mapping):
-        return [
-            x
-            for k in sorted(output, key=str)
-            for x in flatten_outputs(output[k], f"{label}[{k!r}]")
-        ]
-    if isinstance(output, (list, tuple)):
-        return [x for i, v in enumerate(output) for x in flatten_outputs(v, f"{label}[{i}]")]
-    return []
-
-
 def snapshot_outputs(
     output: Any, extra: Optional[Mapping[str, Any]] = None
 ) -> list[tuple[str, Any]]:
@@ -242,32 +229,10 @@ def first_mismatch(
     trial: int,
     poison: str = "",
 ) -> Optional[Mismatch]:
-    """The first element where ``observed`` differs from ``reference`` (NaN equals NaN);
+    """The first element where ``observed`` differs from ``reference`` (NaN equals NaN), by the
+    comparison the WAR canary uses (`warpolicy.runtime.canary.first_difference`, bitwise);
     ``poison`` names the poison of the step that produced ``observed``."""
-    import torch
-
-    want_labels = ", ".join(label for label, _ in reference)
-    got_labels = ", ".join(label for label, _ in observed)
-    if want_labels != got_labels:  # the step returned a differently shaped output
-        return Mismatch(trial, "out", (), want_labels, got_labels, 1, poison)
-    for (label, want), (_, got) in zip(reference, observed):
-        if want.shape != got.shape or want.dtype != got.dtype:
-            return Mismatch(
-                trial,
-                label,
-                (),
-                f"{want.dtype}{list(want.shape)}",
-                f"{got.dtype}{list(got.shape)}",
-                1,
-                poison,
-            )
-        differ = want != got
-        if want.is_floating_point() or want.is_complex():
-            differ &= ~(torch.isnan(want) & torch.isnan(got))
-        count = int(differ.sum().item())
-        if count:
-            index = tuple(int(i) for i in differ.nonzero()[0].tolist()) if differ.dim() else ()
-            return Mismatch(
-                trial, label, index, want[index].item(), got[index].item(), count, poison
-            )
-    return None
+    diff = first_difference(reference, observed)
+    if diff is None:
+        return None
+    return Mismatch(trial, diff.output, diff.index, diff.expected, diff.got, diff.count, poison)

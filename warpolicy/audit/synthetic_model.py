@@ -18,6 +18,10 @@ The overlap benchmarks use the default layout with a wide, bf16 configuration
 with ``shared_index`` the batch is scheduler-shared too (the scheduler writes it into
 ``batch_index``, the in-graph prep reads it), and ``after_layer`` lets a tensor-parallel
 variant end each layer in an all-reduce.
+
+The model is also a `warpolicy.runtime.runners.CanaryAdapter` (`SyntheticModel.canary_spec`): the
+WAR canary saves its shared tables as inputs and the KV pool as state the step writes (like the
+audit's ``extra_outputs``), whole, or (``canary_state="rows"``) only the slots the step writes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import attrs
 import torch
 
 from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.canary import CanarySpec, Rows, Tolerance
 
 DECODE, EXTEND, VERIFY = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 
@@ -117,6 +122,10 @@ class SyntheticModel:
         )
         self.static: dict[int, _BucketBuffers] = {}
         self.last_bucket: Optional[int] = None
+        #: the WAR canary: the KV pool ``"whole"`` or only the ``"rows"`` a step writes, and the
+        #: comparison's tolerance (None: bitwise; a replay of the same graph is deterministic)
+        self.canary_state = "whole"
+        self.canary_tolerance: Optional[Tolerance] = None
 
     # -- ModelAdapter ------------------------------------------------------------------------
 
@@ -184,6 +193,21 @@ class SyntheticModel:
         loc = self.req_to_token.view(-1).index_select(0, s.flat) if lay.late_kv_write else s.loc
         self.kv_pool.index_copy_(0, loc, h)
         return s.out
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: object) -> CanarySpec:
+        """What the WAR canary saves, puts back and compares for a step (called after
+        ``host_prep``, before the release): the shared buffers as inputs (the default), the KV
+        pool as state, whole or the rows this step writes (computed here, on the forward
+        stream, from the tables as the step will read them)."""
+        kv: object = self.kv_pool
+        if self.canary_state == "rows":
+            s = self.static[bucket]
+            rows, pos = s.rows, s.pos
+            if self.cfg.shared_index:
+                rows, pos = self.batch_index[:bucket, 0], self.batch_index[:bucket, 1]
+            slots = self.req_to_token.view(-1).index_select(0, rows * self.cfg.ctx + pos)
+            kv = Rows(self.kv_pool, slots)
+        return CanarySpec(state={"kv_pool": kv}, tolerance=self.canary_tolerance)
 
     def metadata(self, bucket: int) -> torch.Tensor:
         """The bucket's last prep output (what a prep-only forward returns)."""

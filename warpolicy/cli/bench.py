@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from warpolicy.bench.canary import format_canary, run_from_args
 from warpolicy.bench.decide import format_decide, run_decide_bench
 from warpolicy.bench.fence import format_fence_bench, run_fence_bench
 from warpolicy.bench.overlap import format_overlap, run_overlap_bench
@@ -112,6 +113,43 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "layer that rebuilds the metadata from the live table",
     )
     b.add_argument("--format", choices=common.DATA_FORMATS, default="text")
+    b = bench.add_parser(
+        "canary", help="WAR canary: cost per step at 1/1000 and 1/100, release lead (GPU)"
+    )
+    b.add_argument("--steps", type=common.positive_int, default=3000)
+    b.add_argument("--layers", type=common.positive_int, default=16)
+    b.add_argument("--batch", type=common.positive_int, default=64)
+    b.add_argument("--repeats", type=common.positive_int, default=2)
+    b.add_argument(
+        "--lead-rate",
+        type=float,
+        default=0.1,
+        metavar="R",
+        help="share of steps timed for the lead",
+    )
+    b.add_argument(
+        "--factory",
+        default=None,
+        metavar="MODULE:CALLABLE",
+        help="the models of an audit factory (e.g. warpolicy.bench.llama:decode) instead of "
+        "the synthetic decode",
+    )
+    b.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        metavar="ATOL",
+        help="with --factory: compare within this absolute tolerance (default bitwise)",
+    )
+    b.add_argument(
+        "--sched-kind",
+        choices=("copy", "latency", "matmul"),
+        default="copy",
+        help="scheduler GPU bookkeeping after its writes, as in bench overlap",
+    )
+    b.add_argument("--sched-us", type=float, default=300.0, metavar="US")
+    b.add_argument("--device", choices=BENCH_DEVICES, default=None, help="cuda (default) or sim")
+    b.add_argument("--format", choices=common.DATA_FORMATS, default="text")
     b = bench.add_parser("fence", help="in-graph release time and fence host overhead (GPU)")
     b.add_argument("--iterations", type=common.positive_int, default=3000)
     b.add_argument(
@@ -139,6 +177,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         common.out(format_decide(run_decide_bench(args.iterations), args.format))
     elif args.bench == "overlap":
         _bench_overlap(args)
+    elif args.bench == "canary":
+        common.quiet_torch()
+        common.out(format_canary(run_from_args(args), args.format))
     else:
         common.quiet_torch()
         result = run_fence_bench(

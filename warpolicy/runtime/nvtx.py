@@ -11,7 +11,9 @@ then shows:
 * a mark ``warpolicy <runner> step <n> released: <kind> (<reason>)`` where the barrier was
   applied, i.e. where the scheduler was released (``event``) or made to wait for the whole
   forward (``coarse``);
-* marks for capture-time decisions and fail-closed fallbacks.
+* marks for capture-time decisions and fail-closed fallbacks;
+* a mark ``warpolicy VIOLATION <runner> <mode> bucket <b> step <n>: <first difference>`` where
+  the WAR canary caught an early release (the cell runs coarse from there on).
 
 Ranges go through torch's own binding, ``torch.cuda.nvtx``. At most one range per thread is
 open: a publish whose barrier never came (a runner used without a scheduler, or an observer
@@ -130,6 +132,14 @@ class NvtxPlugin:
     def warpolicy_on_fallback(self, where: str, error: BaseException) -> None:
         self.close()
         self._mark(f"warpolicy fallback {where}: {type(error).__name__}")
+
+    @hookimpl
+    def warpolicy_on_violation(
+        self, runner: str, mode: Any, bucket: Optional[int], step: int, detail: str
+    ) -> None:
+        self.close()
+        where = "eager" if bucket is None else f"bucket {bucket}"
+        self._mark(f"warpolicy VIOLATION {runner} {_label(mode)} {where} step {step}: {detail}")
 
     @hookimpl
     def warpolicy_on_decision(self, decision: Any, where: str) -> None:

@@ -213,6 +213,15 @@ def coarse_release(source: str, reason: str) -> BucketRelease:
     return BucketRelease(source, None, NONE, reason=reason)
 
 
+def demote_release(release: BucketRelease, reason: str) -> BucketRelease:
+    """The coarse (``NONE``) release that replaces ``release`` once a bucket must publish
+    nothing for the rest of the process (the WAR canary caught an early release there).
+
+    A new record: ``release`` itself is never changed (steps already holding it are unaffected;
+    the holder swaps its reference, e.g. `GraphRunner.demote`)."""
+    return BucketRelease(release.source, release.bucket, NONE, reason=reason)
+
+
 __all__ = [
     "BucketFacts",
     "BucketRelease",
@@ -221,6 +230,7 @@ __all__ = [
     "ReadDone",
     "coarse_release",
     "decide_bucket",
+    "demote_release",
     "resolve_policies",
     "sound",
 ]

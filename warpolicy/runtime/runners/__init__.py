@@ -23,6 +23,8 @@ from warpolicy.runtime.runners.draft_extend import DraftExtendRunner
 from warpolicy.runtime.runners.overlap import OverlapLoop, StepProbe
 from warpolicy.runtime.runners.prefill import PrefillRunner
 from warpolicy.runtime.runners.protocols import (
+    CanaryAdapter,
+    CanaryHost,
     CapturedBucket,
     Mailbox,
     ModelAdapter,
@@ -33,15 +35,20 @@ from warpolicy.runtime.runners.protocols import (
 from warpolicy.runtime.runners.spec_step import Phase, SpecStep, StepMailbox, last_reader_of
 from warpolicy.runtime.runners.verify import VerifyRunner
 
-if TYPE_CHECKING:  # mypy checks that both are `Runner`s (no runtime cost)
+if TYPE_CHECKING:  # mypy checks that both are `Runner`s and `CanaryHost`s (no runtime cost)
 
     def _both_are_runners(graph: GraphRunner, step: SpecStep) -> tuple[Runner, Runner]:
+        return graph, step
+
+    def _both_host_canaries(graph: GraphRunner, step: SpecStep) -> tuple[CanaryHost, CanaryHost]:
         return graph, step
 
 
 __all__ = [
     "SELF_CHECK_MODES",
     "BucketRelease",
+    "CanaryAdapter",
+    "CanaryHost",
     "CaptureReport",
     "CaptureTransaction",
     "CapturedBucket",

@@ -25,6 +25,13 @@ body right after ``graph_prep`` and, where the platform can walk its graphs, **s
 marker and plants the node after the last shared readers the walk finds. A batch that fits no
 bucket runs eagerly with the eager policy (an ``IN_GRAPH`` answer is at least ``POST_REPLAY``).
 
+With ``canary=`` (a `warpolicy.runtime.canary.Canary` with a rate above 0) and a model that is a
+`CanaryAdapter`, one step in ``1 / rate`` is checked by the WAR canary: saved before its
+release, run overlapped as usual, replayed behind a full barrier after the scheduler's writes
+(`check_canary`; `OverlapLoop` calls it) and compared. A difference demotes the bucket to the
+coarse barrier for the rest of the process (`demote`, the documented way a bucket's
+`BucketRelease` is replaced: never changed in place).
+
 With ``process_group=`` (tensor parallelism) the runner compares its policy and placement across
 the group's ranks before its first capture (`warpolicy.runtime.distributed.consistent_policy`);
 on any difference every rank runs every cell coarse, or raises with ``consistency_strict=True``.
@@ -35,24 +42,29 @@ A runner belongs to one thread (the first that uses it; `WrongThreadError` from 
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+import attrs
+
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import NONE, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.runtime.canary import Canary, CanarySession
 from warpolicy.runtime.distributed import ConsistencyResult, consistent_policy
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.owned_capture import SELF_CHECK_MODES, placement_of
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
-from warpolicy.runtime.policy import RunnerPolicy, policy_function
+from warpolicy.runtime.policy import NamedPolicy, RunnerPolicy, policy_function
 from warpolicy.runtime.release import (
     BucketFacts,
     BucketRelease,
     ModePolicies,
     coarse_release,
     decide_bucket,
+    demote_release,
     resolve_policies,
 )
 from warpolicy.runtime.runners.capture import (
@@ -61,6 +73,7 @@ from warpolicy.runtime.runners.capture import (
     notify_decision,
 )
 from warpolicy.runtime.runners.protocols import (
+    CanaryAdapter,
     CapturedBucket,
     ModelAdapter,
     StepInfo,
@@ -117,6 +130,7 @@ class GraphRunner:
         consistency_strict: bool = False,
         placement: Optional[Union[Placement, str]] = None,
         self_check: str = "warn",
+        canary: Optional[Canary] = None,
     ) -> None:
         if not isinstance(platform, Platform):
             raise InputError(
@@ -161,6 +175,34 @@ class GraphRunner:
         self._unsettled: tuple[StreamHandle, ...] = ()
         self._step = 0
         self.last_step: Optional[StepInfo] = None
+        # the WAR canary: buckets it demoted (None: the eager path), re-applied after a capture
+        self._demoted: dict[Optional[int], str] = {}
+        #: the process's canary (None: none); `canary_session` is this runner's, when it samples
+        self.canary = canary
+        self.canary_session = self._open_canary(canary, policy)
+
+    def _open_canary(
+        self, canary: Optional[Canary], policy: RunnerPolicy
+    ) -> Optional[CanarySession]:
+        """This runner's canary session, or None: no canary, a canary that samples nothing,
+        or a model that cannot be checked (said once)."""
+        if canary is None or not canary.enabled:
+            return None
+        model = self.model
+        if not isinstance(model, CanaryAdapter):
+            self.reporter.warn(
+                "canary-unsupported",
+                f"the model ({type(model).__name__}) has no canary_spec (CanaryAdapter), so "
+                "the WAR canary never samples this runner",
+            )
+            return None
+        self._canary_model: CanaryAdapter = model
+        backend = spec = ""
+        if isinstance(policy, NamedPolicy):
+            backend, spec = str(policy.backend), str(policy.spec)
+        return canary.session(
+            self.name, self.mode, backend=backend, spec=spec, on_demote=self.demote
+        )
 
     def _set_policy(self, policy: RunnerPolicy) -> None:
         self._policy = policy
@@ -245,6 +287,8 @@ class GraphRunner:
             else:
                 release = decide_bucket(self._mode_policies(), BucketFacts(None), self.name)
                 notify_decision(self.reporter, self._policy, self.mode, release, True, False)
+            if None in self._demoted:
+                release = demote_release(release, self._demoted[None])
             self._eager = release
         return release
 
@@ -270,6 +314,8 @@ class GraphRunner:
         reads shared state. Raises what the capture raised, after making the runner coarse.
         """
         self._owner.check()
+        if self.canary_session is not None:  # a sample of an old graph is never replayed
+            self.canary_session.discard()
         # No bucket keeps an old graph or an old event past this point: until the transaction
         # returns, the runner is coarse.
         self._captured = {}
@@ -287,6 +333,50 @@ class GraphRunner:
         self._reports = result.reports
         self._eager = result.eager
         self._coarse = None
+        for bucket, reason in self._demoted.items():  # for the rest of the process
+            self._apply_demotion(bucket, reason)
+
+    # -- the WAR canary ------------------------------------------------------------------------
+
+    def demote(self, bucket: Optional[int], reason: str) -> None:
+        """Make ``bucket`` (None: the eager path) publish nothing from now on, for the rest of
+        the process (re-captures too): its `BucketRelease` is replaced by a coarse one
+        (`warpolicy.runtime.release.demote_release`), never changed in place. The canary calls
+        it when it catches an early release there."""
+        self._demoted[bucket] = reason
+        self._apply_demotion(bucket, reason)
+
+    def _apply_demotion(self, bucket: Optional[int], reason: str) -> None:
+        if bucket is None:
+            if self._eager is not None and self._eager.policy is not NONE:
+                self._eager = demote_release(self._eager, reason)
+            return
+        captured = self._captured.get(bucket)
+        if captured is not None and captured.release.policy is not NONE:
+            release = demote_release(captured.release, reason)
+            self._captured[bucket] = attrs.evolve(captured, release=release)
+
+    @property
+    def demoted(self) -> Mapping[Optional[int], str]:
+        """Buckets demoted for the rest of the process (None: the eager path), and why."""
+        return dict(self._demoted)
+
+    def check_canary(self) -> None:
+        """Check this runner's pending sampled step, if any (`CanarySession.check`): after the
+        scheduler's writes for the next step, with their stream current. `OverlapLoop` calls
+        it; a runner whose check was not called checks at its next `run`, before that step."""
+        session = self.canary_session
+        if session is not None:
+            self._owner.check()
+            session.check()
+
+    def _replay_for_canary(self, graph: Any, bucket: int) -> Any:
+        self.platform.replay(graph)
+        return self._outputs[bucket]
+
+    def _eager_forward(self, size: int) -> Any:
+        self.model.graph_prep(size)
+        return self.model.forward(size)
 
     def _transaction(self, policies: ModePolicies) -> CaptureTransaction:
         return CaptureTransaction(
@@ -336,20 +426,34 @@ class GraphRunner:
             self._owner.claim()
         if self._unsettled:
             self._settle()
+        session = self.canary_session
+        due = session.step() if session is not None else False  # may demote (swap releases)
         size = self.size_of(batch)
         i = bisect.bisect_left(self.buckets, size)
         captured = self._captured.get(self.buckets[i]) if i < len(self.buckets) else None
         if captured is None:
-            return self._run_eager(batch, size)
+            return self._run_eager(batch, size, due)
         bucket = captured.size
         release = captured.release
         self.model.host_prep(batch, bucket)
+        sample = None
+        if due and session is not None:  # saved after the host prep, before any release
+            sample = session.begin(
+                bucket,
+                self._step,
+                release,
+                functools.partial(self._canary_model.canary_spec, self.mode, bucket, batch),
+                self.model.shared_buffers,
+                functools.partial(self._replay_for_canary, captured.graph, bucket),
+            )
         published = self._before_replay(release)
         self.platform.replay(captured.graph)
         if published is not NONE:
             published = self._after_replay(release)
         else:
             self._discard()
+        if sample is not None and session is not None:  # what the overlapped step produced
+            session.observe(sample, self._outputs[bucket])
         self._done(size, bucket, published)
         return self._outputs[bucket]
 
@@ -366,13 +470,24 @@ class GraphRunner:
             self._unsettled = ()
             self.reporter.fallback("settle", exc)
 
-    def _run_eager(self, batch: Any, size: int) -> Any:
+    def _run_eager(self, batch: Any, size: int, due: bool = False) -> Any:
         """No bucket fits: the same sequence without a graph, under the eager release."""
         release = self._eager_release()
         if size not in self._eager_sizes:
             self.model.prepare_bucket(size)
             self._eager_sizes.add(size)
         self.model.host_prep(batch, size)
+        session = self.canary_session
+        sample = None
+        if due and session is not None:
+            sample = session.begin(
+                None,
+                self._step,
+                release,
+                functools.partial(self._canary_model.canary_spec, self.mode, size, batch),
+                self.model.shared_buffers,
+                functools.partial(self._eager_forward, size),
+            )
         published = self._before_replay(release)
         self.model.graph_prep(size)
         output = self.model.forward(size)
@@ -380,6 +495,8 @@ class GraphRunner:
             published = self._after_replay(release)
         else:
             self._discard()
+        if sample is not None and session is not None:
+            session.observe(sample, output)
         self._done(size, None, published)
         return output
 

@@ -19,7 +19,16 @@ with::
 3. takes the event from the runner's mailbox (consume-once) *right after the launch*, and
    applies the barrier on the schedule stream: wait on the event, or on the whole forward
    stream when there is none (coarse). Nothing is written before this point;
-4. runs ``write_next()`` with the schedule stream current, and records an event after it.
+4. runs ``write_next()`` with the schedule stream current, then, when the runner's WAR canary
+   sampled this step, its check (behind a full barrier, on the schedule stream: it can never
+   race the scheduler's next writes, which come after it on the same stream), and records an
+   event after both.
+
+With a canary whose ``lead_rate`` is above 0 (the loop's ``canary=``, else its runner's), sampled
+steps also measure the release lead: a timing event on the forward stream after the launch and
+one on the schedule stream after the barrier, read later (never on the step path) and reported
+to ``warpolicy_on_release_lead`` at the end of a later sampled step (once everything of that
+step is ordered: an observer that raises cannot come between a launch and its barrier).
 
 Failures stay ordered: a failed barrier falls back to the coarse one (then to a host
 synchronize; if even that fails the step raises before anything is written), a failed
@@ -40,13 +49,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Protocol
 
+from warpolicy.runtime.canary import Canary, LeadMark, ReleaseLeadProbe
 from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
 from warpolicy.runtime.release import ReadDone
 from warpolicy.runtime.ring import EventRing, RingSlot
-from warpolicy.runtime.runners.protocols import Runner
+from warpolicy.runtime.runners.protocols import CanaryHost, Runner
 
 
 class StepProbe(Protocol):
@@ -75,7 +85,8 @@ class OverlapLoop:
     ``runner`` (or a ``platform`` for a loop that gets its runner per step) supplies the
     platform and, unless ``observers`` is given, the observers. ``unsafe_skip_barrier`` removes
     step 3's barrier entirely: only for benchmarks' upper bound and audits' controls; it races
-    by construction.
+    by construction. ``canary`` measures release leads (default: the runner's canary); the
+    canary's checks are each runner's own (`CanaryHost.check_canary`).
     """
 
     def __init__(
@@ -90,6 +101,7 @@ class OverlapLoop:
         probe: Optional[StepProbe] = None,
         unsafe_skip_barrier: bool = False,
         ring_size: int = 4,
+        canary: Optional[Canary] = None,
     ) -> None:
         if platform is None:
             if runner is None:
@@ -115,6 +127,26 @@ class OverlapLoop:
         self.last_read_done: Optional[ReadDone] = None
         self.last_barrier: Optional[str] = None  # "event", "coarse" or "skipped" (unsafe)
         self.steps = 0
+        # the WAR canary: each runner's check (resolved once per runner), the loop's lead probe
+        self._checks: dict[int, tuple[Runner, Optional[Callable[[], None]]]] = {}
+        self._check = self._check_of(runner) if runner is not None else None
+        if canary is None and isinstance(runner, CanaryHost):
+            canary = runner.canary
+        self.canary = canary
+        self._lead: Optional[ReleaseLeadProbe] = (
+            canary.lead_probe(self.reporter) if canary is not None else None
+        )
+
+    def _check_of(self, runner: Runner) -> Optional[Callable[[], None]]:
+        """The runner's canary check, or None (no canary): resolved once per runner."""
+        cached = self._checks.get(id(runner))
+        if cached is not None and cached[0] is runner:
+            return cached[1]
+        check = None
+        if isinstance(runner, CanaryHost) and runner.canary is not None:
+            check = runner.check_canary
+        self._checks[id(runner)] = (runner, check)
+        return check
 
     def release_thread(self) -> None:
         """Hand the loop to another thread: the next thread that steps it owns it."""
@@ -130,10 +162,15 @@ class OverlapLoop:
         on the schedule stream. Returns the runner's output."""
         if self._owner.ident != get_ident():
             self._owner.claim()
-        runner = runner if runner is not None else self.runner
+        if runner is None or runner is self.runner:
+            runner, check = self.runner, self._check
+        else:
+            check = self._check_of(runner)
         if runner is None:
             raise TypeError("OverlapLoop.step needs a runner (none given to the loop)")
         p = self.platform
+        lead = self._lead
+        mark: Optional[LeadMark] = None
         fwd = self.forward_stream if self.forward_stream is not None else p.current_stream()
         with p.stream(fwd):
             if self._pending is not None or self._whole_stream:
@@ -149,6 +186,8 @@ class OverlapLoop:
                 self._launch_failed(runner, fwd)
                 raise
             self._mark("launched", fwd)
+            if lead is not None:  # a sampled step: a timestamp when the forward ends
+                mark = lead.mark_forward(fwd)
         self.last_read_done = runner.fence.take()  # consume-once, right after the launch
         if self.unsafe_skip_barrier:
             if self.last_read_done is not None:
@@ -156,15 +195,21 @@ class OverlapLoop:
             self.last_barrier = "skipped"
         else:
             self.last_barrier = self._apply_barrier(fwd, self.last_read_done)
+        if mark is not None and lead is not None:  # a timestamp when the scheduler is released
+            self._lead_released(lead, mark, runner)
         self._mark("released", self.schedule_stream)
         with p.stream(self.schedule_stream):
             try:
                 if write_next is not None:
                     write_next()
+                if check is not None:  # the canary's check: after the writes, before the record
+                    check()
             finally:  # even if write_next raised: the next forward waits for what it wrote
                 self._record_writes()
         self._mark("written", self.schedule_stream)
         self.steps += 1
+        if lead is not None and lead.wants_poll:  # everything of this step is ordered: report
+            lead.poll()
         return out
 
     def _launch_failed(self, runner: Runner, fwd: StreamHandle) -> None:
@@ -255,6 +300,19 @@ class OverlapLoop:
         if self.probe is not None:
             self.probe.mark(point, stream)
 
+    def _lead_released(self, lead: ReleaseLeadProbe, mark: LeadMark, runner: Runner) -> None:
+        info = runner.last_step
+        lead.mark_released(
+            mark,
+            self.schedule_stream,
+            runner.name,
+            runner.mode,
+            info.bucket if info is not None else None,
+            info.step if info is not None else 0,
+        )
+
     def drain(self) -> None:
-        """Wait for everything in flight (both streams)."""
+        """Wait for everything in flight (both streams); read the release leads measured."""
         self.platform.synchronize()
+        if self._lead is not None:
+            self._lead.poll()

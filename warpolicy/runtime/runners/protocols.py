@@ -1,15 +1,17 @@
-"""What an engine supplies to a runner (`ModelAdapter`), and what a runner is to the scheduler
-and the audit (`Runner`): named protocols mypy checks. `GraphRunner` (decode, prefill, verify,
-draft extend) and `SpecStep` both satisfy `Runner`.
+"""What an engine supplies to a runner (`ModelAdapter`, optionally `CanaryAdapter`), and what a
+runner is to the scheduler and the audit (`Runner`, optionally `CanaryHost`): named protocols
+mypy checks. `GraphRunner` (decode, prefill, verify, draft extend) and `SpecStep` both satisfy
+`Runner` and `CanaryHost`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.canary import Canary, CanarySpec
 from warpolicy.runtime.observers import Observers
 from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
 from warpolicy.runtime.release import BucketRelease, ReadDone
@@ -56,6 +58,25 @@ class SizedModelAdapter(ModelAdapter, Protocol):
 
     def batch_size(self, batch: Any) -> int:
         """The batch's size in bucket units."""
+        ...
+
+
+@runtime_checkable
+class CanaryAdapter(Protocol):
+    """Optional `ModelAdapter` capability: what the WAR canary needs to check a sampled step
+    (`warpolicy.runtime.canary`). A model without it says so once (a warning when a runner is
+    built with a canary) and its runners are never sampled.
+
+    The runner calls ``canary_spec`` on a sampled step only, right after ``host_prep`` and
+    before anything is published, on the forward stream (work it enqueues there, say computing
+    the KV slots the step will write, precedes the step's release point).
+    """
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+        """What to save, put back and compare for this step of ``bucket`` (the captured bucket,
+        or the exact size of an eager step): a `CanarySpec` (defaults: the shared buffers as
+        inputs, no extra state, the output compared bitwise), or None when this step cannot be
+        checked (the canary skips it, saying so once per bucket)."""
         ...
 
 
@@ -111,6 +132,22 @@ class Mailbox(Protocol):
         ...
 
 
+@runtime_checkable
+class CanaryHost(Protocol):
+    """A runner that can carry the WAR canary (`GraphRunner`, `SpecStep`): the overlap loop
+    runs its check after the scheduler's writes, and measures release leads with its canary."""
+
+    @property
+    def canary(self) -> Optional[Canary]:
+        """The process's canary this runner samples with (None: none)."""
+        ...
+
+    def check_canary(self) -> None:
+        """Check the pending sampled step, if any: call it after the scheduler's writes for the
+        next step, with their stream current (`warpolicy.runtime.canary.CanarySession.check`)."""
+        ...
+
+
 class Runner(Protocol):
     """A runner as the overlap loop, the audit and an engine's scheduler use it."""
 
@@ -155,6 +192,8 @@ class Runner(Protocol):
 
 
 __all__ = [
+    "CanaryAdapter",
+    "CanaryHost",
     "CapturedBucket",
     "Mailbox",
     "ModelAdapter",

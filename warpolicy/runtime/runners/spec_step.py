@@ -35,6 +35,7 @@ import attrs
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.canary import Canary
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import EventHandle, Platform
@@ -215,6 +216,28 @@ class SpecStep:
     def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
         """What the declared last reader publishes for ``bucket`` (None: eager)."""
         return self.reader.runner.policy_for(bucket)
+
+    @property
+    def canary(self) -> Optional[Canary]:
+        """The canary of the first phase runner that has one (the overlap loop measures release
+        leads with it)."""
+        for phase in self.phases:
+            if phase.runner.canary is not None:
+                return phase.runner.canary
+        return None
+
+    def check_canary(self) -> None:
+        """Check every phase runner's pending sampled step (each runner once, in phase order):
+        after the scheduler's writes for the next step, with their stream current. A runner
+        that serves several phases of a step checks a sample of an earlier phase at its next
+        run, before the scheduler wrote: such a check cannot see the race (nor raise a false
+        alarm); its last phase's sample is the one checked here."""
+        seen: set[int] = set()
+        for phase in self.phases:
+            runner = phase.runner
+            if id(runner) not in seen:
+                seen.add(id(runner))
+                runner.check_canary()
 
     def release_thread(self) -> None:
         """Hand the step to another thread (its runners too): the next user owns them."""

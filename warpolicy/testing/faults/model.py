@@ -6,6 +6,12 @@ reads and private work are logged into the platform's call log (`Harness.read` /
 ``pre_replay``), ``graph_prep`` (the in-graph metadata prep: ``in_graph``) and ``forward``
 (a reader after the marker: ``post_replay``, or a late reader the self-check must catch).
 
+With a WAR canary (the ``canary`` scenario) the model is also a `CanaryAdapter`: its shared
+buffers are `LoggedSnapshot` entries, so every save the canary makes is a logged read and every
+load a logged write, and the oracle judges the canary's own ordering (its saves before the
+release, its restores and replay after the step and the scheduler's writes, its put-back
+before the next forward's reads) exactly like the scheduler's.
+
 `graph_model` turns what a capture really logged into a `warpolicy.runtime.graphwalk.Graph`
 (a chain: shared reads are kernels pointing into the shared buffers, private work kernels
 pointing elsewhere, the planted record an event-record node), so derived placement and the
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
 
@@ -40,19 +47,24 @@ MODEL_TARGETS = (
     "host_prep",
     "graph_prep",
     "forward",
+    "canary_spec",
 )
-#: The observer hooks the harness implements and can fail.
+#: The observer hooks the harness implements and can fail (the release lead's: the ``canary``
+#: scenario times every step).
 OBSERVER_TARGETS = (
     "warpolicy_on_decision",
     "warpolicy_on_publish",
     "warpolicy_on_barrier",
     "warpolicy_on_fallback",
     "warpolicy_on_demotion",
+    "warpolicy_on_release_lead",
 )
-#: Observer hooks the harness implements but does not fail: no runtime path calls them yet
-#: (the canary and the sampled release lead are wave 2). A test checks they stay uncalled; once
-#: the runtime calls one, it belongs in `OBSERVER_TARGETS`.
-UNCALLED_OBSERVERS = ("warpolicy_on_violation", "warpolicy_on_release_lead")
+#: Observer hooks the harness implements but does not fail: no path of the harness calls them.
+#: ``warpolicy_on_violation`` fires when the WAR canary's replay differs from the step, and the
+#: harness's model has no values to differ (its reads and writes are log entries);
+#: tests/runtime/test_canary.py drives it, observers that raise included. A test checks they
+#: stay uncalled here; once a scenario calls one, it belongs in `OBSERVER_TARGETS`.
+UNCALLED_OBSERVERS = ("warpolicy_on_violation",)
 
 _SHARED_BASE = 0x10_0000
 _PRIVATE_BASE = 0x80_0000
@@ -87,6 +99,23 @@ SHARED_BUFFERS: Mapping[str, FakeBuffer] = {
     "req_to_token": FakeBuffer(_SHARED_BASE, _BUFFER_BYTES),
     "seq_lens": FakeBuffer(_SHARED_BASE + 2 * _BUFFER_BYTES, _BUFFER_BYTES),
 }
+
+
+class LoggedSnapshot:
+    """A shared buffer as the WAR canary sees it (`warpolicy.runtime.canary.Snapshot`): a save
+    is a logged read of it, a load a logged write (on the current stream)."""
+
+    def __init__(self, harness: Harness, label: str, nbytes: int) -> None:
+        self.harness = harness
+        self.label = label
+        self.nbytes = nbytes
+
+    def save(self) -> Any:
+        self.harness.read(f"canary.save.{self.label}")
+        return self.label
+
+    def load(self, saved: Any) -> None:
+        self.harness.write(f"canary.load.{self.label}")
 
 
 class HarnessModel:
@@ -141,6 +170,18 @@ class HarnessModel:
             return (self.name, bucket)
 
         return self._call("forward", act)
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+        """The WAR canary's spec: every shared buffer, logged (`LoggedSnapshot`)."""
+
+        def act() -> CanarySpec:
+            inputs = {
+                name: LoggedSnapshot(self.harness, f"{self.name}.{name}", buffer.nbytes)
+                for name, buffer in self.shared_buffers.items()
+            }
+            return CanarySpec(inputs=inputs)
+
+        return self._call("canary_spec", act)
 
 
 def graph_model(captured: Sequence[tuple], planted: set[int]) -> Graph:

@@ -38,6 +38,7 @@ from warpolicy.registry.vocabulary import (
     ForwardMode,
     WarReadDonePolicy,
 )
+from warpolicy.runtime.canary import Canary, CanaryConfig
 from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.runners import (
     DecodeRunner,
@@ -144,12 +145,14 @@ def overlap(
     *,
     forward_streams: int = 1,
     recapture_at: Optional[int] = RECAPTURE_AT,
+    canary: Optional[Canary] = None,
 ) -> None:
-    """Capture, then step through `OverlapLoop` (re-capturing once after a drain)."""
+    """Capture, then step through `OverlapLoop` (re-capturing once after a drain); with
+    ``canary``, the loop measures the release lead through it."""
     if h.wrap_runner is not None:
         runner = h.wrap_runner(h, runner)
     loop: Optional[OverlapLoop] = h.guard(
-        lambda: OverlapLoop(platform=h.platform, probe=_Probe(h), **h.kw)
+        lambda: OverlapLoop(platform=h.platform, probe=_Probe(h), canary=canary, **h.kw)
     )
     if loop is None:
         return
@@ -250,6 +253,20 @@ def _single(cls: type[GraphRunner], sizes: str, **kw: Any) -> Callable[[Harness,
             overlap(h, runner, STEPS[sizes])
 
     return run
+
+
+def _canary_scenario(h: Harness, variant: str) -> None:
+    """DecodeRunner with the WAR canary checking every step (its saves, restores, replay and
+    put-back are logged reads and writes: the oracle judges them too) and timing every step's
+    release lead (its observer hook is a fault target)."""
+    policy, reads = VARIANTS[variant]
+    config = CanaryConfig(rate=1.0, lead_rate=1.0, seed=0)
+    canary = h.guard(lambda: Canary(h.platform, config, **h.kw))
+    if canary is None:
+        return
+    runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy), canary=canary)
+    if runner is not None:
+        overlap(h, runner, STEPS["decode"], canary=canary)
 
 
 def _streams_scenario(h: Harness, variant: str) -> None:
@@ -362,6 +379,12 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("declared",),
             _spec_late_phase,
             "SpecStep whose phase after the last reader publishes (issue 17 class 12)",
+        ),
+        Scenario(
+            "canary",
+            ("pre_replay", "in_graph"),
+            _canary_scenario,
+            "DecodeRunner with the WAR canary checking every step; OverlapLoop; re-capture",
         ),
         Scenario(
             "streams",
