@@ -538,6 +538,8 @@ def _batch_cases(
 ) -> tuple[BatchCase, ...]:
     """The enumerated cell as `BatchCase` rows, merged where a fact does not matter."""
     merged = simplify(list(table.items()), [len(c.labels) for c in classes])
+    if len(merged) == 1:  # the facts were read but do not matter
+        return ()
     return tuple(
         BatchCase(
             policy,  # type: ignore[arg-type]

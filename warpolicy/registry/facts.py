@@ -84,7 +84,7 @@ def test_holds(facts: BatchFacts, name: str, test: FactTest) -> tuple[bool, str]
     fact = facts.declared.get(name)
     if fact is not None and fact.type is FactType.ACTION:
         done = facts.succeeded(name)
-        return (test.equals is not done), facts.describe(name)
+        return (test.equals is done), facts.describe(name)
     known, value = facts.value(name)
     if not known:
         return True, f"{facts.describe(name)}: assumed to hold (fail closed)"
