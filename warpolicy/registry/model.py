@@ -413,15 +413,6 @@ def shape_problems(
                 )
         if not routes.children:
             out.append(("routes", None, "a router routes to at least one child"))
-        if routes.default is not None and routes.default not in routes.children:
-            out.append(
-                (
-                    "routes",
-                    None,
-                    f"default {routes.default!r} is not one of its children's labels "
-                    f"({', '.join(sorted(routes.children))})",
-                )
-            )
         if routes.default is not None and routes.modes is None:
             out.append(("routes", None, "default needs modes: without modes every mode is routed"))
     for mode, after in sorted((reads_end_after or {}).items(), key=lambda i: _mode_order(i[0])):
@@ -565,6 +556,13 @@ def registry_problems(registry: Registry) -> list[Problem]:
                 backend.origin,
                 f"backends.{backend.name}.inherits: {parent.name!r} is a "
                 "composite or per-mode wrapper; inherit from a plain backend",
+            )
+        route = backend.routes
+        if route is not None and route.default is not None and route.default not in route.children:
+            add(
+                backend.origin,
+                f"backends.{backend.name}.routes.default: {route.default!r} is not one of its "
+                f"children's labels ({', '.join(sorted(route.children))})",
             )
     cycle = find_cycle(backends)
     if cycle:

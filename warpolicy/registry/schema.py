@@ -345,6 +345,29 @@ def _delegated_or_declared() -> list[dict]:
     ]
 
 
+def _otherwise_later() -> list[dict]:
+    """A declaration's ``otherwise`` (default none) is later than its ``policy``, under any
+    spelling of either."""
+    spellings: dict[int, list[str]] = {}
+    for name, policy in _POLICY_ALIASES.items():
+        spellings.setdefault(int(policy), []).append(name)
+    rules = []
+    for level in sorted(spellings):
+        not_later = [n for lvl in sorted(spellings) if lvl <= level for n in spellings[lvl]]
+        rules.append(
+            {
+                "if": {"properties": {"policy": {"enum": spellings[level]}}},
+                "then": {
+                    "required": ["otherwise"],
+                    "properties": {"otherwise": {"not": {"enum": not_later}}},
+                }
+                if level == max(spellings)
+                else {"properties": {"otherwise": {"not": {"enum": not_later}}}},
+            }
+        )
+    return rules
+
+
 def _mode_map(values: dict) -> dict:
     """mode -> value; a mode may be written once, under its name or one alias."""
     spellings = _spellings()
@@ -512,6 +535,10 @@ def registry_json_schema() -> dict:
         ]
     }
     defs["backend"]["allOf"] = _delegated_or_declared()
+    defs["declaration"]["allOf"] = _otherwise_later()
+    defs["fact"]["if"] = {"properties": {"type": {"not": {"const": FactType.NAME.value}}}}
+    defs["fact"]["then"] = {"not": {"required": ["values"]}}
+    defs["routes"]["dependentRequired"] = {"default": ["modes"]}
     top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

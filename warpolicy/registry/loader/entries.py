@@ -46,7 +46,7 @@ from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarR
 class Ref:
     """A name one entry refers to, checked once every source is merged."""
 
-    kind: str  # backend | spec algorithm | spec family | capability | flag | fact
+    kind: str  # backend | spec algorithm | spec family | capability | flag | fact | route label
     name: str
     origin: Origin
     path: str
@@ -337,15 +337,12 @@ class EntryBuilder:
             refs.append(
                 Ref("fact", fact.value, fact.origin, f"{path}.fact", "name", tuple(children))
             )
-        if not f.ok or fact is None or not children:
-            self.orphan_refs.extend(refs)
-            return None
-        if default is not None and default.value not in children:
-            self.report.at(
-                default.origin,
-                f"{path}.default",
-                f"{default.value!r} is not one of the router's labels ({', '.join(children)})",
+        if default is not None:
+            where = f"{path}.default"
+            refs.append(
+                Ref("route label", default.value, default.origin, where, "", tuple(children))
             )
+        if not f.ok or fact is None or not children:
             self.orphan_refs.extend(refs)
             return None
         route = Route(

@@ -441,7 +441,7 @@ class Converter:
         return self._unique(
             self._many(node, path, self.env_name, True, "a list of environment variable names"),
             path,
-            key=lambda env: env.name,
+            key=lambda env: f"{{not: {env.name}}}" if env.inverted else env.name,
         )
 
     def policy_set(self, node: Node, path: str) -> Optional[frozenset[WarReadDonePolicy]]:
@@ -606,7 +606,7 @@ class Converter:
     def fact_test(self, node: Node, path: str) -> Optional[FactTest]:
         if isinstance(node, ScalarNode) and node.tag == BOOL:
             return FactTest(equals=node.value.lower() in ("true", "yes", "on"))
-        if isinstance(node, ScalarNode) and node.tag == INT:
+        if isinstance(node, ScalarNode) and node.tag in (INT, FLOAT):
             number = self.integer(node, path)
             return None if number is None else FactTest(compare=(("eq", number),))
         if isinstance(node, MappingNode):
@@ -636,10 +636,18 @@ class Converter:
             return None
 
     def integer(self, node: Node, path: str) -> Optional[int]:
-        if isinstance(node, ScalarNode) and node.tag == INT:
-            try:
-                return int(yaml.constructor.SafeConstructor().construct_yaml_int(node))
-            except ValueError:
-                pass
+        """An integer; an integral float (``2.0``) too, as JSON Schema's ``integer`` has it."""
+        constructor = yaml.constructor.SafeConstructor()
+        value: object = None
+        try:
+            if isinstance(node, ScalarNode) and node.tag == INT:
+                value = constructor.construct_yaml_int(node)
+            elif isinstance(node, ScalarNode) and node.tag == FLOAT:
+                number = constructor.construct_yaml_float(node)
+                value = int(number) if number == int(number) else None
+        except (ValueError, OverflowError):
+            value = None
+        if isinstance(value, int):
+            return value
         self.report.expected(node, path, "an integer")
         return None

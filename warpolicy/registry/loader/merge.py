@@ -150,6 +150,11 @@ class Merger:
             for r in e.refs
         ]
         for ref in refs + self.orphan_refs:
+            if ref.kind == "route label":  # a router's default names one of its own labels
+                if ref.name not in ref.values:
+                    known_labels = ", ".join(ref.values)
+                    self.at(ref.origin, ref.path, f"{ref.name!r} is not a label ({known_labels})")
+                continue
             if ref.name not in known[ref.kind] and ref.name not in broken.get(ref.kind, ()):
                 self.at(ref.origin, ref.path, str(suggest.error(ref.kind, ref.name)))
             elif ref.kind == "fact":
@@ -226,7 +231,9 @@ class Merger:
                 continue
             for var, origin in zip(entry.value.env, entry.env_origins, strict=True):
                 first = owners.setdefault(var, (entry.name, origin))
-                if first[0] != entry.name:
+                if first[0] == entry.name and first[1] != origin:
+                    self.at(origin, f"{entry.path}.env", f"{var} is listed twice (at {first[1]})")
+                elif first[0] != entry.name:
                     self.at(
                         origin,
                         f"{entry.path}.env",
