@@ -150,7 +150,9 @@ def test_spec_algorithms(reg):
     prefill = {n for n, s in reg.spec_algorithms.items() if s.has("prefill_read_done")}
     in_replay = {n for n, s in reg.spec_algorithms.items() if s.has("dsv4_verify_in_replay")}
     after = {
-        n: dict(s.capabilities_after) for n, s in reg.spec_algorithms.items() if s.capabilities_after
+        n: dict(s.capabilities_after)
+        for n, s in reg.spec_algorithms.items()
+        if s.capabilities_after
     }
     # verify publishes for every algorithm whose last reader is target verify
     assert verify == {n for n, r in INTENDED_LAST_READERS.items() if r is VERIFY}
@@ -161,7 +163,9 @@ def test_spec_algorithms(reg):
     assert after == {
         n: {
             "prefill_read_done": "prefill_staged",
-            **({"target_verify_read_done": "draft_extend_staged"} if n in MULTI_LAYER_EAGLE else {}),
+            **(
+                {"target_verify_read_done": "draft_extend_staged"} if n in MULTI_LAYER_EAGLE else {}
+            ),
         }
         for n in STAGING
     }

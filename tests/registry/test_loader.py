@@ -351,7 +351,8 @@ def test_unknown_keys_name_close_matches(text, expected):
         ),
         (
             "version: 1\nspec_algorithms: {s: {capabilities: [c]}}\n",
-            "spec_algorithms.s.capabilities: expected a mapping of capability -> true/false or {after: ACTION}, got a list",
+            "spec_algorithms.s.capabilities: expected a mapping of capability -> true/false or "
+            "{after: ACTION}, got a list",
         ),
         (
             "version: 1\nbackends: {a: {reads_end: {decode: in_grph}}}\n",

@@ -536,13 +536,13 @@ class PolicyEngine:
 def _batch_cases(
     classes: Sequence[FactClasses], table: Mapping[tuple[int, ...], WarReadDonePolicy]
 ) -> tuple[BatchCase, ...]:
-    """The enumerated cell as `BatchCase` rows, merged where a fact does not matter."""
+    """The enumerated cell as `BatchCase` rows (`simplify`); none when no fact matters."""
     merged = simplify(list(table.items()), [len(c.labels) for c in classes])
     if len(merged) == 1:  # the facts were read but do not matter
         return ()
     return tuple(
         BatchCase(
-            policy,  # type: ignore[arg-type]
+            policy,
             tuple(classes[i].labels[k] for i, k in enumerate(key) if k is not None),
         )
         for key, policy in merged

@@ -34,7 +34,7 @@ from warpolicy.registry.decision import (
     GateCheck,
     Reason,
 )
-from warpolicy.registry.facts import BatchFacts, test_holds
+from warpolicy.registry.facts import BatchFacts, passes
 from warpolicy.registry.model import Backend, Conditions, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, WarReadDonePolicy
 
@@ -191,10 +191,14 @@ class Evaluation:
             read |= self.facts_read.get(child.backend, frozenset())
         self.facts_read[name] = frozenset(read)
         declared_facts = self.registry.facts
-        facts = tuple(
-            FactValue(n, declared_facts[n].type, self.facts.describe(n))
-            for n in sorted(read)
-            if n in declared_facts
+        facts = (
+            tuple(
+                FactValue(n, declared_facts[n].type, self.facts.describe(n))
+                for n in sorted(read)
+                if n in declared_facts
+            )
+            if self.record_checks
+            else ()
         )
         decision = Decision(policy, ctx, tuple(reasons))
         return Explanation(
@@ -405,7 +409,7 @@ def _gate_matches(
             )
     held = []
     for name, test in when.facts.items():
-        holds, seen = test_holds(facts, name, test)
+        holds, seen = passes(facts, name, test)
         if not holds:
             wanted = test.text(name)
             return False, lambda t=wanted, s=seen: f"{s}, not {t}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, TypeVar
 
 import attrs
 
@@ -27,6 +27,9 @@ from warpolicy.errors import InputError, UnknownNameError
 from warpolicy.registry.inputs import parse_bool
 from warpolicy.registry.model import Fact, FactTest, Registry, fact_value_ok
 from warpolicy.registry.vocabulary import FactType
+
+#: An outcome `simplify` groups by (a policy; anything hashable and ordered).
+Outcome = TypeVar("Outcome", bound=int)
 
 
 class _Absent:
@@ -79,7 +82,7 @@ class BatchFacts:
         return f"{name} is {_show(value)}"
 
 
-def test_holds(facts: BatchFacts, name: str, test: FactTest) -> tuple[bool, str]:
+def passes(facts: BatchFacts, name: str, test: FactTest) -> tuple[bool, str]:
     """Whether ``test`` of fact ``name`` holds for the batch, and why (fail closed)."""
     fact = facts.declared.get(name)
     if fact is not None and fact.type is FactType.ACTION:
@@ -256,26 +259,37 @@ def registry_fact_classes(registry: Registry) -> dict[str, FactClasses]:
 
 
 def simplify(
-    rows: Sequence[tuple[tuple[Optional[int], ...], object]], sizes: Sequence[int]
-) -> list[tuple[tuple[Optional[int], ...], object]]:
-    """Merge assignments of classes (one class per fact, ``sizes[i]`` classes for fact ``i``)
-    that lead to the same outcome: where every class of one fact appears with the same other
-    classes and the same outcome, that fact does not matter there (``None``). Repeated until
-    nothing merges; the result covers exactly the assignments given, sorted by class."""
-    current: dict[tuple[Optional[int], ...], object] = dict(rows)
-    changed = True
-    while changed:
-        changed = False
-        for index, size in enumerate(sizes):
-            groups: dict[tuple[Optional[int], ...], list[tuple[Optional[int], ...]]] = {}
-            for key in current:
-                if key[index] is not None:
-                    groups.setdefault(key[:index] + (None,) + key[index + 1 :], []).append(key)
-            for rest, members in groups.items():
-                outcomes = {current[k] for k in members}
-                if len(members) == size and len(outcomes) == 1 and rest not in current:
-                    for key in members:
-                        del current[key]
-                    current[rest] = outcomes.pop()
-                    changed = True
-    return sorted(current.items(), key=lambda item: tuple(-1 if c is None else c for c in item[0]))
+    rows: Sequence[tuple[tuple[int, ...], Outcome]], sizes: Sequence[int]
+) -> list[tuple[tuple[Optional[int], ...], Outcome]]:
+    """The assignments of classes (one class per fact, ``sizes[i]`` classes for fact ``i``) as
+    few conditions per outcome as a greedy pass finds: each assignment is widened fact by fact
+    (``None``: any class) while every assignment it then covers has the same outcome, then
+    duplicates and conditions inside a wider one of the same outcome are dropped. Conditions
+    of one outcome may overlap; conditions of different outcomes never do. Sorted by outcome,
+    then by class."""
+    table = dict(rows)
+    cubes: set[tuple[tuple[Optional[int], ...], Outcome]] = set()
+    for key, outcome in rows:
+        cube: list[Optional[int]] = list(key)
+        for index in range(len(sizes)):
+            trial = cube[:index] + [None] + cube[index + 1 :]
+            if all(table.get(k) == outcome for k in _covered(trial, sizes)):
+                cube = trial
+        cubes.add((tuple(cube), outcome))
+    kept = [
+        (cube, outcome)
+        for cube, outcome in cubes
+        if not any(
+            other != cube and same == outcome and _inside(cube, other) for other, same in cubes
+        )
+    ]
+    return sorted(kept, key=lambda item: (item[1], tuple(-1 if c is None else c for c in item[0])))
+
+
+def _covered(cube: Sequence[Optional[int]], sizes: Sequence[int]) -> Iterable[tuple[int, ...]]:
+    return itertools.product(*(range(size) if c is None else (c,) for c, size in zip(cube, sizes)))
+
+
+def _inside(cube: Sequence[Optional[int]], other: Sequence[Optional[int]]) -> bool:
+    """Whether every assignment of ``cube`` is one of ``other``'s."""
+    return all(o is None or o == c for c, o in zip(cube, other))
