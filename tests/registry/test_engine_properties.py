@@ -177,6 +177,8 @@ contexts = st.builds(
 )
 
 SETTINGS = settings(max_examples=100, deadline=None)
+#: per-batch properties evaluate several batches per example
+BATCH_SETTINGS = settings(max_examples=60, deadline=None)
 
 
 @SETTINGS
@@ -353,7 +355,7 @@ def test_compiled_lookup_equals_decide(registry, ctx):
 # -- per-batch facts ----------------------------------------------------------------------------
 
 
-@SETTINGS
+@BATCH_SETTINGS
 @given(registries(), contexts, st.sampled_from(sorted(FACTS)))
 def test_a_fact_the_batch_does_not_report_never_makes_a_decision_earlier(registry, ctx, name):
     engine = PolicyEngine(registry, environ={})
@@ -365,7 +367,7 @@ def test_a_fact_the_batch_does_not_report_never_makes_a_decision_earlier(registr
     assert engine.decide(attrs.evolve(ctx, facts={})) >= reported
 
 
-@SETTINGS
+@BATCH_SETTINGS
 @given(registries(), contexts)
 def test_an_action_that_did_not_succeed_is_never_earlier_than_one_that_did(registry, ctx):
     engine = PolicyEngine(registry, environ={})
@@ -377,7 +379,7 @@ def test_an_action_that_did_not_succeed_is_never_earlier_than_one_that_did(regis
     assert failed >= done and missing == failed
 
 
-@SETTINGS
+@BATCH_SETTINGS
 @given(registries(), contexts)
 def test_the_cases_cover_every_reported_batch(registry, ctx):
     """``explain``'s per-batch cases, read as a function of the facts, give the decision of
@@ -393,7 +395,7 @@ def test_the_cases_cover_every_reported_batch(registry, ctx):
     assert engine.decide(ctx) in {c.policy for c in exp.cases}
 
 
-@SETTINGS
+@BATCH_SETTINGS
 @given(registries(), contexts)
 def test_a_pinned_router_is_never_earlier_than_the_child_its_batch_runs(registry, ctx):
     engine = PolicyEngine(registry, environ={})
