@@ -10,6 +10,7 @@ action that was not reported as succeeded did not succeed: both give the later p
 
 from __future__ import annotations
 
+import bisect
 from typing import Callable, Mapping, Optional, Sequence
 
 from warpolicy.registry.decision import BatchCase, Context, Decision, Reason
@@ -27,21 +28,11 @@ class BatchRule:
     the per-batch actions whose success can make this cell earlier (the runner performs exactly
     these, once per batch, before publishing); ``unknown``: the policy when nothing is reported;
     ``cases``: the policy per combination of fact classes, merged where a fact does not matter.
-    Call it with the batch's facts (a mapping, or None) for the policy.
+    Call it with the batch's facts (a mapping, or None) for the policy; ``fast`` is the same
+    callable without this object's frame (what `CompiledPolicy.per_batch` hands out).
     """
 
-    __slots__ = (
-        "_by_class",
-        "_classify",
-        "_name",
-        "_pairs",
-        "actions",
-        "cases",
-        "classes",
-        "facts",
-        "table",
-        "unknown",
-    )
+    __slots__ = ("actions", "cases", "classes", "facts", "fast", "table", "unknown")
 
     def __init__(
         self,
@@ -55,25 +46,93 @@ class BatchRule:
         self.table = dict(table)
         self.unknown = self.table[tuple(c.classify(ABSENT) for c in self.classes)]
         self.cases = tuple(cases)
-        self._pairs = tuple((c.fact.name, c.classify) for c in self.classes)
-        single = len(self.classes) == 1
-        self._name = self.facts[0] if single else ""
-        self._classify = self.classes[0].classify if single else None
-        self._by_class = (
-            tuple(self.table[(i,)] for i in range(len(self.classes[0].labels))) if single else ()
-        )
+        self.fast = _fast_rule(self.classes, self.table, self.unknown)
 
     def __call__(self, facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
-        if not facts:
-            return self.unknown
-        if self._classify is not None:
-            return self._by_class[self._classify(facts.get(self._name, ABSENT))]
-        return self.table[
-            tuple(classify(facts.get(name, ABSENT)) for name, classify in self._pairs)
-        ]
+        return self.fast(facts)
 
     def __repr__(self) -> str:
         return f"BatchRule(facts={self.facts}, unknown={self.unknown.label})"
+
+
+_Rule = Callable[[Optional[Mapping[str, object]]], WarReadDonePolicy]
+
+
+def _classifier(classes: FactClasses) -> Callable[[object], int]:
+    """`FactClasses.classify` as a closure specialised for the fact's type (no attribute
+    reads per call)."""
+    kind = classes.fact.type
+    unknown = classes.unknown
+    if kind is FactType.ACTION:
+
+        def classify_action(value: object) -> int:
+            return 0 if value is True else 1
+
+        return classify_action
+    if kind is FactType.BOOL:
+
+        def classify_bool(value: object) -> int:
+            return 0 if value is True else 1 if value is False else 2
+
+        return classify_bool
+    if kind is FactType.INT:
+        cuts = classes.cuts
+        find = bisect.bisect_right
+
+        def classify_int(value: object) -> int:
+            return find(cuts, value) if type(value) is int else unknown
+
+        return classify_int
+    index = {name: i for i, name in enumerate(classes.names)}
+    other = len(classes.names)  # "another name", or unknown when every value is tested
+    allowed = classes.fact.values
+    get = index.get
+
+    def classify_name(value: object) -> int:
+        if type(value) is not str or (allowed is not None and value not in allowed):
+            return unknown
+        return get(value, other)
+
+    return classify_name
+
+
+def _fast_rule(
+    classes: Sequence[FactClasses],
+    table: Mapping[tuple[int, ...], WarReadDonePolicy],
+    unknown: WarReadDonePolicy,
+) -> _Rule:
+    """The rule as one closure: one classification per fact, then nested tuple indexes."""
+    names = [c.fact.name for c in classes]
+    classify = [_classifier(c) for c in classes]
+    sizes = [len(c.labels) for c in classes]
+    if len(classes) == 1:
+        (name,), (first,) = names, classify
+        by_class = tuple(table[(i,)] for i in range(sizes[0]))
+
+        def one_fact(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+            if not facts:
+                return unknown
+            return by_class[first(facts.get(name, ABSENT))]
+
+        return one_fact
+    if len(classes) == 2:
+        (name0, name1), (first, second) = names, classify
+        nested = tuple(tuple(table[(i, j)] for j in range(sizes[1])) for i in range(sizes[0]))
+
+        def two_facts(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+            if not facts:
+                return unknown
+            return nested[first(facts.get(name0, ABSENT))][second(facts.get(name1, ABSENT))]
+
+        return two_facts
+    pairs = tuple(zip(names, classify))
+
+    def many_facts(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+        if not facts:
+            return unknown
+        return table[tuple([c(facts.get(n, ABSENT)) for n, c in pairs])]
+
+    return many_facts
 
 
 class CompiledPolicy:
@@ -142,28 +201,24 @@ class CompiledPolicy:
         self, eager: bool = False, planted: bool = True
     ) -> Callable[..., WarReadDonePolicy]:
         """The hot-path callable for a runner that reports per-batch facts:
-        ``fn(mode, facts=None) -> policy``; modes that read no fact cost one dict index."""
+        ``fn(mode, facts=None) -> policy``; a mode that reads no fact costs one dict index, one
+        that does a classification per fact it reads and a tuple index."""
         index = eager * 2 + planted
-        constant = _ModeTable({m: row[index] for m, row in self._table.items()})
-        rules = {m: r[index] for m, r in self._rules.items() if r[index] is not None}
-        get_constant = constant.__getitem__
-        if not rules:
-
-            def step_without_facts(
-                mode: ForwardMode, facts: Optional[Mapping[str, object]] = None
-            ) -> WarReadDonePolicy:
-                return get_constant(mode)
-
-            return step_without_facts
-        get_rule = rules.get
+        entries: dict[object, object] = {m: row[index] for m, row in self._table.items()}
+        for mode, rules in self._rules.items():
+            rule = rules[index]
+            if rule is not None:
+                entries[mode] = rule.fast
+        get = entries.get
+        policy_type = WarReadDonePolicy
 
         def step(
             mode: ForwardMode, facts: Optional[Mapping[str, object]] = None
         ) -> WarReadDonePolicy:
-            rule = get_rule(mode)
-            if rule is None:
-                return get_constant(mode)
-            return rule(facts)
+            entry = get(mode, NONE)
+            if type(entry) is policy_type:
+                return entry
+            return entry(facts)  # type: ignore[operator]
 
         return step
 
