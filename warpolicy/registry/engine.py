@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -72,7 +72,13 @@ from warpolicy.registry.facts import (
     simplify,
 )
 from warpolicy.registry.inputs import parse_bool
-from warpolicy.registry.loader import Blame, Fragment, assemble_registry, load_registry
+from warpolicy.registry.loader import (
+    Blame,
+    Fragment,
+    Source,
+    assemble_registry,
+    load_registry,
+)
 from warpolicy.registry.model import Flag, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import (
     NONE,
@@ -81,9 +87,6 @@ from warpolicy.registry.vocabulary import (
     Placement,
     WarReadDonePolicy,
 )
-
-if TYPE_CHECKING:
-    from warpolicy.registry.loader import Source
 
 __all__ = [
     "BatchCase",
