@@ -22,7 +22,7 @@ from warpolicy.registry.model import (
     SpecAlgorithm,
     registry_warnings,
 )
-from warpolicy.registry.vocabulary import FactType
+from warpolicy.registry.vocabulary import FactType, Placement
 from warpolicy.registry.vocabulary import ForwardMode as M
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 
@@ -305,6 +305,25 @@ class TestRouters:
             "backends.router.routes",
         ]
         assert all("may change inside one forward" in w.message for w in found)
+
+    def test_a_router_plants_like_a_composite_of_its_children(self):
+        derived = {m: Placement.DERIVED for m in M}
+        router = Backend(
+            "router",
+            routes=Route(
+                "route", {"text": "d1", "image": "d2"}, frozenset({M.EXTEND}), "text", True
+            ),
+        )
+        engine = PolicyEngine(
+            make(
+                router,
+                Backend("d1", plant=derived),
+                Backend("d2", plant={M.DECODE: Placement.DERIVED}),
+            ),
+            environ={},
+        )
+        assert engine.placement("router", M.EXTEND) is Placement.MARKER  # d2 is marker there
+        assert engine.placement("router", M.DECODE) is Placement.DERIVED  # the default, d1
 
     def test_router_shapes_are_refused(self):
         route = Route("route", {"a": "fa3"})

@@ -498,7 +498,8 @@ class PolicyEngine:
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         """Where a runner plants the in-graph node for ``backend`` in ``mode``: the first
         ``plant`` declaration along ``inherits``; else a per-mode wrapper's child for that mode;
-        else, for a composite, derived only when every child is derived; else marker."""
+        else, for a composite (or a router, over the children it may run in the mode), derived
+        only when every child is derived; else marker."""
         mode = ForwardMode.parse(mode)
         memo: dict[str, Placement] = {}
         open_nodes: set[str] = set()
@@ -513,6 +514,12 @@ class PolicyEngine:
             )
             delegate = entry.per_mode.get(mode)
             children = (delegate,) if delegate is not None else entry.latest_of
+            route = entry.routes
+            if route is not None:  # a router is a composite of the children it may run
+                if route.routed(mode):
+                    children = tuple(route.children.values())
+                elif route.default is not None:
+                    children = (route.children[route.default],)
             if declared is not None or not children:
                 memo[name] = declared if declared is not None else Placement.MARKER
                 continue
