@@ -297,6 +297,7 @@ def test_diff_lists_changed_cells(capsys, tmp_path):
         "lmcache",
         "context_parallel",
         "hisparse",
+        "flashmla_sparse_prefill",
     }
     assert "force_coarse" in doc["compared"]["held"]
     fast = ("--mode", "target_verify", "--mode", "decode")

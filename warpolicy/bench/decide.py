@@ -318,23 +318,27 @@ def format_decide(result: dict, fmt: str = "text") -> str:
     if fmt == "json":
         return json_document(result)  # schema_version first, like every JSON output
     load = result["load"]
-    return "\n".join(
-        [
-            "decision latency (median ns per call, same process, same mode sequence)",
-            f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
-            f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
-            f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
-            "  ratio   engine / baseline         " + _show_ratio(result["ratio"]),
+    lines = [
+        "decision latency (median ns per call, same process, same mode sequence)",
+        f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
+        f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
+        f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
+        "  ratio   engine / baseline         " + _show_ratio(result["ratio"]),
+    ]
+    if "per_batch_ns" in result:
+        lines += [
             "per-batch lookup with facts (dsv4, dspark, prefill on: query count, snapshot)",
             f"  engine  CompiledPolicy.per_batch() {result['per_batch_ns']:7.1f} ns"
             "  (mode, facts) per call",
             f"  anchor  per-batch if-chain        {result['per_batch_anchor_ns']:8.1f} ns"
             "  (0.5.23 resolve + main staging)",
-            "  ratio   per_batch / baseline      " + _show_ratio(result["per_batch_ratio"]),
+            "  ratio   per_batch / baseline      " + _show_ratio(result.get("per_batch_ratio")),
             "  ratio   per_batch / per-batch anchor "
-            + _show_ratio(result["per_batch_vs_anchor_per_batch"]).strip(),
-            f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
-            f"{load['load_s']:.3f} s",
-            f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
+            + _show_ratio(result.get("per_batch_vs_anchor_per_batch")).strip(),
         ]
-    )
+    lines += [
+        f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
+        f"{load['load_s']:.3f} s",
+        f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
+    ]
+    return "\n".join(lines)
