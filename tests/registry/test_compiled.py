@@ -119,3 +119,20 @@ def test_a_failed_compile_has_no_rules(recwarn):
     compiled = PolicyEngine.load(environ={}).compile("no_such_backend")
     assert compiled.per_batch()(M.EXTEND, {"num_qo_tokens": 1}) is P.NONE
     assert compiled.actions(M.EXTEND) == ()
+
+
+@pytest.mark.parametrize("runner", [(True, -1), (False, 1), (0, True), (None, False), ("y", True)])
+def test_runner_facts_must_be_booleans(dsv4, runner):
+    """Issue 17 class 13: ``lookup(mode, True, -1)`` indexed the table and answered in_graph."""
+    from warpolicy.errors import InputError
+
+    for call in (
+        lambda: dsv4.lookup(M.DECODE, *runner),
+        lambda: dsv4.lookup(M.EXTEND, *runner, {"num_qo_tokens": 1}),
+        lambda: dsv4.per_step(*runner),
+        lambda: dsv4.per_batch(*runner),
+        lambda: dsv4.rule(M.EXTEND, *runner),
+        lambda: dsv4.actions(M.EXTEND, *runner),
+    ):
+        with pytest.raises(InputError, match="must be booleans"):
+            call()

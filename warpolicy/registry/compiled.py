@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Mapping, Optional, Sequence
 
+from warpolicy.errors import InputError
 from warpolicy.registry.decision import BatchCase, Context, Decision, Reason
 from warpolicy.registry.facts import ABSENT, FactClasses
 from warpolicy.registry.vocabulary import NONE, FactType, ForwardMode, Placement, WarReadDonePolicy
@@ -171,10 +172,13 @@ class CompiledPolicy:
         facts: Optional[Mapping[str, object]] = None,
     ) -> WarReadDonePolicy:
         """The policy for ``mode`` given the runner's facts and the batch's per-batch
-        ``facts``; ``NONE`` for anything unknown."""
+        ``facts``; ``NONE`` for anything unknown. ``eager`` and ``planted`` must be real
+        booleans (`InputError` otherwise)."""
         row = self._table.get(mode)
         if row is None:
             return NONE
+        if type(eager) is not bool or type(planted) is not bool:
+            _refuse(eager, planted)
         index = eager * 2 + planted
         if facts:
             rules = self._rules.get(mode)
@@ -193,9 +197,8 @@ class CompiledPolicy:
         ``NONE``; a cell that depends on per-batch facts gives its policy for a batch that
         reports none (use `per_batch` to pass them).
         """
-        return _ModeTable(
-            {m: row[eager * 2 + planted] for m, row in self._table.items()}
-        ).__getitem__
+        index = _fact_index(eager, planted)
+        return _ModeTable({m: row[index] for m, row in self._table.items()}).__getitem__
 
     def per_batch(
         self, eager: bool = False, planted: bool = True
@@ -203,7 +206,7 @@ class CompiledPolicy:
         """The hot-path callable for a runner that reports per-batch facts:
         ``fn(mode, facts=None) -> policy``; a mode that reads no fact costs one dict index, one
         that does a classification per fact it reads and a tuple index."""
-        index = eager * 2 + planted
+        index = _fact_index(eager, planted)
         entries: dict[object, object] = {m: row[index] for m, row in self._table.items()}
         for mode, rules in self._rules.items():
             rule = rules[index]
@@ -226,8 +229,9 @@ class CompiledPolicy:
         self, mode: ForwardMode, eager: bool = False, planted: bool = True
     ) -> Optional[BatchRule]:
         """The batch rule of a cell, or None when its policy reads no per-batch fact."""
+        index = _fact_index(eager, planted)
         rules = self._rules.get(ForwardMode.parse(mode))
-        return None if rules is None else rules[eager * 2 + planted]
+        return None if rules is None else rules[index]
 
     def actions(
         self, mode: ForwardMode, eager: bool = False, planted: bool = True
@@ -255,6 +259,18 @@ class CompiledPolicy:
     def placement(self, mode: ForwardMode) -> Placement:
         """Where the runner plants the in-graph node in ``mode`` (marker when unknown)."""
         return self._placement.get(ForwardMode.parse(mode), Placement.MARKER)
+
+
+def _fact_index(eager: object, planted: object) -> int:
+    """The table column of the runner's facts; anything but two booleans (``-1``, ``"yes"``,
+    ``None``) is refused rather than used as an index."""
+    if type(eager) is not bool or type(planted) is not bool:
+        _refuse(eager, planted)
+    return int(eager) * 2 + int(planted)  # type: ignore[call-overload]
+
+
+def _refuse(eager: object, planted: object) -> None:
+    raise InputError(f"eager and planted must be booleans, not {eager!r} and {planted!r}")
 
 
 class _ModeTable(dict):
