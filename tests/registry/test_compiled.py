@@ -136,3 +136,57 @@ def test_runner_facts_must_be_booleans(dsv4, runner):
     ):
         with pytest.raises(InputError, match="must be booleans"):
             call()
+
+
+def _values(kind):
+    """Values a batch may report for a fact of ``kind``, junk and absence included."""
+    junk = [None, "x", 1, 0, True, False, 2.0]
+    return {
+        FactType.ACTION: [True, False, *junk],
+        FactType.BOOL: [True, False, *junk],
+        FactType.INT: [-5, 0, 3, 4, 5, 99, *junk],
+        FactType.NAME: ["text", "image", "video", "other", *junk],
+    }[kind]
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        (FactType.ACTION,),
+        (FactType.INT,),
+        (FactType.BOOL,),
+        (FactType.NAME,),
+        (FactType.INT, FactType.ACTION),
+        (FactType.ACTION, FactType.INT),
+        (FactType.ACTION, FactType.ACTION),
+        (FactType.NAME, FactType.ACTION),
+        (FactType.BOOL, FactType.INT),
+        (FactType.INT, FactType.BOOL, FactType.ACTION),
+    ],
+)
+def test_every_rule_shape_agrees_with_its_table(kinds):
+    """The specialised closures (one fact; a fact and an action; two actions) and the generic
+    ones classify every value exactly as `FactClasses.classify` does."""
+    import itertools
+
+    from warpolicy.registry.compiled import BatchRule
+    from warpolicy.registry.facts import ABSENT, fact_classes
+
+    classes = []
+    for i, kind in enumerate(kinds):
+        values = frozenset({"text", "image", "video"}) if kind is FactType.NAME else None
+        fact = Fact(f"f{i}", kind, values=values)
+        tests = {
+            FactType.INT: [FactTest(compare=(("gt", 3), ("le", 5)))],
+            FactType.NAME: [FactTest(names=frozenset({"image"}))],
+        }.get(kind, [])
+        classes.append(fact_classes(fact, tests, ["text"] if kind is FactType.NAME else []))
+    sizes = [len(c.labels) for c in classes]
+    keys = list(itertools.product(*(range(n) for n in sizes)))
+    table = {key: list(P)[hash(key) % 4] for key in keys}
+    rule = BatchRule(classes, table)
+    for combo in itertools.product(*([*_values(k), ABSENT] for k in kinds)):
+        facts = {c.fact.name: v for c, v in zip(classes, combo) if v is not ABSENT}
+        want = table[tuple(c.classify(facts.get(c.fact.name, ABSENT)) for c in classes)]
+        assert rule(facts) is want, (kinds, facts)
+    assert rule(None) is rule({}) is rule.unknown

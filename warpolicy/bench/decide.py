@@ -155,27 +155,11 @@ class AnchorPerBatchRunner(AnchorRunner):
         return self.war_read_done_policy(forward_mode)
 
 
-def _median_ns_per_call(fn: Callable, args: Sequence, repeats: int) -> float:
-    """Median over ``repeats`` of the per-call time, minus the bare loop's cost."""
-    samples = []
+def _sample_ns(fn: Callable, args: Sequence, pairs: bool) -> float:
+    """One timed pass of ``fn`` over ``args`` (unpacked into two arguments when ``pairs``), in ns
+    per call, minus the bare loop's cost."""
     n = len(args)
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
-        for a in args:
-            fn(a)
-        t1 = time.perf_counter_ns()
-        for _ in args:  # the bare loop's cost, subtracted below
-            pass
-        t2 = time.perf_counter_ns()
-        samples.append(((t1 - t0) - (t2 - t1)) / n)
-    return statistics.median(samples)
-
-
-def _median_ns_per_call2(fn: Callable, args: Sequence[tuple], repeats: int) -> float:
-    """`_median_ns_per_call` for a two-argument call (mode, batch facts)."""
-    samples = []
-    n = len(args)
-    for _ in range(repeats):
+    if pairs:
         t0 = time.perf_counter_ns()
         for a, b in args:
             fn(a, b)
@@ -183,8 +167,35 @@ def _median_ns_per_call2(fn: Callable, args: Sequence[tuple], repeats: int) -> f
         for _a, _b in args:  # the bare loop's cost (unpacking included), subtracted below
             pass
         t2 = time.perf_counter_ns()
-        samples.append(((t1 - t0) - (t2 - t1)) / n)
-    return statistics.median(samples)
+    else:
+        t0 = time.perf_counter_ns()
+        for a in args:
+            fn(a)
+        t1 = time.perf_counter_ns()
+        for _ in args:
+            pass
+        t2 = time.perf_counter_ns()
+    return ((t1 - t0) - (t2 - t1)) / n
+
+
+#: A timed run: the callable, its arguments, and whether each argument is a (mode, facts) pair.
+_Run = tuple[Callable, Sequence, bool]
+
+
+def _interleaved(runs: dict[str, _Run], repeats: int) -> dict[str, list[float]]:
+    """``repeats`` passes of every run, interleaved (run a, b, c, then a, b, c again), so a
+    load that drifts on a shared machine hits every run alike."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (fn, args, pairs) in runs.items():
+            samples[name].append(_sample_ns(fn, args, pairs))
+    return samples
+
+
+def _median_ratio(top: Sequence[float], bottom: Sequence[float]) -> Optional[float]:
+    """The median of the per-pass ratios (each pass measured side by side)."""
+    ratios = [t / b for t, b in zip(top, bottom) if b > 0]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def _mode_mix(count: int) -> list[ForwardMode]:
@@ -195,7 +206,8 @@ def _mode_mix(count: int) -> list[ForwardMode]:
 
 def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     """Engine lookup vs anchor if-chain on the default registry (backend fa3, spec none), and
-    the per-batch lookup with facts (`bench_per_batch`)."""
+    the per-batch lookup with facts (`per_batch_runs`), every run interleaved with the others;
+    ratios are medians of per-pass ratios."""
     engine = PolicyEngine.load(files=None, plugins=False, environ={})
     compiled = engine.compile("fa3", "none", strict=True)
     lookup = compiled.per_step(eager=False, planted=True)  # resolved once, as a runner does
@@ -204,26 +216,28 @@ def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     anchor_modes = [_AnchorMode(m) for m in modes]
     for m, am in zip(modes[:64], anchor_modes[:64]):  # the two must agree before we time them
         assert lookup(m) is anchor.war_read_done_policy(am), m
-    engine_ns = _median_ns_per_call(lookup, modes, repeats)
-    general_ns = _median_ns_per_call(compiled.lookup, modes, repeats)
-    baseline_ns = _median_ns_per_call(anchor.war_read_done_policy, anchor_modes, repeats)
-    per_batch = bench_per_batch(engine, modes, anchor_modes, repeats)
+    runs: dict[str, _Run] = {
+        "engine": (lookup, modes, False),
+        "lookup": (compiled.lookup, modes, False),
+        "baseline": (anchor.war_read_done_policy, anchor_modes, False),
+        **per_batch_runs(engine, modes, anchor_modes),
+    }
+    samples = _interleaved(runs, repeats)
+    ns = {name: round(statistics.median(values), 1) for name, values in samples.items()}
     return {
-        "engine_ns": round(engine_ns, 1),
-        "baseline_ns": round(baseline_ns, 1),
-        "lookup_ns": round(general_ns, 1),
-        "ratio": _ratio(engine_ns, baseline_ns),
-        "per_batch_ns": per_batch["engine_ns"],
-        "per_batch_anchor_ns": per_batch["anchor_ns"],
-        "per_batch_ratio": _ratio(per_batch["engine_ns"], baseline_ns),
-        "per_batch_vs_anchor_per_batch": _ratio(per_batch["engine_ns"], per_batch["anchor_ns"]),
+        "engine_ns": ns["engine"],
+        "baseline_ns": ns["baseline"],
+        "lookup_ns": ns["lookup"],
+        "ratio": _median_ratio(samples["engine"], samples["baseline"]),
+        "per_batch_ns": ns["per_batch"],
+        "per_batch_anchor_ns": ns["per_batch_anchor"],
+        "per_batch_ratio": _median_ratio(samples["per_batch"], samples["baseline"]),
+        "per_batch_vs_anchor_per_batch": _median_ratio(
+            samples["per_batch"], samples["per_batch_anchor"]
+        ),
         "iterations": iterations,
         "repeats": repeats,
     }
-
-
-def _ratio(engine_ns: float, baseline_ns: float) -> Optional[float]:
-    return round(engine_ns / baseline_ns, 3) if baseline_ns > 0 else None
 
 
 def _batches(count: int) -> list[tuple[int, bool]]:
@@ -232,14 +246,13 @@ def _batches(count: int) -> list[tuple[int, bool]]:
     return [((4096, 16384, 16384, 512)[i % 4], i % 3 == 0) for i in range(count)]
 
 
-def bench_per_batch(
+def per_batch_runs(
     engine: PolicyEngine,
     modes: Sequence[ForwardMode],
     anchor_modes: Sequence[_AnchorMode],
-    repeats: int,
-) -> dict[str, float]:
+) -> dict[str, _Run]:
     """``per_batch(eager, planted)(mode, facts)`` on DeepSeek-V4 (prefill opted in) with each
-    step's batch facts, and the anchor's per-batch chain on the same steps."""
+    step's batch facts, and the anchor's per-batch chain on the same steps (checked to agree)."""
     compiled = engine.compile("dsv4", "dspark", {"prefill_read_done": True}, strict=True)
     step = compiled.per_batch(eager=False, planted=True)
     steps = _batches(len(modes))
@@ -248,11 +261,14 @@ def bench_per_batch(
     anchor = AnchorPerBatchRunner("dspark")
     for m, am, f, b in zip(modes[:64], anchor_modes[:64], facts[:64], batches[:64]):
         assert step(m, f) is anchor.war_read_done_policy_batch(am, b), (m, f)
-    engine_ns = _median_ns_per_call2(step, list(zip(modes, facts)), repeats)
-    anchor_ns = _median_ns_per_call2(
-        anchor.war_read_done_policy_batch, list(zip(anchor_modes, batches)), repeats
-    )
-    return {"engine_ns": round(engine_ns, 1), "anchor_ns": round(anchor_ns, 1)}
+    return {
+        "per_batch": (step, list(zip(modes, facts)), True),
+        "per_batch_anchor": (
+            anchor.war_read_done_policy_batch,
+            list(zip(anchor_modes, batches)),
+            True,
+        ),
+    }
 
 
 def synthetic_registry_yaml(backends: int = 1000, gates: int = 100) -> str:
