@@ -20,6 +20,7 @@ from warpolicy.registry import compare, model
 from warpolicy.registry.cells import (
     BACKEND_CONDITIONS,
     FACT_NAMES,
+    PER_BATCH_CONDITIONS,
     STATIC_CONDITIONS,
     cell_space,
 )
@@ -59,8 +60,10 @@ def test_every_field_of_the_model_says_how_a_comparison_sees_it():
 
 
 def test_every_gate_condition_is_static_per_backend_a_flag_or_an_axis():
-    """A condition on a new runner fact needs a `compare.FactAxis`, else diff never varies it."""
+    """A condition on a new runner fact needs a `compare.FactAxis`, else diff never varies it
+    (per-batch facts are held unreported, `PER_BATCH_CONDITIONS`)."""
     known = set(STATIC_CONDITIONS) | set(BACKEND_CONDITIONS) | {"flags"} | set(FACT_NAMES)
+    known |= set(PER_BATCH_CONDITIONS)
     assert {f.name for f in attrs.fields(model.Conditions)} - known == set()
 
 
@@ -69,6 +72,10 @@ def test_every_gate_condition_is_static_per_backend_a_flag_or_an_axis():
 BASE: dict = {
     "version": 1,
     "flags": {"opt_in": {"default": False, "env": ["T_OPT_IN"], "doc": "x"}},
+    "facts": {
+        "act": {"type": "action", "doc": "x"},
+        "route": {"type": "name", "doc": "x"},
+    },
     "spec_algorithms": {
         "fam_spec": {
             "family": "fam",
@@ -133,6 +140,22 @@ def set_in(*path: object, value: object) -> Callable[[dict], None]:
         node[path[-1]] = value
 
     return put
+
+
+def _after(otherwise: str = "none") -> dict:
+    """``early``'s decode declared only after the action ``act`` (a batch that reports nothing:
+    ``otherwise``)."""
+    return {"policy": "pre_replay", "after": "act", "otherwise": otherwise}
+
+
+def _router(modes: object = None, default: object = None) -> dict:
+    """A router over ``late`` (x) and ``early`` (y): a batch that reports no route runs either."""
+    routes: dict = {"fact": "route", "children": {"x": "late", "y": "early"}}
+    if modes is not None:
+        routes["modes"] = modes
+    if default is not None:
+        routes["default"] = default
+    return {"routes": routes, "doc": "x"}
 
 
 #: field -> (what the old registry adds to BASE, what the new one changes on top of that)
@@ -220,6 +243,44 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], Callable[[dict], None]]] = {
     "Backend.plant": (
         lambda r: None,
         set_in("backends", "b", "plant", value={"decode": "derived"}),
+    ),
+    # per-batch shapes, as a batch that reports no facts sees them (the later policy)
+    "Flag.inverted": (
+        lambda r: None,
+        set_in("flags", "opt_in", "env", value=[{"not": "T_OPT_IN"}]),
+    ),
+    "Backend.reads_end_after": (
+        set_in("backends", "early", "reads_end", "decode", value=_after()),
+        set_in("backends", "early", "reads_end", "decode", value="pre_replay"),
+    ),
+    "After.otherwise": (
+        set_in("backends", "early", "reads_end", "decode", value=_after()),
+        set_in("backends", "early", "reads_end", "decode", value=_after("post_replay")),
+    ),
+    "Backend.routes": (
+        set_in("backends", "router", value=_router()),
+        set_in("backends", "router", value={"latest_of": ["early"], "doc": "x"}),
+    ),
+    "Route.children": (
+        set_in("backends", "router", value=_router()),
+        set_in("backends", "router", "routes", "children", value={"x": "early", "y": "early"}),
+    ),
+    "Route.modes": (
+        set_in("backends", "router", value=_router(modes=["decode"], default="y")),
+        set_in("backends", "router", "routes", "modes", value=["extend"]),
+    ),
+    "Route.default": (
+        set_in("backends", "router", value=_router(modes=["extend"], default="x")),
+        set_in("backends", "router", "routes", "default", value="y"),
+    ),
+    "SpecAlgorithm.capabilities_after": (
+        lambda r: (
+            with_gate(gate("has-cap3", mode="decode", spec_has="cap3"))(r),
+            set_in("spec_algorithms", "slow_spec", "capabilities", "cap3", value={"after": "act"})(
+                r
+            ),
+        ),
+        set_in("spec_algorithms", "slow_spec", "capabilities", "cap3", value=False),
     ),
 }
 
@@ -561,3 +622,29 @@ def test_a_column_is_skipped_only_when_every_setting_makes_it_none():
     assert cells[("late", "extend", "none")].when == "opt_in=true"
     assert space.column(ForwardMode.TARGET_VERIFY, "slow_spec").all_none
     assert not space.column(ForwardMode.EXTEND, "none").all_none
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the diff compares batches that report no per-batch facts (PER_BATCH); enumerating "
+    "fact classes is wave 2's: this flips when it lands",
+)
+@pytest.mark.parametrize(
+    "old_gate, new_gate",
+    [
+        # a raised threshold: batches of 6..10 query tokens now release early
+        ({"n": {"gt": 5}}, {"n": {"gt": 10}}),
+        # an action the batch may now report instead of a fact it could not
+        ({"n": {"gt": 5}}, {"n": {"gt": 5}, "act": False}),
+    ],
+)
+def test_a_change_only_batches_reporting_facts_see_is_not_caught_yet(old_gate, new_gate):
+    def registry(when_facts: dict) -> str:
+        doc = copy.deepcopy(BASE)
+        doc["facts"]["n"] = {"type": "int", "doc": "x"}
+        doc["gates"].append(gate("big", "none", mode="decode", facts=when_facts))
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(registry(old_gate), registry(new_gate))
+    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    assert found.needs_audit

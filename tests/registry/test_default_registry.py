@@ -37,7 +37,15 @@ SGLANG_BACKENDS = [
     "intel_amx",
     "dual_chunk_flash_attn",
     "intel_xpu",
+    # registered in sglang-0.5.23 attention_registry.py
+    "qsa",
+    "llada2_cfg_flashinfer",
+    "minicpm_flashattn",
+    "minicpm_flashinfer",
 ]
+#: hpc_ops is decode-only and refuses speculative algorithms, so it declares decode alone
+#: instead of inheriting base's (dead) target_verify entry.
+BASE_CONTRACT = [b for b in SGLANG_BACKENDS if b != "hpc_ops"]
 SPECS = [
     "none",
     "eagle",
@@ -56,7 +64,12 @@ NEW_BACKENDS = [
     "hybrid_linear",
     "hybrid_attention",
     "dots_hybrid",
+    "image_prefill_trtllm_mha",  # SGLang main's per-batch router
 ]
+#: Algorithms whose prefill publishes only after the per-batch staging succeeded (SGLang main).
+STAGING = ["eagle", "eagle3", "frozen_kv_mtp", "standalone", "ngram", "uno"]
+#: Multi-layer EAGLE (is_eagle() in sglang-0.5.23): verify ends the step after draft-extend staging.
+MULTI_LAYER_EAGLE = ["eagle", "eagle3", "frozen_kv_mtp"]
 #: The last shared reader each algorithm declares (``last_reader:``): the EAGLE family's draft
 #: extend rereads shared rows after verify; DFlash, DSpark, UNO and NGRAM read nothing after it.
 INTENDED_LAST_READERS = {
@@ -81,7 +94,12 @@ def test_loads_cleanly_and_from_its_own_path(reg):
 
 
 def test_every_entry_has_a_one_line_doc(reg):
-    entries = [*reg.flags.values(), *reg.spec_algorithms.values(), *reg.backends.values()]
+    entries = [
+        *reg.flags.values(),
+        *reg.facts.values(),
+        *reg.spec_algorithms.values(),
+        *reg.backends.values(),
+    ]
     for entry in entries:
         assert entry.doc.strip(), entry.name
         assert "\n" not in entry.doc
@@ -98,16 +116,24 @@ def test_flags(reg):
         "lmcache",
         "context_parallel",
         "hisparse",
+        "flashmla_sparse_prefill",
     }
     assert reg.flag("prefill_read_done").env == (
         "WARPOLICY_PREFILL_READ_DONE",
+        "SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER",
         "SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
+    )
+    assert reg.flag("prefill_read_done").inverted == {"SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER"}
+    assert reg.flag("flashmla_sparse_prefill").env == (
+        "WARPOLICY_FLASHMLA_SPARSE_PREFILL",
+        "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL",
     )
     assert reg.flag("force_coarse").env == (
         "WARPOLICY_FORCE_COARSE",
         "SGLANG_FORCE_COARSE_WAR_BARRIER",
     )
     assert reg.flag("hierarchical_cache").env == ("WARPOLICY_HIERARCHICAL_CACHE",)
+    assert not any(f.inverted for n, f in reg.flags.items() if n != "prefill_read_done")
     # no SGLang alias for the new flags: the anchor names none
     for name in ["hicache_storage", "lmcache", "context_parallel", "hisparse"]:
         assert reg.flag(name).env == (f"WARPOLICY_{name.upper()}",), name
@@ -119,14 +145,30 @@ def test_flags(reg):
 def test_spec_algorithms(reg):
     assert set(reg.spec_algorithms) == set(SPECS)
     for spec in reg.spec_algorithms.values():
-        assert {"target_verify_read_done", "prefill_read_done"} <= set(spec.capabilities)
+        assert {"target_verify_read_done", "prefill_read_done"} <= spec.known_capabilities()
     verify = {n for n, s in reg.spec_algorithms.items() if s.has("target_verify_read_done")}
     prefill = {n for n, s in reg.spec_algorithms.items() if s.has("prefill_read_done")}
     in_replay = {n for n, s in reg.spec_algorithms.items() if s.has("dsv4_verify_in_replay")}
+    after = {
+        n: dict(s.capabilities_after)
+        for n, s in reg.spec_algorithms.items()
+        if s.capabilities_after
+    }
     # verify publishes for every algorithm whose last reader is target verify
     assert verify == {n for n, r in INTENDED_LAST_READERS.items() if r is VERIFY}
     assert verify == {"dflash", "dspark", "ngram", "uno"}
     assert prefill == {"none", "dflash", "dspark"}
+    # SGLang main: these stage before the prefill publishes; multi-layer EAGLE stages draft
+    # extend before verify (sglang-0.5.23)
+    assert after == {
+        n: {
+            "prefill_read_done": "prefill_staged",
+            **(
+                {"target_verify_read_done": "draft_extend_staged"} if n in MULTI_LAYER_EAGLE else {}
+            ),
+        }
+        for n in STAGING
+    }
     assert in_replay == {"dspark"}
     assert "35198" in reg.spec("ngram").doc
     assert reg.spec("uno").family is None
@@ -144,30 +186,50 @@ def test_last_readers_are_declared(reg):
         assert reg.spec(name).has("target_verify_read_done") == (reader is VERIFY), name
 
 
+def test_facts(reg):
+    assert {n: f.type.label for n, f in reg.facts.items()} == {
+        "num_qo_tokens": "int",
+        "sparse_prefill_snapshot": "action",
+        "prefill_staged": "action",
+        "draft_extend_staged": "action",
+        "image_prefill_route": "name",
+    }
+    assert reg.fact("image_prefill_route").values == {"text", "image"}
+
+
 def test_every_sglang_backend_keeps_the_base_contract(reg):
     base = reg.backend("base")
     assert base.abstract
     assert base.reads_end == {DECODE: P.IN_GRAPH, VERIFY: P.IN_GRAPH}
-    for name in SGLANG_BACKENDS:
+    for name in BASE_CONTRACT:
         backend = reg.backend(name)
         assert backend.inherits == "base" and not backend.abstract, name
-        assert not backend.latest_of and not backend.per_mode, name
+        assert not backend.latest_of and not backend.per_mode and not backend.routes, name
+
+
+def test_hpc_ops_declares_decode_only(reg):
+    hpc = reg.backend("hpc_ops")
+    assert hpc.inherits is None and dict(hpc.reads_end) == {DECODE: P.IN_GRAPH}
+    assert "speculative" in hpc.doc
 
 
 def test_backend_exceptions(reg):
-    declared = {n: dict(reg.backend(n).reads_end) for n in SGLANG_BACKENDS}
+    declared = {n: dict(reg.backend(n).reads_end) for n in BASE_CONTRACT}
     exceptions = {n: d for n, d in declared.items() if d}
     assert exceptions == {
         "trtllm_mha": {EXTEND: P.PRE_REPLAY},
         "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY},
     }
     assert "32460" in reg.backend("trtllm_mha").doc
+    assert not any(b.reads_end_after for b in reg.backends.values())
     scoped = {n: {g.id for g in reg.backend(n).gates} for n in reg.backends if reg.backend(n).gates}
     assert scoped == {
         "dsv4": {
             "dsv4-verify-rereads-segments",
             "dsv4-extend-context-parallel",
             "dsv4-extend-hisparse",
+            "dsv4-sparse-prefill-needs-snapshot",
+            "dsv4-flashmla-sparse-prefill-needs-snapshot",
         },
         "dots_hybrid": {"dots-hybrid-extend-without-spec"},
     }
@@ -197,6 +259,12 @@ def test_wrappers(reg):
         assert "0.5.23" in reg.backend(name).doc, name
     linear = reg.backend("linear_attn")
     assert linear.abstract and linear.inherits == "base" and not linear.reads_end
+    routers = {n: b.routes for n, b in reg.backends.items() if b.routes}
+    assert set(routers) == {"image_prefill_trtllm_mha"}
+    route = routers["image_prefill_trtllm_mha"]
+    assert route.fact == "image_prefill_route" and route.pinned and route.default == "text"
+    assert dict(route.children) == {"text": "trtllm_mha", "image": "triton"}
+    assert route.modes == {EXTEND}
 
 
 def test_only_sglang_backends_and_wrappers_are_concrete(reg):
@@ -280,9 +348,11 @@ CELLS = [
     ("dsv4", VERIFY, "ngram", {}, P.POST_REPLAY),
     ("dsv4", VERIFY, "eagle", {}, P.NONE),
     ("dsv4", DECODE, "dspark", {}, P.IN_GRAPH),
-    # DeepSeek-V4 extend: pre_replay (opted in) except under context parallelism or HiSparse
-    ("dsv4", EXTEND, "none", ON, P.PRE_REPLAY),
-    ("dsv4", EXTEND, "dflash", ON, P.PRE_REPLAY),
+    # DeepSeek-V4 extend: pre_replay (opted in) except under context parallelism or HiSparse,
+    # and, per batch, only with its query count or its sparse-prefill snapshot (below): a batch
+    # that reports neither is none
+    ("dsv4", EXTEND, "none", ON, P.NONE),
+    ("dsv4", EXTEND, "dflash", ON, P.NONE),
     ("dsv4", EXTEND, "none", {**ON, "context_parallel": True}, P.NONE),
     ("dsv4", EXTEND, "none", {**ON, "hisparse": True}, P.NONE),
     ("dsv4", EXTEND, "none", {}, P.NONE),
@@ -309,7 +379,7 @@ CELLS = [
     ("dots_hybrid", DECODE, "none", {}, P.IN_GRAPH),
     ("dots_hybrid", VERIFY, "dflash", {}, P.IN_GRAPH),
     ("dots_hybrid", VERIFY, "uno", {}, P.IN_GRAPH),
-    # NGRAM and UNO verify follow the base declaration; prefill not audited for either
+    # NGRAM and UNO verify follow the base declaration; their prefill needs staging
     ("fa3", VERIFY, "ngram", {}, P.IN_GRAPH),
     ("fa3", VERIFY, "uno", {}, P.IN_GRAPH),
     ("trtllm_mha", EXTEND, "ngram", ON, P.NONE),
@@ -324,6 +394,16 @@ CELLS = [
     # the draft-extend rule: unknown unless declared
     ("fa3", DRAFT_EXTEND, "eagle", {}, P.NONE),
     ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    # hpc_ops: decode-only, no speculative algorithm
+    ("hpc_ops", DECODE, "none", {}, P.IN_GRAPH),
+    ("hpc_ops", VERIFY, "dflash", {}, P.NONE),
+    ("hpc_ops", EXTEND, "none", ON, P.NONE),
+    # backends registered in 0.5.23 keep the base contract
+    ("qsa", DECODE, "none", {}, P.IN_GRAPH),
+    ("minicpm_flashinfer", VERIFY, "dflash", {}, P.IN_GRAPH),
+    # the image-prefill router, no route reported: the latest of trtllm_mha and triton
+    ("image_prefill_trtllm_mha", EXTEND, "none", ON, P.NONE),
+    ("image_prefill_trtllm_mha", DECODE, "none", {}, P.IN_GRAPH),
 ]
 
 
@@ -359,6 +439,113 @@ def test_prefill_flag_default_off_with_the_sglang_alias(reg):
 
 
 @pytest.mark.parametrize(
+    "environ,expected",
+    [
+        ({"SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER": "1"}, P.NONE),  # main's opt-out
+        ({"SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER": "0"}, P.PRE_REPLAY),  # main's default, said
+        ({"SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER": ""}, P.NONE),  # blank: unset, our default
+        # an explicit opt-out wins over 0.5.23's leftover opt-in
+        (
+            {
+                "SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER": "1",
+                "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "1",
+            },
+            P.NONE,
+        ),
+        # warpolicy's own name wins over both
+        (
+            {"WARPOLICY_PREFILL_READ_DONE": "1", "SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER": "1"},
+            P.PRE_REPLAY,
+        ),
+    ],
+)
+def test_sglang_mains_inverted_prefill_switch(reg, environ, expected):
+    assert decide(PolicyEngine(reg, environ=environ), "trtllm_mha", EXTEND) is expected
+
+
+def test_the_prefill_opt_out_is_not_the_kill_switch(reg):
+    engine = PolicyEngine(reg, environ={"SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER": "1"})
+    assert decide(engine, "fa3", DECODE) is P.IN_GRAPH
+
+
+# -- per-batch cells ------------------------------------------------------------------------------
+
+
+def per_batch(engine, backend, mode, spec="none", facts=None, **flags):
+    ctx = Context(backend, mode, spec, flags, facts=facts or {})
+    return engine.decision(ctx).policy
+
+
+@pytest.mark.parametrize(
+    "facts,expected",
+    [
+        ({}, P.NONE),  # nothing reported: fail closed
+        ({"num_qo_tokens": 8192}, P.PRE_REPLAY),  # dense prefill: no snapshot needed
+        ({"num_qo_tokens": 11673}, P.PRE_REPLAY),  # the threshold itself is dense
+        ({"num_qo_tokens": 11674}, P.NONE),  # sparse, no snapshot
+        ({"num_qo_tokens": 11674, "sparse_prefill_snapshot": False}, P.NONE),
+        ({"num_qo_tokens": 11674, "sparse_prefill_snapshot": True}, P.PRE_REPLAY),
+        ({"sparse_prefill_snapshot": True}, P.PRE_REPLAY),  # built it: any count
+    ],
+)
+def test_dsv4_sparse_prefill_snapshot_per_batch(engine, facts, expected):
+    assert per_batch(engine, "dsv4", EXTEND, "none", facts, **ON) is expected
+
+
+def test_dsv4_forced_sparse_prefill_needs_the_snapshot_at_any_count(engine):
+    forced = {**ON, "flashmla_sparse_prefill": True}
+    assert per_batch(engine, "dsv4", EXTEND, "none", {"num_qo_tokens": 16}, **forced) is P.NONE
+    done = {"num_qo_tokens": 16, "sparse_prefill_snapshot": True}
+    assert per_batch(engine, "dsv4", EXTEND, "none", done, **forced) is P.PRE_REPLAY
+
+
+def test_dsv4_snapshot_never_overrides_context_parallel_or_hisparse(engine):
+    done = {"num_qo_tokens": 16, "sparse_prefill_snapshot": True}
+    for flag in ["context_parallel", "hisparse"]:
+        assert per_batch(engine, "dsv4", EXTEND, "none", done, **ON, **{flag: True}) is P.NONE
+
+
+@pytest.mark.parametrize("spec", STAGING)
+def test_speculative_prefill_publishes_only_after_staging(engine, spec):
+    assert per_batch(engine, "trtllm_mha", EXTEND, spec, {}, **ON) is P.NONE
+    staged = {"prefill_staged": True}
+    assert per_batch(engine, "trtllm_mha", EXTEND, spec, staged, **ON) is P.PRE_REPLAY
+    assert per_batch(engine, "trtllm_mha", EXTEND, spec, {"prefill_staged": False}, **ON) is P.NONE
+    assert per_batch(engine, "trtllm_mha", EXTEND, spec, staged) is P.NONE  # still opt-in
+
+
+@pytest.mark.parametrize("spec", ["dflash", "dspark", "none"])
+def test_dflash_family_prefill_publishes_without_staging(engine, spec):
+    assert per_batch(engine, "trtllm_mha", EXTEND, spec, {}, **ON) is P.PRE_REPLAY
+
+
+@pytest.mark.parametrize("spec", MULTI_LAYER_EAGLE)
+def test_multi_layer_eagle_verify_publishes_after_draft_extend_staging(engine, spec):
+    assert per_batch(engine, "fa3", VERIFY, spec) is P.NONE
+    assert per_batch(engine, "fa3", VERIFY, spec, {"draft_extend_staged": True}) is P.IN_GRAPH
+    assert per_batch(engine, "dsv4", VERIFY, spec, {"draft_extend_staged": True}) is P.POST_REPLAY
+
+
+def test_standalone_has_no_draft_extend_staging(engine):
+    assert per_batch(engine, "fa3", VERIFY, "standalone", {"draft_extend_staged": True}) is P.NONE
+
+
+@pytest.mark.parametrize(
+    "route,expected",
+    [(None, P.NONE), ("text", P.PRE_REPLAY), ("image", P.NONE)],
+)
+def test_image_prefill_router(engine, route, expected):
+    facts = {} if route is None else {"image_prefill_route": route}
+    assert per_batch(engine, "image_prefill_trtllm_mha", EXTEND, "none", facts, **ON) is expected
+
+
+def test_default_registry_has_no_hazardous_router():
+    from warpolicy.registry.loader import validate_warnings
+
+    assert validate_warnings([default_registry_path()]) == []
+
+
+@pytest.mark.parametrize(
     "capabilities,expected",
     [
         ("{}", P.NONE),
@@ -380,3 +567,5 @@ spec_algorithms:
     engine = PolicyEngine(registry, environ={})
     assert decide(engine, "trtllm_mha", EXTEND, "myspec", **ON) is expected
     assert decide(engine, "dsv4", VERIFY, "myspec") is P.NONE  # no verify capability either
+    staged = Context("trtllm_mha", EXTEND, "myspec", ON, facts={"prefill_staged": True})
+    assert engine.decision(staged).policy is expected  # staging alone is no opt-in

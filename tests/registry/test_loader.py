@@ -335,7 +335,7 @@ def test_unknown_keys_name_close_matches(text, expected):
         ),
         (
             "version: 1\nflags: {f: {doc: x, env: [1]}}\n",
-            "flags.f.env[0]: expected an environment variable name, got the integer 1",
+            "flags.f.env[0]: expected an environment variable name or {not: NAME}, got the integer 1",
         ),
         (
             "version: 1\nflags: {f: {doc: x, env: [A-B]}}\n",
@@ -351,7 +351,8 @@ def test_unknown_keys_name_close_matches(text, expected):
         ),
         (
             "version: 1\nspec_algorithms: {s: {capabilities: [c]}}\n",
-            "spec_algorithms.s.capabilities: expected a mapping of name -> true/false, got a list",
+            "spec_algorithms.s.capabilities: expected a mapping of capability -> true/false or "
+            "{after: ACTION}, got a list",
         ),
         (
             "version: 1\nbackends: {a: {reads_end: {decode: in_grph}}}\n",

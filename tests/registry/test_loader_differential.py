@@ -111,16 +111,32 @@ FLAG = section(
         "doc": TEXT,
         "override": st.booleans(),
         "env": one_or_many(
-            st.sampled_from(["WARPOLICY_X", "SGLANG_X", "A-B", "X\n", "1X", "WARPOLICY_X"])
+            st.one_of(
+                st.sampled_from(["WARPOLICY_X", "SGLANG_X", "A-B", "X\n", "1X", "WARPOLICY_X"]),
+                st.fixed_dictionaries({"not": st.sampled_from(["SGLANG_X", "A-B", "WARPOLICY_X"])}),
+                st.just({"not": "A", "x": 1}),
+                st.just({"no": "A"}),
+            )
         ),
     }
 )
+FACT = section(
+    {
+        "type": st.sampled_from(["int", "bool", "action", "name", "Int", "count"]),
+        "values": st.lists(names(), max_size=3),
+        "doc": TEXT,
+        "override": st.booleans(),
+    }
+)
+AFTER = section({"after": names()})
 SPEC = section(
     {
         "family": names(),
         "doc": TEXT,
         "override": st.booleans(),
-        "capabilities": st.dictionaries(names(), maybe(st.booleans()), max_size=2),
+        "capabilities": st.dictionaries(
+            names(), maybe(st.one_of(st.booleans(), AFTER)), max_size=2
+        ),
         "last_reader": st.sampled_from(
             ["draft_extend", "target_verify", "decode", "verify", "Draft_extend"]
         ),
@@ -140,6 +156,24 @@ WHEN = section(
         "eager": st.booleans(),
         "planted": st.booleans(),
         "external_events": st.booleans(),
+        "facts": st.dictionaries(
+            names(),
+            maybe(
+                st.one_of(
+                    st.booleans(),
+                    st.integers(-2, 20000),
+                    st.just(2.0),
+                    st.just(2.5),
+                    st.dictionaries(
+                        st.sampled_from(["gt", "ge", "lt", "le", "eq", "ne"]),
+                        st.one_of(st.integers(0, 9), st.just(3.0), st.just(True), st.just("1")),
+                        max_size=2,
+                    ),
+                    one_or_many(names()),
+                )
+            ),
+            max_size=2,
+        ),
     }
 )
 GATE = section(
@@ -152,9 +186,26 @@ GATE = section(
         "override": st.booleans(),
     }
 )
+DECLARATION = section(
+    {
+        "policy": st.sampled_from(POLICIES),
+        "after": names(),
+        "otherwise": st.sampled_from(POLICIES),
+    }
+)
+ROUTES = section(
+    {
+        "fact": names(),
+        "children": st.dictionaries(names(), names(), max_size=2),
+        "modes": one_or_many(st.sampled_from(MODES)),
+        "default": names(),
+        "pinned": st.booleans(),
+    }
+)
 BACKEND = section(
     {
-        "reads_end": mode_map(st.sampled_from(POLICIES)),
+        "reads_end": mode_map(st.one_of(st.sampled_from(POLICIES), DECLARATION)),
+        "routes": ROUTES,
         "inherits": names(),
         "latest_of": st.lists(names(), max_size=3),
         "per_mode": mode_map(names()),
@@ -175,7 +226,12 @@ def registries(draw) -> dict:
     doc: dict = {"version": draw(st.sampled_from([1, 1, 1, 1, 1.0, 2, "1", True, None]))}
     if draw(st.integers(0, 9)) == 0:
         del doc["version"]
-    for key, entry in (("flags", FLAG), ("spec_algorithms", SPEC), ("backends", BACKEND)):
+    for key, entry in (
+        ("flags", FLAG),
+        ("facts", FACT),
+        ("spec_algorithms", SPEC),
+        ("backends", BACKEND),
+    ):
         if draw(st.booleans()):
             doc[key] = draw(st.one_of(st.none(), st.dictionaries(names(), entry, max_size=3)))
     if draw(st.booleans()):
@@ -339,11 +395,81 @@ def test_a_gate_with_null_when_is_rejected_by_both():
         {"version": 1, "flags": {1: {"doc": "x"}}},
         {"version": 1, "flags": {"f": {"doc": "x", "env": ["A", "A"]}}},
         {"version": 1, "gates": [{"id": "g", "at_least": "none", "because": "   "}]},
+        {"version": 1, "facts": {"n": {"type": "int", "values": ["a"], "doc": "x"}}},
+        {"version": 1, "facts": {"n": {"type": "count", "doc": "x"}}},
+        {"version": 1, "flags": {"f": {"doc": "x", "env": [{"not": "A"}, {"not": "A"}]}}},
+        {
+            "version": 1,
+            "backends": {"a": {"reads_end": {"extend": {"policy": "none", "after": "s"}}}},
+        },
+        {
+            "version": 1,
+            "backends": {
+                "a": {
+                    "reads_end": {
+                        "extend": {"policy": "in_graph", "after": "s", "otherwise": "in_replay"}
+                    }
+                }
+            },
+        },
+        {
+            "version": 1,
+            "backends": {"a": {"routes": {"fact": "r", "children": {"t": "b"}, "default": "t"}}},
+        },
+        {"version": 1, "backends": {"a": {"routes": {"fact": "r", "children": {}}}}},
+        {
+            "version": 1,
+            "backends": {"a": {"inherits": "b", "routes": {"fact": "r", "children": {"t": "b"}}}},
+        },
+        {
+            "version": 1,
+            "gates": [
+                {"id": "g", "at_least": "none", "because": "x", "when": {"facts": {"n": {"ne": 1}}}}
+            ],
+        },
+        {
+            "version": 1,
+            "gates": [
+                {"id": "g", "at_least": "none", "because": "x", "when": {"facts": {"n": {}}}}
+            ],
+        },
+        {
+            "version": 1,
+            "gates": [
+                {"id": "g", "at_least": "none", "because": "x", "when": {"facts": {"n": 2.5}}}
+            ],
+        },
     ],
 )
 def test_near_misses_are_rejected_by_both(doc):
     assert not loader_accepts(doc), doc
     assert not schema_accepts(doc), doc
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"version": 1, "flags": {"f": {"doc": "x", "env": ["A", {"not": "B"}]}}},
+        {
+            "version": 1,
+            "backends": {"a": {"reads_end": {"extend": {"policy": "pre_replay", "after": "s"}}}},
+        },
+        {
+            "version": 1,
+            "gates": [
+                {
+                    "id": "g",
+                    "at_least": "none",
+                    "because": "x",
+                    "when": {"facts": {"n": 2.0, "m": {"gt": 3}, "k": ["a"]}},
+                }
+            ],
+        },
+    ],
+)
+def test_new_shapes_are_accepted_by_both(doc):
+    assert loader_accepts(doc), document_problems(Fragment("d.yaml", yaml.safe_dump(doc)))
+    assert schema_accepts(doc), doc
 
 
 def test_the_default_registry_is_accepted_by_both():

@@ -53,7 +53,13 @@ def test_schema_keys_are_the_loaders_keys(the_schema):
 
 def test_backend_shapes_exclude_each_other(the_schema):
     assert the_schema["$defs"]["backend"]["not"] == {
-        "anyOf": [{"required": ["latest_of", "per_mode"]}, {"required": ["per_mode", "inherits"]}]
+        "anyOf": [
+            {"required": ["latest_of", "per_mode"]},
+            {"required": ["per_mode", "inherits"]},
+            {"required": ["routes", "inherits"]},
+            {"required": ["routes", "latest_of"]},
+            {"required": ["routes", "per_mode"]},
+        ]
     }
 
 

@@ -3,15 +3,21 @@
 Both run in one process over the same sequence of forward modes. The baseline is a hand-written
 equivalent of the anchor engine's (SGLang's) per-step decision: mode predicates as methods, the
 spec algorithm's capability method, backend attributes and the runner's planted flag, evaluated
-on every step (docs/ARCHITECTURE.md, "Benchmarks"). Run it with ``warpolicy bench decide``.
+on every step (docs/ARCHITECTURE.md, "Benchmarks"). The per-batch row times
+`CompiledPolicy.per_batch` on DeepSeek-V4 with each step's batch facts (query-token count,
+sparse-prefill snapshot) beside the same baseline and beside the anchor's per-batch chain
+(SGLang 0.5.23's prefill read-end resolution and main's staging gate written out). Run it with
+``warpolicy bench decide``.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
+from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.loader import Fragment, load_registry
 from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
@@ -97,20 +103,99 @@ class AnchorRunner:
         return NONE
 
 
-def _median_ns_per_call(fn: Callable, args: Sequence, repeats: int) -> float:
-    """Median over ``repeats`` of the per-call time, minus the bare loop's cost."""
-    samples = []
+class _AnchorBatch:
+    """What the anchor's per-batch prefill decision reads from a batch."""
+
+    __slots__ = ("num_qo_tokens", "snapshot_built")
+
+    def __init__(self, num_qo_tokens: int, snapshot_built: bool) -> None:
+        self.num_qo_tokens = num_qo_tokens
+        self.snapshot_built = snapshot_built
+
+
+class _AnchorSparseBackend(_AnchorBackend):
+    """DeepSeek-V4's prefill read end as SGLang 0.5.23 resolves it per batch."""
+
+    threshold = 11673
+
+    def resolve_prefill_shared_read_ends(
+        self, batch: _AnchorBatch, *, num_qo_tokens: int
+    ) -> WarReadDonePolicy:
+        if num_qo_tokens > self.threshold and not batch.snapshot_built:
+            return NONE
+        return PRE_REPLAY
+
+
+class AnchorPerBatchRunner(AnchorRunner):
+    """The anchor's per-step decision with its per-batch prefill logic (SGLang 0.5.23's
+    ``resolve_prefill_shared_read_ends``, main's staging gate) written out."""
+
+    def __init__(self, spec: str = "none", prefill_flag: bool = True) -> None:
+        super().__init__(spec, planted=True, prefill_flag=prefill_flag)
+        self.prefill_backend = _AnchorSparseBackend()
+        self.stager: Optional[Callable[[_AnchorBatch], bool]] = None
+
+    def war_read_done_policy_batch(
+        self, forward_mode: _AnchorMode, batch: _AnchorBatch
+    ) -> WarReadDonePolicy:
+        if self.force_coarse:
+            return NONE
+        if forward_mode.is_extend_exact():
+            if not self.enable_prefill_read_done:
+                return NONE
+            ends = self.prefill_backend.resolve_prefill_shared_read_ends(
+                batch, num_qo_tokens=batch.num_qo_tokens
+            )
+            if ends is not PRE_REPLAY:
+                return NONE
+            staging = not (self.spec_algorithm.is_none() or self.spec_algorithm.is_dflash_family())
+            if staging and (self.stager is None or not self.stager(batch)):
+                return NONE
+            return PRE_REPLAY
+        return self.war_read_done_policy(forward_mode)
+
+
+def _sample_ns(fn: Callable, args: Sequence, pairs: bool) -> float:
+    """One timed pass of ``fn`` over ``args`` (unpacked into two arguments when ``pairs``), in ns
+    per call, minus the bare loop's cost."""
     n = len(args)
-    for _ in range(repeats):
+    if pairs:
+        t0 = time.perf_counter_ns()
+        for a, b in args:
+            fn(a, b)
+        t1 = time.perf_counter_ns()
+        for _a, _b in args:  # the bare loop's cost (unpacking included), subtracted below
+            pass
+        t2 = time.perf_counter_ns()
+    else:
         t0 = time.perf_counter_ns()
         for a in args:
             fn(a)
         t1 = time.perf_counter_ns()
-        for _ in args:  # the bare loop's cost, subtracted below
+        for _ in args:
             pass
         t2 = time.perf_counter_ns()
-        samples.append(((t1 - t0) - (t2 - t1)) / n)
-    return statistics.median(samples)
+    return ((t1 - t0) - (t2 - t1)) / n
+
+
+#: A timed run: the callable, its arguments, and whether each argument is a (mode, facts) pair.
+_Run = tuple[Callable, Sequence, bool]
+
+
+def _interleaved(runs: dict[str, _Run], repeats: int) -> dict[str, list[float]]:
+    """``repeats`` passes of every run, interleaved (run a, b, c, then a, b, c again), so a
+    load that drifts on a shared machine hits every run alike."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (fn, args, pairs) in runs.items():
+            samples[name].append(_sample_ns(fn, args, pairs))
+    return samples
+
+
+def _median_ratio(top: Sequence[float], bottom: Sequence[float]) -> Optional[float]:
+    """The median of the per-pass ratios (each pass measured side by side)."""
+    ratios = [t / b for t, b in zip(top, bottom) if b > 0]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def _mode_mix(count: int) -> list[ForwardMode]:
@@ -120,9 +205,9 @@ def _mode_mix(count: int) -> list[ForwardMode]:
 
 
 def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
-    """Engine lookup vs anchor if-chain on the default registry (backend fa3, spec none)."""
-    from warpolicy.registry.engine import PolicyEngine
-
+    """Engine lookup vs anchor if-chain on the default registry (backend fa3, spec none), and
+    the per-batch lookup with facts (`per_batch_runs`), every run interleaved with the others;
+    ratios are medians of per-pass ratios."""
     engine = PolicyEngine.load(files=None, plugins=False, environ={})
     compiled = engine.compile("fa3", "none", strict=True)
     lookup = compiled.per_step(eager=False, planted=True)  # resolved once, as a runner does
@@ -131,16 +216,58 @@ def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     anchor_modes = [_AnchorMode(m) for m in modes]
     for m, am in zip(modes[:64], anchor_modes[:64]):  # the two must agree before we time them
         assert lookup(m) is anchor.war_read_done_policy(am), m
-    engine_ns = _median_ns_per_call(lookup, modes, repeats)
-    general_ns = _median_ns_per_call(compiled.lookup, modes, repeats)
-    baseline_ns = _median_ns_per_call(anchor.war_read_done_policy, anchor_modes, repeats)
+    runs: dict[str, _Run] = {
+        "engine": (lookup, modes, False),
+        "lookup": (compiled.lookup, modes, False),
+        "baseline": (anchor.war_read_done_policy, anchor_modes, False),
+        **per_batch_runs(engine, modes, anchor_modes),
+    }
+    samples = _interleaved(runs, repeats)
+    ns = {name: round(statistics.median(values), 1) for name, values in samples.items()}
     return {
-        "engine_ns": round(engine_ns, 1),
-        "baseline_ns": round(baseline_ns, 1),
-        "lookup_ns": round(general_ns, 1),
-        "ratio": round(engine_ns / baseline_ns, 3) if baseline_ns > 0 else None,
+        "engine_ns": ns["engine"],
+        "baseline_ns": ns["baseline"],
+        "lookup_ns": ns["lookup"],
+        "ratio": _median_ratio(samples["engine"], samples["baseline"]),
+        "per_batch_ns": ns["per_batch"],
+        "per_batch_anchor_ns": ns["per_batch_anchor"],
+        "per_batch_ratio": _median_ratio(samples["per_batch"], samples["baseline"]),
+        "per_batch_vs_anchor_per_batch": _median_ratio(
+            samples["per_batch"], samples["per_batch_anchor"]
+        ),
         "iterations": iterations,
         "repeats": repeats,
+    }
+
+
+def _batches(count: int) -> list[tuple[int, bool]]:
+    """Each step's (query-token count, snapshot built): counts on both sides of DeepSeek-V4's
+    sparse-prefill threshold, the snapshot built for some of the batches."""
+    return [((4096, 16384, 16384, 512)[i % 4], i % 3 == 0) for i in range(count)]
+
+
+def per_batch_runs(
+    engine: PolicyEngine,
+    modes: Sequence[ForwardMode],
+    anchor_modes: Sequence[_AnchorMode],
+) -> dict[str, _Run]:
+    """``per_batch(eager, planted)(mode, facts)`` on DeepSeek-V4 (prefill opted in) with each
+    step's batch facts, and the anchor's per-batch chain on the same steps (checked to agree)."""
+    compiled = engine.compile("dsv4", "dspark", {"prefill_read_done": True}, strict=True)
+    step = compiled.per_batch(eager=False, planted=True)
+    steps = _batches(len(modes))
+    facts = [{"num_qo_tokens": n, "sparse_prefill_snapshot": built} for n, built in steps]
+    batches = [_AnchorBatch(n, built) for n, built in steps]
+    anchor = AnchorPerBatchRunner("dspark")
+    for m, am, f, b in zip(modes[:64], anchor_modes[:64], facts[:64], batches[:64]):
+        assert step(m, f) is anchor.war_read_done_policy_batch(am, b), (m, f)
+    return {
+        "per_batch": (step, list(zip(modes, facts)), True),
+        "per_batch_anchor": (
+            anchor.war_read_done_policy_batch,
+            list(zip(anchor_modes, batches)),
+            True,
+        ),
     }
 
 
@@ -174,9 +301,6 @@ def synthetic_registry_yaml(backends: int = 1000, gates: int = 100) -> str:
 
 def bench_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> dict:
     """Time loading + validating a synthetic registry, and a full table over it."""
-    from warpolicy.registry.engine import PolicyEngine
-    from warpolicy.registry.loader import Fragment, load_registry
-
     text = synthetic_registry_yaml(backends, gates)
     load_s = []
     for _ in range(repeats):
@@ -202,20 +326,35 @@ def run_decide_bench(iterations: int = 200_000, repeats: int = 7) -> dict:
     return result
 
 
+def _show_ratio(value: Optional[float]) -> str:
+    return f"{value:8.3f}" if value is not None else "     n/a"
+
+
 def format_decide(result: dict, fmt: str = "text") -> str:
     if fmt == "json":
         return json_document(result)  # schema_version first, like every JSON output
     load = result["load"]
-    return "\n".join(
-        [
-            "decision latency (median ns per call, same process, same mode sequence)",
-            f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
-            f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
-            f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
-            "  ratio   engine / baseline         "
-            + (f"{result['ratio']:8.3f}" if result["ratio"] is not None else "     n/a"),
-            f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
-            f"{load['load_s']:.3f} s",
-            f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
+    lines = [
+        "decision latency (median ns per call, same process, same mode sequence)",
+        f"  engine  CompiledPolicy.per_step() {result['engine_ns']:8.1f} ns",
+        f"          CompiledPolicy.lookup()   {result['lookup_ns']:8.1f} ns  (facts passed per call)",
+        f"  anchor  if-chain baseline         {result['baseline_ns']:8.1f} ns",
+        "  ratio   engine / baseline         " + _show_ratio(result["ratio"]),
+    ]
+    if "per_batch_ns" in result:
+        lines += [
+            "per-batch lookup with facts (dsv4, dspark, prefill on: query count, snapshot)",
+            f"  engine  CompiledPolicy.per_batch() {result['per_batch_ns']:7.1f} ns"
+            "  (mode, facts) per call",
+            f"  anchor  per-batch if-chain        {result['per_batch_anchor_ns']:8.1f} ns"
+            "  (0.5.23 resolve + main staging)",
+            "  ratio   per_batch / baseline      " + _show_ratio(result.get("per_batch_ratio")),
+            "  ratio   per_batch / per-batch anchor "
+            + _show_ratio(result.get("per_batch_vs_anchor_per_batch")).strip(),
         ]
-    )
+    lines += [
+        f"registry load+validate ({load['backends']} backends, {load['gates']} gates): "
+        f"{load['load_s']:.3f} s",
+        f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
+    ]
+    return "\n".join(lines)

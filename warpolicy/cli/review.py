@@ -27,6 +27,7 @@ from warpolicy.registry.loader import (
     load_registry,
     registry_sources,
     validate_sources,
+    validate_warnings,
 )
 from warpolicy.registry.report import (
     DEFAULT_LIMIT,
@@ -197,12 +198,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.base and not args.each:
         raise UsageError("warpolicy validate", "--base applies with --each (each FILE over it)")
     checks: list[tuple[list[str], list[Problem], list[LayerChange]]] = []
+    checked: list[list[Source]] = []  # the sources of each check, for the hazard warnings
     if args.each:
         bases: list[Source] = list(registry_sources(args.base)) if args.base else []
         for path in args.files:
             sources = [*bases, path]
             problems, layers = _check(sources, blame=False)
             checks.append(([str(s) for s in sources], problems, layers))
+            checked.append(sources)
     else:
         sources = list(registry_sources(args.files or None))
         if not args.files:  # the registry in use: installed plugins' fragments too
@@ -210,6 +213,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems, layers = _check(sources, blame=not args.files)
         names = [s.name if isinstance(s, Fragment) else os.fspath(s) for s in sources]
         checks.append((names, problems, layers))
+        checked.append(sources)
     every = [p for _names, problems, _layers in checks for p in problems]
     code = (
         ExitCode.USAGE
@@ -241,6 +245,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for _names, _problems, layers in checks:  # a warning: layering may be intended
         for line in layer_warnings(layers):
             common.err(f"warpolicy: warning: {line}")
+    if not every:  # valid but hazardous: a per-batch router whose choice may change mid-forward
+        for sources in checked:
+            for warning in validate_warnings(sources):
+                common.err(f"warpolicy: warning: {warning}")
     if not every:
         count = len(checks) if args.each else len(checks[0][0])
         common.out(f"ok: {count} {'file' if args.each else 'source'}(s) valid")

@@ -43,6 +43,9 @@ DEFAULT = "default"
 STATIC_CONDITIONS = ("mode", "spec", "spec_family", "spec_has", "spec_lacks")
 #: Conditions evaluated per backend (never enumerated: every backend is its own cell).
 BACKEND_CONDITIONS = ("backend", "declared")
+#: Per-batch fact conditions: held unreported (every test of an unreported fact holds, the later
+#: policy), not enumerated yet.
+PER_BATCH_CONDITIONS = ("facts",)
 
 # -- the axes of a cell ------------------------------------------------------------------------
 
@@ -133,7 +136,9 @@ def _live(gate: Gate, modes: Sequence[ForwardMode], spec: SpecAlgorithm) -> bool
         return False
     if when.spec_family is not None and spec.family not in when.spec_family:
         return False
-    if when.spec_has is not None and not any(spec.has(c) for c in when.spec_has):
+    if when.spec_has is not None and not any(
+        spec.has(c) or c in spec.capabilities_after for c in when.spec_has
+    ):  # a capability after an action counts for spec_has whatever the action did
         return False
     return not (when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks))
 

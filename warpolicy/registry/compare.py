@@ -36,7 +36,7 @@ from warpolicy.registry.cells import (
 from warpolicy.registry.decision import FORCE_COARSE
 from warpolicy.registry.engine import PolicyEngine, layer_label
 from warpolicy.registry.loader import Source, load_registry
-from warpolicy.registry.model import Registry
+from warpolicy.registry.model import Flag, Registry
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -64,6 +64,11 @@ PLACEMENT = "moved cells: where an in_graph node is planted"
 LISTING = "listing only: every backend is compared, abstract ones included"
 CONTAINER = "entries compared by name, each through its own fields (missing: added or removed)"
 COSMETIC = "no effect on any release: documentation or provenance"
+PER_BATCH = (
+    "per-batch: compared for a batch that reports no per-batch facts (every fact unknown: the "
+    "later policy); a change that moves only batches reporting facts is not seen yet (the diff "
+    "does not enumerate fact classes; see the perbatch notes)"
+)
 
 #: How a comparison sees every field of every model class (``Class.field``). A field missing
 #: here fails ``tests/registry/test_compare_fields.py``; until it is listed it counts as
@@ -75,6 +80,7 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Flag.name": IDENTITY,
     "Flag.default": DEFAULTS,
     "Flag.env": ENV,
+    "Flag.inverted": ENV,
     "Flag.doc": COSMETIC,
     "Flag.origin": COSMETIC,
     "SpecAlgorithm.name": IDENTITY,
@@ -83,6 +89,16 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "SpecAlgorithm.doc": COSMETIC,
     "SpecAlgorithm.origin": COSMETIC,
     "SpecAlgorithm.last_reader": STEP_CELLS,
+    # spec_has holds for a capability after an action whatever the batch reports
+    "SpecAlgorithm.capabilities_after": CELLS,
+    "Fact.name": PER_BATCH,
+    "Fact.type": PER_BATCH,
+    "Fact.doc": COSMETIC,
+    "Fact.values": PER_BATCH,
+    "Fact.origin": COSMETIC,
+    "FactTest.equals": PER_BATCH,
+    "FactTest.compare": PER_BATCH,
+    "FactTest.names": PER_BATCH,
     "Conditions.mode": CELLS,
     "Conditions.backend": CELLS,
     "Conditions.spec": CELLS,
@@ -95,6 +111,7 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Conditions.eager": CELLS,
     "Conditions.planted": CELLS,
     "Conditions.external_events": CELLS,
+    "Conditions.facts": PER_BATCH,  # an unreported fact passes every test
     "Gate.id": COSMETIC,  # a reason's name; the gate itself is compared by what it does
     "Gate.when": CELLS,
     "Gate.at_least": CELLS,
@@ -113,11 +130,22 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Backend.origin": COSMETIC,
     "Backend.reads_end_origins": COSMETIC,
     "Backend.plant": PLACEMENT,
+    "Backend.reads_end_after": CELLS,  # an unreported action: the declaration's otherwise
+    "Backend.routes": CELLS,  # an unreported route: the latest of every child
+    "After.action": PER_BATCH,
+    "After.otherwise": CELLS,
+    "Route.fact": PER_BATCH,
+    "Route.children": CELLS,
+    "Route.modes": CELLS,
+    "Route.default": CELLS,
+    "Route.pinned": PER_BATCH,  # a pinned router narrows only for a batch naming its route
     "Registry.flags": CONTAINER,
     "Registry.spec_algorithms": CONTAINER,
     "Registry.backends": CONTAINER,
     "Registry.gates": CELLS,
     "Registry.sources": COSMETIC,
+    "Registry.facts": PER_BATCH,
+    "Registry._lineages": COSMETIC,  # a cache of inheritance walks
 }
 
 
@@ -339,10 +367,15 @@ def _gates_key(registry: Registry) -> tuple:
     return tuple(sorted(str(semantic_key(g)) for g in registry.gates))
 
 
+def _env_spelled(flag: Flag) -> tuple[str, ...]:
+    """A flag's environment names in order, an inverted alias as ``not:NAME``."""
+    return tuple(f"not:{var}" if var in flag.inverted else var for var in flag.env)
+
+
 def _flag_changes(old: Registry, new: Registry, tested: set[str], plugins: Optional[str]) -> list:
     out = []
     for name in sorted(set(old.flags) & set(new.flags)):
-        before, after = old.flags[name].env, new.flags[name].env
+        before, after = _env_spelled(old.flags[name]), _env_spelled(new.flags[name])
         if before == after:
             continue
         if name == FORCE_COARSE.name:

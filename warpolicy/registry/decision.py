@@ -1,6 +1,7 @@
-"""The values a decision is made of and reported as: `Context` (what is decided for),
-`Reason` and `Decision` (the policy and what moved it), `Explanation` (everything that was
-considered), and the ids of the built-in reasons. Plain frozen records; the engine fills them.
+"""The values a decision is made of and reported as: `Context` (what is decided for, per-batch
+facts included), `Reason` and `Decision` (the policy and what moved it), `BatchCase` (how a
+decision varies with the batch's facts), `Explanation` (everything that was considered), and the
+ids of the built-in reasons. Plain frozen records; the engine fills them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Callable, Mapping, Optional, Union
 import attrs
 
 from warpolicy.registry.model import Flag, Gate, Origin, SpecAlgorithm
-from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
 
 BUILT_IN = "built-in (warpolicy.registry.engine)"
 
@@ -25,6 +26,10 @@ IMPLICIT_SPEC = SpecAlgorithm(
 SOUND_DEMOTION_ID = "sound-demotion"
 FORCE_COARSE_ID = "force-coarse"
 DECLARED_ID = "declared"
+#: Reason ids of per-batch requirements: ``after:ACTION`` (a declaration that holds only after
+#: the action succeeded), ``route:FACT`` (how a router's per-batch choice was read).
+AFTER_PREFIX = "after:"
+ROUTE_PREFIX = "route:"
 
 #: The operator's kill switch. Built in: it works with any registry, and a registry or plugin can
 #: add environment names to it (by declaring the flag) but never remove these.
@@ -45,13 +50,18 @@ def _flag_dict(flags: Optional[Mapping[str, Union[bool, str]]]) -> dict[str, Uni
     return dict(flags or {})
 
 
+def _fact_dict(facts: Optional[Mapping[str, object]]) -> dict[str, object]:
+    return dict(facts or {})
+
+
 @attrs.frozen
 class Context:
     """Everything a decision depends on besides the registry.
 
     ``flags`` holds overrides only; the engine fills the rest from declared defaults and the
     environment. Platform facts default to the fast path: CUDA with external events, a captured
-    graph with the node planted.
+    graph with the node planted. ``facts`` holds the batch's per-batch facts (name -> value);
+    a fact left out is not reported, which fails closed (the later policy).
     """
 
     backend: str
@@ -62,6 +72,7 @@ class Context:
     external_events: bool = True
     eager: bool = False
     planted: bool = True
+    facts: Mapping[str, object] = attrs.field(factory=dict, converter=_fact_dict)
 
 
 @attrs.frozen
@@ -83,21 +94,48 @@ class Reason:
 
 
 @attrs.frozen
+class BatchCase:
+    """The policy for the batches whose facts meet every condition of ``when`` (empty: any
+    batch); one row of how a cell varies with per-batch facts."""
+
+    policy: WarReadDonePolicy
+    when: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return f"{self.policy.label} when {' and '.join(self.when) or 'any batch'}"
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy.label, "when": list(self.when)}
+
+
+@attrs.frozen
 class Decision:
-    """A policy and the reasons that moved it (the declared read end always comes first)."""
+    """A policy and the reasons that moved it (the declared read end always comes first).
+
+    ``cases`` (filled by `warpolicy.registry.engine.PolicyEngine.table` and ``explain``) says how
+    the policy varies with the batch's per-batch facts; empty when none matters. ``policy`` is
+    then the decision for the facts given, every other fact unknown.
+    """
 
     policy: WarReadDonePolicy
     context: Context
     reasons: tuple[Reason, ...] = ()
+    cases: tuple[BatchCase, ...] = ()
 
     def to_json(self) -> dict:
-        return {
+        out: dict[str, object] = {
             "policy": self.policy.label,
             "backend": self.context.backend,
             "mode": self.context.mode.label,
             "spec": self.context.spec,
             "reasons": [r.to_json() for r in self.reasons],
         }
+        if self.context.facts:
+            out["facts"] = {k: self.context.facts[k] for k in sorted(self.context.facts)}
+        if self.cases:
+            out["per_batch"] = [c.to_json() for c in self.cases]
+        return out
 
 
 @attrs.frozen
@@ -124,6 +162,15 @@ class FlagValue:
 
 
 @attrs.frozen
+class FactValue:
+    """A per-batch fact a decision read, as the batch reported it."""
+
+    name: str
+    type: FactType
+    text: str  # e.g. "num_qo_tokens is 20000", "prefill_staged did not succeed"
+
+
+@attrs.frozen
 class Declaration:
     """One ``reads_end`` entry that took part in a decision."""
 
@@ -131,6 +178,8 @@ class Declaration:
     policy: WarReadDonePolicy
     origin: str
     via: str  # how the evaluated backend reaches it: "own" or "inherited from NAME"
+    after: Optional[str] = None  # the action it holds only after (None: unconditional)
+    otherwise: Optional[WarReadDonePolicy] = None  # its read end when the action did not succeed
 
 
 @attrs.frozen
@@ -148,6 +197,11 @@ class Declared:
     chain: tuple[str, ...]
     declarations: tuple[Declaration, ...]
     children: tuple[Explanation, ...]
+    #: every value ``policy`` may take for some value of the facts left unknown (a router with
+    #: no reported route may run any child); a gate's ``declared:`` holds if any does
+    possible: frozenset[WarReadDonePolicy] = frozenset()
+    #: reasons the batch's facts add (an action that did not succeed, a router's route)
+    batch_reasons: tuple[Reason, ...] = ()
 
 
 @attrs.frozen
@@ -169,10 +223,22 @@ class Explanation:
     declarations: tuple[Declaration, ...] = ()
     force_coarse: Optional[Reason] = None
     placement: Placement = Placement.MARKER  # where a runner puts the node (top level only)
+    #: the per-batch facts this decision read (its children's included), as reported
+    facts: tuple[FactValue, ...] = ()
 
     @property
     def backend(self) -> str:
         return self.decision.context.backend
+
+    @property
+    def cases(self) -> tuple[BatchCase, ...]:
+        return self.decision.cases
+
+    def fact_lines(self) -> list[str]:
+        """What a renderer shows about per-batch facts: each fact read, then each case."""
+        lines = [f"fact {f.text}" for f in self.facts]
+        lines += [f"per batch: {c.text}" for c in self.cases]
+        return lines
 
     @property
     def placement_text(self) -> str:
@@ -204,12 +270,22 @@ class Explanation:
                         "policy": d.policy.label,
                         "origin": d.origin,
                         "via": d.via,
+                        **(
+                            {}
+                            if d.after is None
+                            else {
+                                "after": d.after,
+                                "otherwise": getattr(d.otherwise, "label", None),
+                            }
+                        ),
                     }
                     for d in self.declarations
                 ],
                 "flags": {f.name: {"value": f.value, "source": f.source} for f in self.flags},
                 "spec_family": self.spec.family,
                 "spec_capabilities": dict(self.spec.capabilities),
+                "spec_capabilities_after": dict(self.spec.capabilities_after),
+                "batch_facts": {f.name: {"type": f.type.label, "read": f.text} for f in self.facts},
                 "platform": {
                     "name": ctx.platform,
                     "external_events": ctx.external_events,

@@ -8,60 +8,78 @@ What a backend declares for a mode is the latest of everything it reaches:
 
 * its own ``reads_end`` and that of every backend it ``inherits`` from (a child can make a mode
   later than its base, never earlier);
-* the declarations of every backend it runs: its ``latest_of`` children and its ``per_mode``
-  delegate for the mode, including those it inherits (an undeclared child counts as ``none``).
+* the declarations of every backend it runs: its ``latest_of`` children, its ``per_mode``
+  delegate for the mode, including those it inherits, and a router's children (the one its
+  batch routes to, or all of them) (an undeclared child counts as ``none``).
 
 The decision starts from that and from the full decisions of the children it runs, then takes
-every matching gate (global ones and those scoped to the backend or an ancestor) and two
-built-ins no registry can remove: the operator's kill switch (``force_coarse``, `FORCE_COARSE_ID`)
-and sound demotion (`SOUND_DEMOTION_ID`). One evaluation memoises each backend it visits, so a
-long chain or a wide shared DAG costs one visit per backend.
+the per-batch requirements of its declarations (an ``after`` action that did not succeed), every
+matching gate (global ones and those scoped to the backend or an ancestor) and two built-ins no
+registry can remove: the operator's kill switch (``force_coarse``, `FORCE_COARSE_ID`) and sound
+demotion (`SOUND_DEMOTION_ID`). One evaluation (`warpolicy.registry.evaluation`) memoises each
+backend it visits, so a long chain or a wide shared DAG costs one visit per backend.
 
 Three ways in, one evaluator:
 
-* `PolicyEngine.explain` returns everything that was considered (the explaining API);
+* `PolicyEngine.explain` returns everything that was considered (the explaining API), with the
+  per-batch cases of the cell (`BatchCase`) when per-batch facts matter;
 * `PolicyEngine.decision` is that minus the explanation: the policy and the reasons that moved it;
 * `PolicyEngine.decide` is the runtime call: a bare policy, and ``NONE`` (coarse) plus one warning
   on any error, never an earlier point.
 
-The per-step hot path is `CompiledPolicy.per_step` (or `CompiledPolicy.lookup` when the runner's
-facts vary): a runner resolves backend, spec algorithm, flags and platform once with
-`PolicyEngine.compile`, and each step is a dict or tuple index.
-
-Over 400 lines: `PolicyEngine` (load, flags, decide/explain/table/compile, the layer
-report, placement) is one public class; its records live in `warpolicy.registry.decision` and the
-evaluation in `warpolicy.registry.evaluation`.
+The per-step hot path is `CompiledPolicy` (`warpolicy.registry.compiled`): a runner resolves
+backend, spec algorithm, flags and platform once with `PolicyEngine.compile`; each step is a dict
+or tuple index, plus one classification per per-batch fact the cell reads.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
-from warpolicy.errors import InputError
+from warpolicy.errors import InputError, WarpolicyError
+from warpolicy.registry.compiled import BatchRule, CompiledPolicy
 from warpolicy.registry.decision import (  # noqa: F401 - the records are re-exported
+    AFTER_PREFIX,
     BUILT_IN,
     DECLARED_ID,
     FORCE_COARSE,
     FORCE_COARSE_ID,
     IMPLICIT_SPEC,
+    ROUTE_PREFIX,
     SOUND_DEMOTION_ID,
+    BatchCase,
     Context,
     Decision,
     Declaration,
     Declared,
     Explanation,
+    FactValue,
     FlagValue,
     GateCheck,
     Reason,
 )
 from warpolicy.registry.evaluation import Evaluation
+from warpolicy.registry.facts import (
+    ABSENT,
+    FactClasses,
+    check_facts,
+    registry_fact_classes,
+    simplify,
+)
 from warpolicy.registry.inputs import parse_bool
-from warpolicy.registry.loader import Blame, Fragment, assemble_registry
-from warpolicy.registry.model import Backend, Flag, Registry, SpecAlgorithm
+from warpolicy.registry.loader import (
+    Blame,
+    Fragment,
+    Source,
+    assemble_registry,
+    load_registry,
+)
+from warpolicy.registry.model import Flag, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import (
     NONE,
     TABLE_MODES,
@@ -70,21 +88,28 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 
-if TYPE_CHECKING:
-    from warpolicy.registry.loader import Source
-
 __all__ = [
-    "Context",
+    "BatchCase",
+    "BatchRule",
     "CompiledPolicy",
+    "Context",
     "Declaration",
     "Decision",
     "Explanation",
+    "FactValue",
     "FlagValue",
     "GateCheck",
     "PolicyEngine",
     "Reason",
     "parse_bool",
 ]
+
+#: The most combinations of fact classes one cell enumerates; a cell that reads more facts than
+#: that ignores them (its policy for a batch that reports none, the later one) plus a warning.
+MAX_FACT_CASES = 4096
+
+#: One cell's enumeration: the classes of the facts it reads, the policy per combination.
+_Cells = tuple[list[FactClasses], dict[tuple[int, ...], WarReadDonePolicy]]
 
 
 class PolicyEngine:
@@ -106,8 +131,7 @@ class PolicyEngine:
         env = os.environ if environ is None else environ
         self._environ: Mapping[str, str] = dict(env)
         self._flag_values = _resolve_flags(registry, env)
-        self._global_gates = tuple(registry.gates)
-        self._lineages: dict[str, tuple[Backend, ...]] = {}  # per backend, filled on first use
+        self._fact_classes = registry_fact_classes(registry)
         self._layers = tuple(layers or ())
         self._layer_engines: Optional[list[tuple[str, Optional[PolicyEngine]]]] = None
         self._warned: set[str] = set()
@@ -183,24 +207,44 @@ class PolicyEngine:
     # -- the three ways in ----------------------------------------------------------------
 
     def explain(self, ctx: Context) -> Explanation:
-        """Evaluate ``ctx`` and keep everything considered. Raises on unknown names."""
-        explanation = self._evaluation(ctx).explain(ctx.backend)
+        """Evaluate ``ctx`` and keep everything considered, with the cell's per-batch cases
+        (how the policy varies with the facts ``ctx`` leaves unreported). Raises on unknown
+        names and on per-batch facts the registry does not declare or of the wrong type."""
+        evaluation = self._evaluation(ctx)
+        explanation = evaluation.explain(ctx.backend)
+        cases = self._cases(ctx, evaluation.facts_read[ctx.backend], {})
+        if cases:
+            decision = attrs.evolve(explanation.decision, cases=cases)
+            explanation = attrs.evolve(explanation, decision=decision)
         placement = self.placement(ctx.backend, ctx.mode)
         if placement is not explanation.placement:
             explanation = attrs.evolve(explanation, placement=placement)
         return explanation
 
     def decision(self, ctx: Context) -> Decision:
-        """The policy and the reasons that moved it. Raises on unknown names."""
-        return self.explain(ctx).decision
+        """The policy and the reasons that moved it (no per-batch cases; `explain` and `table`
+        add them). Raises on unknown names."""
+        return self._evaluation(ctx).explain(ctx.backend).decision
 
     def decide(self, ctx: Context) -> WarReadDonePolicy:
         """Runtime decision: fails closed to ``NONE`` (coarse) with one warning on any error."""
         try:
-            return self.explain(ctx).decision.policy
+            return self.decision(ctx).policy
         except Exception as exc:  # noqa: BLE001 - fail closed on anything
             self._warn_once(f"decide({ctx.backend!r}, {ctx.mode.label!r}, {ctx.spec!r})", exc)
             return NONE
+
+    def cases(self, ctx: Context) -> tuple[BatchCase, ...]:
+        """How the policy of ``ctx``'s cell varies with the per-batch facts ``ctx`` leaves
+        unreported: one `BatchCase` per combination of fact classes, merged where a fact does
+        not matter; empty when the cell reads no such fact. Raises like `decision`."""
+        evaluation = self._evaluation(ctx)
+        evaluation.explain(ctx.backend)
+        return self._cases(ctx, evaluation.facts_read[ctx.backend], {})
+
+    def facts(self) -> Mapping[str, FactClasses]:
+        """Every declared per-batch fact with the classes the registry's tests split it into."""
+        return dict(self._fact_classes)
 
     def compile(
         self,
@@ -212,24 +256,33 @@ class PolicyEngine:
         external_events: bool = True,
         strict: bool = False,
     ) -> CompiledPolicy:
-        """Resolve everything but the mode and the runner facts once, for the per-step lookup.
+        """Resolve everything but the mode, the runner facts and the per-batch facts once, for
+        the per-step lookup; a cell whose decision reads per-batch facts gets a `BatchRule`.
 
         With ``strict=False`` (the runtime default) any error compiles to all-``NONE`` plus one
         warning; with ``strict=True`` it raises. With layers, a layer that makes one of the
         compiled cells earlier than the layers below it is named in one warning.
         """
         try:
-            table = self._compiled_table(backend, spec, flags, platform, external_events)
+            table, rules = self._compiled(backend, spec, flags, platform, external_events)
+            declared = self.registry.facts
 
-            def explain_step(mode: ForwardMode, eager: bool, planted: bool) -> Decision:
-                return self.decision(
-                    Context(
-                        backend, mode, spec, flags or {}, platform, external_events, eager, planted
-                    )
+            def explain_step(
+                mode: ForwardMode,
+                eager: bool,
+                planted: bool,
+                facts: Optional[Mapping[str, object]] = None,
+            ) -> Decision:
+                known = {  # as the lookup reads them: anything else is unknown
+                    k: v for k, v in (facts or {}).items() if k in declared and declared[k].valid(v)
+                }
+                ctx = Context(
+                    backend, mode, spec, flags or {}, platform, external_events, eager, planted
                 )
+                return self.decision(attrs.evolve(ctx, facts=known))
 
             placement = {mode: self.placement(backend, mode) for mode in ForwardMode}
-            compiled = CompiledPolicy(backend, spec, table, explain_step, placement)
+            compiled = CompiledPolicy(backend, spec, table, explain_step, placement, rules)
         except Exception as exc:
             if strict:
                 raise
@@ -248,8 +301,11 @@ class PolicyEngine:
     ) -> list[Decision]:
         """The decision for every (backend, mode, spec) combination, in a stable order.
 
-        One evaluation (and its memo) serves every backend of a (mode, spec), so a table over a
-        registry of shared composites costs one visit per backend per column.
+        A cell whose policy reads per-batch facts carries its `BatchCase` rows
+        (``Decision.cases``: a condition on the cell); its ``policy`` is the one for a batch
+        that reports none. One evaluation (and its memo) serves every backend of a (mode,
+        spec), and of each combination of fact classes, so a table over a registry of shared
+        composites costs one visit per backend per column.
         """
         backend_names = list(backends) if backends else self.registry.concrete_backends()
         spec_names = list(specs) if specs else self.spec_names()
@@ -261,39 +317,109 @@ class PolicyEngine:
         found: dict[tuple[str, ForwardMode, str], Decision] = {}
         for m in mode_list:
             for s in spec_names:
-                evaluation = self._evaluation(  # decisions only: no per-gate checks kept
-                    Context("", m, s, flags or {}, **facts),  # type: ignore[arg-type]
-                    record_checks=False,
-                )
+                ctx = Context("", m, s, flags or {}, **facts)  # type: ignore[arg-type]
+                evaluation = self._evaluation(ctx, record_checks=False)  # decisions only
+                shared: dict[tuple, Evaluation] = {}
                 for b in backend_names:
-                    found[(b, m, s)] = evaluation.explain(b).decision
+                    decision = evaluation.explain(b).decision
+                    read = evaluation.facts_read[b]
+                    if read:
+                        cases = self._cases(attrs.evolve(ctx, backend=b), read, shared)
+                        decision = attrs.evolve(decision, cases=cases)
+                    found[(b, m, s)] = decision
         return [found[(b, m, s)] for b in backend_names for m in mode_list for s in spec_names]
 
     # -- evaluation ---------------------------------------------------------------------
 
     def _evaluation(self, ctx: Context, *, record_checks: bool = True) -> Evaluation:
+        check_facts(self.registry.facts, ctx.facts)
         flags = self.flag_values(ctx.flags)
-        return Evaluation(self, ctx, self.spec(ctx.spec), flags, record_checks=record_checks)
+        return Evaluation(
+            self.registry, ctx, self.spec(ctx.spec), flags, record_checks=record_checks
+        )
 
-    def _compiled_table(
+    def _enumerate(
+        self, ctx: Context, read: Iterable[str], shared: dict[tuple, Evaluation]
+    ) -> Optional[_Cells]:
+        """The policy of ``ctx``'s cell for one value per class of every per-batch fact it
+        reads (``ctx.facts`` held), until the facts read stop growing; None past
+        `MAX_FACT_CASES`. ``shared`` caches evaluations per combination across the backends of
+        a table column."""
+        names = sorted(set(read) - set(ctx.facts))
+        while True:
+            classes = [self._fact_classes[n] for n in names]
+            sizes = [len(c.labels) for c in classes]
+            count = 1
+            for size in sizes:
+                count *= size
+            if count > MAX_FACT_CASES:
+                return None
+            table: dict[tuple[int, ...], WarReadDonePolicy] = {}
+            grown: set[str] = set()
+            for key in itertools.product(*(range(size) for size in sizes)):
+                given = dict(ctx.facts)
+                for c, i in zip(classes, key):
+                    if c.probes[i] is not ABSENT:
+                        given[c.fact.name] = c.probes[i]
+                cache_key = (tuple(sorted(given.items())),)
+                evaluation = shared.get(cache_key)
+                if evaluation is None:
+                    probe = attrs.evolve(ctx, facts=given)
+                    evaluation = shared[cache_key] = self._evaluation(probe, record_checks=False)
+                table[key] = evaluation.explain(ctx.backend).decision.policy
+                grown |= evaluation.facts_read[ctx.backend]
+            more = sorted((set(names) | grown) - set(ctx.facts))
+            if more == names:
+                return classes, table
+            names = more
+
+    def _cases(
+        self, ctx: Context, read: Iterable[str], shared: dict[tuple, Evaluation]
+    ) -> tuple[BatchCase, ...]:
+        cells = self._enumerate(ctx, read, shared) if read else None
+        return () if cells is None else _batch_cases(*cells)
+
+    def _compiled(
         self,
         backend: str,
         spec: str,
         flags: Optional[Mapping[str, Union[bool, str]]],
         platform: str,
         external_events: bool,
-    ) -> dict[ForwardMode, tuple[WarReadDonePolicy, ...]]:
+    ) -> tuple[
+        dict[ForwardMode, tuple[WarReadDonePolicy, ...]],
+        dict[ForwardMode, tuple[Optional[BatchRule], ...]],
+    ]:
+        """Per mode, the policy per ``eager * 2 + planted`` for a batch that reports no facts,
+        and the batch rule of each such cell that reads per-batch facts (else None)."""
         table = {}
+        rules = {}
         for mode in ForwardMode:
             row = []
+            row_rules: list[Optional[BatchRule]] = []
             for eager in (False, True):
                 for planted in (False, True):
                     ctx = Context(
                         backend, mode, spec, flags or {}, platform, external_events, eager, planted
                     )
-                    row.append(self.decision(ctx).policy)
+                    evaluation = self._evaluation(ctx, record_checks=False)
+                    row.append(evaluation.explain(backend).decision.policy)
+                    read = evaluation.facts_read[backend]
+                    cells = self._enumerate(ctx, read, {}) if read else None
+                    if read and cells is None:
+                        self._warn_once(
+                            f"compile({backend!r}, {spec!r}) {mode.label}",
+                            InputError(
+                                f"the cell reads more per-batch facts than {MAX_FACT_CASES} "
+                                "combinations of their classes; it ignores them"
+                            ),
+                        )
+                    row_rules.append(
+                        None if cells is None else BatchRule(*cells, _batch_cases(*cells))
+                    )
             table[mode] = tuple(row)
-        return table
+            rules[mode] = tuple(row_rules)
+        return table, rules
 
     # -- layers -------------------------------------------------------------------------
 
@@ -301,9 +427,6 @@ class PolicyEngine:
         """``(label, engine of layers[0..k])`` per layer; None where that prefix does not load
         on its own (e.g. a fragment that refers to a later layer)."""
         if self._layer_engines is None:
-            from warpolicy.errors import WarpolicyError
-            from warpolicy.registry.loader import load_registry  # the loader sits below the engine
-
             out: list[tuple[str, Optional[PolicyEngine]]] = []
             for k, source in enumerate(self._layers):
                 try:
@@ -334,7 +457,7 @@ class PolicyEngine:
                     below = None
                     continue
                 try:
-                    here = engine._compiled_table(backend, spec, flags, platform, external_events)
+                    here = engine._compiled(backend, spec, flags, platform, external_events)[0]
                 except Exception:  # noqa: BLE001 - the backend may not exist yet below
                     here = None
                 if below is not None and here is not None:
@@ -375,7 +498,8 @@ class PolicyEngine:
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         """Where a runner plants the in-graph node for ``backend`` in ``mode``: the first
         ``plant`` declaration along ``inherits``; else a per-mode wrapper's child for that mode;
-        else, for a composite, derived only when every child is derived; else marker."""
+        else, for a composite (or a router, over the children it may run in the mode), derived
+        only when every child is derived; else marker."""
         mode = ForwardMode.parse(mode)
         memo: dict[str, Placement] = {}
         open_nodes: set[str] = set()
@@ -390,6 +514,12 @@ class PolicyEngine:
             )
             delegate = entry.per_mode.get(mode)
             children = (delegate,) if delegate is not None else entry.latest_of
+            route = entry.routes
+            if route is not None:  # a router is a composite of the children it may run
+                if route.routed(mode):
+                    children = tuple(route.children.values())
+                elif route.default is not None:
+                    children = (route.children[route.default],)
             if declared is not None or not children:
                 memo[name] = declared if declared is not None else Placement.MARKER
                 continue
@@ -413,78 +543,20 @@ class PolicyEngine:
         warnings.warn(f"warpolicy: {key}; using the coarse barrier", RuntimeWarning, stacklevel=3)
 
 
-class CompiledPolicy:
-    """Per-step lookup for one (backend, spec, flags, platform).
-
-    ``lookup(mode, eager, planted)`` takes the runner's facts per call (a tuple index);
-    ``per_step(eager, planted)`` resolves them once and returns the hot-path callable.
-    """
-
-    __slots__ = ("backend", "spec", "_table", "_explain", "_placement")
-
-    def __init__(
-        self,
-        backend: str,
-        spec: str,
-        table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
-        explain: Optional[Callable[[ForwardMode, bool, bool], Decision]] = None,
-        placement: Optional[Mapping[ForwardMode, Placement]] = None,
-    ) -> None:
-        self.backend = backend
-        self.spec = spec
-        self._table = dict(table)  # per mode: index ``eager * 2 + planted``
-        self._explain = explain
-        self._placement = dict(placement or {})
-
-    def lookup(
-        self, mode: ForwardMode, eager: bool = False, planted: bool = True
-    ) -> WarReadDonePolicy:
-        """The policy for ``mode`` given the runner's facts; ``NONE`` for anything unknown.
-        ``eager`` and ``planted`` must be real booleans (`InputError` otherwise)."""
-        row = self._table.get(mode)
-        if row is None:
-            return NONE
-        return row[_fact_index(eager, planted)]
-
-    def per_step(
-        self, eager: bool = False, planted: bool = True
-    ) -> Callable[[ForwardMode], WarReadDonePolicy]:
-        """The hot-path callable for a runner whose facts are known: ``fn(mode) -> policy``.
-
-        It is a bound ``dict.__getitem__`` (no Python frame per call); unknown keys give ``NONE``.
-        """
-        index = _fact_index(eager, planted)
-        return _ModeTable({m: row[index] for m, row in self._table.items()}).__getitem__
-
-    def decision(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Decision:
-        """The full `Decision` behind a lookup (for observers; not for the per-step path)."""
-        mode = ForwardMode.parse(mode)
-        if self._explain is not None:
-            return self._explain(mode, eager, planted)
-        ctx = Context(self.backend, mode, self.spec, eager=eager, planted=planted)
-        reason = Reason("compile-failed", "the policy could not be compiled; coarse barrier", NONE)
-        return Decision(self.lookup(mode, eager, planted), ctx, (reason,))
-
-    def placement(self, mode: ForwardMode) -> Placement:
-        """Where the runner plants the in-graph node in ``mode`` (marker when unknown)."""
-        return self._placement.get(ForwardMode.parse(mode), Placement.MARKER)
-
-
-def _fact_index(eager: object, planted: object) -> int:
-    """The table column of the runner's facts; anything but two booleans (``-1``, ``"yes"``,
-    ``None``) is refused rather than used as an index."""
-    if type(eager) is not bool or type(planted) is not bool:
-        raise InputError(f"eager and planted must be booleans, not {eager!r} and {planted!r}")
-    return eager * 2 + planted
-
-
-class _ModeTable(dict):
-    """mode -> policy; a missing mode is NONE, so the lookup fails closed."""
-
-    __slots__ = ()
-
-    def __missing__(self, key: object) -> WarReadDonePolicy:
-        return NONE
+def _batch_cases(
+    classes: Sequence[FactClasses], table: Mapping[tuple[int, ...], WarReadDonePolicy]
+) -> tuple[BatchCase, ...]:
+    """The enumerated cell as `BatchCase` rows (`simplify`); none when no fact matters."""
+    merged = simplify(list(table.items()), [len(c.labels) for c in classes])
+    if len(merged) == 1:  # the facts were read but do not matter
+        return ()
+    return tuple(
+        BatchCase(
+            policy,
+            tuple(classes[i].labels[k] for i, k in enumerate(key) if k is not None),
+        )
+        for key, policy in merged
+    )
 
 
 def layer_label(source: object) -> str:
@@ -519,12 +591,13 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
     value = FlagValue(FORCE_COARSE.name, False, "default")
     if declared is not None and declared.default:
         value = FlagValue(FORCE_COARSE.name, True, f"default at {declared.origin}")
+    inverted = declared.inverted if declared is not None else frozenset()
     for var in names:
         raw = environ.get(var, "")
         if not raw.strip():
             continue
         try:
-            on = parse_bool(raw, var)
+            on = parse_bool(raw, var) != (var in inverted)
         except InputError:
             value = FlagValue(
                 FORCE_COARSE.name,
@@ -533,15 +606,22 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
             )
             break
         if on:
-            value = FlagValue(FORCE_COARSE.name, True, f"env {var}")
+            value = FlagValue(FORCE_COARSE.name, True, f"env {var}" + _inverted(var, inverted))
             break
     values[FORCE_COARSE.name] = value
     return values
 
 
 def _flag_from_env(flag: Flag, environ: Mapping[str, str]) -> FlagValue:
-    for var in flag.env:  # the first set, non-empty name wins (WARPOLICY_* come first)
+    """The first set, non-empty name wins (WARPOLICY_* come first); an inverted alias sets the
+    flag to the opposite of its value."""
+    for var in flag.env:
         raw = environ.get(var, "")
         if raw.strip():
-            return FlagValue(flag.name, parse_bool(raw, var), f"env {var}")
+            on = parse_bool(raw, var) != (var in flag.inverted)
+            return FlagValue(flag.name, on, f"env {var}" + _inverted(var, flag.inverted))
     return FlagValue(flag.name, flag.default, "default")
+
+
+def _inverted(var: str, inverted: frozenset[str]) -> str:
+    return " (inverted: its true means false)" if var in inverted else ""

@@ -1,23 +1,31 @@
 """The capability registry as frozen attrs objects.
 
-Loading (YAML with marks, layering, located problems) lives in `warpolicy.registry.loader`; this module
-is the data model, its invariants and the lookups the engine needs. The invariants are checked
-on construction, so a `Registry` built in Python is held to the same rules as a loaded one: a
-`Backend` has one shape (`shape_problems`), and a `Registry` has no dangling reference, no
-cycle, no inheritance from a wrapper, unique gate ids and one flag per environment variable
-(`registry_problems`). A violation raises `RegistryError` with a problem per finding at the
-entry's `Origin`.
+Loading (YAML with marks, layering, located problems) lives in `warpolicy.registry.loader`; this
+module is the data model, its invariants and the lookups the engine needs. The invariants are
+checked on construction, so a `Registry` built in Python is held to the same rules as a loaded
+one: a `Backend` has one shape (`shape_problems`), and a `Registry` has no dangling reference
+(backends, facts of the right type), no cycle, no inheritance from a wrapper, unique gate ids
+and one flag per environment variable (`registry_problems`). A violation raises `RegistryError`
+with a problem per finding at the entry's `Origin`. `registry_warnings` names what is valid but
+hazardous (a per-batch router whose choice may change inside one forward).
+
+Per-batch facts (`Fact`) are values known only when a batch runs: a query-token count, whether
+a per-batch action (a snapshot, a staging copy) succeeded, which child a router picked. Gates
+test them (`FactTest`), a declaration may hold only after an action (`After`), a spec
+capability may too (``SpecAlgorithm.capabilities_after``), and a router (`Route`) names its
+child by one.
 """
 
 from __future__ import annotations
 
+import operator
 from types import MappingProxyType
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import attrs
 
-from warpolicy.errors import Problem, RegistryError, UnknownNameError
-from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.errors import InputError, Problem, RegistryError, UnknownNameError
+from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
 
 
 def _frozen_map(value: Mapping | None) -> Mapping:
@@ -30,6 +38,10 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 def _gates(value: Iterable[Gate]) -> tuple[Gate, ...]:
     return tuple(value)
+
+
+def _name_set(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
 
 
 @attrs.frozen
@@ -51,18 +63,142 @@ UNKNOWN_ORIGIN = Origin("<unknown>")
 
 @attrs.frozen
 class Flag:
-    """An operator switch: a default plus the environment variables that set it."""
+    """An operator switch: a default plus the environment variables that set it.
+
+    ``env`` is ordered (the first one set wins); a name in ``inverted`` sets the flag to the
+    opposite of its value (an opt-out switch such as SGLang main's
+    ``SGLANG_FORCE_PREFILL_COARSE_WAR_BARRIER`` for ``prefill_read_done``).
+    """
 
     name: str
     default: bool = False
     env: tuple[str, ...] = attrs.field(default=(), converter=_names)
     doc: str = ""
     origin: Origin = UNKNOWN_ORIGIN
+    inverted: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
+
+    @inverted.validator
+    def _check_inverted(self, _attribute: object, value: frozenset[str]) -> None:
+        stray = sorted(value - set(self.env))
+        if stray:
+            _raise(self.origin, f"flags.{self.name}.env", f"inverted names not in env: {stray}")
+
+
+@attrs.frozen
+class Fact:
+    """A per-batch fact: a value the runner knows only when a batch runs.
+
+    Declared in the registry with its type (`FactType`); ``values`` optionally lists the names a
+    ``name`` fact may take (gates and routers are checked against it).
+    """
+
+    name: str
+    type: FactType
+    doc: str = ""
+    values: Optional[frozenset[str]] = attrs.field(default=None)
+    origin: Origin = UNKNOWN_ORIGIN
+
+    @values.validator
+    def _check_values(self, _attribute: object, value: Optional[frozenset[str]]) -> None:
+        if value is not None and self.type is not FactType.NAME:
+            _raise(self.origin, f"facts.{self.name}.values", "only a name fact lists values")
+
+    def valid(self, value: object) -> bool:
+        """Whether ``value`` is a value of this fact (anything else counts as not reported)."""
+        return fact_value_ok(self, value)
+
+
+def fact_value_ok(fact: Fact, value: object) -> bool:
+    """``int`` facts take ints (not bools), ``bool`` and ``action`` facts bools, ``name`` facts
+    strings (one of ``values`` when the fact lists them)."""
+    kind = fact.type
+    if kind is FactType.INT:
+        return type(value) is int
+    if kind is FactType.NAME:
+        return type(value) is str and (fact.values is None or value in fact.values)
+    return type(value) is bool
+
+
+#: Comparisons an ``int`` fact test may use, and how they print.
+COMPARISONS: Mapping[str, tuple[Callable[[int, int], bool], str]] = MappingProxyType(
+    {
+        "gt": (operator.gt, ">"),
+        "ge": (operator.ge, ">="),
+        "lt": (operator.lt, "<"),
+        "le": (operator.le, "<="),
+        "eq": (operator.eq, "=="),
+    }
+)
+
+#: Which fact types each kind of test accepts.
+_TEST_TYPES = {
+    "bool": (FactType.BOOL, FactType.ACTION),
+    "int": (FactType.INT,),
+    "name": (FactType.NAME,),
+}
+
+
+def _compare(value: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    return tuple((str(op), int(n)) for op, n in value)
+
+
+@attrs.frozen
+class FactTest:
+    """One per-batch fact condition of a gate: exactly one of ``equals`` (a ``bool`` or
+    ``action`` fact is this value), ``compare`` (an ``int`` fact passes every comparison) or
+    ``names`` (a ``name`` fact is any of these)."""
+
+    equals: Optional[bool] = None
+    compare: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_compare)
+    names: Optional[frozenset[str]] = None
+
+    def __attrs_post_init__(self) -> None:
+        given = [self.equals is not None, bool(self.compare), self.names is not None]
+        if sum(given) != 1:
+            raise InputError("a fact test is exactly one of: a boolean, comparisons, names")
+        bad = [op for op, _n in self.compare if op not in COMPARISONS]
+        if bad:
+            raise InputError(f"unknown comparison {bad[0]!r}; use {', '.join(COMPARISONS)}")
+        if self.names is not None and not self.names:
+            raise InputError("a fact test names at least one value")
+
+    @property
+    def kind(self) -> str:
+        """``bool``, ``int`` or ``name``: the kind of fact the test is written for."""
+        if self.equals is not None:
+            return "bool"
+        return "int" if self.compare else "name"
+
+    def accepts(self, fact_type: FactType) -> bool:
+        return fact_type in _TEST_TYPES[self.kind]
+
+    def holds(self, value: object) -> bool:
+        """Whether a *valid* value of the fact passes the test."""
+        if self.equals is not None:
+            return value is self.equals
+        if self.compare:
+            return all(COMPARISONS[op][0](value, n) for op, n in self.compare)  # type: ignore[arg-type]
+        return value in self.names  # type: ignore[operator]
+
+    def text(self, fact: str) -> str:
+        """The test as a reviewer reads it: ``num_qo_tokens > 11673``."""
+        if self.equals is not None:
+            return f"{fact} is {str(self.equals).lower()}"
+        if self.compare:
+            return " and ".join(f"{fact} {COMPARISONS[op][1]} {n}" for op, n in self.compare)
+        names = sorted(self.names or ())
+        return (
+            f"{fact} is {names[0]}" if len(names) == 1 else f"{fact} is any of {', '.join(names)}"
+        )
 
 
 @attrs.frozen
 class SpecAlgorithm:
-    """A speculative algorithm and the capabilities that gates test."""
+    """A speculative algorithm and the capabilities that gates test.
+
+    ``capabilities`` holds the plain ones; ``capabilities_after`` those the algorithm has only
+    for a batch whose per-batch action (an ``action`` fact, e.g. ``prefill_staged``) succeeded.
+    """
 
     name: str
     family: Optional[str] = None
@@ -72,6 +208,18 @@ class SpecAlgorithm:
     #: the last phase of a step that reads shared state (draft_extend or target_verify);
     #: None: the last phase the step runs (the conservative default)
     last_reader: Optional[ForwardMode] = attrs.field(default=None)
+    #: capability -> the action fact that must have succeeded for the batch
+    capabilities_after: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_map)
+
+    @capabilities_after.validator
+    def _check_after(self, _attribute: object, value: Mapping[str, str]) -> None:
+        both = sorted(set(value) & set(self.capabilities))
+        if both:
+            _raise(
+                self.origin,
+                f"spec_algorithms.{self.name}.capabilities",
+                f"{both[0]!r} is both plain and after an action; keep one",
+            )
 
     @last_reader.validator
     def _check_last_reader(self, _attribute: object, value: Optional[ForwardMode]) -> None:
@@ -83,7 +231,11 @@ class SpecAlgorithm:
             )
 
     def has(self, capability: str) -> bool:
+        """The plain capability (one that holds only after an action counts as absent here)."""
         return bool(self.capabilities.get(capability, False))
+
+    def known_capabilities(self) -> set[str]:
+        return set(self.capabilities) | set(self.capabilities_after)
 
 
 @attrs.frozen
@@ -105,6 +257,8 @@ class Conditions:
     eager: Optional[bool] = None
     planted: Optional[bool] = None
     external_events: Optional[bool] = None
+    #: per-batch fact name -> test; all must hold (an unreported fact holds: fail closed)
+    facts: Mapping[str, FactTest] = attrs.field(factory=dict, converter=_frozen_map)
 
 
 @attrs.frozen
@@ -121,13 +275,46 @@ class Gate:
 
 
 @attrs.frozen
+class After:
+    """A declaration that holds only for a batch whose per-batch ``action`` (an ``action``
+    fact) succeeded; for any other batch the read end is ``otherwise`` (default ``none``)."""
+
+    action: str
+    otherwise: WarReadDonePolicy = WarReadDonePolicy.NONE
+
+
+def _route_children(value: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class Route:
+    """A per-batch router: in its routed ``modes`` (None: every mode) the batch's ``fact`` (a
+    ``name`` fact) names the label of the child that runs; ``default`` is the label every other
+    mode runs. ``pinned``: the child chosen for a batch runs every layer of that forward (the
+    choice is made once, at metadata init, and reused); only then may the fact narrow the
+    decision to one child."""
+
+    fact: str
+    children: Mapping[str, str] = attrs.field(converter=_route_children)  # label -> backend
+    modes: Optional[frozenset[ForwardMode]] = None
+    default: Optional[str] = None
+    pinned: bool = False
+
+    def routed(self, mode: ForwardMode) -> bool:
+        return self.modes is None or mode in self.modes
+
+
+@attrs.frozen
 class Backend:
     """An attention backend's declared read ends.
 
     Exactly one shape: plain (``reads_end``, optionally ``inherits``), composite
-    (``latest_of``: the latest of its children) or per-mode (``per_mode``: delegates each
-    listed mode to a child). ``reads_end`` here is the backend's *own* map; inheritance is
-    resolved by the engine so explanations can show the chain.
+    (``latest_of``: the latest of its children), per-mode (``per_mode``: delegates each
+    listed mode to a child) or router (``routes``: the child is chosen per batch). ``reads_end``
+    here is the backend's *own* map; inheritance is resolved by the engine so explanations can
+    show the chain. ``reads_end_after`` marks declarations that hold only after a per-batch
+    action (`After`).
     """
 
     name: str
@@ -148,6 +335,9 @@ class Backend:
     #: where the runner plants the in-graph node, per mode (own declarations; inherited per
     #: mode like ``reads_end``); an undeclared mode is `Placement.MARKER`
     plant: Mapping[ForwardMode, Placement] = attrs.field(factory=dict, converter=_frozen_map)
+    #: declarations of ``reads_end`` that hold only after a per-batch action
+    reads_end_after: Mapping[ForwardMode, After] = attrs.field(factory=dict, converter=_frozen_map)
+    routes: Optional[Route] = None
 
     def __attrs_post_init__(self) -> None:
         problems = [
@@ -162,6 +352,8 @@ class Backend:
                 inherits=self.inherits,
                 latest_of=self.latest_of,
                 per_mode=self.per_mode,
+                routes=self.routes,
+                reads_end_after=self.reads_end_after,
             )
         ]
         if problems:
@@ -169,15 +361,18 @@ class Backend:
 
     @property
     def is_wrapper(self) -> bool:
-        """A composite (``latest_of``) or per-mode wrapper: its read end comes from children."""
-        return bool(self.latest_of or self.per_mode)
+        """A composite (``latest_of``), per-mode wrapper or router: its read end comes from
+        children."""
+        return bool(self.latest_of or self.per_mode or self.routes)
 
     def children(self) -> Iterator[str]:
-        """Every backend this one names: inherits, latest_of, per_mode."""
+        """Every backend this one names: inherits, latest_of, per_mode, routes."""
         if self.inherits is not None:
             yield self.inherits
         yield from self.latest_of
         yield from self.per_mode.values()
+        if self.routes is not None:
+            yield from self.routes.children.values()
 
 
 def shape_problems(
@@ -186,17 +381,53 @@ def shape_problems(
     inherits: Optional[str],
     latest_of: tuple[str, ...],
     per_mode: Mapping[ForwardMode, str],
+    routes: Optional[Route] = None,
+    reads_end_after: Optional[Mapping[ForwardMode, After]] = None,
 ) -> list[tuple[str, Optional[ForwardMode], str]]:
     """Why a backend with these fields has no single shape, as ``(key, mode, message)``
     (key ``""`` is the entry).
 
     Plain (``reads_end``, optionally ``inherits``), composite (``latest_of``, optionally with
-    its own or inherited ``reads_end``: the engine takes the latest of all) or per-mode
-    (``per_mode``, optionally ``reads_end`` for other modes). A per-mode wrapper neither
-    inherits nor is a composite, and a mode is either delegated or declared: anything else would
-    let the delegated child hide a declaration.
+    its own or inherited ``reads_end``: the engine takes the latest of all), per-mode
+    (``per_mode``, optionally ``reads_end`` for other modes) or router (``routes``, optionally
+    ``reads_end``: the latest of it and the routed child). A per-mode wrapper or a router
+    neither inherits nor is a composite, and a mode is either delegated or declared: anything
+    else would let the delegated child hide a declaration. A declaration that holds only after
+    an action falls back to something later than itself.
     """
     out: list[tuple[str, Optional[ForwardMode], str]] = []
+    if routes is not None:
+        for key, given in (
+            ("latest_of", latest_of),
+            ("per_mode", per_mode),
+            ("inherits", inherits),
+        ):
+            if given:
+                out.append(
+                    (
+                        "",
+                        None,
+                        f"a router (routes) cannot have {key}: its children are the ones it "
+                        "routes to",
+                    )
+                )
+        if not routes.children:
+            out.append(("routes", None, "a router routes to at least one child"))
+        if routes.default is not None and routes.modes is None:
+            out.append(("routes", None, "default needs modes: without modes every mode is routed"))
+    for mode, after in sorted((reads_end_after or {}).items(), key=lambda i: _mode_order(i[0])):
+        policy = reads_end.get(mode)
+        if policy is None:
+            out.append(("reads_end", mode, f"mode {mode.label!r}: after without a policy"))
+        elif isinstance(policy, WarReadDonePolicy) and after.otherwise <= policy:
+            out.append(
+                (
+                    "reads_end",
+                    mode,
+                    f"mode {mode.label!r}: otherwise ({after.otherwise.label}) must be later "
+                    f"than policy ({policy.label}), or the action would not matter",
+                )
+            )
     if latest_of and per_mode:
         out.append(
             (
@@ -245,6 +476,11 @@ class Registry:
     backends: Mapping[str, Backend] = attrs.field(factory=dict, converter=_frozen_map)
     gates: tuple[Gate, ...] = attrs.field(default=(), converter=_gates)
     sources: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    facts: Mapping[str, Fact] = attrs.field(factory=dict, converter=_frozen_map)
+    #: lineages walked so far (the registry is immutable, so each is walked once)
+    _lineages: dict[str, tuple[Backend, ...]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False
+    )
 
     def __attrs_post_init__(self) -> None:
         problems = registry_problems(self)
@@ -269,18 +505,33 @@ class Registry:
         except KeyError:
             raise UnknownNameError("flag", name, self.flags) from None
 
+    def fact(self, name: str) -> Fact:
+        try:
+            return self.facts[name]
+        except KeyError:
+            raise UnknownNameError("fact", name, self.facts) from None
+
     def lineage(self, name: str) -> tuple[Backend, ...]:
-        """``name`` and every backend it inherits from, nearest first (raises
-        `UnknownNameError` for an unknown name; stops at a cycle, which validation refuses)."""
+        """``name`` and every backend it inherits from, nearest first, walked once per backend.
+
+        Raises `UnknownNameError` for an unknown name and `InputError` at a cycle (construction
+        refuses cycles, so one means the registry was tampered with; the engine fails closed).
+        """
+        cached = self._lineages.get(name)
+        if cached is not None:
+            return cached
         chain: list[Backend] = []
         seen: set[str] = set()
         current: Optional[str] = name
-        while current is not None and current not in seen:
+        while current is not None:
+            if current in seen:
+                raise InputError(f"inheritance cycle through backend {current!r}")
             seen.add(current)
             backend = self.backend(current)
             chain.append(backend)
             current = backend.inherits
-        return tuple(chain)
+        lineage = self._lineages[name] = tuple(chain)
+        return lineage
 
     def concrete_backends(self) -> list[str]:
         """Backend names a table shows: every non-abstract backend, sorted."""
@@ -306,6 +557,13 @@ def registry_problems(registry: Registry) -> list[Problem]:
                 f"backends.{backend.name}.inherits: {parent.name!r} is a "
                 "composite or per-mode wrapper; inherit from a plain backend",
             )
+        route = backend.routes
+        if route is not None and route.default is not None and route.default not in route.children:
+            add(
+                backend.origin,
+                f"backends.{backend.name}.routes.default: {route.default!r} is not one of its "
+                f"children's labels ({', '.join(sorted(route.children))})",
+            )
     cycle = find_cycle(backends)
     if cycle:
         add(backends[cycle[0]].origin, "backends: cycle: " + " -> ".join(cycle))
@@ -322,6 +580,106 @@ def registry_problems(registry: Registry) -> list[Problem]:
         for var in flag.env:
             if env_owner.setdefault(var, flag.name) != flag.name or flag.env.count(var) > 1:
                 add(flag.origin, f"flags.{flag.name}.env: {var} sets more than one flag value")
+    found += fact_problems(registry)
+    return found
+
+
+def fact_problems(registry: Registry) -> list[Problem]:
+    """Every reference to a per-batch fact that names no declared fact, or one of the wrong
+    type: gate tests, ``after`` actions of declarations and capabilities, router facts."""
+    found: list[Problem] = []
+    facts = registry.facts
+
+    def check(origin: Origin, where: str, name: str, types: Iterable[FactType], what: str) -> None:
+        fact = facts.get(name)
+        if fact is None:
+            message = str(UnknownNameError("fact", name, facts))
+        elif fact.type not in tuple(types):
+            message = f"fact {name!r} is {fact.type.label}; {what}"
+        else:
+            return
+        found.append(Problem(origin.file, origin.line, origin.col, f"{where}: {message}"))
+
+    scoped = [g for b in registry.backends.values() for g in b.gates]
+    for gate in list(registry.gates) + scoped:
+        for name, test in gate.when.facts.items():
+            where = f"gate {gate.id!r}: when.facts.{name}"
+            check(gate.origin, where, name, _TEST_TYPES[test.kind], f"a {test.kind} test")
+            fact = facts.get(name)
+            if fact is not None and fact.type is FactType.ACTION and test.equals is True:
+                found.append(
+                    Problem(
+                        gate.origin.file,
+                        gate.origin.line,
+                        gate.origin.col,
+                        f"{where}: fact {name!r} is an action: test it only for false, so "
+                        "success can only make a decision earlier",
+                    )
+                )
+            if fact is not None and fact.values is not None and test.names is not None:
+                stray = sorted(test.names - fact.values)
+                if stray:
+                    found.append(
+                        Problem(
+                            gate.origin.file,
+                            gate.origin.line,
+                            gate.origin.col,
+                            f"{where}: {stray[0]!r} is not a value of fact {name!r} "
+                            f"({', '.join(sorted(fact.values))})",
+                        )
+                    )
+    for backend in registry.backends.values():
+        for mode, after in backend.reads_end_after.items():
+            where = f"backends.{backend.name}.reads_end.{mode.label}.after"
+            check(backend.origin, where, after.action, (FactType.ACTION,), "after names an action")
+        if backend.routes is not None:
+            route = backend.routes
+            where = f"backends.{backend.name}.routes.fact"
+            check(backend.origin, where, route.fact, (FactType.NAME,), "a router needs a name fact")
+            fact = facts.get(route.fact)
+            if fact is not None and fact.values is not None:
+                stray = sorted(set(route.children) - fact.values)
+                if stray:
+                    add_at = backend.origin
+                    found.append(
+                        Problem(
+                            add_at.file,
+                            add_at.line,
+                            add_at.col,
+                            f"backends.{backend.name}.routes.children: label {stray[0]!r} is "
+                            f"not a value of fact {route.fact!r}",
+                        )
+                    )
+    for spec in registry.spec_algorithms.values():
+        for capability, action in spec.capabilities_after.items():
+            where = f"spec_algorithms.{spec.name}.capabilities.{capability}.after"
+            check(spec.origin, where, action, (FactType.ACTION,), "after names an action")
+    return found
+
+
+def registry_warnings(registry: Registry) -> list[Problem]:
+    """What is valid but hazardous, one located problem each (``validate`` prints them as
+    warnings): a per-batch router that does not declare ``pinned: true``, whose choice may
+    therefore change inside one forward."""
+    found = []
+    for backend in registry.backends.values():
+        route = backend.routes
+        if route is None or route.pinned:
+            continue
+        origin = backend.origin
+        found.append(
+            Problem(
+                origin.file,
+                origin.line,
+                origin.col,
+                f"backends.{backend.name}.routes: the child is chosen per batch, but the router "
+                "does not declare pinned: true, so its choice may change inside one forward (a "
+                "layer that re-evaluates the route runs another child on metadata built for the "
+                "first, the hazard SGLang's ImagePrefillAttnBackend TODO names); its batches "
+                f"decide the latest of every child it may route to, whatever {route.fact} says. "
+                "Declare pinned: true once the forward reuses the choice made at metadata init.",
+            )
+        )
     return found
 
 

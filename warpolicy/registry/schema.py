@@ -15,6 +15,7 @@ import attrs
 from warpolicy.registry.vocabulary import (
     _MODE_ALIASES,
     _POLICY_ALIASES,
+    FactType,
     ForwardMode,
     Placement,
     mode_names,
@@ -52,12 +53,19 @@ MODE_NAME_MAP = "mode_name_map"  # mode -> backend name
 BOOL_MAP = "bool_map"  # name -> bool
 PLANT = "plant"  # a placement for every mode, or mode -> placement
 LAST_READER = "last_reader"  # draft_extend or target_verify
+FACT_TYPE = "fact_type"  # int, bool, action or name
+MODE_DECLARATION_MAP = "mode_declaration_map"  # mode -> policy | {policy, after, otherwise}
+CAPABILITY_MAP = "capability_map"  # name -> bool | {after: ACTION}
+LABEL_MAP = "label_map"  # label -> backend name
+FACT_TESTS = "fact_tests"  # fact -> bool | int | {gt|ge|lt|le|eq: int} | name(s)
 # Nested sections:
 FLAG_MAP = "flag_map"
+FACT_MAP = "fact_map"
 SPEC_MAP = "spec_map"
 BACKEND_MAP = "backend_map"
 GATE_LIST = "gate_list"
 WHEN = "when"
+ROUTES = "routes"
 
 
 @attrs.frozen
@@ -84,6 +92,12 @@ TOP_KEYS: tuple[Key, ...] = (
         required=True,
     ),
     Key("flags", FLAG_MAP, "Operator switches, by name."),
+    Key(
+        "facts",
+        FACT_MAP,
+        "Per-batch facts, by name: values known only when a batch runs (a query-token count, "
+        "whether a per-batch action succeeded, which child a router picked).",
+    ),
     Key("spec_algorithms", SPEC_MAP, "Speculative decoding algorithms, by name."),
     Key("backends", BACKEND_MAP, "Attention backends and where their shared reads end, by name."),
     Key("gates", GATE_LIST, "Global gates: conditions that make a decision later, never earlier."),
@@ -95,8 +109,23 @@ FLAG_KEYS: tuple[Key, ...] = (
         "env",
         ENV_LIST,
         "Environment variables that set the flag, the WARPOLICY_* name first, "
-        "then aliases such as the anchor's SGLANG_* name; the first one set wins.",
+        "then aliases such as the anchor's SGLANG_* name; the first one set wins. An item "
+        "{not: NAME} is an inverted alias: NAME=1 sets the flag false (an opt-out switch).",
     ),
+    Key("doc", TEXT, _DOC_DOC, required=True),
+    Key("override", BOOL, _OVERRIDE_DOC),
+)
+
+FACT_KEYS: tuple[Key, ...] = (
+    Key(
+        "type",
+        FACT_TYPE,
+        "int (tested against thresholds), bool, action (whether a per-batch action the runner "
+        "performs succeeded: false, no report or an exception all mean it did not; tested "
+        "only for false) or name (e.g. the child a router picked).",
+        required=True,
+    ),
+    Key("values", NAME_LIST, "The names a name fact may take (gates and routers are checked)."),
     Key("doc", TEXT, _DOC_DOC, required=True),
     Key("override", BOOL, _OVERRIDE_DOC),
 )
@@ -105,9 +134,10 @@ SPEC_KEYS: tuple[Key, ...] = (
     Key("family", NAME, "Family the algorithm belongs to (gates can match on it)."),
     Key(
         "capabilities",
-        BOOL_MAP,
+        CAPABILITY_MAP,
         "Capability name -> bool, e.g. target_verify_read_done, "
-        "prefill_read_done; an undeclared capability is false.",
+        "prefill_read_done; an undeclared capability is false. {after: ACTION}: the "
+        "algorithm has it only for a batch whose per-batch action succeeded.",
     ),
     Key(
         "last_reader",
@@ -123,9 +153,11 @@ SPEC_KEYS: tuple[Key, ...] = (
 BACKEND_KEYS: tuple[Key, ...] = (
     Key(
         "reads_end",
-        MODE_POLICY_MAP,
+        MODE_DECLARATION_MAP,
         "Forward mode -> where the backend's last read of "
-        "scheduler-shared state ends; an undeclared mode is none (not audited).",
+        "scheduler-shared state ends; an undeclared mode is none (not audited). "
+        "{policy: P, after: ACTION, otherwise: Q}: P holds only for a batch whose per-batch "
+        "action succeeded, else Q (default none).",
     ),
     Key(
         "inherits",
@@ -143,6 +175,13 @@ BACKEND_KEYS: tuple[Key, ...] = (
         "per_mode",
         MODE_NAME_MAP,
         "Per-mode wrapper: forward mode -> the child backend that runs that mode.",
+    ),
+    Key(
+        "routes",
+        ROUTES,
+        "Per-batch router: the child that runs is chosen per batch and named by a name fact; "
+        "the latest of every child it may route to unless the batch's fact names one (and the "
+        "router is pinned). Not together with inherits, latest_of or per_mode.",
     ),
     Key(
         "plant",
@@ -195,6 +234,37 @@ WHEN_KEYS: tuple[Key, ...] = (
     Key("eager", BOOL, "The forward runs eagerly (no captured graph)."),
     Key("planted", BOOL, "The read-done node was planted in the captured graph."),
     Key("external_events", BOOL, "The platform supports external (in-graph) events."),
+    Key(
+        "facts",
+        FACT_TESTS,
+        "Per-batch fact name -> test, all must hold: true/false (bool; an action only false), "
+        "an integer or {gt, ge, lt, le, eq: N} (int), a name or a list of names (name). A fact "
+        "the batch does not report passes every test (fail closed).",
+    ),
+)
+
+ROUTE_KEYS: tuple[Key, ...] = (
+    Key("fact", NAME, "The name fact whose per-batch value is the label of the child.", True),
+    Key("children", LABEL_MAP, "Label -> the child backend it names.", required=True),
+    Key("modes", MODE_SET, "Modes routed per batch (left out: every mode)."),
+    Key("default", NAME, "The label of the child that runs every mode not routed."),
+    Key(
+        "pinned",
+        BOOL,
+        "The child chosen for a batch runs every layer of that forward (chosen once at "
+        "metadata init and reused). Only a pinned router's fact narrows the decision; validate "
+        "warns about a router without it.",
+    ),
+)
+
+DECLARATION_KEYS: tuple[Key, ...] = (
+    Key("policy", POLICY, "The read end once the action succeeded.", required=True),
+    Key("after", NAME, "The action fact that must have succeeded for the batch.", required=True),
+    Key("otherwise", POLICY, "The read end for any other batch (default none)."),
+)
+
+CAPABILITY_AFTER_KEYS: tuple[Key, ...] = (
+    Key("after", NAME, "The action fact that must have succeeded for the batch.", required=True),
 )
 
 #: Backend keys that must not appear together (a per-mode wrapper neither inherits nor is a
@@ -202,17 +272,27 @@ WHEN_KEYS: tuple[Key, ...] = (
 EXCLUSIVE_BACKEND_KEYS: tuple[tuple[str, str], ...] = (
     ("latest_of", "per_mode"),
     ("per_mode", "inherits"),
+    ("routes", "inherits"),
+    ("routes", "latest_of"),
+    ("routes", "per_mode"),
 )
 
 #: Every section the loader validates, by the name used in messages and schema ``$defs``.
 SECTIONS: Mapping[str, tuple[Key, ...]] = {
     "registry": TOP_KEYS,
     "flag": FLAG_KEYS,
+    "fact": FACT_KEYS,
     "spec_algorithm": SPEC_KEYS,
     "backend": BACKEND_KEYS,
     "gate": GATE_KEYS,
     "when": WHEN_KEYS,
+    "routes": ROUTE_KEYS,
+    "declaration": DECLARATION_KEYS,
+    "capability_after": CAPABILITY_AFTER_KEYS,
 }
+
+#: The comparisons of an int fact test (``{gt: N}``), as the loader and the schema spell them.
+COMPARISON_KEYS: tuple[str, ...] = ("gt", "ge", "lt", "le", "eq")
 
 
 def keys_by_name(section: str) -> dict[str, Key]:
@@ -265,6 +345,29 @@ def _delegated_or_declared() -> list[dict]:
     ]
 
 
+def _otherwise_later() -> list[dict]:
+    """A declaration's ``otherwise`` (default none) is later than its ``policy``, under any
+    spelling of either."""
+    spellings: dict[int, list[str]] = {}
+    for name, policy in _POLICY_ALIASES.items():
+        spellings.setdefault(int(policy), []).append(name)
+    rules = []
+    for level in sorted(spellings):
+        not_later = [n for lvl in sorted(spellings) if lvl <= level for n in spellings[lvl]]
+        rules.append(
+            {
+                "if": {"properties": {"policy": {"enum": spellings[level]}}},
+                "then": {
+                    "required": ["otherwise"],
+                    "properties": {"otherwise": {"not": {"enum": not_later}}},
+                }
+                if level == max(spellings)
+                else {"properties": {"otherwise": {"not": {"enum": not_later}}}},
+            }
+        )
+    return rules
+
+
 def _mode_map(values: dict) -> dict:
     """mode -> value; a mode may be written once, under its name or one alias."""
     spellings = _spellings()
@@ -286,6 +389,19 @@ def _kind_schema(kind: str) -> dict:
     """JSON Schema fragment for a value kind (nested sections are ``$ref``s)."""
     name = {"$ref": "#/$defs/name"}
     placement = {"enum": [p.value for p in Placement]}
+    comparisons = {
+        "type": "object",
+        "propertyNames": {"enum": list(COMPARISON_KEYS)},
+        "additionalProperties": {"type": "integer"},
+        "minProperties": 1,
+    }
+    env_name = {"type": "string", "pattern": ENV_PATTERN}
+    inverted = {
+        "type": "object",
+        "properties": {"not": env_name},
+        "required": ["not"],
+        "additionalProperties": False,
+    }
     table: dict[str, dict] = {
         VERSION: {"type": "integer", "const": FORMAT_VERSION},
         BOOL: {"type": "boolean"},
@@ -294,23 +410,55 @@ def _kind_schema(kind: str) -> dict:
         POLICY: {"$ref": "#/$defs/policy"},
         NAME_LIST: {"type": "array", "items": name, "minItems": 1, "uniqueItems": True},
         NAME_SET: _one_or_many(name),
-        ENV_LIST: _one_or_many({"type": "string", "pattern": ENV_PATTERN}, unique=True),
+        ENV_LIST: _one_or_many({"oneOf": [env_name, inverted]}, unique=True),
         POLICY_SET: _one_or_many({"$ref": "#/$defs/policy"}),
         MODE_SET: _one_or_many({"$ref": "#/$defs/mode"}),
         MODE_POLICY_MAP: _mode_map({"$ref": "#/$defs/policy"}),
         MODE_NAME_MAP: _mode_map(name),
         PLANT: {"oneOf": [placement, _mode_map(placement)]},
         LAST_READER: {"enum": [ForwardMode.DRAFT_EXTEND.value, ForwardMode.TARGET_VERIFY.value]},
+        FACT_TYPE: {"enum": [t.value for t in FactType]},
+        MODE_DECLARATION_MAP: _mode_map(
+            {"oneOf": [{"$ref": "#/$defs/policy"}, {"$ref": "#/$defs/declaration"}]}
+        ),
+        CAPABILITY_MAP: {
+            "type": "object",
+            "propertyNames": name,
+            "additionalProperties": {
+                "oneOf": [{"type": "boolean"}, {"$ref": "#/$defs/capability_after"}]
+            },
+        },
+        LABEL_MAP: {
+            "type": "object",
+            "propertyNames": name,
+            "additionalProperties": name,
+            "minProperties": 1,
+        },
+        FACT_TESTS: {
+            "type": "object",
+            "propertyNames": name,
+            "additionalProperties": {
+                "oneOf": [
+                    {"type": "boolean"},
+                    {"type": "integer"},
+                    comparisons,
+                    name,
+                    {"type": "array", "items": name, "minItems": 1},
+                ]
+            },
+        },
         BOOL_MAP: {
             "type": "object",
             "propertyNames": name,
             "additionalProperties": {"type": "boolean"},
         },
         FLAG_MAP: _named_map("flag"),
+        FACT_MAP: _named_map("fact"),
         SPEC_MAP: _named_map("spec_algorithm"),
         BACKEND_MAP: _named_map("backend"),
         GATE_LIST: {"type": ["array", "null"], "items": {"$ref": "#/$defs/gate"}},
         WHEN: {"$ref": "#/$defs/when"},
+        ROUTES: {"$ref": "#/$defs/routes"},
     }
     return table[kind]
 
@@ -344,11 +492,17 @@ def _section_schema(section: str, description: str) -> dict:
 
 _SECTION_DOCS = {
     "flag": "An operator switch: a default plus the environment variables that set it.",
+    "fact": "A per-batch fact: a value the runner knows only when a batch runs, with its type.",
     "spec_algorithm": "A speculative algorithm and the capabilities gates test.",
-    "backend": "An attention backend: plain (reads_end, inherits), composite (latest_of) or "
-    "per-mode (per_mode); per_mode excludes latest_of and inherits.",
+    "backend": "An attention backend: plain (reads_end, inherits), composite (latest_of), "
+    "per-mode (per_mode) or per-batch router (routes); per_mode and routes exclude latest_of "
+    "and inherits, and each other.",
     "gate": "A condition that can only make a decision later (at_least), with a human reason.",
     "when": "Gate conditions; every key given must hold.",
+    "routes": "A per-batch router: the fact naming the child, the children by label, the modes "
+    "routed per batch and the child every other mode runs.",
+    "declaration": "A read end that holds only after a per-batch action succeeded.",
+    "capability_after": "A capability the algorithm has only after a per-batch action succeeded.",
 }
 
 
@@ -381,6 +535,10 @@ def registry_json_schema() -> dict:
         ]
     }
     defs["backend"]["allOf"] = _delegated_or_declared()
+    defs["declaration"]["allOf"] = _otherwise_later()
+    defs["fact"]["if"] = {"properties": {"type": {"not": {"const": FactType.NAME.value}}}}
+    defs["fact"]["then"] = {"not": {"required": ["values"]}}
+    defs["routes"]["dependentRequired"] = {"default": ["modes"]}
     top = _section_schema("registry", "A warpolicy capability registry (capabilities.yaml).")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

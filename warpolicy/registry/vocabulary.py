@@ -1,4 +1,5 @@
-"""The two vocabularies every other module speaks: read-done policies and forward modes.
+"""The vocabularies every other module speaks: read-done policies, forward modes, placements
+and the types of per-batch facts.
 
 `WarReadDonePolicy` is ordered by *lateness*: a later point is always safe where an earlier
 one is, so every rule in the engine is a ``max`` over these values.
@@ -123,3 +124,24 @@ TABLE_MODES: tuple[ForwardMode, ...] = (
 
 def mode_names() -> list[str]:
     return list(_MODE_ALIASES)
+
+
+class FactType(str, enum.Enum):
+    """The type of a per-batch fact (a value known only when a batch runs).
+
+    ``INT``: an integer, tested against thresholds (e.g. the batch's query-token count).
+    ``BOOL``: true or false, set by the runner from the batch.
+    ``ACTION``: whether a per-batch action the runner performs (a snapshot, a staging copy)
+    succeeded; true only when the action reported success, so false, no report or an exception
+    all count as false.
+    ``NAME``: a name, e.g. which child a per-batch router picked.
+    """
+
+    INT = "int"
+    BOOL = "bool"
+    ACTION = "action"
+    NAME = "name"
+
+    @property
+    def label(self) -> str:
+        return self.value

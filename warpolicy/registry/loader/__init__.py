@@ -36,7 +36,7 @@ from warpolicy.registry.loader.fragments import (
 )
 from warpolicy.registry.loader.merge import Merger
 from warpolicy.registry.loader.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, Document
-from warpolicy.registry.model import Registry
+from warpolicy.registry.model import Registry, registry_warnings
 
 __all__ = [
     "DEFAULT",
@@ -58,6 +58,7 @@ __all__ = [
     "plugin_fragments",
     "registry_sources",
     "validate_sources",
+    "validate_warnings",
 ]
 
 #: The token that names the packaged default registry among ``--capabilities`` files or in
@@ -159,6 +160,14 @@ def validate_sources(sources: Sequence[Source]) -> list[Problem]:
     return _load(sources)[1]
 
 
+def validate_warnings(sources: Sequence[Source]) -> list[Problem]:
+    """What is valid in ``sources`` but hazardous (`warpolicy.registry.model.registry_warnings`:
+    a per-batch router whose choice may change inside one forward); empty when they do not
+    load (`validate_sources` reports that)."""
+    registry, problems = _load(sources)
+    return [] if registry is None or problems else registry_warnings(registry)
+
+
 def document_problems(source: Source) -> list[Problem]:
     """The problems of one source on its own, before layering: what the JSON Schema
     (`warpolicy.registry.schema.registry_json_schema`) checks, found by the same stages that load it.
@@ -172,7 +181,8 @@ def document_problems(source: Source) -> list[Problem]:
 
 def env_flag_problems(registry: Registry, environ: Mapping[str, str]) -> list[Problem]:
     """Environment variables of declared flags whose value is not a boolean, located at the
-    flag (the engine would refuse them; ``validate`` reports them all at once)."""
+    flag (the engine would refuse them; ``validate`` reports them all at once). An empty or
+    blank value counts as unset, as in the engine."""
     found = []
     for flag in registry.flags.values():
         for var in flag.env:

@@ -1,5 +1,5 @@
-"""Stage 3 of loading: one source's converted sections -> entries (flags, spec algorithms,
-backends, gates), each with its origin, its key path and the names it refers to.
+"""Stage 3 of loading: one source's converted sections -> entries (flags, per-batch facts, spec
+algorithms, backends, gates), each with its origin, its key path and the names it refers to.
 
 An entry with any invalid field is left out, but its name is remembered (``broken``) so a
 reference to it is not reported a second time, and the references it makes are still checked
@@ -15,44 +15,57 @@ from yaml.nodes import Node, SequenceNode
 
 from warpolicy.errors import Problem
 from warpolicy.registry.loader.fields import (
+    Capability,
     Converter,
+    EnvName,
     Fields,
     Located,
     Raw,
+    ReadEnd,
     Reporter,
     is_null,
     join,
 )
 from warpolicy.registry.model import (
+    After,
     Backend,
     Conditions,
+    Fact,
+    FactTest,
     Flag,
     Gate,
     Origin,
+    Route,
     SpecAlgorithm,
     shape_problems,
 )
-from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
 
 
 @attrs.frozen
 class Ref:
     """A name one entry refers to, checked once every source is merged."""
 
-    kind: str  # backend | spec algorithm | spec family | capability | flag
+    kind: str  # backend | spec algorithm | spec family | capability | flag | fact | route label
     name: str
     origin: Origin
     path: str
+    #: a fact reference: what the fact must be (``action``, ``name``, or a test's kind:
+    #: ``bool``, ``int``, ``name``), and the names a test or router uses (checked against
+    #: the fact's ``values``); ``true_test``: a test for true (refused for actions)
+    want: str = ""
+    values: tuple[str, ...] = ()
+    true_test: bool = False
 
 
-Value = Union[Flag, SpecAlgorithm, Backend, Gate]
+Value = Union[Flag, Fact, SpecAlgorithm, Backend, Gate]
 
 
 @attrs.frozen
 class Entry:
     """A flag, spec algorithm, backend or gate from one source, before merging."""
 
-    kind: str  # flag | spec algorithm | backend | gate
+    kind: str  # flag | fact | spec algorithm | backend | gate
     name: str
     value: Value
     origin: Origin
@@ -70,13 +83,14 @@ class Parsed:
     """Everything one source contributes."""
 
     name: str
-    entries: tuple[Entry, ...]  # flags, spec algorithms, backends, then global gates
+    entries: tuple[Entry, ...]  # flags, facts, spec algorithms, backends, then global gates
     broken: frozenset[tuple[str, str]]  # (kind, name) of entries left out for problems
     orphan_refs: tuple[Ref, ...]
 
 
 _SECTIONS = (
     ("flags", "flag", "flag"),
+    ("facts", "fact", "fact"),
     ("spec_algorithms", "spec_algorithm", "spec algorithm"),
     ("backends", "backend", "backend"),
 )
@@ -107,6 +121,7 @@ class EntryBuilder:
             return None
         builders: dict[str, Callable[[str, Fields, Origin, str], Optional[Entry]]] = {
             "flag": self.flag,
+            "fact": self.fact,
             "spec_algorithm": self.spec,
             "backend": self.backend,
         }
@@ -148,13 +163,14 @@ class EntryBuilder:
     def flag(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
         if not f.ok:
             return None
-        env: list[Located[str]] = f.get("env", list) or []
+        env: list[Located[EnvName]] = f.get("env", list) or []
         flag = Flag(
             name=name,
             default=bool(f.get("default", bool)),
             doc=f.get("doc", str) or "",
-            env=tuple(e.value for e in env),
+            env=tuple(e.value.name for e in env),
             origin=origin,
+            inverted=frozenset(e.value.name for e in env if e.value.inverted),
         )
         return Entry(
             "flag",
@@ -167,40 +183,90 @@ class EntryBuilder:
             env_origins=tuple(e.origin for e in env),
         )
 
-    def spec(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+    def fact(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
         if not f.ok:
             return None
+        kind = f.get("type", FactType)
+        values: Optional[list[Located[str]]] = f.get("values", list)
+        if kind is None:
+            return None
+        if values is not None and kind is not FactType.NAME:
+            self.report.at(values[0].origin, f"{path}.values", "only a name fact lists values")
+            return None
+        fact = Fact(
+            name=name,
+            type=kind,
+            doc=f.get("doc", str) or "",
+            values=None if values is None else frozenset(v.value for v in values),
+            origin=origin,
+        )
+        return Entry("fact", name, fact, origin, path, bool(f.get("override", bool)), self.index)
+
+    def spec(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+        caps: dict[str, Located[Capability]] = f.get("capabilities", dict) or {}
+        refs = [
+            Ref("fact", c.value.after.value, c.value.after.origin, f"{path}.capabilities.{n}.after",
+                want="action")
+            for n, c in caps.items()
+            if c.value.after is not None
+        ]  # fmt: skip
+        if not f.ok:
+            self.orphan_refs.extend(refs)
+            return None
         family = f.get("family", Located)
-        caps: dict[str, Located[bool]] = f.get("capabilities", dict) or {}
         spec = SpecAlgorithm(
             name=name,
             family=family.value if family else None,
-            capabilities={c: v.value for c, v in caps.items()},
+            capabilities={c: bool(v.value.value) for c, v in caps.items() if v.value.after is None},
             doc=f.get("doc", str) or "",
             origin=origin,
             last_reader=f.get("last_reader", ForwardMode),
+            capabilities_after={
+                c: v.value.after.value for c, v in caps.items() if v.value.after is not None
+            },
         )
         return Entry(
-            "spec algorithm", name, spec, origin, path, bool(f.get("override", bool)), self.index
+            "spec algorithm",
+            name,
+            spec,
+            origin,
+            path,
+            bool(f.get("override", bool)),
+            self.index,
+            tuple(refs),
         )
 
     def backend(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
         gates_raw = f.get("gates", Raw)
         gates = self.gate_list(gates_raw.node, f"{path}.gates", name) if gates_raw else []
-        refs = self.backend_refs(f, path)
-        if not f.ok:
+        routes_raw = f.get("routes", Raw)
+        routes = self.routes(routes_raw.node, f"{path}.routes") if routes_raw else None
+        refs = self.backend_refs(f, path) + (routes[1] if routes else [])
+        if not f.ok or (routes_raw is not None and routes is None):
             self.orphan_refs.extend(refs)
             self.orphan_refs.extend(r for g in gates for r in g.refs)
             return None
-        reads_end: dict[ForwardMode, Located[WarReadDonePolicy]] = f.get("reads_end", dict) or {}
+        reads_end: dict[ForwardMode, Located[ReadEnd]] = f.get("reads_end", dict) or {}
         per_mode: dict[ForwardMode, Located[Located[str]]] = f.get("per_mode", dict) or {}
         inherits = f.get("inherits", Located)
         plant: dict[ForwardMode, Placement] = f.get("plant", dict) or {}
         latest_of = tuple(c.value for c in f.get("latest_of", list) or [])
         delegates = {m: c.value.value for m, c in per_mode.items()}
         parent = inherits.value if inherits else None
+        route = routes[0] if routes else None
+        policies = {m: p.value.policy for m, p in reads_end.items()}
+        after = {
+            m: After(p.value.after.value, p.value.otherwise)
+            for m, p in reads_end.items()
+            if p.value.after is not None
+        }
         shape = shape_problems(
-            reads_end=reads_end, inherits=parent, latest_of=latest_of, per_mode=delegates
+            reads_end=policies,
+            inherits=parent,
+            latest_of=latest_of,
+            per_mode=delegates,
+            routes=route,
+            reads_end_after=after,
         )
         for key, mode, message in shape:
             at = per_mode[mode].origin if mode is not None and mode in per_mode else origin
@@ -210,7 +276,7 @@ class EntryBuilder:
             return None
         backend = Backend(
             name=name,
-            reads_end={m: p.value for m, p in reads_end.items()},
+            reads_end=policies,
             inherits=parent,
             latest_of=latest_of,
             per_mode=delegates,
@@ -219,6 +285,8 @@ class EntryBuilder:
             origin=origin,
             plant=plant,
             reads_end_origins={m: p.origin for m, p in reads_end.items()},
+            reads_end_after=after,
+            routes=route,
         )
         return Entry(
             "backend",
@@ -245,7 +313,46 @@ class EntryBuilder:
         for mode, keyed in per_mode.items():
             child = keyed.value
             refs.append(Ref("backend", child.value, child.origin, f"{path}.per_mode.{mode.label}"))
+        reads_end: dict[ForwardMode, Located[ReadEnd]] = f.get("reads_end", dict) or {}
+        for mode, declared in reads_end.items():
+            action = declared.value.after
+            if action is not None:
+                where = f"{path}.reads_end.{mode.label}.after"
+                refs.append(Ref("fact", action.value, action.origin, where, want="action"))
         return refs
+
+    def routes(self, node: Node, path: str) -> Optional[tuple[Route, list[Ref]]]:
+        """A router's ``routes:`` and the names it refers to (its fact and its children)."""
+        f = self.convert.section(node, path, "routes")
+        if f is None:
+            return None
+        fact = f.get("fact", Located)
+        children: dict[str, Located[Located[str]]] = f.get("children", dict) or {}
+        default = f.get("default", Located)
+        refs = [
+            Ref("backend", c.value.value, c.value.origin, f"{path}.children.{label}")
+            for label, c in children.items()
+        ]
+        if fact is not None:
+            refs.append(
+                Ref("fact", fact.value, fact.origin, f"{path}.fact", "name", tuple(children))
+            )
+        if default is not None:
+            where = f"{path}.default"
+            refs.append(
+                Ref("route label", default.value, default.origin, where, "", tuple(children))
+            )
+        if not f.ok or fact is None or not children:
+            self.orphan_refs.extend(refs)
+            return None
+        route = Route(
+            fact=fact.value,
+            children={label: c.value.value for label, c in children.items()},
+            modes=f.get("modes", frozenset),
+            default=None if default is None else default.value,
+            pinned=bool(f.get("pinned", bool)),
+        )
+        return route, refs
 
     def gate_list(self, node: Node, path: str, scope: Optional[str]) -> list[Entry]:
         if is_null(node):
@@ -308,6 +415,19 @@ class EntryBuilder:
         refs: list[Ref] = []
         flags: dict[str, Located[bool]] = f.get("flags", dict) or {}
         refs += [Ref("flag", n, v.origin, f"{path}.flags") for n, v in flags.items()]
+        tests: dict[str, Located[FactTest]] = f.get("facts", dict) or {}
+        refs += [
+            Ref(
+                "fact",
+                n,
+                t.origin,
+                f"{path}.facts.{n}",
+                t.value.kind,
+                tuple(sorted(t.value.names or ())),
+                t.value.equals is True,
+            )
+            for n, t in tests.items()
+        ]
         sets: dict[str, Optional[frozenset[str]]] = {}
         for key, kind in _WHEN_REFS.items():
             names: Optional[list[Located[str]]] = f.get(key, list)
@@ -319,11 +439,17 @@ class EntryBuilder:
             return None
         conditions = Conditions(
             mode=f.get("mode", frozenset),
+            backend=sets["backend"],
+            spec=sets["spec"],
+            spec_family=sets["spec_family"],
+            spec_has=sets["spec_has"],
+            spec_lacks=sets["spec_lacks"],
             flags={n: v.value for n, v in flags.items()},
             declared=f.get("declared", frozenset),
+            platform=sets["platform"],
             eager=f.get("eager", bool),
             planted=f.get("planted", bool),
             external_events=f.get("external_events", bool),
-            **sets,
+            facts={n: t.value for n, t in tests.items()},
         )
         return conditions, refs

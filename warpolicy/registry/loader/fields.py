@@ -5,27 +5,26 @@ converter returns the value, or None after recording why it is invalid: no regis
 None, so None means "invalid, already reported" and callers never report twice. Names keep
 where they were written (`Located`), so a later reference check can point at them.
 
-Over 400 lines: one converter per schema kind, each recording located problems; they share
-the alias memo.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Callable, Generic, Mapping, Optional, TypeVar
+from typing import Callable, Generic, Iterable, Mapping, Optional, TypeVar
 
 import attrs
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from warpolicy.errors import Problem, UnknownNameError
+from warpolicy.errors import InputError, Problem, UnknownNameError
 from warpolicy.registry import schema as S
 from warpolicy.registry.loader.reading import BOOL, FLOAT, INT, NULL, STR, TAG
-from warpolicy.registry.model import Origin
+from warpolicy.registry.model import FactTest, Origin
 from warpolicy.registry.vocabulary import (
     _MODE_ALIASES,
     _POLICY_ALIASES,
+    FactType,
     ForwardMode,
     Placement,
     WarReadDonePolicy,
@@ -54,6 +53,31 @@ class Raw:
 
     key: ScalarNode
     node: Node
+
+
+@attrs.frozen
+class EnvName:
+    """An environment variable a flag reads; ``inverted``: written ``{not: NAME}``."""
+
+    name: str
+    inverted: bool = False
+
+
+@attrs.frozen
+class ReadEnd:
+    """One ``reads_end`` value: a policy, optionally only ``after`` an action."""
+
+    policy: WarReadDonePolicy
+    after: Optional[Located[str]] = None
+    otherwise: WarReadDonePolicy = WarReadDonePolicy.NONE
+
+
+@attrs.frozen
+class Capability:
+    """One ``capabilities`` value: true/false, or only ``after`` an action (``value`` None)."""
+
+    value: Optional[bool]
+    after: Optional[Located[str]] = None
 
 
 def join(path: str, key: str) -> str:
@@ -152,6 +176,11 @@ class Converter:
             S.BOOL_MAP: self.bool_map,
             S.PLANT: self.plant,
             S.LAST_READER: self.last_reader,
+            S.FACT_TYPE: self.fact_type,
+            S.MODE_DECLARATION_MAP: self.mode_declaration_map,
+            S.CAPABILITY_MAP: self.capability_map,
+            S.LABEL_MAP: self.label_map,
+            S.FACT_TESTS: self.fact_tests,
         }
         self.keys = {section: S.keys_by_name(section) for section in S.SECTIONS}
         #: converted values by (node, kind): a node shared through YAML aliases is converted
@@ -232,7 +261,7 @@ class Converter:
         result = self.memo[memo_key] = convert(node, path)
         return result
 
-    def unknown_key(self, key: ScalarNode, path: str, known: Mapping[str, S.Key]) -> None:
+    def unknown_key(self, key: ScalarNode, path: str, known: Iterable[str]) -> None:
         close = difflib.get_close_matches(str(key.value), list(known), n=3, cutoff=0.6)
         hint = (
             "; did you mean " + ", ".join(repr(c) for c in close) + "?"
@@ -334,14 +363,33 @@ class Converter:
         readers = {m.value: m for m in (ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)}
         return self._spelling(node, path, readers, "last reader", "draft_extend or target_verify")
 
-    def env_name(self, node: Node, path: str) -> Optional[Located[str]]:
+    def fact_type(self, node: Node, path: str) -> Optional[FactType]:
+        return self._spelling(
+            node,
+            path,
+            {t.value: t for t in FactType},
+            "fact type",
+            "a fact type (int, bool, action, name)",
+        )
+
+    def env_name(self, node: Node, path: str) -> Optional[Located[EnvName]]:
+        """``NAME`` or ``{not: NAME}`` (an inverted alias: NAME=1 sets the flag false)."""
+        inverted = False
+        if isinstance(node, MappingNode):
+            pairs = self.pairs(node, path, "{not: NAME}")
+            if pairs is None or not pairs.ok:
+                return None
+            if [k.value for k, _v in pairs] != ["not"]:
+                self.report.on(node, path, "expected {not: NAME}, a single key 'not'")
+                return None
+            node, inverted, path = pairs[0][1], True, join(path, "not")
         if not (isinstance(node, ScalarNode) and node.tag == STR):
-            self.report.expected(node, path, "an environment variable name")
+            self.report.expected(node, path, "an environment variable name or {not: NAME}")
             return None
         if not ENV_RE.match(node.value):
             self.report.on(node, path, f"{node.value!r} is not an environment variable name")
             return None
-        return Located(node.value, self.report.origin(node))
+        return Located(EnvName(node.value, inverted), self.report.origin(node))
 
     # -- collections --
 
@@ -370,16 +418,17 @@ class Converter:
         return [v for v in values if v is not None]
 
     def _unique(
-        self, values: Optional[list[Located[str]]], path: str
-    ) -> Optional[list[Located[str]]]:
+        self, values: Optional[list[Located[T]]], path: str, key: Callable[[T], str] = str
+    ) -> Optional[list[Located[T]]]:
         if values is None:
             return None
         seen: set[str] = set()
         for item in values:
-            if item.value in seen:
-                self.report.at(item.origin, path, f"{item.value!r} is listed twice")
+            name = key(item.value)
+            if name in seen:
+                self.report.at(item.origin, path, f"{name!r} is listed twice")
                 return None
-            seen.add(item.value)
+            seen.add(name)
         return values
 
     def name_list(self, node: Node, path: str) -> Optional[list[Located[str]]]:
@@ -388,10 +437,11 @@ class Converter:
     def name_set(self, node: Node, path: str) -> Optional[list[Located[str]]]:
         return self._many(node, path, self.name, True, "a name or a list of names")
 
-    def env_list(self, node: Node, path: str) -> Optional[list[Located[str]]]:
+    def env_list(self, node: Node, path: str) -> Optional[list[Located[EnvName]]]:
         return self._unique(
             self._many(node, path, self.env_name, True, "a list of environment variable names"),
             path,
+            key=lambda env: f"{{not: {env.name}}}" if env.inverted else env.name,
         )
 
     def policy_set(self, node: Node, path: str) -> Optional[frozenset[WarReadDonePolicy]]:
@@ -461,3 +511,143 @@ class Converter:
             else:
                 out[name] = Located(parsed, self.report.origin(key))
         return out if ok else None
+
+    # -- per-batch declarations --
+
+    def mode_declaration_map(
+        self, node: Node, path: str
+    ) -> Optional[dict[ForwardMode, Located[ReadEnd]]]:
+        """mode -> a policy, or ``{policy, after, otherwise}``."""
+        return self._mode_map(node, path, self.read_end)
+
+    def read_end(self, node: Node, path: str) -> Optional[ReadEnd]:
+        if not isinstance(node, MappingNode):
+            policy = self.policy(node, path)
+            return None if policy is None else ReadEnd(policy)
+        fields = self.section(node, path, "declaration")
+        if fields is None or not fields.ok:
+            return None
+        policy = fields.get("policy", WarReadDonePolicy)
+        after = fields.get("after", Located)
+        otherwise = fields.get("otherwise", WarReadDonePolicy)
+        if policy is None or after is None:
+            return None
+        if otherwise is None:
+            otherwise = WarReadDonePolicy.NONE
+        if otherwise <= policy:
+            self.report.on(
+                node,
+                path,
+                f"otherwise ({otherwise.label}) must be later than policy ({policy.label}), or "
+                "the action would not matter",
+            )
+            return None
+        return ReadEnd(policy, after, otherwise)
+
+    def capability_map(self, node: Node, path: str) -> Optional[dict[str, Located[Capability]]]:
+        """name -> true/false, or ``{after: ACTION}``."""
+        pairs = self.pairs(node, path, "a mapping of capability -> true/false or {after: ACTION}")
+        if pairs is None:
+            return None
+        out: dict[str, Located[Capability]] = {}
+        ok = pairs.ok
+        for key, value in pairs:
+            name = self.key_name(key, path, "capability")
+            sub = join(path, key.value)
+            parsed: Optional[Capability] = None
+            if isinstance(value, MappingNode):
+                fields = self.section(value, sub, "capability_after")
+                after = fields.get("after", Located) if fields is not None and fields.ok else None
+                parsed = None if after is None else Capability(None, after)
+            else:
+                flag = self.boolean(value, sub)
+                parsed = None if flag is None else Capability(flag)
+            if name is None or parsed is None:
+                ok = False
+            else:
+                out[name] = Located(parsed, self.report.origin(key))
+        return out if ok else None
+
+    def label_map(self, node: Node, path: str) -> Optional[dict[str, Located[Located[str]]]]:
+        """label -> backend name, each with where it was written."""
+        pairs = self.pairs(node, path, "a mapping of label -> backend")
+        if pairs is None:
+            return None
+        if not pairs and pairs.ok:
+            self.report.on(node, path, "an empty mapping; a router routes to at least one child")
+            return None
+        out: dict[str, Located[Located[str]]] = {}
+        ok = pairs.ok
+        for key, value in pairs:
+            label = self.key_name(key, path, "label")
+            child = self.name(value, join(path, key.value))
+            if label is None or child is None:
+                ok = False
+            else:
+                out[label] = Located(child, self.report.origin(key))
+        return out if ok else None
+
+    def fact_tests(self, node: Node, path: str) -> Optional[dict[str, Located[FactTest]]]:
+        """fact -> true/false, an integer, ``{gt|ge|lt|le|eq: N}``, a name or a list of names."""
+        pairs = self.pairs(node, path, "a mapping of fact -> test")
+        if pairs is None:
+            return None
+        out: dict[str, Located[FactTest]] = {}
+        ok = pairs.ok
+        for key, value in pairs:
+            name = self.key_name(key, path, "fact")
+            test = self.fact_test(value, join(path, key.value))
+            if name is None or test is None:
+                ok = False
+            else:
+                out[name] = Located(test, self.report.origin(key))
+        return out if ok else None
+
+    def fact_test(self, node: Node, path: str) -> Optional[FactTest]:
+        if isinstance(node, ScalarNode) and node.tag == BOOL:
+            return FactTest(equals=node.value.lower() in ("true", "yes", "on"))
+        if isinstance(node, ScalarNode) and node.tag in (INT, FLOAT):
+            number = self.integer(node, path)
+            return None if number is None else FactTest(compare=(("eq", number),))
+        if isinstance(node, MappingNode):
+            pairs = self.pairs(node, path, "comparisons such as {gt: 100}")
+            if pairs is None or not pairs.ok:
+                return None
+            if not pairs:
+                self.report.on(node, path, "no comparison; use gt, ge, lt, le or eq")
+                return None
+            compare = []
+            for key, value in pairs:
+                if key.value not in S.COMPARISON_KEYS:
+                    self.unknown_key(key, path, S.COMPARISON_KEYS)
+                    return None
+                number = self.integer(value, join(path, key.value))
+                if number is None:
+                    return None
+                compare.append((key.value, number))
+            return FactTest(compare=tuple(compare))
+        names = self._many(node, path, self.name, True, "a test: true/false, a number or names")
+        if names is None:
+            return None
+        try:
+            return FactTest(names=frozenset(n.value for n in names))
+        except InputError as exc:  # pragma: no cover - _many refuses empty lists
+            self.report.on(node, path, str(exc))
+            return None
+
+    def integer(self, node: Node, path: str) -> Optional[int]:
+        """An integer; an integral float (``2.0``) too, as JSON Schema's ``integer`` has it."""
+        constructor = yaml.constructor.SafeConstructor()
+        value: object = None
+        try:
+            if isinstance(node, ScalarNode) and node.tag == INT:
+                value = constructor.construct_yaml_int(node)
+            elif isinstance(node, ScalarNode) and node.tag == FLOAT:
+                number = constructor.construct_yaml_float(node)
+                value = int(number) if number == int(number) else None
+        except (ValueError, OverflowError):
+            value = None
+        if isinstance(value, int):
+            return value
+        self.report.expected(node, path, "an integer")
+        return None

@@ -1,6 +1,6 @@
 """Stage 4 of loading: layer the sources' entries, check what only the merged whole can show
-(references, cycles, inheritance from wrappers, one flag per environment variable), and build
-the frozen `Registry`.
+(references, per-batch facts of the right type, cycles, inheritance from wrappers, one flag per
+environment variable), and build the frozen `Registry`.
 
 Layering: a later source may add entries; redefining a name needs ``override: true``, and
 ``override: true`` on a name no earlier source defines is an error (it would silently add
@@ -19,7 +19,16 @@ import attrs
 
 from warpolicy.errors import Problem, RegistryError, UnknownNameError
 from warpolicy.registry.loader.entries import Entry, Parsed, Ref
-from warpolicy.registry.model import Backend, Flag, Gate, Origin, Registry, SpecAlgorithm
+from warpolicy.registry.model import (
+    Backend,
+    Fact,
+    Flag,
+    Gate,
+    Origin,
+    Registry,
+    SpecAlgorithm,
+)
+from warpolicy.registry.vocabulary import FactType
 
 #: Candidate comparisons all "did you mean" searches of one load may spend together (about
 #: 0.4 s of difflib at worst); a registry of 30 names affords over a thousand searches.
@@ -59,6 +68,7 @@ class Merger:
         self.problems = problems
         self.tables: dict[str, dict[str, Entry]] = {
             "flag": {},
+            "fact": {},
             "spec algorithm": {},
             "backend": {},
             "gate": {},
@@ -125,22 +135,73 @@ class Merger:
             "backend": backends,
             "spec algorithm": specs,
             "flag": self.tables["flag"],
+            "fact": self.tables["fact"],
             "spec family": {s.family for s in spec_values if s.family},
-            "capability": {c for s in spec_values for c in s.capabilities},
+            "capability": {c for s in spec_values for c in s.known_capabilities()},
         }
         broken: dict[str, set[str]] = {}
         for kind, name in self.broken:
             broken.setdefault(kind, set()).add(name)
         suggest = _Suggestions({k: set(v) | broken.get(k, set()) for k, v in known.items()})
         refs = [
-            r for kind in ("backend", "gate") for e in self.tables[kind].values() for r in e.refs
+            r
+            for kind in ("backend", "gate", "spec algorithm")
+            for e in self.tables[kind].values()
+            for r in e.refs
         ]
         for ref in refs + self.orphan_refs:
+            if ref.kind == "route label":  # a router's default names one of its own labels
+                if ref.name not in ref.values:
+                    known_labels = ", ".join(ref.values)
+                    self.at(ref.origin, ref.path, f"{ref.name!r} is not a label ({known_labels})")
+                continue
             if ref.name not in known[ref.kind] and ref.name not in broken.get(ref.kind, ()):
                 self.at(ref.origin, ref.path, str(suggest.error(ref.kind, ref.name)))
+            elif ref.kind == "fact":
+                self.check_fact_ref(ref)
         self.check_inheritance()
         self.check_env_names()
         self.check_cycles()
+
+    def check_fact_ref(self, ref: Ref) -> None:
+        """A per-batch fact is used as its type allows: ``after`` names an action, a router a
+        name fact, a test fits the fact (an action only for false), names are its values."""
+        entry = self.tables["fact"].get(ref.name)
+        fact = entry.value if entry is not None else None
+        if not isinstance(fact, Fact):
+            return  # broken: reported where it is declared
+        kind = fact.type
+        fits = {
+            "action": (FactType.ACTION,),
+            "name": (FactType.NAME,),
+            "bool": (FactType.BOOL, FactType.ACTION),
+            "int": (FactType.INT,),
+        }[ref.want]
+        if kind not in fits:
+            uses = {
+                "action": "after names an action fact",
+                "name": "a router names its child by a name fact",
+                "bool": "true/false tests a bool or action fact",
+                "int": "a number or comparison tests an int fact",
+            }[ref.want]
+            if ref.want == "name" and not ref.path.endswith(".fact"):
+                uses = "names test a name fact"
+            self.at(ref.origin, ref.path, f"fact {ref.name!r} is {kind.label}; {uses}")
+        elif kind is FactType.ACTION and ref.true_test:
+            self.at(
+                ref.origin,
+                ref.path,
+                f"fact {ref.name!r} is an action: test it only for false (the action did not "
+                "succeed), so success can only make a decision earlier",
+            )
+        elif fact.values is not None:
+            stray = [v for v in ref.values if v not in fact.values]
+            if stray:
+                self.at(
+                    ref.origin,
+                    ref.path,
+                    str(UnknownNameError(f"value of fact {ref.name!r}", stray[0], fact.values)),
+                )
 
     def check_inheritance(self) -> None:
         """``inherits`` names a plain backend: the engine inherits read ends, and a wrapper's
@@ -170,7 +231,9 @@ class Merger:
                 continue
             for var, origin in zip(entry.value.env, entry.env_origins, strict=True):
                 first = owners.setdefault(var, (entry.name, origin))
-                if first[0] != entry.name:
+                if first[0] == entry.name and first[1] != origin:
+                    self.at(origin, f"{entry.path}.env", f"{var} is listed twice (at {first[1]})")
+                elif first[0] != entry.name:
                     self.at(
                         origin,
                         f"{entry.path}.env",
@@ -225,6 +288,7 @@ class Merger:
             }
             return Registry(
                 flags={n: e.value for n, e in self.tables["flag"].items()},
+                facts={n: e.value for n, e in self.tables["fact"].items()},
                 spec_algorithms={n: e.value for n, e in self.tables["spec algorithm"].items()},
                 backends=backends,
                 gates=global_gates,
