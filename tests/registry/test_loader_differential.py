@@ -292,7 +292,9 @@ def mutated(draw) -> object:
     return doc
 
 
-@DIFF
+# `registries()` writes invalid documents on purpose; about one in seven is valid, so the seeds
+# of this test are filtered hard (hypothesis' filter health check failed about one run in six)
+@settings(DIFF, suppress_health_check=[*DIFF.suppress_health_check, HealthCheck.filter_too_much])
 @given(mutated())
 def test_mutated_valid_documents(doc):
     agree(doc)

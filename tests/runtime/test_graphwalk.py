@@ -278,9 +278,7 @@ def test_joining_successors_order_nothing_new_and_keep_the_graph_acyclic(case):
     frontier = reader_frontier(graph, readers)
     successors = joining_successors(graph, frontier)
     # oracle: brute-force descendants through ancestors(), not the function's own walk
-    common = {
-        c for c in range(len(graph.nodes)) if all(f in ancestors(graph, c) for f in frontier)
-    }
+    common = {c for c in range(len(graph.nodes)) if all(f in ancestors(graph, c) for f in frontier)}
     first = {c for c in common if not any(d in common for d in graph.nodes[c].deps)}
     assert set(successors) == first
     # the new node after the frontier, joined to the successors: still a DAG, and every
