@@ -26,6 +26,7 @@ Adding a runner fact: add the field to `Context` and `Conditions`, then declare 
 from __future__ import annotations
 
 import itertools
+import textwrap
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
@@ -328,11 +329,12 @@ class CellSpace:
         """Lines for a text report: what was compared and what was held fixed."""
         compared = ", ".join(self.axes) or "nothing beyond backend, mode and spec"
         most = max((len(c.settings) for c in self._all_columns()), default=1)
-        lines = [
+        text = (
             f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
             f"combination of what a gate tests in that mode and spec: {compared} (at most "
             f"{most} setting(s) per cell)"
-        ]
+        )
+        lines = textwrap.wrap(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
         lines += [f"held: {name} = {why}" for name, why in self.held]
         return lines
 
