@@ -411,7 +411,7 @@ class ShapeTrial:
         model_factory: Optional[ModelFactory] = None,
         policy: Any = None,
     ) -> None:
-        from warpolicy.audit.subject import StalledModel
+        from warpolicy.audit.subject import stalled_model
         from warpolicy.runtime.canary import Canary, CanaryConfig
         from warpolicy.runtime.observers import NO_OBSERVERS
         from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
@@ -425,7 +425,7 @@ class ShapeTrial:
         model.canary_tolerance = tolerance
         self.plan = plan = RacePlan(model, steps, batch)
         self.canary = Canary(platform, CanaryConfig(rate=1.0, seed=0), observers=observers)
-        adapter = StalledModel(model, stall) if stall is not None else model
+        adapter = stalled_model(model, stall) if stall is not None else model
         post = model.layout.reread_after_replay
         runner = DecodeRunner(
             adapter,

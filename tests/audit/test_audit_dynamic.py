@@ -4,17 +4,28 @@ presenting the simulated platform under another name."""
 
 from __future__ import annotations
 
+import inspect
+
 import attrs
 import pytest
 import torch
 
 import warpolicy.audit.dynamic as dynamic
 import warpolicy.audit.static as static
-from warpolicy.audit import MIN_TRIALS, AuditSubject, StalledModel, Verdict, run_audit
+from warpolicy.audit import (
+    MIN_TRIALS,
+    AuditSubject,
+    StalledModel,
+    Verdict,
+    run_audit,
+    stalled_model,
+)
 from warpolicy.audit.dynamic import audit_mode
 from warpolicy.audit.poison import default_poison, plus_one
+from warpolicy.audit.synthetic import make_synthetic
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
 from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.runtime.runners.protocols import CanaryAdapter
 from warpolicy.testing import sim_platform
 
 from audit_subjects import (
@@ -131,6 +142,16 @@ class TestWholeAudits:
         assert calls == ["stall", "stall"]
         assert stalled.shared_buffers is model.shared_buffers
         assert stalled.bucket_sizes(DECODE) == (2, 4)
+
+    def test_a_stalled_canary_model_stays_a_canary_adapter_statically(self):
+        """Python 3.12's protocol isinstance reads class attributes only: a wrapper that
+        delegates through __getattr__ would never be sampled by the canary there."""
+        model = make_synthetic("in_graph", platform=sim_platform()).model
+        stalled = stalled_model(model, lambda: None)
+        assert isinstance(stalled, CanaryAdapter)
+        assert inspect.getattr_static(stalled, "canary_spec") is not None
+        plain = stalled_model(table_subject().model, lambda: None)
+        assert type(plain) is StalledModel and not hasattr(type(plain), "canary_spec")
 
 
 class TestNeverSafeForWhatWasNotChecked:

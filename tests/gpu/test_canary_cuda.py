@@ -40,7 +40,7 @@ from canary_support import (  # noqa: E402
     synthetic_policy,
 )
 
-from warpolicy.audit.subject import StalledModel, make_stall  # noqa: E402
+from warpolicy.audit.subject import make_stall, stalled_model  # noqa: E402
 from warpolicy.audit.synthetic_model import SyntheticConfig, SyntheticModel  # noqa: E402
 from warpolicy.registry.vocabulary import NONE, ForwardMode  # noqa: E402
 from warpolicy.runtime.canary import Canary, CanaryConfig, Tolerance  # noqa: E402
@@ -243,7 +243,7 @@ def test_the_release_lead_shows_what_each_barrier_buys(platform):
         model = synthetic_model("in_graph", platform, CFG)
         canary = Canary(platform, CanaryConfig(lead_rate=1.0, seed=0))
         runner = DecodeRunner(
-            StalledModel(model, make_stall(platform, STALL_US)),
+            stalled_model(model, make_stall(platform, STALL_US)),
             NamedFixed(policy),
             platform,
             name=policy,

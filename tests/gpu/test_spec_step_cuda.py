@@ -255,8 +255,9 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
     extend reads shared rows after verify: declared ``none`` there (an undeclared reader), the
     verify release races and the audit says UNSAFE; declaring ``post_replay`` there moves the
     step's release after it (issue 17 class 12: never an earlier one), and nothing races."""
-    from warpolicy.audit.dynamic import AuditSubject, StalledModel, audit_mode
+    from warpolicy.audit.dynamic import AuditSubject, audit_mode
     from warpolicy.audit.report import SAFE, UNSAFE
+    from warpolicy.audit.subject import stalled_model
 
     tables, index, table = state()
 
@@ -269,7 +270,7 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
             phases = eagle_phases(platform, index, table, verify_policy, extend_policy)
             for runner in phases:
                 if stall is not None:
-                    runner.model = StalledModel(runner.model, stall)
+                    runner.model = stalled_model(runner.model, stall)
             return SpecStep(phases, last_reader=reader)
 
         declared = {VERIFY: IN_GRAPH, DRAFT_EXTEND: POST_REPLAY}[reader]

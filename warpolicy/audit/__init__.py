@@ -32,7 +32,13 @@ from warpolicy.audit.report import (
     Verdict,
     format_audit,
 )
-from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject, StalledModel
+from warpolicy.audit.subject import (
+    DEFAULT_STALL_US,
+    AuditSubject,
+    StalledCanaryModel,
+    StalledModel,
+    stalled_model,
+)
 
 __all__ = [
     "ALL",
@@ -50,7 +56,9 @@ __all__ = [
     "Offender",
     "Refutation",
     "STATIC_BLIND_SPOTS",
+    "StalledCanaryModel",
     "StalledModel",
+    "stalled_model",
     "StaticResult",
     "Verdict",
     "audit_mode",

@@ -62,8 +62,8 @@ from warpolicy.audit.subject import (
     DEFAULT_STALL_US,
     AuditSubject,
     RunnerBuilder,
-    StalledModel,
     make_stall,
+    stalled_model,
 )
 from warpolicy.errors import WarpolicyError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
@@ -346,7 +346,7 @@ def _audit_mode(
     static: bool,
 ) -> AuditEntry:
     stall = make_stall(subject.platform, stall_us)
-    model = StalledModel(subject.model, stall) if stall is not None else subject.model
+    model = stalled_model(subject.model, stall) if stall is not None else subject.model
     runner = builder(model)
     runner.capture()
     harness = _Harness(subject, mode, runner, stall_us)

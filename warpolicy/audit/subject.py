@@ -7,7 +7,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.runners.protocols import Runner
+from warpolicy.runtime.canary import CanarySpec
+from warpolicy.runtime.runners.protocols import CanaryAdapter, Runner
 
 #: Default stall before each captured segment, in microseconds.
 DEFAULT_STALL_US = 200.0
@@ -94,3 +95,19 @@ class StalledModel:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
+
+
+class StalledCanaryModel(StalledModel):
+    """A `StalledModel` of a model the WAR canary can check. ``canary_spec`` is defined on the
+    class because a runtime protocol check does not see ``__getattr__`` (Python 3.12's
+    ``isinstance`` reads attributes statically): the canary would never sample it."""
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+        return self.model.canary_spec(mode, bucket, batch)  # type: ignore[no-any-return]
+
+
+def stalled_model(model: Any, stall: Callable[[], None]) -> StalledModel:
+    """``model`` with a GPU spin before each captured segment, keeping its optional protocols."""
+    if isinstance(model, CanaryAdapter):
+        return StalledCanaryModel(model, stall)
+    return StalledModel(model, stall)
