@@ -103,7 +103,7 @@ class StalledCanaryModel(StalledModel):
     ``isinstance`` reads attributes statically): the canary would never sample it."""
 
     def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
-        return self.model.canary_spec(mode, bucket, batch)  # type: ignore[no-any-return]
+        return self.model.canary_spec(mode, bucket, batch)
 
 
 def stalled_model(model: Any, stall: Callable[[], None]) -> StalledModel:
