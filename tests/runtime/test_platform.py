@@ -4,6 +4,7 @@ implementation, one-line plugin errors, and the one-time log line."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import pathlib
 import re
@@ -298,3 +299,52 @@ def test_the_sim_context_managers_nest_with_the_facade():
         stack.enter_context(p.stream(s))
         assert p.current_stream() is s
     assert p.current_stream() is not s
+
+
+class TestCudaCaptureWithoutCollection:
+    """A garbage collection during capture can free an old graph's pool (``cudaFree``) and
+    invalidate the capture: the CUDA platform keeps the collector off while it captures."""
+
+    def platform_with(self, seen):
+        import types
+
+        from warpolicy.runtime.platforms.cuda import CudaPlatform
+
+        @contextlib.contextmanager
+        def graph(graph, pool=None, stream=None):
+            seen.append(("enter", gc.isenabled()))
+            yield graph
+            seen.append(("exit", gc.isenabled()))
+
+        platform = object.__new__(CudaPlatform)  # no CUDA here: only the torch calls it makes
+        platform._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(graph=graph))
+        return platform
+
+    @pytest.mark.parametrize("error", [None, RuntimeError, KeyboardInterrupt])
+    def test_the_collector_is_off_during_capture_and_restored(self, error):
+        seen = []
+        platform = self.platform_with(seen)
+
+        def body():
+            seen.append(("body", gc.isenabled()))
+            if error is not None:
+                raise error("capture failed")
+
+        assert gc.isenabled()
+        with pytest.raises(error) if error is not None else contextlib.nullcontext():
+            platform.capture_callable(object(), body, None, None)
+        assert gc.isenabled()
+        assert ("body", False) in seen and ("enter", False) in seen
+        seen.clear()
+        with platform.capture(object(), None, None):
+            seen.append(("body", gc.isenabled()))
+        assert seen == [("enter", False), ("body", False), ("exit", False)] and gc.isenabled()
+
+    def test_a_disabled_collector_stays_disabled(self):
+        platform = self.platform_with([])
+        gc.disable()
+        try:
+            platform.capture_callable(object(), lambda: None, None, None)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()

@@ -12,9 +12,11 @@ own functions bound once, so the fence pays no wrapper frame on top of the raw t
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import inspect
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 from warpolicy.runtime.graphwalk import (
     DerivedPlant,
@@ -105,15 +107,15 @@ class CudaPlatform:
     def graph_pool(self) -> Any:
         return self._torch.cuda.graph_pool_handle()
 
-    def capture(
-        self, graph: Any, stream: Optional[Any], pool: Optional[Any]
-    ) -> ContextManager[Any]:
-        return self._torch.cuda.graph(graph, pool=pool, stream=stream)
+    @contextlib.contextmanager
+    def capture(self, graph: Any, stream: Optional[Any], pool: Optional[Any]) -> Iterator[Any]:
+        with _no_collection(), self._torch.cuda.graph(graph, pool=pool, stream=stream) as got:
+            yield got
 
     def capture_callable(
         self, graph: Any, fn: Callable[[], Any], stream: Optional[Any], pool: Optional[Any]
     ) -> None:
-        with self._torch.cuda.graph(graph, pool=pool, stream=stream):
+        with _no_collection(), self._torch.cuda.graph(graph, pool=pool, stream=stream):
             fn()
 
     def synchronize(self) -> None:
@@ -150,3 +152,20 @@ def warpolicy_platform(device: str) -> Optional[CudaPlatform]:
     if device_type(device) != "cuda" or not cuda_available():
         return None
     return CudaPlatform(device)
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """Python's garbage collector off while a graph is captured (torch collects on entry).
+
+    A collection during capture can destroy an old graph, whose private memory pool is then
+    freed (``cudaFree``), and that call invalidates the capture in progress: on the H200 a
+    test building a fresh model and graphs per trial failed one capture in about 70 that way.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
