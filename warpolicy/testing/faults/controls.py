@@ -14,11 +14,14 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
+from warpolicy.registry.vocabulary import IN_GRAPH
 from warpolicy.runtime.platforms.sim import SimPlatform
+from warpolicy.runtime.release import BucketRelease
 from warpolicy.testing.faults.compat import publish_args
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import Fault
 from warpolicy.testing.faults.matrix import Case, CaseResult, run_case
+from warpolicy.testing.faults.owned import OwnedCaptureEngine
 
 # -- broken platforms ---------------------------------------------------------------------------
 
@@ -175,6 +178,34 @@ class JoinCatchesException:
         return self.runner.run(batch)
 
 
+class TrustsItsMarker:
+    """An engine owning its capture that publishes its marker's event whatever ``finish``
+    decided: it ignores the self-check's demotion of a bucket with a late reader."""
+
+    def __init__(self, harness: Harness, engine: OwnedCaptureEngine) -> None:
+        self.engine = engine
+        self.name, self.mode = engine.name, engine.mode
+        self.fence, self.platform = engine.fence, engine.platform
+        self.model, self.observers = engine.model, engine.observers
+
+    @property
+    def last_step(self) -> Any:
+        return self.engine.last_step
+
+    def capture(self) -> None:
+        self.engine.capture()
+        trusted = {}
+        for bucket, outcome in self.engine.outcomes.items():
+            if outcome.recorded is not None:
+                release = BucketRelease("owned", bucket, IN_GRAPH, outcome.recorded, "trusted")
+                outcome = attrs.evolve(outcome, release=release)
+            trusted[bucket] = outcome
+        self.engine.outcomes = trusted
+
+    def run(self, batch: Any) -> Any:
+        return self.engine.run(batch)
+
+
 # -- the controls -------------------------------------------------------------------------------
 
 Hook = Callable[[Harness, SimPlatform], None]
@@ -247,6 +278,13 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         wrapper=JoinCatchesException,
         intact=Case("decode", "post_replay"),
     ),
+    Control(
+        "owned_ignores_self_check",
+        "an engine owning its capture publishes its marker's event after the self-check "
+        "demoted the bucket (a reader after the marker)",
+        Case("owned_capture", "in_graph_late"),
+        wrapper=TrustsItsMarker,
+    ),
 )
 
 #: Correct configurations: the matrix must report no early release and no stale read.
@@ -261,6 +299,8 @@ NEGATIVE_CONTROLS: tuple[Case, ...] = (
     Case("spec", "in_graph"),
     Case("streams", "post_replay"),
     Case("lag_within", "post_replay"),
+    Case("owned_capture", "in_graph_late"),
+    Case("owned_capture_derived", "in_graph_late"),
 )
 
 

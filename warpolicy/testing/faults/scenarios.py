@@ -52,6 +52,7 @@ from warpolicy.runtime.runners import (
 )
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.model import READ_PLANS, HarnessModel, policy_table
+from warpolicy.testing.faults.owned import OwnedCaptureEngine
 
 #: variant -> (declared policy, read plan)
 VARIANTS: Mapping[str, tuple[WarReadDonePolicy, str]] = {
@@ -78,6 +79,7 @@ DRAFT_TOKENS = 2
 STEPS: Mapping[str, tuple[int, ...]] = {
     "decode": (2, 4, 8, 2, 4, 3),
     "tokens": (4, 8, 16, 4, 8, 6),
+    "owned": (2, 4, 3, 2, 4, 1),  # an engine owning its capture replays captured buckets only
 }
 RECAPTURE_AT = 3
 LAG_STEPS = 12  # steps of the lagging scheduler
@@ -269,6 +271,25 @@ def _canary_scenario(h: Harness, variant: str) -> None:
         overlap(h, runner, STEPS["decode"], canary=canary)
 
 
+def _owned(placement: Optional[str]) -> Callable[[Harness, str], None]:
+    def run(h: Harness, variant: str) -> None:
+        policy, reads = VARIANTS[variant]
+        model = HarnessModel(h, READ_PLANS[reads], BUCKETS, name="owned")
+        engine = h.guard(
+            lambda: OwnedCaptureEngine(
+                model,
+                policy_table(h, dict.fromkeys(BUCKETS, policy)),
+                h.platform,
+                placement=placement,
+                **h.kw,
+            )
+        )
+        if engine is not None:
+            overlap(h, engine, STEPS["owned"])
+
+    return run
+
+
 def _streams_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -385,6 +406,19 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("pre_replay", "in_graph"),
             _canary_scenario,
             "DecodeRunner with the WAR canary checking every step; OverlapLoop; re-capture",
+        ),
+        Scenario(
+            "owned_capture",
+            ("pre_replay", "in_graph", "in_graph_late", "post_replay", "none"),
+            _owned(None),
+            "an engine capturing its own graphs through the engine API (ReadDoneCapture, "
+            "mark, finish; its own ReadDoneFence), marker placement; OverlapLoop; re-capture",
+        ),
+        Scenario(
+            "owned_capture_derived",
+            ("in_graph", "in_graph_late"),
+            _owned("derived"),
+            "the engine-owned capture with derived placement",
         ),
         Scenario(
             "streams",
