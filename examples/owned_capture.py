@@ -20,6 +20,7 @@ unsafe control: on a GPU some steps differ).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Any, Callable, Optional, Sequence
 
@@ -148,7 +149,7 @@ class CudaGraphRunner:
             bucket = capture.begin(bs)
             graph = p.new_graph(keep_graph=True)  # torch.cuda.CUDAGraph(keep_graph=True)
             # torch.cuda.graph(graph, pool=pool) on CUDA; the simulated platform replays the body
-            p.capture_callable(graph, lambda bs=bs, b=bucket: self._body(bs, b.mark), pool=pool)
+            p.capture_callable(graph, functools.partial(self._body, bs, bucket.mark), pool=pool)
             shared = {"req_to_token": self.backend.state.req_to_token}
             self.outcomes[bs] = bucket.finish(graph, shared)  # check/derive, instantiate, decide
             self.graphs[bs] = graph

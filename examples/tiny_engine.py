@@ -120,9 +120,9 @@ def build_schedule(cfg: TinyConfig, steps: int, *, seed: int = 0, spec: bool = T
                     _alloc(req, pos, free_slots, tokens, writes, cfg.vocab)
                 req.seq_len += width
                 req.generated += width
-        ids, pos, rows, locs = zip(*tokens)
+        ids, positions, rows, locs = zip(*tokens)
         rws, cols, slots = zip(*writes)
-        out.append(Step(mode, TokenBatch.of(ids, pos, rows, locs), rws, cols, slots))
+        out.append(Step(mode, TokenBatch.of(ids, positions, rows, locs), rws, cols, slots))
         for req in [r for r in running if r.generated >= r.max_new or r.seq_len + d > cfg.max_ctx]:
             running.remove(req)  # freed now: the next step's writes may reuse them at once
             free_rows.append(req.row)
@@ -290,7 +290,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     outs = engine.run(
         schedule,
         on_step=lambda k, r: kinds.update(
-            [(r.mode.label, "graph" if r.last_step.bucket is not None else "eager")]
+            [
+                (
+                    r.mode.label,
+                    "eager" if r.last_step is None or r.last_step.bucket is None else "graph",
+                )
+            ]
         ),
     )
     print("  steps: " + ", ".join(f"{m}/{how} {n}" for (m, how), n in sorted(kinds.items())))

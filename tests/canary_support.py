@@ -261,7 +261,7 @@ def synthetic_model(name: str, platform: Any, cfg: Any = None) -> Any:
     from warpolicy.audit.synthetic import synthetic_backend
     from warpolicy.audit.synthetic_model import SyntheticConfig, SyntheticModel
 
-    device = platform.device if platform.name == "cuda" else "cpu"
+    device = platform.device if platform.name == "cuda" else torch.device("cpu")
     return SyntheticModel(synthetic_backend(name).layout, cfg or SyntheticConfig(), device)
 
 

@@ -16,7 +16,6 @@ from warpolicy.audit.poison import (
     default_poison,
     default_poisons,
     first_mismatch,
-    flatten_outputs,
     half_turn,
     high,
     low,
@@ -25,6 +24,7 @@ from warpolicy.audit.poison import (
     snapshot_outputs,
     unchanged_elements,
 )
+from warpolicy.runtime.canary.compare import flatten_outputs
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]

@@ -7,14 +7,13 @@ import json
 
 import pytest
 
+from warpolicy.bench.overlap import gap_closed, step_metrics
 from warpolicy.bench.overlap_tp import (
     TpConfig,
     combine_ranks,
     format_overlap_tp,
-    gap_closed,
     run_overlap_tp,
     run_rank,
-    step_metrics,
 )
 from warpolicy.errors import InputError, WarpolicyError
 

@@ -24,20 +24,19 @@ import importlib.util
 import warnings
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from warpolicy.audit import run_audit  # noqa: E402
-from warpolicy.audit.dynamic import audit_mode  # noqa: E402
-from warpolicy.audit.poison import plus_one  # noqa: E402
-from warpolicy.audit.report import Verdict  # noqa: E402
-from warpolicy.conformance import wheels  # noqa: E402
-from warpolicy.conformance.controls import KINDS, control_subject  # noqa: E402
-from warpolicy.conformance.factories import SPECS, subject  # noqa: E402
-from warpolicy.conformance.loader import load_kernels  # noqa: E402
-from warpolicy.conformance.paged import DECODE, VERIFY, reference_step  # noqa: E402
-from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY  # noqa: E402
-from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
+from warpolicy.audit import run_audit
+from warpolicy.audit.dynamic import audit_mode
+from warpolicy.audit.poison import plus_one
+from warpolicy.audit.report import Verdict
+from warpolicy.conformance import wheels
+from warpolicy.conformance.controls import KINDS, control_subject
+from warpolicy.conformance.factories import SPECS, subject
+from warpolicy.conformance.loader import load_kernels
+from warpolicy.conformance.paged import DECODE, VERIFY, reference_step
+from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY
+from warpolicy.runtime.manager import new_plugin_manager, open_platform
 
 ABSENT = wheels.absent_reason()
 pytestmark = [

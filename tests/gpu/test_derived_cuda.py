@@ -15,8 +15,7 @@ import importlib.util
 import pathlib
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 pytestmark = [
     pytest.mark.cuda,

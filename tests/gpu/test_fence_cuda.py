@@ -8,9 +8,10 @@ Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-torch = pytest.importorskip("torch")
+import pytest
+import torch
 
 pytestmark = [
     pytest.mark.cuda,
@@ -58,7 +59,7 @@ class SharedReadGraph:
             platform, ring_size=4, name="early" if plant_early else "correct"
         )
         self.plant_early = plant_early
-        self.out = None
+        self.out: Any = None
         self.planted = None  # the event this graph records (from plant() during the capture)
         self.event = None
         self._body()  # eager warm-up: cuBLAS and the allocator before capture (plant is a no-op)

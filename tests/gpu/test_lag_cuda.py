@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 pytestmark = [
     pytest.mark.cuda,

@@ -13,10 +13,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from warpolicy.conformance.wheels import absent_reason  # noqa: E402
+from warpolicy.conformance.wheels import absent_reason
 
 pytestmark = [
     pytest.mark.cuda,

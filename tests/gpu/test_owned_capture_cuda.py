@@ -20,8 +20,7 @@ import warnings
 from typing import Any, Callable, Optional
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 pytestmark = [
     pytest.mark.cuda,

@@ -14,8 +14,7 @@ import importlib.util
 import warnings
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 pytestmark = [
     pytest.mark.cuda,

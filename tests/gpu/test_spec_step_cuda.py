@@ -15,8 +15,7 @@ Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 pytestmark = [
     pytest.mark.cuda,

@@ -7,9 +7,8 @@ import warnings
 import pytest
 
 from warpolicy.errors import InputError, RegistryError, UnknownNameError
+from warpolicy.registry.decision import FORCE_COARSE_ID, SOUND_DEMOTION_ID
 from warpolicy.registry.engine import (
-    FORCE_COARSE_ID,
-    SOUND_DEMOTION_ID,
     CompiledPolicy,
     Context,
     PolicyEngine,

@@ -8,7 +8,8 @@ import warnings
 import pytest
 
 from warpolicy.errors import InputError, RegistryError, UnknownNameError
-from warpolicy.registry.engine import AFTER_PREFIX, BatchCase, Context, PolicyEngine
+from warpolicy.registry.decision import AFTER_PREFIX
+from warpolicy.registry.engine import BatchCase, Context, PolicyEngine
 from warpolicy.registry.model import (
     After,
     Backend,

@@ -6,6 +6,8 @@ is swapped for a coarse one through ``on_demote``, and no later step is corrupte
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from canary_support import NamedFixed, TableModel
 
@@ -53,7 +55,7 @@ class Engine:
                 "engine", DECODE, backend="mine", spec="none", on_demote=self.make_coarse
             )
         self.race = race
-        self._armed = None
+        self._armed: Any = None  # (event id, the writes) while a seeded race is armed
         sim_impl(p).listeners.append(self._on_entry)
         model.write_rows(0)
 
@@ -73,7 +75,7 @@ class Engine:
 
     def step(self, k: int) -> torch.Tensor:
         p, model, session = self.p, self.model, self.session
-        written = []
+        written: list[bool] = []
 
         def write():
             if not written:
@@ -83,17 +85,17 @@ class Engine:
         due = session.step() if session is not None else False
         release = self.releases[2]
         model.host_prep(BATCH, 2)
-        sample = None
-        if due:
+        sample: Any = None
+        if due and session is not None:
             spec = lambda: model.canary_spec(DECODE, 2, BATCH)  # noqa: E731
             sample = session.begin(2, k, release, spec, model.shared_buffers, self.rerun)
-        if self.race and release.policy is IN_GRAPH:
+        if self.race and release.event is not None:
             self._armed = (release.event.id, write)  # the writes land at the release
         self.fence.before_replay(release)
         p.replay(self.graph)
         self.fence.after_replay(release)
         self._armed = None
-        if sample is not None:
+        if sample is not None and session is not None:
             session.observe(sample, self.out[2])
         self.barrier.apply(self.sched, self.fwd, self.fence.take())
         with p.stream(self.sched):

@@ -68,8 +68,8 @@ def test_a_keyboard_interrupt_in_the_join_makes_the_host_wait_and_leaves_the_run
             raise KeyboardInterrupt
         return type(impl).wait_stream(impl, *args)
 
-    impl.wait_stream = join_interrupted  # type: ignore[method-assign]
-    platform.wait_stream = join_interrupted  # type: ignore[method-assign]
+    impl.wait_stream = join_interrupted
+    platform.wait_stream = join_interrupted
     with pytest.raises(KeyboardInterrupt):
         runner.capture()
     schedule = platform.new_stream()
@@ -171,7 +171,7 @@ def test_each_bucket_has_one_immutable_release_the_step_path_reads():
         assert release.bucket == bucket and release.source == "decode"
         assert release.policy is P.IN_GRAPH and release.event is not None
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
-            release.policy = P.NONE  # type: ignore[misc]
+            release.policy = P.NONE
     assert len({id(r.event) for r in releases.values()}) == 3  # an event per bucket
     runner.capture()  # a re-capture decides afresh: new events
     assert not {id(cb.event) for cb in runner.captured.values()} & {
@@ -220,7 +220,7 @@ def test_an_unbounded_or_junk_ring_size_is_refused_at_construction(size):
 
 def test_a_runner_needs_a_platform():
     with pytest.raises(InputError, match="needs a Platform"):
-        DecodeRunner(RecModel((1,)), fixed_policy("in_graph"), None)  # type: ignore[arg-type]
+        DecodeRunner(RecModel((1,)), fixed_policy("in_graph"), None)
 
 
 def test_the_mode_is_parsed():

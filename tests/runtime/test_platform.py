@@ -161,7 +161,7 @@ def test_an_incomplete_implementation_is_refused_with_what_it_lacks(pm, register
 
 def test_handles_the_implementation_returns_none_for_are_errors():
     p = sim_platform()
-    p.impl.inject("new_graph", "none")  # type: ignore[attr-defined]
+    p.impl.inject("new_graph", "none")
     with pytest.raises(PlatformError, match="new_graph returned None"):
         p.new_graph()
 
@@ -219,7 +219,7 @@ def test_external_events_as_a_method_is_refused_not_read_as_true():
 
 def test_a_partial_graph_walker_is_refused():
     class Half(SimPlatform):
-        check_marker = None  # type: ignore[assignment]
+        check_marker = None
 
     assert any("partial graph walker" in p for p in implementation_problems(Half()))
 

@@ -457,9 +457,7 @@ def test_class_10_a_claim_with_a_non_bool_external_events_flag_is_refused(value)
             if not str(device).startswith("odd"):
                 return None
             impl = SimPlatform(device="odd")
-            impl.external_events_supported = (  # type: ignore[assignment]
-                "false" if value == "false" else (lambda: False)
-            )
+            impl.external_events_supported = "false" if value == "false" else (lambda: False)
             return impl
 
     pm.register(Odd(), name="odd")

@@ -289,7 +289,7 @@ def _fence_observers(args: argparse.Namespace) -> list[tuple[str, object]]:
         try:  # a separate distribution (plugins/warpolicy-metrics); optional
             import prometheus_client  # noqa: PLC0415 - optional: the metrics plugin's dependency
 
-            import warpolicy_metrics  # type: ignore[import-not-found]  # noqa: PLC0415 - optional plugin
+            import warpolicy_metrics  # noqa: PLC0415 - optional plugin
         except ImportError as exc:
             raise InputError(
                 f"bench fence --metrics needs the warpolicy-metrics plugin "

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 import pluggy
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -73,6 +73,7 @@ __version__ = "0.3.0"
 
 hookimpl = pluggy.HookimplMarker("warpolicy")
 log = logging.getLogger("warpolicy")
+_Key = TypeVar("_Key")  # a raw per-step count key (publishes and barriers differ)
 
 #: Read no more (0.2 sampled the release lead itself; the runtime samples it now).
 REMOVED_SAMPLE_ENV = "WARPOLICY_METRICS_SAMPLE_EVERY"
@@ -300,19 +301,24 @@ class WarpolicyMetrics:
             yield key, cell[0]
 
     def collect(self) -> Iterator[Metric]:
-        names = tuple(self.identity)
-        for (name, doc, labels), counts, make in (
-            (PUBLISHES, self._publish_counts(), self._publish_labels),
-            (BARRIERS, self._barrier_counts(), self._barrier_labels),
-        ):
-            totals: dict[tuple[str, ...], int] = {}
-            for key, count in counts:  # two raw keys may make one label set: add them up
-                label_values = make(key)
-                totals[label_values] = totals.get(label_values, 0) + count
-            family = CounterMetricFamily(name, doc, labels=names + labels)
-            for label_values, count in totals.items():
-                family.add_metric(list(label_values), count)
-            yield family
+        yield self._family(PUBLISHES, self._publish_counts(), self._publish_labels)
+        yield self._family(BARRIERS, self._barrier_counts(), self._barrier_labels)
+
+    def _family(
+        self,
+        spec: tuple[str, str, tuple[str, ...]],
+        counts: Iterable[tuple[_Key, int]],
+        make: Callable[[_Key], tuple[str, ...]],
+    ) -> CounterMetricFamily:
+        name, doc, labels = spec
+        totals: dict[tuple[str, ...], int] = {}
+        for key, count in counts:  # two raw keys may make one label set: add them up
+            label_values = make(key)
+            totals[label_values] = totals.get(label_values, 0) + count
+        family = CounterMetricFamily(name, doc, labels=tuple(self.identity) + labels)
+        for label_values, count in totals.items():
+            family.add_metric(list(label_values), count)
+        return family
 
     # -- multi-process: flushing the per-step counts into the files ---------------------------
 

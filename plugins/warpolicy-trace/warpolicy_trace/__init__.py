@@ -148,7 +148,10 @@ atexit.register(_flush_at_exit)
 @hookimpl
 def warpolicy_on_decision(decision: Any, where: str) -> None:
     context = getattr(decision, "context", None)
-    args = {"policy": _label(getattr(decision, "policy", decision)), "where": where}
+    args: dict[str, object] = {
+        "policy": _label(getattr(decision, "policy", decision)),
+        "where": where,
+    }
     if context is not None:
         args["context"] = str(context)
     reasons = getattr(decision, "reasons", None)

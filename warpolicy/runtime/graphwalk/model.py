@@ -161,8 +161,8 @@ def chain(kinds: Sequence[NodeKind | str]) -> Graph:
 class TensorLike(Protocol):
     """What `tensor_range` reads from a tensor (torch's names; no torch import needed)."""
 
-    shape: Sequence[int]
-
+    @property
+    def shape(self) -> Sequence[int]: ...  # an attribute or a property (torch's Size) both fit
     def data_ptr(self) -> int: ...
     def numel(self) -> int: ...
     def stride(self) -> Sequence[int]: ...

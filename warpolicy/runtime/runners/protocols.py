@@ -29,8 +29,11 @@ class ModelAdapter(Protocol):
     see `SizedModelAdapter`.
     """
 
-    #: scheduler-shared state the forward reads (the graph walk and the audit look for these)
-    shared_buffers: Mapping[str, Any]
+    @property
+    def shared_buffers(self) -> Mapping[str, Any]:
+        """Scheduler-shared state the forward reads, by name (the graph walk and the audit look
+        for these); a plain attribute satisfies it."""
+        ...
 
     def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
         """The capture buckets for ``mode``; empty means always eager."""
