@@ -8,6 +8,7 @@ import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
+from warpolicy.runtime.runners.adapters import ModelView
 from warpolicy.runtime.runners.protocols import CanaryAdapter, Runner
 
 #: Default stall before each captured segment, in microseconds.
@@ -74,15 +75,16 @@ def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:
     return lambda: torch.cuda._sleep(cycles)
 
 
-class StalledModel:
+class StalledModel(ModelView):
     """A model adapter that spins the GPU before each captured segment, then delegates.
 
-    Everything else (shared buffers, buckets, host prep, ``batch_size``) is the wrapped
-    model's, so a runner built around it captures the same work with wider race windows.
+    Everything else (shared buffers, buckets, host prep, ``batch_size``, and any attribute
+    beyond the protocol, such as a synthetic model's ``make_batch``) is the wrapped model's, so
+    a runner built around it captures the same work with wider race windows.
     """
 
     def __init__(self, model: Any, stall: Callable[[], None]) -> None:
-        self.model = model
+        super().__init__(model)
         self.stall = stall
 
     def graph_prep(self, bucket: int) -> None:
@@ -102,8 +104,12 @@ class StalledCanaryModel(StalledModel):
     class because a runtime protocol check does not see ``__getattr__`` (Python 3.12's
     ``isinstance`` reads attributes statically): the canary would never sample it."""
 
+    def __init__(self, model: CanaryAdapter, stall: Callable[[], None]) -> None:
+        super().__init__(model, stall)
+        self._canary_model = model
+
     def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
-        return self.model.canary_spec(mode, bucket, batch)
+        return self._canary_model.canary_spec(mode, bucket, batch)
 
 
 def stalled_model(model: Any, stall: Callable[[], None]) -> StalledModel:

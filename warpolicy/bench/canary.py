@@ -59,6 +59,7 @@ from warpolicy.runtime.canary import Canary, CanaryConfig, CanarySpec, Tolerance
 from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import Platform, cuda_available, is_simulated
 from warpolicy.runtime.runners import DecodeRunner, GraphRunner, OverlapLoop
+from warpolicy.runtime.runners.adapters import ModelView
 
 #: The cost rows: (name, sampling rate).
 COST_ROWS: tuple[tuple[str, float], ...] = (
@@ -80,36 +81,16 @@ TARGET_RATE = 1e-3
 TARGET_OVERHEAD = 0.01
 
 
-class SubjectCanaryModel:
+class SubjectCanaryModel(ModelView):
     """An audit subject's model as a `warpolicy.runtime.runners.CanaryAdapter`: the shared
     buffers are the inputs and the subject's ``extra_outputs`` the state the step writes (the
     canary saves, puts back and compares them as the audit does); ``tolerance`` None compares
     bitwise. Every `ModelAdapter` member is the model's own."""
 
     def __init__(self, subject: AuditSubject, tolerance: Optional[Tolerance] = None) -> None:
-        self.model = subject.model
+        super().__init__(subject.model)
         self.extra_outputs: Mapping[str, Any] = dict(subject.extra_outputs)
         self.tolerance = tolerance
-        self.shared_buffers = subject.model.shared_buffers
-
-    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
-        return self.model.bucket_sizes(mode)
-
-    def batch_size(self, batch: Any) -> int:
-        measure = getattr(self.model, "batch_size", None)  # optional in the protocol
-        return int(measure(batch)) if callable(measure) else len(batch)
-
-    def prepare_bucket(self, bucket: int) -> None:
-        self.model.prepare_bucket(bucket)
-
-    def host_prep(self, batch: Any, bucket: int) -> None:
-        self.model.host_prep(batch, bucket)
-
-    def graph_prep(self, bucket: int) -> None:
-        self.model.graph_prep(bucket)
-
-    def forward(self, bucket: int) -> Any:
-        return self.model.forward(bucket)
 
     def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec:
         return CanarySpec(state=self.extra_outputs, tolerance=self.tolerance)

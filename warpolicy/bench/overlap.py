@@ -68,6 +68,7 @@ from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import Platform, is_simulated
 from warpolicy.runtime.policy import PolicyFn
 from warpolicy.runtime.runners import GraphRunner, OverlapLoop
+from warpolicy.runtime.runners.adapters import ModelView
 
 #: (name, policy, sound for the plain model, skip the barrier entirely)
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
@@ -103,31 +104,10 @@ def step_metrics(t: dict[str, list[float]], warmup: int) -> dict[str, float]:
     }
 
 
-class PrepOnly:
+class PrepOnly(ModelView):
     """A `ModelAdapter` cut after its in-graph metadata prep: replayed the way the full model
     is, its end is the ideal release point. Built from the protocol alone (``graph_prep``
     captured with a forward that does nothing), so it works on any model."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.shared_buffers = model.shared_buffers
-        measure = getattr(model, "batch_size", None)  # optional in the protocol
-        self._measure: Callable[[Any], int] = measure if callable(measure) else len
-
-    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
-        return self.model.bucket_sizes(mode)
-
-    def batch_size(self, batch: Any) -> int:
-        return int(self._measure(batch))
-
-    def prepare_bucket(self, bucket: int) -> None:
-        self.model.prepare_bucket(bucket)
-
-    def host_prep(self, batch: Any, bucket: int) -> None:
-        self.model.host_prep(batch, bucket)
-
-    def graph_prep(self, bucket: int) -> None:
-        self.model.graph_prep(bucket)
 
     def forward(self, bucket: int) -> None:
         return None

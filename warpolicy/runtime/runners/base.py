@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 import functools
 import operator
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -67,6 +67,7 @@ from warpolicy.runtime.release import (
     demote_release,
     resolve_policies,
 )
+from warpolicy.runtime.runners.adapters import batch_measure
 from warpolicy.runtime.runners.capture import (
     CaptureReport,
     CaptureTransaction,
@@ -146,9 +147,7 @@ class GraphRunner:
         self.name = name or self.mode.label
         self.self_check = self_check
         self.model = model
-        # ``batch_size`` is an optional member of the engine's adapter (`SizedModelAdapter`)
-        measure = getattr(model, "batch_size", None)
-        self._measure: Callable[[Any], int] = measure if callable(measure) else len
+        self._measure = batch_measure(model)  # its batch_size, when it has one, else len
         self.platform = platform
         self.observers = observers
         self.reporter = Reporter(observers, f"{self.name} runner")

@@ -56,6 +56,7 @@ class ModelAdapter(Protocol):
         ...
 
 
+@runtime_checkable
 class SizedModelAdapter(ModelAdapter, Protocol):
     """A `ModelAdapter` that measures its own batches."""
 
