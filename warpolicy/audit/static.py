@@ -34,6 +34,7 @@ from warpolicy.audit.report import (
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, Placement, WarReadDonePolicy
 from warpolicy.runtime.graphwalk.cuda import read_graph
 from warpolicy.runtime.graphwalk.model import Graph, buffer_ranges
+from warpolicy.runtime.runners import GraphRunner
 from warpolicy.runtime.runners.protocols import Runner
 
 
@@ -62,13 +63,13 @@ def audit_static_buckets(
 ) -> StaticResult:
     """Walk every captured bucket of ``runner`` with the policy it publishes. Never raises."""
     try:
-        captured = dict(getattr(runner, "captured", None) or {})
-    except Exception as exc:  # noqa: BLE001
+        captured = dict(runner.captured)
+    except Exception as exc:  # noqa: BLE001 - a runner's own failure is not the audit's crash
         return unavailable(f"{type(exc).__name__}: {exc}")
     if not captured:
         return unavailable("the runner captured no graph")
     results = {
-        b: audit_static(runner, b, shared, getattr(c, "policy", None), post_step=post_step)
+        b: audit_static(runner, b, shared, c.policy, post_step=post_step)
         for b, c in sorted(captured.items())
     }
     return combine_buckets(results)
@@ -124,7 +125,7 @@ def _audit_static(
         return analyze_graph(Graph(()), (), NONE)
     if bucket is None:
         return unavailable("the step ran eagerly, there is no captured graph")
-    platform = getattr(runner.platform, "name", "?")
+    platform = runner.platform.name
     if platform != "cuda":
         return unavailable(f"platform {platform!r} has no CUDA graphs to walk")
     try:
@@ -153,26 +154,24 @@ def self_check_refutation(
     """
     if declared != IN_GRAPH:
         return None
+    if not isinstance(runner, GraphRunner):  # a speculative step has no reports of its own
+        return None
     try:
-        reports = dict(getattr(runner, "capture_report", None) or {})
-        captured = dict(getattr(runner, "captured", None) or {})
+        reports = dict(runner.capture_report)
+        captured = dict(runner.captured)
     except Exception:  # noqa: BLE001 - a runner without the reports refutes nothing
         return None
     late: list[Offender] = []
     buckets: list[int] = []
     detail: list[str] = []
     for bucket, report in sorted(reports.items()):
-        if not (
-            getattr(report, "placement", None) is Placement.MARKER
-            and getattr(report, "walked", False)
-            and getattr(report, "ok", None) is False
-        ):
+        if not (report.placement is Placement.MARKER and report.walked and report.ok is False):
             continue
         found = _late_readers_of(runner, captured.get(bucket), shared)
         if not found:
             continue
         buckets.append(bucket)
-        detail.append(str(getattr(report, "detail", "")))
+        detail.append(report.detail)
         late += [
             Offender(r.index, r.kind.value, r.name, r.buffers, bucket=bucket)
             for r in found
