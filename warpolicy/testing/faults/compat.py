@@ -3,8 +3,9 @@
 0.2.0 builds ``Platform(impl, pm)`` and every component looks observers up through the
 platform's plugin manager; 0.3 (issue 17 item 4) builds ``Platform(impl)`` and passes the
 manager's observers to each component (``observers=``). The matrix and the regression tests
-run on both, so the runtime's acceptance test can be run before and after the change; this is
-the one place that knows the difference.
+ran on both, so the runtime's acceptance test was run before and after the change (the 0.2.0
+figures in CHANGELOG); this is the one place that knows the difference. The scenarios added
+since (the WAR canary, the engine-owned capture, per-batch decisions) import 0.3's runtime.
 """
 
 from __future__ import annotations
