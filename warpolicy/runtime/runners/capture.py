@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, Placement
+from warpolicy.runtime.batch import NO_PLANS, BucketBatch, CellPlans
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import Reporter
 from warpolicy.runtime.owned_capture import (
@@ -74,8 +75,10 @@ class CaptureTransaction:
         self_check: str,
         keep_graphs: bool,
         outputs: dict[int, Any],
+        plans: CellPlans = NO_PLANS,
     ) -> None:
         self.name = name
+        self.plans = plans
         self.platform = platform
         self.model = model
         self.fence = fence
@@ -159,7 +162,15 @@ class CaptureTransaction:
         graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
-        captured = CapturedBucket(bucket, graph, outcome.release, recorded=outcome.recorded)
+        plans = self.plans
+        plan = plans.planted if outcome.facts.event is not None else plans.unplanted
+        captured = CapturedBucket(
+            bucket,
+            graph,
+            outcome.release,
+            recorded=outcome.recorded,
+            batch=BucketBatch.bind(plan, outcome.release),
+        )
         return captured, outcome.report
 
 
