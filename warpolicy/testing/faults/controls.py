@@ -203,6 +203,7 @@ class Control:
 
 
 _RECAPTURE_FAILS = Fault("capture_callable", "raise", nth=1, phase="recapture")
+_ACTION_FAILS = Fault("warpolicy_batch_action", "false", phase="run")
 _JOIN_INTERRUPTED = Fault("wait_stream", "interrupt", nth=2, phase="capture")
 
 POSITIVE_CONTROLS: tuple[Control, ...] = (
@@ -239,6 +240,13 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         hook=old_graphs_lose_their_node,
         wrapper=KeepsOldGraphs,
         intact=Case("decode", "in_graph"),
+    ),
+    Control(
+        "trusts_failed_action",
+        "the engine's per-batch rule takes the snapshot action as succeeded while the action "
+        "hook answers False (nothing was copied)",
+        Case("per_batch", "trusting", _ACTION_FAILS),
+        intact=Case("per_batch", "snapshot", _ACTION_FAILS),
     ),
     Control(
         "join_catches_exception",

@@ -51,7 +51,14 @@ from warpolicy.runtime.runners import (
     VerifyRunner,
 )
 from warpolicy.testing.faults.harness import Harness
-from warpolicy.testing.faults.model import READ_PLANS, HarnessModel, policy_table
+from warpolicy.testing.faults.model import (
+    PER_BATCH_THRESHOLD,
+    READ_PLANS,
+    BatchPolicyTable,
+    HarnessModel,
+    PerBatchModel,
+    policy_table,
+)
 
 #: variant -> (declared policy, read plan)
 VARIANTS: Mapping[str, tuple[WarReadDonePolicy, str]] = {
@@ -318,6 +325,20 @@ def _spec_late_phase(h: Harness, variant: str) -> None:
         overlap(h, step, STEPS["tokens"])
 
 
+def _per_batch_scenario(h: Harness, variant: str) -> None:
+    """PrefillRunner on a fact-dependent cell (`PerBatchModel`, `BatchPolicyTable`): buckets
+    of 4 and 8 tokens on both sides of the threshold (4), eager batches above it; the batches
+    above need the snapshot action (the harness's ``warpolicy_batch_action``) to publish
+    ``pre_replay``. ``trusting``: the engine's rule trusts the action (a positive control)."""
+    model = PerBatchModel(h, PER_BATCH_THRESHOLD, BUCKETS)
+    h.snapshot_model = model
+    policy = BatchPolicyTable(h, PER_BATCH_THRESHOLD, trusting=variant == "trusting")
+    kw = {**h.kw, **h.runner_options}
+    runner = h.guard(lambda: PrefillRunner(model, policy, h.platform, **kw))
+    if runner is not None:
+        overlap(h, runner, STEPS["tokens"])
+
+
 def _threads_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -367,6 +388,13 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("pre_replay", "in_graph_late", "post_replay"),
             _single(DraftExtendRunner, "tokens"),
             "DraftExtendRunner (no marker: in_graph publishes after the replay)",
+        ),
+        Scenario(
+            "per_batch",
+            ("snapshot",),
+            _per_batch_scenario,
+            "PrefillRunner on a per-batch cell: pre_replay above the threshold only after the "
+            "snapshot action (warpolicy_batch_action, a fault target)",
         ),
         Scenario(
             "spec",
