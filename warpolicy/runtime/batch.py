@@ -350,13 +350,14 @@ class BucketBatch:
         plan, release = self.plan, self.release
         facts = measured_facts(plan, size, bucket, batch, model, reporter)
         policy = effective_policy(release, plan, facts, reporter)
-        if plan.actions and policy is not release.policy:
+        if calls and plan.actions and policy is not release.policy:
+            performed = False
             for action in plan.actions:
-                if calls and perform_action(
-                    calls, action, runner, plan.mode, bucket, batch, reporter
-                ):
+                if perform_action(calls, action, runner, plan.mode, bucket, batch, reporter):
                     facts[action] = True
-            policy = effective_policy(release, plan, facts, reporter)
+                    performed = True
+            if performed:
+                policy = effective_policy(release, plan, facts, reporter)
         if policy is release.policy:
             return release, facts
         return self.later[policy], facts

@@ -316,7 +316,9 @@ class GraphRunner:
         self._eager_batch = BucketBatch.bind(self._plans.eager, release)
 
     def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
-        """What a step of a captured bucket publishes, or the eager policy (None/uncaptured)."""
+        """What a step of a captured bucket publishes, or the eager policy (None/uncaptured).
+        For a cell that reads per-batch facts it is the earliest any batch may publish there;
+        a batch publishes it or later (``last_step.decided`` says what a step decided)."""
         if bucket is not None and bucket in self._captured:
             return self._captured[bucket].release.policy
         return self._eager_release().policy
