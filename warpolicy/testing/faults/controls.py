@@ -249,6 +249,13 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         intact=Case("per_batch", "snapshot", _ACTION_FAILS),
     ),
     Control(
+        "staging_lies",
+        "the action plugin answers True for draft_extend_staged without staging: the step "
+        "hands verify's event while the draft extend still reads shared state",
+        Case("spec_staged", "staged", Fault("warpolicy_batch_action", "lie", phase="run")),
+        intact=Case("spec_staged", "staged", _ACTION_FAILS),
+    ),
+    Control(
         "join_catches_exception",
         "the warm-up join catches Exception only: KeyboardInterrupt skips join and synchronize",
         Case("decode", "post_replay", _JOIN_INTERRUPTED),

@@ -26,12 +26,13 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 import attrs
 
 from warpolicy.registry.compiled import CompiledPolicy
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.testing.faults.injection import Injector
-from warpolicy.testing.perbatch import SNAPSHOT_ACTION, perbatch_policy
+from warpolicy.testing.perbatch import perbatch_policy
 
 
 class HarnessCalls(Protocol):
@@ -256,20 +257,70 @@ class PerBatchModel(HarnessModel):
         return self._call("forward", act)
 
 
+class StagedModel(HarnessModel):
+    """A draft extend whose shared reads (its ``reads`` plan) are staged by verify's per-batch
+    action ``draft_extend_staged``: once `snapshot` (the staging copy, a logged read before
+    verify's release point) ran for this step, its prep and forward read the staged copies
+    (private work only), in replays too; ``staged`` is cleared by verify's host prep
+    (`ResettingModel`) and consumed by the forward."""
+
+    staged = False
+
+    def snapshot(self) -> None:
+        self.harness.read(f"{self.name}.stage")
+        self.staged = True
+
+    def _stage(self, stage: str) -> None:
+        if self.staged and stage in ("graph_prep", "forward"):
+            self.harness.work(f"{self.name}.{stage}")
+            if stage == "forward":
+                self.staged = False
+            return
+        super()._stage(stage)
+
+
+class ResettingModel(HarnessModel):
+    """Target verify: a step starts here, so the draft extend's staging of the step before
+    (if its draft extend never ran) does not count for this one."""
+
+    def __init__(self, *args: Any, staged: StagedModel, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.staged_model = staged
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        self.staged_model.staged = False
+        super().host_prep(batch, bucket)
+
+
 @functools.cache
 def _per_batch_compiled(threshold: int) -> CompiledPolicy:
     return perbatch_policy(threshold)
 
 
+@functools.cache
+def eagle_compiled() -> CompiledPolicy:
+    """The default registry's fa3 + EAGLE: verify ``in_graph`` only after
+    ``draft_extend_staged``, draft extend ``none``."""
+    return PolicyEngine.load(environ={}).compile("fa3", "eagle", strict=True)
+
+
 class BatchPolicyTable:
     """The ``per_batch`` scenario's policy: the registry's compiled ``perbatch_prefill`` (a
     fact-dependent cell; `warpolicy.testing.perbatch`) whose lookups are the ``policy`` fault
-    target. ``trusting`` (a positive control's engine bug): its rule takes the snapshot action
-    as succeeded whatever the hook answered."""
+    target (``compiled``: another compiled policy, e.g. `eagle_compiled`). ``trusting`` (a
+    positive control's engine bug): its rule takes every action as succeeded whatever the hook
+    answered."""
 
-    def __init__(self, harness: HarnessCalls, threshold: int, *, trusting: bool = False) -> None:
+    def __init__(
+        self,
+        harness: HarnessCalls,
+        threshold: int = 0,
+        *,
+        trusting: bool = False,
+        compiled: Optional[CompiledPolicy] = None,
+    ) -> None:
         self.harness = harness
-        self.compiled = _per_batch_compiled(threshold)
+        self.compiled = compiled if compiled is not None else _per_batch_compiled(threshold)
         self.trusting = trusting
 
     def lookup(
@@ -287,7 +338,7 @@ class BatchPolicyTable:
 
 
 class _TrustingRule:
-    """A rule that reads every batch as if its snapshot succeeded (a bug, for a control)."""
+    """A rule that reads every batch as if its actions succeeded (a bug, for a control)."""
 
     def __init__(self, rule: Any) -> None:
         self.rule = rule
@@ -297,7 +348,7 @@ class _TrustingRule:
         self.earliest = rule.earliest
 
     def __call__(self, facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
-        return self.rule({**(facts or {}), SNAPSHOT_ACTION: True})
+        return self.rule({**(facts or {}), **dict.fromkeys(self.actions, True)})
 
 
 def graph_model(captured: Sequence[tuple], planted: set[int]) -> Graph:
@@ -392,7 +443,7 @@ class HarnessObservers:
 
         def act() -> Optional[bool]:
             self.seen["warpolicy_batch_action"] = self.seen.get("warpolicy_batch_action", 0) + 1
-            if not isinstance(model, PerBatchModel):
+            if not isinstance(model, (PerBatchModel, StagedModel)):
                 return None
             model.snapshot()
             return True

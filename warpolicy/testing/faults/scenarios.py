@@ -57,6 +57,9 @@ from warpolicy.testing.faults.model import (
     BatchPolicyTable,
     HarnessModel,
     PerBatchModel,
+    ResettingModel,
+    StagedModel,
+    eagle_compiled,
     policy_table,
 )
 
@@ -339,6 +342,29 @@ def _per_batch_scenario(h: Harness, variant: str) -> None:
         overlap(h, runner, STEPS["tokens"])
 
 
+def _spec_staged_scenario(h: Harness, variant: str) -> None:
+    """SpecStep verify -> draft extend under the default registry's fa3 + EAGLE: verify
+    publishes ``in_graph`` only after ``draft_extend_staged`` (the harness's action copies the
+    draft extend's shared reads), the draft extend reads shared state (late) unless staged and
+    decides ``none``; the step hands verify's event when staged."""
+    draft = StagedModel(h, READ_PLANS["late"], BUCKETS, name="draft_extend")
+    verify = ResettingModel(h, READ_PLANS["prep"], BUCKETS, name="target_verify", staged=draft)
+    h.snapshot_model = draft
+    policy = BatchPolicyTable(h, compiled=eagle_compiled())
+    kw = {**h.kw, **h.runner_options}
+    runners = h.guard(
+        lambda: (
+            VerifyRunner(verify, policy, h.platform, draft_tokens=DRAFT_TOKENS, **kw),
+            DraftExtendRunner(draft, policy, h.platform, **kw),
+        )
+    )
+    if runners is None:
+        return
+    step = h.guard(lambda: SpecStep([Phase(r) for r in runners], last_reader=DRAFT, **h.kw))
+    if step is not None:
+        overlap(h, step, STEPS["tokens"])
+
+
 def _threads_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -395,6 +421,13 @@ SCENARIOS: Mapping[str, Scenario] = {
             _per_batch_scenario,
             "PrefillRunner on a per-batch cell: pre_replay above the threshold only after the "
             "snapshot action (warpolicy_batch_action, a fault target)",
+        ),
+        Scenario(
+            "spec_staged",
+            ("staged",),
+            _spec_staged_scenario,
+            "SpecStep verify -> draft extend (fa3 + EAGLE): verify's event only after "
+            "draft_extend_staged (warpolicy_batch_action, a fault target)",
         ),
         Scenario(
             "spec",
