@@ -301,6 +301,8 @@ def test_a_router_publishes_by_the_route_the_model_reports(router, route, expect
         taken, info = step(runner, 10)
     assert taken is expected and model.asked == 1
     assert "sparse_prefill_snapshot" not in (info.facts or {})  # a model reports no action
+    if isinstance(route, Broken):
+        assert runner.reporter.counts["fallback:batch_facts"] == 1
 
 
 def test_a_model_without_batch_facts_is_unreported_and_said_once(router):

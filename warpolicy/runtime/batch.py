@@ -284,7 +284,7 @@ def measured_facts(
                 for name in plan.reported:
                     facts.pop(name, None)
                 reporter.fallback(
-                    "measured_facts",
+                    "batch_facts",
                     exc,
                     f"the model's batch_facts raised ({exc!r}); its facts are unreported",
                 )
