@@ -175,7 +175,7 @@ def test_an_exception_reaches_the_fallback_observers(policy):
     with pytest.warns(RuntimeWarning, match="per-batch action 'synthetic_snapshot'"):
         step(runner, 100)
     step(runner, 100)
-    assert seen == [("extend runner:batch_action:synthetic_snapshot:action0", "Broken")] * 2
+    assert seen == [("extend runner:batch_action", "Broken")] * 2
 
 
 def test_a_non_bool_answer_is_warned_about_once(policy):
@@ -244,7 +244,7 @@ def test_a_policy_whose_rule_cannot_be_read_keeps_the_later_answer(policy):
 
     rt = sim_runtime()
     runner = PrefillRunner(RecModel(BUCKETS), NoRules(), rt.platform, observers=rt.observers)
-    with pytest.warns(RuntimeWarning, match="per-batch rule failed"):
+    with pytest.warns(RuntimeWarning, match="per-batch rule of extend failed"):
         runner.capture()
     assert {c.policy for c in runner.captured.values()} == {P.NONE}
 

@@ -177,7 +177,7 @@ def plan_cell(
             raise TypeError(f"the rule {rule!r} is not callable")
     except Exception as exc:  # noqa: BLE001 - no plan: the later answer stays
         reporter.fallback(
-            f"batch-rule:{mode.label}", exc, f"reading the per-batch rule failed ({exc!r})"
+            "batch_rule", exc, f"reading the per-batch rule of {mode.label} failed ({exc!r})"
         )
         return None
     reported = tuple(f for f in facts if f != NUM_QO_TOKENS and f not in actions)
@@ -241,7 +241,7 @@ def perform_action(
         except Exception as exc:  # noqa: BLE001 - not performed: the later policy
             failed = True
             reporter.fallback(
-                f"batch_action:{action}:{call.plugin}",
+                "batch_action",
                 exc,
                 f"the per-batch action {action!r} of {call.plugin!r} raised ({exc!r}); this "
                 "batch gets the later policy",
@@ -306,7 +306,7 @@ def effective_policy(
     try:
         answer = sound(WarReadDonePolicy(plan.rule(facts)), plan.eager, plan.planted)
     except Exception as exc:  # noqa: BLE001 - the coarse barrier for this batch
-        reporter.fallback("batch-rule", exc, f"the per-batch lookup raised ({exc!r})")
+        reporter.fallback("batch_rule", exc, f"the per-batch lookup raised ({exc!r})")
         return NONE
     policy = release.policy
     if answer <= policy:

@@ -505,7 +505,7 @@ class GraphRunner:
                 self.reporter,
             )
         except Exception as exc:  # noqa: BLE001 - this batch is coarse, never earlier
-            self.reporter.fallback("per-batch", exc)
+            self.reporter.fallback("per_batch", exc)
             return per.later.get(NONE, per.release), None
         except BaseException:
             self._discard()  # this step's scheduler read finds nothing: coarse
