@@ -163,6 +163,17 @@ def test_the_action_succeeds_only_with_a_true_and_nothing_else(policy, answers):
     assert all(len(p.calls) == 1 for p in plugins)  # every implementation asked once
 
 
+def test_no_action_implementation_is_said_once(policy):
+    runner, _ = prefill(policy)
+    with pytest.warns(RuntimeWarning, match="no warpolicy_batch_action implementation"):
+        taken, _ = step(runner, 100)
+    assert taken is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(runner, 100)
+        assert step(runner, 10)[0] is P.PRE_REPLAY  # a batch that needs no action: no warning
+
+
 def test_an_exception_reaches_the_fallback_observers(policy):
     seen = []
 

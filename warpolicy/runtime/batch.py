@@ -358,6 +358,13 @@ class BucketBatch:
                     performed = True
             if performed:
                 policy = effective_policy(release, plan, facts, reporter)
+        elif plan.actions and policy is not release.policy:
+            reporter.warn(
+                "batch-action-missing",
+                f"no warpolicy_batch_action implementation performs {', '.join(plan.actions)} "
+                "(register one on the plugin manager whose observers the runner was built "
+                "with): those batches publish later",
+            )
         if policy is release.policy:
             return release, facts
         return self.later[policy], facts
