@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.batch import BatchPlan, effective_policy
+from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.observers import NO_OBSERVERS, Reporter
+from warpolicy.runtime.owned_capture import ReadDoneCapture, cell_policy
 from warpolicy.runtime.release import BucketRelease
 from warpolicy.runtime.runners import (
     DecodeRunner,
@@ -457,3 +459,40 @@ def test_effective_policy_is_the_max_of_bucket_and_rule(bucket_policy, answer, e
         )
         is P.POST_REPLAY
     )
+
+
+# -- the engine API (an engine that owns its capture) ----------------------------------------------
+
+
+def owned_outcome(policy, *, per_batch: bool):
+    rt = sim_runtime()
+    plugin = ActionPlugin(always(True))
+    rt.pm.register(plugin, name="action")
+    p = rt.platform
+    cell = cell_policy(policy, M.EXTEND, per_batch=per_batch, observers=rt.observers)
+    fence = ReadDoneFence(p, name="extend", observers=rt.observers)
+    capture = ReadDoneCapture(p, cell, fence, observers=rt.observers)
+    bucket = capture.begin(128)
+    graph = p.new_graph(keep_graph=True)
+    p.capture_callable(graph, bucket.mark)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outcome = bucket.finish(graph, {})
+    return rt, capture, outcome, plugin
+
+
+def test_the_engine_api_is_per_batch_only_when_asked(policy):
+    _, capture, outcome, _ = owned_outcome(policy, per_batch=False)
+    assert outcome.policy is P.NONE and outcome.batch is None  # the later, sound answer
+    assert capture.eager_batch(capture.eager()) is None
+    rt, capture, outcome, plugin = owned_outcome(policy, per_batch=True)
+    assert outcome.policy is P.PRE_REPLAY and outcome.batch is not None
+    reporter = Reporter(rt.observers, "engine")
+    calls = rt.observers.batch_action
+    release, facts = outcome.batch.step(100, 128, object(), "extend", None, calls, reporter)
+    assert release is outcome.release and facts == {"num_qo_tokens": 128, SNAPSHOT_ACTION: True}
+    with pytest.warns(RuntimeWarning, match="no warpolicy_batch_action implementation"):
+        release, facts = outcome.batch.step(100, 128, object(), "extend", None, (), reporter)
+    assert release.policy is P.NONE  # nobody performed the snapshot: later
+    eager = capture.eager()
+    assert eager.policy is P.PRE_REPLAY and capture.eager_batch(eager) is not None
