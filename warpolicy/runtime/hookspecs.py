@@ -1,6 +1,6 @@
 """The ``warpolicy_*`` hook specifications.
 
-Three kinds of hooks:
+Four kinds of hooks:
 
 * **Fragment hook** (`warpolicy_capabilities`): every plugin's result is collected and
   merged by the registry's own rules (`warpolicy.runtime.manager.collect_fragments` sorts them by
