@@ -28,6 +28,7 @@ OBSERVERS = {
     "warpolicy_on_release_lead",
 }
 FRAGMENTS = {"warpolicy_capabilities"}
+ACTIONS = {"warpolicy_batch_action"}
 
 
 @pytest.fixture
@@ -35,9 +36,11 @@ def pm():
     return new_plugin_manager(load_entry_points=False, environ={})
 
 
-def test_the_hooks_are_exactly_fragments_platform_and_observers():
-    assert set(SPECS) == FRAGMENTS | OBSERVERS | {"warpolicy_platform"}
+def test_the_hooks_are_exactly_fragments_platform_observers_and_the_action_hook():
+    assert set(SPECS) == FRAGMENTS | OBSERVERS | ACTIONS | {"warpolicy_platform"}
     assert set(hookspecs.OBSERVER_HOOKS) == OBSERVERS
+    assert set(hookspecs.ACTION_HOOKS) == ACTIONS
+    assert dict(hookspecs.DIRECT_HOOKS) == {**hookspecs.OBSERVER_HOOKS, **hookspecs.ACTION_HOOKS}
     assert not set(hookspecs.REMOVED_PLATFORM_HOOKS) & set(SPECS)
 
 
@@ -55,9 +58,15 @@ def test_each_hook_is_prefixed_typed_and_documented(name):
     assert all(f":param {p}:" in doc for p in sig.parameters)
 
 
-@pytest.mark.parametrize("name", sorted(OBSERVERS))
-def test_observer_argument_order_is_the_spec_order(name):
-    assert tuple(inspect.signature(SPECS[name]).parameters) == hookspecs.OBSERVER_HOOKS[name]
+@pytest.mark.parametrize("name", sorted(OBSERVERS | ACTIONS))
+def test_direct_hook_argument_order_is_the_spec_order(name):
+    assert tuple(inspect.signature(SPECS[name]).parameters) == hookspecs.DIRECT_HOOKS[name]
+
+
+def test_the_action_hook_says_how_results_combine():
+    doc = inspect.getdoc(SPECS["warpolicy_batch_action"]) or ""
+    for words in ("exactly ``True``", "independently of call order", "BaseException"):
+        assert words in doc
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

@@ -17,7 +17,7 @@ from warpolicy.runtime.platforms import PLATFORM_OPERATIONS
 from warpolicy.testing import faults
 from warpolicy.testing.faults import controls
 from warpolicy.testing.faults.harness import Harness
-from warpolicy.testing.faults.injection import MODES, Fault, Injector
+from warpolicy.testing.faults.injection import ACTION_MODES, MODES, Fault, Injector
 from warpolicy.testing.faults.model import OBSERVER_TARGETS, UNCALLED_OBSERVERS
 from warpolicy.testing.faults.report import MatrixResult
 
@@ -180,6 +180,27 @@ def test_the_late_reader_is_really_late():
         faults.Case("decode", "in_graph_late"), runner_options={"self_check": "off"}
     )
     assert result.early
+
+
+def test_the_action_hook_is_a_target_in_every_action_mode():
+    assert "warpolicy_batch_action" in faults.TARGETS
+    cases = list(faults.cases(scenarios=["per_batch"], targets=["warpolicy_batch_action"]))
+    modes = {c.fault.mode for c in cases if c.fault is not None}
+    assert modes == set(ACTION_MODES) >= {"raise", "interrupt", "false", "nonbool", "none"}
+    assert Injector(Fault("x", "false", nth=1)).call("x", lambda: True) is False
+    assert Injector(Fault("x", "nonbool", nth=1)).call("x", lambda: True) == 1
+
+
+def test_the_per_batch_scenario_snapshots_above_the_threshold_only():
+    """The clean run asks the action hook for the batches above the threshold (8-token
+    buckets, 16 eager), never for the 4-token bucket, and the unsnapshotted forward really
+    reads late (the trusting rule releases early with no fault at all)."""
+    harness = Harness()
+    with harness.recording():
+        faults.SCENARIOS["per_batch"].run(harness, "snapshot")
+    assert harness.injector.calls.get("warpolicy_batch_action") == 4  # steps 8, 16, 8, 6
+    assert harness.outcome().early_writes == 0
+    assert faults.run_case(faults.Case("per_batch", "trusting")).early
 
 
 def test_two_threads_share_one_runner():

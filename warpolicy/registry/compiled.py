@@ -28,12 +28,13 @@ class BatchRule:
     ``facts``: the facts it reads, in key order; ``actions``: the ``action`` facts among them,
     the per-batch actions whose success can make this cell earlier (the runner performs exactly
     these, once per batch, before publishing); ``unknown``: the policy when nothing is reported;
-    ``cases``: the policy per combination of fact classes, merged where a fact does not matter.
+    ``cases``: the policy per combination of fact classes, merged where a fact does not matter;
+    ``earliest``: the earliest policy of any combination.
     Call it with the batch's facts (a mapping, or None) for the policy; ``fast`` is the same
     callable without this object's frame (what `CompiledPolicy.per_batch` hands out).
     """
 
-    __slots__ = ("actions", "cases", "classes", "facts", "fast", "table", "unknown")
+    __slots__ = ("actions", "cases", "classes", "earliest", "facts", "fast", "table", "unknown")
 
     def __init__(
         self,
@@ -46,6 +47,9 @@ class BatchRule:
         self.actions = tuple(c.fact.name for c in self.classes if c.fact.type is FactType.ACTION)
         self.table = dict(table)
         self.unknown = self.table[tuple(c.classify(ABSENT) for c in self.classes)]
+        #: the earliest policy any batch can get (a runner captures for it, then publishes
+        #: ``max(release, rule(facts))`` per batch)
+        self.earliest = min(self.table.values())
         self.cases = tuple(cases)
         self.fast = _fast_rule(self.classes, self.table, self.unknown)
 

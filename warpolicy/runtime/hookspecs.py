@@ -1,6 +1,6 @@
 """The ``warpolicy_*`` hook specifications.
 
-Three kinds of hooks:
+Four kinds of hooks:
 
 * **Fragment hook** (`warpolicy_capabilities`): every plugin's result is collected and
   merged by the registry's own rules (`warpolicy.runtime.manager.collect_fragments` sorts them by
@@ -16,6 +16,11 @@ Three kinds of hooks:
   the arguments pluggy passes it. An observer that raises is reported (a warning and
   `warpolicy_on_fallback`) and never changes what is published or when the scheduler is
   released.
+
+* **Per-batch action hook** (`warpolicy_batch_action`): performs a per-batch action (a snapshot,
+  a staging copy) that the registry says can make one batch's release earlier. Its
+  implementations are resolved once (with the observers' machinery) and called directly, only
+  for the actions a captured cell names; results combine by a rule independent of call order.
 
 Implementations may accept any subset of a hook's arguments (pluggy passes only the ones
 they name), so new arguments can be added here without breaking plugins.
@@ -34,6 +39,8 @@ if TYPE_CHECKING:  # annotations only (no cycle: nothing below imports this modu
     from warpolicy.runtime.platforms import EventHandle, PlatformImpl
 
 __all__ = [
+    "ACTION_HOOKS",
+    "DIRECT_HOOKS",
     "OBSERVER_HOOKS",
     "PROJECT",
     "REMOVED_PLATFORM_HOOKS",
@@ -79,6 +86,14 @@ OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = {
     "warpolicy_on_violation": ("runner", "backend", "mode", "spec", "bucket", "step", "detail"),
     "warpolicy_on_release_lead": ("runner", "mode", "bucket", "step", "lead_us"),
 }
+
+#: The per-batch action hook, its arguments in the order the runtime passes them.
+ACTION_HOOKS: Mapping[str, tuple[str, ...]] = {
+    "warpolicy_batch_action": ("action", "runner", "mode", "bucket", "batch"),
+}
+
+#: Every hook the runtime calls directly, per implementation (`warpolicy.runtime.observers`).
+DIRECT_HOOKS: Mapping[str, tuple[str, ...]] = {**OBSERVER_HOOKS, **ACTION_HOOKS}
 
 
 # -- registry fragments ------------------------------------------------------------------------
@@ -214,4 +229,37 @@ def warpolicy_on_release_lead(
     :param step: the runner's step number of the sampled step
     :param lead_us: microseconds from the scheduler's release to the forward's end (0 for a
         coarse barrier; negative values are clamped to 0)
+    """
+
+
+# -- per-batch actions -------------------------------------------------------------------------
+
+
+@hookspec
+def warpolicy_batch_action(
+    action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
+) -> Optional[bool]:
+    """Perform the per-batch action ``action`` for this batch; return ``True`` once it is done.
+
+    Fires once per batch and per action the batch's cell names (`CompiledPolicy.actions`:
+    the ``type: action`` facts whose success can make this cell earlier, e.g.
+    ``sparse_prefill_snapshot``, ``prefill_staged``, ``draft_extend_staged``), after the
+    runner's ``host_prep`` and before anything of the step is published, on the host thread that
+    runs the step with the forward stream current (work enqueued there precedes the release
+    point). A cell with no actions never calls it.
+
+    Return ``True`` only when the action is done (its copies enqueued on the forward stream),
+    ``False`` when it was not, ``None`` when the action is not yours. Results combine
+    independently of call order: the action succeeded only if at least one implementation
+    returned exactly ``True`` and none returned anything else that is not ``None`` (``False``,
+    ``1``, ``"yes"``) or raised. An ``Exception`` means not performed (reported to
+    ``warpolicy_on_fallback``); a ``BaseException`` (``KeyboardInterrupt``) makes the step publish
+    nothing (the coarse barrier), then propagates. An action that did not succeed gives that batch
+    the later policy, never the earlier one.
+
+    :param action: the action fact's name as the registry declares it
+    :param runner: the runner's name
+    :param mode: the runner's forward mode
+    :param bucket: the captured bucket the step replays, or None for an eager step
+    :param batch: the engine's batch, as given to ``runner.run``
     """

@@ -1,13 +1,15 @@
 """Observers and the fail-closed reporter: the one way the runtime tells plugins what happened.
 
-`Observers` holds, per observer hook, what to call for each registered implementation: the
-implementation's own function called with exactly the arguments the installed pluggy would pass
-it (``impl.argnames``, plus the defaulted ``impl.kwargnames`` where that pluggy passes them:
-`pluggy_passes_defaults` asks pluggy itself once), so one failing observer neither stops the
-others nor changes what the runtime does, and a call costs a fraction of a microsecond. A hook
-with a wrapper implementation, or any hook while pluggy's hook-call monitoring (tracing) is on,
-is called once, whole, through pluggy's own `HookCaller`, so the wrapper or the monitor sees
-every call. An empty tuple means nobody observes: callers skip the call entirely
+`Observers` holds, per observer hook (and for the per-batch action hook
+``warpolicy_batch_action``, which `warpolicy.runtime.batch` calls with the same machinery),
+what to call for each registered implementation: the implementation's own function called
+with exactly the arguments the installed pluggy would pass it (``impl.argnames``, plus the
+defaulted ``impl.kwargnames`` where that pluggy passes them: `pluggy_passes_defaults` asks
+pluggy itself once), so one failing observer neither stops the others nor changes what the
+runtime does, and a call costs a fraction of a microsecond. A hook with a wrapper
+implementation, or any hook while pluggy's hook-call monitoring (tracing) is on, is called
+once, whole, through pluggy's own `HookCaller`, so the wrapper or the monitor sees every call.
+An empty tuple means nobody observes: callers skip the call entirely
 (``if observers.on_publish:``).
 
 The plugin manager keeps its `Observers` current on every registration change
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import attrs
 import pluggy
 
-from warpolicy.runtime.hookspecs import OBSERVER_HOOKS
+from warpolicy.runtime.hookspecs import DIRECT_HOOKS
 
 if TYPE_CHECKING:  # annotations only
     from warpolicy.registry.decision import Decision
@@ -43,13 +45,15 @@ if TYPE_CHECKING:  # annotations only
 @attrs.frozen
 class ObserverCall:
     """One observer implementation (or, with a wrapper or while monitored, the whole hook) and
-    how to call it: ``call(*args)`` with the hook's arguments in `OBSERVER_HOOKS` order."""
+    how to call it: ``call(*args)`` with the hook's arguments in `DIRECT_HOOKS` order."""
 
     #: the plugin name, or the sorted names joined by commas for a whole-hook call
     plugin: str
     #: the implementation called as the installed pluggy calls it (see `pluggy_passes_defaults`),
     #: or pluggy's own `HookCaller` for a whole-hook call
     call: Callable[..., object] = attrs.field(repr=False)
+    #: a whole-hook call (through pluggy): its result is the list of every implementation's
+    whole: bool = False
 
 
 _PROBE = "warpolicy_observer_probe"
@@ -121,10 +125,10 @@ def _calls(
     impls = caller.get_hookimpls()
     if not impls:
         return ()
-    spec = OBSERVER_HOOKS[caller.name]
+    spec = DIRECT_HOOKS[caller.name]
     if monitored or any(impl.hookwrapper or impl.wrapper for impl in impls):
         names = ",".join(sorted({impl.plugin_name for impl in impls}))
-        return (ObserverCall(names, _whole(caller, spec)),)
+        return (ObserverCall(names, _whole(caller, spec), whole=True),)
     # pluggy calls the implementations last-first
     return tuple(ObserverCall(impl.plugin_name, _direct(impl, spec)) for impl in reversed(impls))
 
@@ -140,6 +144,7 @@ class Observers:
         "on_demotion",
         "on_violation",
         "on_release_lead",
+        "batch_action",
         "monitored",
         "_pm",
     )
@@ -156,6 +161,8 @@ class Observers:
         self.on_demotion: tuple[ObserverCall, ...] = ()
         self.on_violation: tuple[ObserverCall, ...] = ()
         self.on_release_lead: tuple[ObserverCall, ...] = ()
+        #: the per-batch action hook's implementations (`warpolicy.runtime.batch` calls them)
+        self.batch_action: tuple[ObserverCall, ...] = ()
         self.refresh()
 
     def refresh(self) -> None:
@@ -172,6 +179,7 @@ class Observers:
         self.on_demotion = _calls(pm, hook.warpolicy_on_demotion, monitored)
         self.on_violation = _calls(pm, hook.warpolicy_on_violation, monitored)
         self.on_release_lead = _calls(pm, hook.warpolicy_on_release_lead, monitored)
+        self.batch_action = _calls(pm, hook.warpolicy_batch_action, monitored)
 
     def __repr__(self) -> str:
         counts = (
@@ -182,8 +190,9 @@ class Observers:
             len(self.on_demotion),
             len(self.on_violation),
             len(self.on_release_lead),
+            len(self.batch_action),
         )
-        return f"Observers({dict(zip(OBSERVER_HOOKS, counts))})"
+        return f"Observers({dict(zip(DIRECT_HOOKS, counts))})"
 
 
 #: Observes nothing (the default of every runtime component built without observers).

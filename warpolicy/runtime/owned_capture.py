@@ -58,6 +58,7 @@ from warpolicy.errors import InputError, WarpolicyError
 from warpolicy.registry.decision import Context, Decision, Reason
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.runtime.batch import NO_PLANS, BucketBatch, CellPlans, cell_plans, lower_policies
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.runtime.graphwalk.plant import RawGraph, SharedBuffers
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
@@ -132,6 +133,10 @@ class CellPolicy:
     placement: Placement = Placement.MARKER
     source: Optional[RunnerPolicy] = attrs.field(default=None, eq=False, repr=False)
     note: Optional[str] = None
+    #: the per-batch plans of the mode's cells (``per_batch=True`` only; `warpolicy.runtime.
+    #: batch`): the policies above are then the earliest any batch can get, and every step must
+    #: go through its bucket's `BucketOutcome.batch`
+    plans: CellPlans = attrs.field(default=NO_PLANS, eq=False, repr=False)
 
     @property
     def failure(self) -> Optional[str]:
@@ -144,14 +149,28 @@ def cell_policy(
     mode: Union[ForwardMode, str],
     *,
     placement: Optional[Union[Placement, str]] = None,
+    per_batch: bool = False,
+    observers: Observers = NO_OBSERVERS,
 ) -> CellPolicy:
     """The `CellPolicy` of ``mode`` from any runner policy: a compiled policy (or another
     object with ``lookup(mode, eager, planted)``) or a ``(mode, eager, planted) -> policy``
     callable. The policy is asked once per fact set (`resolve_policies`); any exception or
-    junk answer makes every answer ``none``. ``placement`` overrides the policy's."""
+    junk answer makes every answer ``none``. ``placement`` overrides the policy's.
+
+    ``per_batch=True`` (opt in): a cell whose policy reads per-batch facts is resolved for the
+    earliest policy any of its batches can get (`warpolicy.runtime.batch.lower_policies`) and
+    carries its plans; each bucket's `BucketOutcome.batch` (and `ReadDoneCapture.eager_batch`)
+    then gives every step its own release, the same or later. Only opt in if every step calls
+    it: publishing ``outcome.release`` itself would be that earliest policy for every batch.
+    Without it such a cell answers what a batch reporting no facts gets (later, sound)."""
     mode = ForwardMode.parse(mode)
     where, note = placement_of(policy, mode, placement)
-    return CellPolicy(mode, resolve_policies(policy_function(policy), mode), where, policy, note)
+    policies = resolve_policies(policy_function(policy), mode)
+    plans = NO_PLANS
+    if per_batch and policies.failure is None:
+        plans = cell_plans(policy, mode, Reporter(observers, f"cell {mode.label}"))
+        policies = lower_policies(policies, plans)
+    return CellPolicy(mode, policies, where, policy, note, plans)
 
 
 def resolve_cell(
@@ -163,9 +182,12 @@ def resolve_cell(
     *,
     platform: Platform,
     placement: Optional[Union[Placement, str]] = None,
+    per_batch: bool = False,
+    observers: Observers = NO_OBSERVERS,
 ) -> CellPolicy:
     """The policy of (``backend``, ``mode``, ``spec``, ``flags``) on ``platform`` from the
-    registry ``engine`` holds, resolved once (call it at capture, never per step).
+    registry ``engine`` holds, resolved once (call it at capture, never per step);
+    ``per_batch``: see `cell_policy`.
 
     Fails closed: an unknown backend or spec, or any error while compiling, gives every answer
     ``none`` (the coarse barrier) with the error as ``failure``; nothing raises but an
@@ -185,7 +207,9 @@ def resolve_cell(
         failure = f"compiling the policy of {backend!r} (spec {spec!r}) failed: {exc}"
         where = parse_placement(placement) if placement is not None else Placement.MARKER
         return CellPolicy(mode, ModePolicies.coarse(mode, failure, exc), where)
-    return cell_policy(compiled, mode, placement=placement)
+    return cell_policy(
+        compiled, mode, placement=placement, per_batch=per_batch, observers=observers
+    )
 
 
 # -- what a capture established ---------------------------------------------------------------
@@ -226,6 +250,11 @@ class BucketOutcome:
     #: node). Keep it alive as long as the graph: a graph exec recording a destroyed event is
     #: undefined behaviour in CUDA (seen on the H200: an abort inside ``replay``).
     recorded: Optional[EventHandle] = None
+    #: per batch (a cell resolved with ``per_batch=True`` that reads facts): each step's own
+    #: release, ``batch.step(size, bucket, batch, name, model, observers.batch_action,
+    #: reporter)`` -> (release, facts), the same as ``release`` or later; None: every step
+    #: publishes ``release``
+    batch: Optional[BucketBatch] = attrs.field(default=None, repr=False)
 
     @property
     def policy(self) -> WarReadDonePolicy:
@@ -363,6 +392,11 @@ class ReadDoneCapture:
         self.notify(release, eager=True, planted=False)
         return release
 
+    def eager_batch(self, release: BucketRelease) -> Optional[BucketBatch]:
+        """The per-batch plan of the eager ``release`` (`eager`), for a cell resolved with
+        ``per_batch=True`` whose eager cell reads facts; else None."""
+        return BucketBatch.bind(self.cell.plans.eager, release)
+
     def notify(self, release: BucketRelease, *, eager: bool, planted: bool) -> None:
         """Tell the decision observers what a bucket (or the eager path) publishes."""
         notify_decision(self.reporter, self.cell.source, self.mode, release, eager, planted)
@@ -452,7 +486,10 @@ class BucketCapture:
             c.reporter.demotion(c.name, self.bucket, self._demotion_text(release, facts))
         c.notify(release, eager=False, planted=facts.event is not None)
         recorded = marker if marker is not None and not c.derived else self.event
-        self.outcome = BucketOutcome(release, report, facts, outcome, recorded)
+        plans = c.cell.plans
+        plan = plans.planted if facts.event is not None else plans.unplanted
+        batch = BucketBatch.bind(plan, release)
+        self.outcome = BucketOutcome(release, report, facts, outcome, recorded, batch)
         return self.outcome
 
     # -- the facts -------------------------------------------------------------------------------

@@ -82,7 +82,11 @@ def barrier_kind(kind: str) -> str:
 FALLBACK_PLACES: Mapping[str, frozenset[str]] = {
     "fence": frozenset({"prepare", "plant", "before_replay", "after_replay", "ring"}),
     "barrier": frozenset({"wait_event", "wait_stream"}),
-    "runner": frozenset({"policy", "settle", "publish"}),
+    # per_batch / batch_*: the per-batch path (warpolicy.runtime.batch): an action hook, the
+    # model's batch_facts or the per-batch rule raised
+    "runner": frozenset(
+        {"policy", "settle", "publish", "per_batch", "batch_action", "batch_facts", "batch_rule"}
+    ),
     "overlap_loop": frozenset({"record", "wait", "barrier", "release_lead"}),
     "consistency": frozenset({"consistency"}),
     # the WAR canary's session of a runner (warpolicy.runtime.canary)

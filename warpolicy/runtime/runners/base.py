@@ -50,6 +50,14 @@ import attrs
 
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import NONE, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.runtime.batch import (
+    NO_PLANS,
+    BucketBatch,
+    CellPlans,
+    ExplainedBatchPolicy,
+    cell_plans,
+    lower_policies,
+)
 from warpolicy.runtime.canary import Canary, CanarySession
 from warpolicy.runtime.distributed import ConsistencyResult, consistent_policy
 from warpolicy.runtime.fence import ReadDoneFence
@@ -168,6 +176,9 @@ class GraphRunner:
         self._outputs: dict[int, Any] = {}  # latest output per bucket
         self._eager_sizes: set[int] = set()
         self._eager: Optional[BucketRelease] = None  # decided on first need, and per capture
+        self._eager_batch: Optional[BucketBatch] = None  # the eager path's per-batch plan
+        # (bucket, policy) pairs whose per-batch decision the decision observers were told
+        self._batch_noted: set[tuple[Optional[int], WarReadDonePolicy]] = set()
         self._coarse: Optional[str] = None  # why the runner is coarse (a failed capture)
         # streams a failed capture left with work the host never waited for: every later step
         # waits for them first (so the scheduler's barrier on that step covers them)
@@ -207,6 +218,7 @@ class GraphRunner:
         self._policy = policy
         self._policy_fn = policy_function(policy)
         self._policies: Optional[ModePolicies] = None  # asked once, when first needed
+        self._plans: CellPlans = NO_PLANS  # the cells' per-batch plans, with the policies
 
     def _placement_of(
         self, policy: RunnerPolicy, given: Optional[Union[Placement, str]]
@@ -266,7 +278,10 @@ class GraphRunner:
         return self._mode_policies()
 
     def _mode_policies(self) -> ModePolicies:
-        """The policy for this runner's mode, asked once (a failure is reported once)."""
+        """The policy for this runner's mode, asked once (a failure is reported once). A cell
+        whose policy reads per-batch facts answers the earliest any batch can get
+        (`warpolicy.runtime.batch.lower_policies`): its buckets are decided for that, and each
+        batch publishes the same or later (`CapturedBucket.batch`)."""
         policies = self._policies
         if policies is None:
             policies = resolve_policies(self._policy_fn, self.mode)
@@ -275,6 +290,10 @@ class GraphRunner:
                 self.reporter.fallback(
                     "policy", error, f"{policies.failure}; using the coarse barrier"
                 )
+                self._plans = NO_PLANS
+            else:
+                self._plans = cell_plans(self._policy, self.mode, self.reporter)
+                policies = lower_policies(policies, self._plans)
             self._policies = policies
         return policies
 
@@ -288,11 +307,17 @@ class GraphRunner:
                 notify_decision(self.reporter, self._policy, self.mode, release, True, False)
             if None in self._demoted:
                 release = demote_release(release, self._demoted[None])
-            self._eager = release
+            self._set_eager(release)
         return release
 
+    def _set_eager(self, release: BucketRelease) -> None:
+        self._eager = release
+        self._eager_batch = BucketBatch.bind(self._plans.eager, release)
+
     def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
-        """What a step of a captured bucket publishes, or the eager policy (None/uncaptured)."""
+        """What a step of a captured bucket publishes, or the eager policy (None/uncaptured).
+        For a cell that reads per-batch facts it is the earliest any batch may publish there;
+        a batch publishes it or later (``last_step.decided`` says what a step decided)."""
         if bucket is not None and bucket in self._captured:
             return self._captured[bucket].release.policy
         return self._eager_release().policy
@@ -321,6 +346,7 @@ class GraphRunner:
         self._reports = {}
         self._coarse = "a capture is in progress or failed; every step is eager and coarse"
         self._eager = None
+        self._eager_batch = None
         if self.process_group is not None and self.consistency is None:
             self._check_consistency()
         transaction = self._transaction(self._mode_policies())
@@ -330,7 +356,7 @@ class GraphRunner:
             self._unsettled = transaction.unsettled  # () once its synchronize succeeded
         self._captured = result.captured
         self._reports = result.reports
-        self._eager = result.eager
+        self._set_eager(result.eager)
         self._coarse = None
         for bucket, reason in self._demoted.items():  # for the rest of the process
             self._apply_demotion(bucket, reason)
@@ -348,12 +374,12 @@ class GraphRunner:
     def _apply_demotion(self, bucket: Optional[int], reason: str) -> None:
         if bucket is None:
             if self._eager is not None and self._eager.policy is not NONE:
-                self._eager = demote_release(self._eager, reason)
+                self._set_eager(demote_release(self._eager, reason))
             return
         captured = self._captured.get(bucket)
         if captured is not None and captured.release.policy is not NONE:
             release = demote_release(captured.release, reason)
-            self._captured[bucket] = attrs.evolve(captured, release=release)
+            self._captured[bucket] = attrs.evolve(captured, release=release, batch=None)
 
     @property
     def demoted(self) -> Mapping[Optional[int], str]:
@@ -393,6 +419,7 @@ class GraphRunner:
             self_check=self.self_check,
             keep_graphs=self.keep_graphs,
             outputs=self._outputs,
+            plans=self._plans,
         )
 
     def _check_consistency(self) -> None:
@@ -435,6 +462,10 @@ class GraphRunner:
         bucket = captured.size
         release = captured.release
         self.model.host_prep(batch, bucket)
+        facts = None
+        per = captured.batch
+        if per is not None:  # the cell reads per-batch facts: this batch's release, same or later
+            release, facts = self._per_batch(per, size, bucket, batch)
         sample = None
         if due and session is not None:  # saved after the host prep, before any release
             sample = session.begin(
@@ -453,8 +484,56 @@ class GraphRunner:
             self._discard()
         if sample is not None and session is not None:  # what the overlapped step produced
             session.observe(sample, self._outputs[bucket])
-        self._done(size, bucket, published)
+        self._done(size, bucket, published, facts, release.policy)
         return self._outputs[bucket]
+
+    def _per_batch(
+        self, per: BucketBatch, size: int, bucket: Optional[int], batch: Any
+    ) -> tuple[BucketRelease, Optional[dict[str, object]]]:
+        """This batch's facts and release (`BucketBatch.step`): the bucket's, or a later one.
+        Anything that raises makes the batch publish nothing; a ``BaseException`` then
+        propagates, with this step's mailbox empty (coarse)."""
+        try:
+            release, facts = per.step(
+                size,
+                bucket,
+                batch,
+                self.name,
+                self.model,
+                self.observers.batch_action,
+                self.reporter,
+            )
+        except Exception as exc:  # noqa: BLE001 - this batch is coarse, never earlier
+            self.reporter.fallback("per_batch", exc)
+            return per.later.get(NONE, per.release), None
+        except BaseException:
+            self._discard()  # this step's scheduler read finds nothing: coarse
+            self._done(size, bucket, NONE, None, NONE)
+            raise
+        if release is not per.release and self.observers.on_decision:
+            self._note_batch(per, release, facts)
+        return release, facts
+
+    def _note_batch(
+        self, per: BucketBatch, release: BucketRelease, facts: dict[str, object]
+    ) -> None:
+        """Tell the decision observers about a per-batch decision later than its bucket's,
+        once per (bucket, policy): the first batch that moves it (explaining is no per-step
+        work)."""
+        key = (release.bucket, release.policy)
+        if key in self._batch_noted:
+            return
+        self._batch_noted.add(key)
+        policy = self._policy
+        if not isinstance(policy, ExplainedBatchPolicy):
+            return
+        plan = per.plan
+        try:
+            decision = policy.decision(self.mode, plan.eager, plan.planted, facts)
+        except Exception as exc:  # noqa: BLE001 - explaining never changes the release
+            self.reporter.warn("explain-batch", f"explaining a per-batch decision failed ({exc!r})")
+            return
+        self.reporter.decision(decision, f"runner:{self.name}:batch")
 
     def _settle(self) -> None:
         """After a capture that failed before its host synchronize: order this step (on the
@@ -476,6 +555,10 @@ class GraphRunner:
             self.model.prepare_bucket(size)
             self._eager_sizes.add(size)
         self.model.host_prep(batch, size)
+        facts = None
+        per = self._eager_batch
+        if per is not None:
+            release, facts = self._per_batch(per, size, None, batch)
         session = self.canary_session
         sample = None
         if due and session is not None:
@@ -496,7 +579,7 @@ class GraphRunner:
             self._discard()
         if sample is not None and session is not None:
             session.observe(sample, output)
-        self._done(size, None, published)
+        self._done(size, None, published, facts, release.policy)
         return output
 
     # Publishing through the fence. The fence fails closed on its own; these guard a fence that
@@ -535,8 +618,15 @@ class GraphRunner:
         if read_done is not None:
             read_done.slot.taken = False  # never handed to a barrier
 
-    def _done(self, size: int, bucket: Optional[int], policy: WarReadDonePolicy) -> None:
-        self.last_step = StepInfo(self._step, size, bucket, policy)
+    def _done(
+        self,
+        size: int,
+        bucket: Optional[int],
+        policy: WarReadDonePolicy,
+        facts: Optional[dict[str, object]] = None,
+        decided: Optional[WarReadDonePolicy] = None,
+    ) -> None:
+        self.last_step = StepInfo(self._step, size, bucket, policy, facts, decided)
         self._step += 1
 
     def __repr__(self) -> str:

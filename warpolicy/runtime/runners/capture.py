@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, Placement
+from warpolicy.runtime.batch import NO_PLANS, CellPlans
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import Reporter
 from warpolicy.runtime.owned_capture import (
@@ -74,13 +75,14 @@ class CaptureTransaction:
         self_check: str,
         keep_graphs: bool,
         outputs: dict[int, Any],
+        plans: CellPlans = NO_PLANS,
     ) -> None:
         self.name = name
         self.platform = platform
         self.model = model
         self.fence = fence
         self.reporter = reporter
-        self.cell = CellPolicy(mode, policies, placement, policy)
+        self.cell = CellPolicy(mode, policies, placement, policy, plans=plans)
         self.buckets = buckets
         self.marker = marker
         self.self_check = self_check
@@ -159,7 +161,9 @@ class CaptureTransaction:
         graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
-        captured = CapturedBucket(bucket, graph, outcome.release, recorded=outcome.recorded)
+        captured = CapturedBucket(
+            bucket, graph, outcome.release, recorded=outcome.recorded, batch=outcome.batch
+        )
         return captured, outcome.report
 
 

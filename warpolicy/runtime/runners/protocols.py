@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 import attrs
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.batch import BucketBatch
 from warpolicy.runtime.canary import Canary, CanarySpec
 from warpolicy.runtime.observers import Observers
 from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
@@ -95,6 +96,10 @@ class CapturedBucket:
     #: node). Kept as long as the graph: a graph exec recording a destroyed event is undefined
     #: behaviour in CUDA (seen on the H200: a glibc mutex abort inside ``replay``).
     recorded: Optional[EventHandle] = None
+    #: what a step of this bucket does per batch (its cell reads per-batch facts: the release
+    #: above is the earliest any batch can get, each batch publishes the same or later), or
+    #: None: every step publishes ``release`` with no per-batch work
+    batch: Optional[BucketBatch] = attrs.field(default=None, repr=False)
 
     @property
     def event(self) -> Optional[EventHandle]:
@@ -115,12 +120,16 @@ class CapturedBucket:
 @attrs.frozen
 class StepInfo:
     """What a runner did for one step (``bucket`` None = eager; ``policy`` = what was really
-    published, ``NONE`` when nothing was)."""
+    published, ``NONE`` when nothing was; ``facts``: the per-batch facts the step reported, None
+    for a cell that reads none; ``decided``: what the runner decided for this step (its
+    bucket's release, or the later per-batch one), None when not recorded)."""
 
     step: int
     size: int
     bucket: Optional[int]
     policy: WarReadDonePolicy
+    facts: Optional[Mapping[str, object]] = None
+    decided: Optional[WarReadDonePolicy] = None
 
 
 class Mailbox(Protocol):

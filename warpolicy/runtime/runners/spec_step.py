@@ -35,6 +35,7 @@ import attrs
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.batch import DRAFT_EXTEND_STAGED
 from warpolicy.runtime.canary import Canary
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
@@ -269,12 +270,18 @@ class SpecStep:
         infos: list[Optional[StepInfo]] = [None] * len(self.phases)
         failed = False
         released_by: Optional[int] = None
+        staged = False  # target verify published after draft_extend_staged succeeded
         try:
             for i, phase in enumerate(self.phases):
                 phase_batch = batch if phase.inputs is None else phase.inputs(batch, tuple(outputs))
                 outputs.append(phase.runner.run(phase_batch))
                 read_done, info, decided, ok = self._collect(phase)
                 infos[i] = info
+                if staged and phase.mode is ForwardMode.DRAFT_EXTEND:
+                    # staged: the draft extend reads draft-owned copies, verify's event holds
+                    if read_done is not None:
+                        read_done.slot.taken = False
+                    continue
                 if i > self.last_index and not phase.runner.mode_policies().reads_shared_state:
                     if read_done is not None:  # declared a non-reader, and answers so: discard
                         read_done.slot.taken = False
@@ -284,6 +291,14 @@ class SpecStep:
                 released_by = i
                 failed = failed or not ok
                 mailbox.put(None if failed else read_done)
+                staged = (
+                    phase.mode is ForwardMode.TARGET_VERIFY
+                    and not failed
+                    and read_done is not None
+                    and info is not None
+                    and info.facts is not None
+                    and info.facts.get(DRAFT_EXTEND_STAGED) is True
+                )
         except BaseException:
             mailbox.clear()  # the scheduler's read of this step finds nothing: coarse
             self._record(infos, released_by, None)
@@ -305,9 +320,15 @@ class SpecStep:
         ``ok`` is False when it decided to publish and nothing came out (its publish failed)."""
         runner = phase.runner
         info = runner.last_step
-        # what the runner decided for this step's graph (``info.policy`` is what its fence
-        # really published: NONE after a failed publish, which must not pass as a choice)
-        decided = runner.policy_for(info.bucket) if info is not None else NONE
+        # what the runner decided for this step (``info.policy`` is what its fence really
+        # published: NONE after a failed publish, which must not pass as a choice); a per-batch
+        # decision later than the bucket's is recorded in ``info.decided``
+        if info is None:
+            decided = NONE
+        elif info.decided is not None:
+            decided = info.decided
+        else:
+            decided = runner.policy_for(info.bucket)
         try:
             read_done = runner.fence.take()
         except Exception:  # noqa: BLE001 - a fence that cannot be read is a failed phase

@@ -234,6 +234,7 @@ class Control:
 
 
 _RECAPTURE_FAILS = Fault("capture_callable", "raise", nth=1, phase="recapture")
+_ACTION_FAILS = Fault("warpolicy_batch_action", "false", phase="run")
 _JOIN_INTERRUPTED = Fault("wait_stream", "interrupt", nth=2, phase="capture")
 
 POSITIVE_CONTROLS: tuple[Control, ...] = (
@@ -270,6 +271,20 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         hook=old_graphs_lose_their_node,
         wrapper=KeepsOldGraphs,
         intact=Case("decode", "in_graph"),
+    ),
+    Control(
+        "trusts_failed_action",
+        "the engine's per-batch rule takes the snapshot action as succeeded while the action "
+        "hook answers False (nothing was copied)",
+        Case("per_batch", "trusting", _ACTION_FAILS),
+        intact=Case("per_batch", "snapshot", _ACTION_FAILS),
+    ),
+    Control(
+        "staging_lies",
+        "the action plugin answers True for draft_extend_staged without staging: the step "
+        "hands verify's event while the draft extend still reads shared state",
+        Case("spec_staged", "staged", Fault("warpolicy_batch_action", "lie", phase="run")),
+        intact=Case("spec_staged", "staged", _ACTION_FAILS),
     ),
     Control(
         "join_catches_exception",

@@ -155,6 +155,8 @@ class Harness:
         self.runner_options: dict[str, Any] = dict(runner_options or {})
         #: what the engine steps instead of the runner (controls: a runner with a bug)
         self.wrap_runner = wrap_runner
+        #: the model whose per-batch snapshot the harness's action hook builds (per_batch)
+        self.snapshot_model: Optional[Any] = None
         self.baton: Optional[Baton] = Baton(2) if yield_points else None
         if yield_points and isinstance(getattr(self.impl, "_streams", None), list):
             self.impl._streams = _PerThreadStack(self.impl.default_stream)  # type: ignore[assignment]

@@ -25,6 +25,12 @@ import attrs
 MODES = ("raise", "interrupt", "base", "none", "act_then_raise")
 #: The modes that raise (an observer hook has no result, so ``none`` means nothing there).
 RAISING_MODES = ("raise", "interrupt", "base", "act_then_raise")
+#: The per-batch action hook's modes: every mode, plus answering ``False`` or a truthy non-bool
+#: (``1``) without acting.
+ACTION_MODES = (*MODES, "false", "nonbool")
+#: Modes only the positive controls use: ``lie`` answers True without acting (a broken action
+#: plugin, outside the runtime: the matrix never injects it).
+CONTROL_MODES = ("lie",)
 
 #: Phases of a scenario a fault can be armed for (every call of the target while in it).
 PHASES = ("capture", "recapture", "wait", "run", "barrier", "write")
@@ -57,7 +63,7 @@ class Fault:
     scenario is in ``phase``, or (both given) its ``nth`` call in ``phase``."""
 
     target: str
-    mode: str = attrs.field(validator=attrs.validators.in_(MODES))
+    mode: str = attrs.field(validator=attrs.validators.in_(ACTION_MODES + CONTROL_MODES))
     nth: Optional[int] = None
     phase: Optional[str] = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(PHASES))
@@ -89,6 +95,12 @@ def fail(fault: Fault, act: Callable[[], Any]) -> Any:
     """Make one call fail as ``fault`` says (``act`` does the call's work)."""
     if fault.mode == "none":
         return None
+    if fault.mode == "false":
+        return False
+    if fault.mode == "nonbool":
+        return 1
+    if fault.mode == "lie":
+        return True
     if fault.mode == "act_then_raise":
         act()
     where = fault.describe()

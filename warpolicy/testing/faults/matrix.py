@@ -17,8 +17,8 @@ import attrs
 
 from warpolicy.runtime.platforms.sim import SimPlatform
 from warpolicy.testing.faults.harness import PLATFORM_TARGETS, Harness, Outcome
-from warpolicy.testing.faults.injection import MODES, RAISING_MODES, Fault
-from warpolicy.testing.faults.model import MODEL_TARGETS, OBSERVER_TARGETS
+from warpolicy.testing.faults.injection import ACTION_MODES, MODES, RAISING_MODES, Fault
+from warpolicy.testing.faults.model import ACTION_TARGETS, MODEL_TARGETS, OBSERVER_TARGETS
 from warpolicy.testing.faults.scenarios import SCENARIOS
 
 #: Everything the matrix can fail, by kind.
@@ -28,6 +28,7 @@ TARGET_KINDS: dict[str, tuple[str, ...]] = {
     "scheduler": ("write_next",),
     "policy": ("policy",),
     "observer": OBSERVER_TARGETS,
+    "action": ACTION_TARGETS,
 }
 TARGETS: tuple[str, ...] = tuple(t for group in TARGET_KINDS.values() for t in group)
 #: Scenarios run without faults only (their interest is the configuration itself).
@@ -152,6 +153,8 @@ VOID_TARGETS = frozenset(
 
 
 def modes_for(target: str) -> tuple[str, ...]:
+    if target in ACTION_TARGETS:
+        return ACTION_MODES
     if target in OBSERVER_TARGETS or target in VOID_TARGETS:
         return RAISING_MODES
     return MODES

@@ -20,15 +20,19 @@ marker self-check run on the truth of each capture.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import attrs
 
+from warpolicy.registry.compiled import CompiledPolicy
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.testing.faults.injection import Injector
+from warpolicy.testing.perbatch import perbatch_policy
 
 
 class HarnessCalls(Protocol):
@@ -36,6 +40,8 @@ class HarnessCalls(Protocol):
     (which builds on this module, so the model names the protocol, not the class)."""
 
     injector: Injector
+    #: the model whose per-batch snapshot the action hook builds (the per_batch scenario)
+    snapshot_model: Optional[Any]
 
     def read(self, label: str) -> None: ...
     def work(self, label: str) -> None: ...
@@ -78,6 +84,12 @@ OBSERVER_TARGETS = (
 #: tests/runtime/test_canary.py drives it, observers that raise included. A test checks they
 #: stay uncalled here; once a scenario calls one, it belongs in `OBSERVER_TARGETS`.
 UNCALLED_OBSERVERS = ("warpolicy_on_violation",)
+#: The per-batch action hook: the harness implements it (it builds the ``per_batch`` scenario's
+#: snapshot and answers True); the ``per_batch`` scenario's prefill calls it.
+ACTION_TARGETS = ("warpolicy_batch_action",)
+#: The ``per_batch`` scenario's threshold: a forward over more tokens reads shared state unless
+#: the batch's snapshot was built (the extend buckets are 4 and 8: one on each side).
+PER_BATCH_THRESHOLD = 4
 
 _SHARED_BASE = 0x10_0000
 _PRIVATE_BASE = 0x80_0000
@@ -197,6 +209,148 @@ class HarnessModel:
         return self._call("canary_spec", act)
 
 
+class PerBatchModel(HarnessModel):
+    """A prefill that reads shared state in host prep (its snapshot point: ``pre_replay`` is
+    sound) and, for a forward over more than ``threshold`` tokens, in the forward too unless
+    the batch's snapshot was built (`snapshot`, by the action hook): the synthetic twin of
+    DeepSeek-V4's sparse prefill. A graph captured for such a bucket logs the forward's read;
+    its replays repeat it unless that batch was snapshotted (the replay then reads the copy)."""
+
+    def __init__(
+        self,
+        harness: HarnessCalls,
+        threshold: int,
+        buckets: Mapping[ForwardMode, Sequence[int]],
+        name: str = "extend",
+    ) -> None:
+        super().__init__(harness, READ_PLANS["host"], buckets, name)
+        self.threshold = threshold
+        self.snapshotted = False
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        self.snapshotted = False  # each batch builds its own snapshot
+        super().host_prep(batch, bucket)
+
+    def snapshot(self) -> None:
+        """Copy the shared reads of the forward (a read, on the current stream, before the
+        step's release point) for this batch."""
+        self.harness.read(f"{self.name}.snapshot")
+        self.snapshotted = True
+
+    def forward(self, bucket: int) -> Any:
+        label = f"{self.name}.forward"
+
+        def act() -> Any:
+            snapshotted, self.snapshotted = self.snapshotted, False  # one forward per batch
+            graph = self.harness.replaying()
+            if graph is not None:
+                if snapshotted:
+                    self.harness.work(label)
+                else:
+                    self.harness.replay_stage(graph, label)
+                return (self.name, bucket)
+            if bucket > self.threshold and not snapshotted:
+                self.harness.read(label)
+            self.harness.work(label)
+            return (self.name, bucket)
+
+        return self._call("forward", act)
+
+
+class StagedModel(HarnessModel):
+    """A draft extend whose shared reads (its ``reads`` plan) are staged by verify's per-batch
+    action ``draft_extend_staged``: once `snapshot` (the staging copy, a logged read before
+    verify's release point) ran for this step, its prep and forward read the staged copies
+    (private work only), in replays too; ``staged`` is cleared by verify's host prep
+    (`ResettingModel`) and consumed by the forward."""
+
+    staged = False
+
+    def snapshot(self) -> None:
+        self.harness.read(f"{self.name}.stage")
+        self.staged = True
+
+    def _stage(self, stage: str) -> None:
+        if self.staged and stage in ("graph_prep", "forward"):
+            self.harness.work(f"{self.name}.{stage}")
+            if stage == "forward":
+                self.staged = False
+            return
+        super()._stage(stage)
+
+
+class ResettingModel(HarnessModel):
+    """Target verify: a step starts here, so the draft extend's staging of the step before
+    (if its draft extend never ran) does not count for this one."""
+
+    def __init__(self, *args: Any, staged: StagedModel, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.staged_model = staged
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        self.staged_model.staged = False
+        super().host_prep(batch, bucket)
+
+
+@functools.cache
+def _per_batch_compiled(threshold: int) -> CompiledPolicy:
+    return perbatch_policy(threshold)
+
+
+@functools.cache
+def eagle_compiled() -> CompiledPolicy:
+    """The default registry's fa3 + EAGLE: verify ``in_graph`` only after
+    ``draft_extend_staged``, draft extend ``none``."""
+    return PolicyEngine.load(environ={}).compile("fa3", "eagle", strict=True)
+
+
+class BatchPolicyTable:
+    """The ``per_batch`` scenario's policy: the registry's compiled ``perbatch_prefill`` (a
+    fact-dependent cell; `warpolicy.testing.perbatch`) whose lookups are the ``policy`` fault
+    target (``compiled``: another compiled policy, e.g. `eagle_compiled`). ``trusting`` (a
+    positive control's engine bug): its rule takes every action as succeeded whatever the hook
+    answered."""
+
+    def __init__(
+        self,
+        harness: HarnessCalls,
+        threshold: int = 0,
+        *,
+        trusting: bool = False,
+        compiled: Optional[CompiledPolicy] = None,
+    ) -> None:
+        self.harness = harness
+        self.compiled = compiled if compiled is not None else _per_batch_compiled(threshold)
+        self.trusting = trusting
+
+    def lookup(
+        self, mode: ForwardMode, eager: bool = False, planted: bool = True
+    ) -> WarReadDonePolicy:
+        return self.harness.injector.call(
+            "policy", lambda: self.compiled.lookup(mode, eager, planted)
+        )
+
+    def rule(self, mode: ForwardMode, eager: bool = False, planted: bool = True) -> Any:
+        rule = self.compiled.rule(mode, eager, planted)
+        if rule is None or not self.trusting:
+            return rule
+        return _TrustingRule(rule)
+
+
+class _TrustingRule:
+    """A rule that reads every batch as if its actions succeeded (a bug, for a control)."""
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+        self.facts = rule.facts
+        self.actions = rule.actions
+        self.unknown = rule.unknown
+        self.earliest = rule.earliest
+
+    def __call__(self, facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+        return self.rule({**(facts or {}), **dict.fromkeys(self.actions, True)})
+
+
 def graph_model(captured: Sequence[tuple], planted: set[int]) -> Graph:
     """The chain of nodes one capture logged (see the module docstring)."""
     nodes: list[Node] = []
@@ -274,6 +428,28 @@ class HarnessObservers:
         self, runner: str, mode: Any, bucket: Optional[int], step: int, lead_us: float
     ) -> None:
         self._call("warpolicy_on_release_lead")
+
+    @hookimpl
+    def warpolicy_batch_action(
+        self, action: str, runner: str, mode: Any, bucket: Optional[int], batch: object
+    ) -> Optional[bool]:
+        """Build the snapshot of the harness's `PerBatchModel` and answer True (a fault target:
+        ``raise`` / ``interrupt`` / ``base`` before acting, ``none`` / ``false`` / ``nonbool``
+        answer without acting, ``act_then_raise`` acts and raises)."""
+        harness = self.harness
+        if harness is None:
+            return None
+        model = harness.snapshot_model
+
+        def act() -> Optional[bool]:
+            self.seen["warpolicy_batch_action"] = self.seen.get("warpolicy_batch_action", 0) + 1
+            if not isinstance(model, (PerBatchModel, StagedModel)):
+                return None
+            model.snapshot()
+            return True
+
+        result: Optional[bool] = harness.injector.call("warpolicy_batch_action", act)
+        return result
 
 
 def policy_table(

@@ -51,7 +51,17 @@ from warpolicy.runtime.runners import (
     VerifyRunner,
 )
 from warpolicy.testing.faults.harness import Harness
-from warpolicy.testing.faults.model import READ_PLANS, HarnessModel, policy_table
+from warpolicy.testing.faults.model import (
+    PER_BATCH_THRESHOLD,
+    READ_PLANS,
+    BatchPolicyTable,
+    HarnessModel,
+    PerBatchModel,
+    ResettingModel,
+    StagedModel,
+    eagle_compiled,
+    policy_table,
+)
 from warpolicy.testing.faults.owned import OwnedCaptureEngine
 
 #: variant -> (declared policy, read plan)
@@ -339,6 +349,43 @@ def _spec_late_phase(h: Harness, variant: str) -> None:
         overlap(h, step, STEPS["tokens"])
 
 
+def _per_batch_scenario(h: Harness, variant: str) -> None:
+    """PrefillRunner on a fact-dependent cell (`PerBatchModel`, `BatchPolicyTable`): buckets
+    of 4 and 8 tokens on both sides of the threshold (4), eager batches above it; the batches
+    above need the snapshot action (the harness's ``warpolicy_batch_action``) to publish
+    ``pre_replay``. ``trusting``: the engine's rule trusts the action (a positive control)."""
+    model = PerBatchModel(h, PER_BATCH_THRESHOLD, BUCKETS)
+    h.snapshot_model = model
+    policy = BatchPolicyTable(h, PER_BATCH_THRESHOLD, trusting=variant == "trusting")
+    kw = {**h.kw, **h.runner_options}
+    runner = h.guard(lambda: PrefillRunner(model, policy, h.platform, **kw))
+    if runner is not None:
+        overlap(h, runner, STEPS["tokens"])
+
+
+def _spec_staged_scenario(h: Harness, variant: str) -> None:
+    """SpecStep verify -> draft extend under the default registry's fa3 + EAGLE: verify
+    publishes ``in_graph`` only after ``draft_extend_staged`` (the harness's action copies the
+    draft extend's shared reads), the draft extend reads shared state (late) unless staged and
+    decides ``none``; the step hands verify's event when staged."""
+    draft = StagedModel(h, READ_PLANS["late"], BUCKETS, name="draft_extend")
+    verify = ResettingModel(h, READ_PLANS["prep"], BUCKETS, name="target_verify", staged=draft)
+    h.snapshot_model = draft
+    policy = BatchPolicyTable(h, compiled=eagle_compiled())
+    kw = {**h.kw, **h.runner_options}
+    runners = h.guard(
+        lambda: (
+            VerifyRunner(verify, policy, h.platform, draft_tokens=DRAFT_TOKENS, **kw),
+            DraftExtendRunner(draft, policy, h.platform, **kw),
+        )
+    )
+    if runners is None:
+        return
+    step = h.guard(lambda: SpecStep([Phase(r) for r in runners], last_reader=DRAFT, **h.kw))
+    if step is not None:
+        overlap(h, step, STEPS["tokens"])
+
+
 def _threads_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -388,6 +435,20 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("pre_replay", "in_graph_late", "post_replay"),
             _single(DraftExtendRunner, "tokens"),
             "DraftExtendRunner (no marker: in_graph publishes after the replay)",
+        ),
+        Scenario(
+            "per_batch",
+            ("snapshot",),
+            _per_batch_scenario,
+            "PrefillRunner on a per-batch cell: pre_replay above the threshold only after the "
+            "snapshot action (warpolicy_batch_action, a fault target)",
+        ),
+        Scenario(
+            "spec_staged",
+            ("staged",),
+            _spec_staged_scenario,
+            "SpecStep verify -> draft extend (fa3 + EAGLE): verify's event only after "
+            "draft_extend_staged (warpolicy_batch_action, a fault target)",
         ),
         Scenario(
             "spec",
