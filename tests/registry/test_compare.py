@@ -624,21 +624,19 @@ def test_a_column_is_skipped_only_when_every_setting_makes_it_none():
     assert not space.column(ForwardMode.EXTEND, "none").all_none
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the diff compares batches that report no per-batch facts (PER_BATCH); enumerating "
-    "fact classes is wave 2's: this flips when it lands",
-)
 @pytest.mark.parametrize(
-    "old_gate, new_gate",
+    "old_gate, new_gate, when",
     [
         # a raised threshold: batches of 6..10 query tokens now release early
-        ({"n": {"gt": 5}}, {"n": {"gt": 10}}),
+        ({"n": {"gt": 5}}, {"n": {"gt": 10}}, "6 <= n <= 10"),
         # an action the batch may now report instead of a fact it could not
-        ({"n": {"gt": 5}}, {"n": {"gt": 5}, "act": False}),
+        ({"n": {"gt": 5}}, {"n": {"gt": 5}, "act": False}, "act succeeded"),
     ],
 )
-def test_a_change_only_batches_reporting_facts_see_is_not_caught_yet(old_gate, new_gate):
+def test_a_change_only_batches_reporting_facts_see_is_caught(old_gate, new_gate, when):
+    """Issue 22's rule for per-batch facts: the diff compares every class of batch, and the
+    earlier cell names the batches in its ``when``."""
+
     def registry(when_facts: dict) -> str:
         doc = copy.deepcopy(BASE)
         doc["facts"]["n"] = {"type": "int", "doc": "x"}
@@ -646,5 +644,12 @@ def test_a_change_only_batches_reporting_facts_see_is_not_caught_yet(old_gate, n
         return yaml.safe_dump(doc, sort_keys=False)
 
     old, new = engines(registry(old_gate), registry(new_gate))
-    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    space = cell_space([old.registry, new.registry])
+    found = diff_engines(old, new, space)
     assert found.needs_audit
+    cell = next(c for c in found.cells if (c.backend, c.mode, c.spec) == ("early", "decode", "none"))
+    assert (cell.old, cell.new, cell.change) == ("none", "pre_replay", "earlier")
+    assert when in cell.when, cell.when
+    assert "n" in space.batch_facts
+    back = diff_engines(new, old, cell_space([new.registry, old.registry]))
+    assert not back.needs_audit  # the reverse change is only later

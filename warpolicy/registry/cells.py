@@ -11,6 +11,15 @@ runner facts (platform, external events, eager, planted). Per (mode, spec) *colu
 * the runner facts (`FACT_AXES`) that a live gate tests. Facts no gate tests change a decision
   only through sound demotion, the same monotone map on both sides, so they are held at the
   fast path (cuda, external events, captured, planted), where no difference is hidden;
+* the per-batch facts (`batch_axes`) that a live gate tests, a declaration holds ``after``, a
+  router routes by, or a ``spec_lacks`` capability needs: one value per *class* of the fact in
+  either registry (an ``int`` fact: an interval between the union of both sides' cuts; a
+  ``name`` fact: each name either side tests or routes by, and a name neither tests; a ``bool``
+  fact: true and false; an ``action``: succeeded and not), plus *not reported* for every fact
+  that can be unknown. A decision reads a fact only through its class on each side, and the
+  union's classes refine both sides', so every kind of batch is compared. Past
+  `MAX_BATCH_SETTINGS` combinations in one column nothing is held: the column cannot be
+  compared (`Column.uncompared`) and the comparison fails closed;
 * ``force_coarse`` is never enumerated: each side takes its own default (with the environment
   left out), and switched on it makes every cell ``none`` on both sides.
 
@@ -31,10 +40,15 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import attrs
 
 from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC
-from warpolicy.registry.model import Conditions, Gate, Registry, SpecAlgorithm
-from warpolicy.registry.vocabulary import NONE, ForwardMode
+from warpolicy.registry.facts import ABSENT, FactClasses, fact_classes, registry_fact_classes
+from warpolicy.registry.model import Conditions, Fact, FactTest, Gate, Registry, SpecAlgorithm
+from warpolicy.registry.vocabulary import NONE, FactType, ForwardMode
 
 MAX_SETTINGS = 256
+#: The most combinations of per-batch fact classes one column enumerates. A column past it is
+#: not compared at all (`Column.uncompared`), which fails every review gate: give the facts with
+#: ``--fact NAME=VALUE`` to compare one class of batch at a time.
+MAX_BATCH_SETTINGS = 256
 #: Stands for every platform name no gate tests.
 OTHER_PLATFORM = "other"
 #: A flag left at each side's own declared default (compared where the defaults differ).
@@ -43,8 +57,7 @@ DEFAULT = "default"
 STATIC_CONDITIONS = ("mode", "spec", "spec_family", "spec_has", "spec_lacks")
 #: Conditions evaluated per backend (never enumerated: every backend is its own cell).
 BACKEND_CONDITIONS = ("backend", "declared")
-#: Per-batch fact conditions: held unreported (every test of an unreported fact holds, the later
-#: policy), not enumerated yet.
+#: Per-batch fact conditions: enumerated per class of the fact (`batch_axes`).
 PER_BATCH_CONDITIONS = ("facts",)
 
 # -- the axes of a cell ------------------------------------------------------------------------
@@ -90,11 +103,86 @@ FlagSetting = Union[bool, str]  # True / False, or DEFAULT
 
 
 @attrs.frozen
+class BatchClass:
+    """One class of a per-batch fact's values: how a report names it (``label``) and the value
+    a batch of the class reports (``value``; `ABSENT`: not reported)."""
+
+    fact: str
+    label: str
+    value: object
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def reported(self) -> bool:
+        return self.value is not ABSENT
+
+    def given(self, fact: Optional[Fact]) -> Optional[object]:
+        """The value one side's engine is given: None (not reported) when the side does not
+        declare the fact or the value is not one of its values (unknown there, as at runtime)."""
+        if fact is None or not self.reported or not fact.valid(self.value):
+            return None
+        return self.value
+
+
+def _union_classes(name: str, sides: Sequence[FactClasses]) -> tuple[BatchClass, ...]:
+    """One class per class of the union of ``sides`` (each side's `FactClasses` of the fact)."""
+    out: dict[tuple[type, object], BatchClass] = {}
+
+    def add(label: str, value: object) -> None:
+        out.setdefault((type(value), value), BatchClass(name, label, value))
+
+    for classes in sides:  # an int fact: the intervals between both sides' cuts
+        if classes.fact.type is FactType.INT:
+            cuts = sorted({c for s in sides if s.fact.type is FactType.INT for c in s.cuts})
+            tests = [FactTest(compare=(("ge", c),)) for c in cuts]
+            merged = fact_classes(classes.fact, tests)
+            for label, value in zip(merged.labels, merged.probes):
+                if value is not ABSENT:
+                    add(label, value)
+            break
+    for classes in sides:
+        for label, value in zip(classes.labels, classes.probes):
+            if value is not ABSENT and classes.fact.type is not FactType.INT:
+                add(label, value)
+    actions = [s for s in sides if s.fact.type is FactType.ACTION]
+    if actions and len(actions) == len(sides):
+        add(f"{name} did not succeed", False)  # an action is never unknown
+    else:
+        add(f"{name} not reported", ABSENT)
+    return tuple(out.values())
+
+
+def _batch_facts_read(
+    registries: Sequence[Registry], live: Sequence[Gate], modes: Sequence[ForwardMode], spec: str
+) -> set[str]:
+    """Per-batch facts a decision in the columns ``modes`` x ``spec`` may read: those a live
+    gate tests, the actions of a ``spec_lacks`` capability it names and of declarations that
+    hold ``after`` one in these modes, and the route of a router routed in these modes."""
+    names: set[str] = set()
+    for gate in live:
+        names |= set(gate.when.facts)
+    for registry in registries:
+        algorithm = _spec_of(registry, spec)
+        if algorithm is not None:
+            lacks = {c for g in live for c in (g.when.spec_lacks or ())}
+            names |= {a for c, a in algorithm.capabilities_after.items() if c in lacks}
+        for backend in registry.backends.values():
+            names |= {a.action for m, a in backend.reads_end_after.items() if m in modes}
+            route = backend.routes
+            if route is not None and any(route.routed(m) for m in modes):
+                names.add(route.fact)
+    return names
+
+
+@attrs.frozen
 class Setting:
     """Flag values (``DEFAULT``: each side's own default) and runner facts for one column."""
 
     flags: tuple[tuple[str, FlagSetting], ...]
     facts: tuple[tuple[str, object], ...]
+    batch: tuple[tuple[str, BatchClass], ...] = ()  # per-batch facts, one class each
 
     def overrides(self) -> dict[str, bool]:
         """The flags given explicitly (both sides get the same value)."""
@@ -103,8 +191,20 @@ class Setting:
     def fact_values(self) -> dict[str, object]:
         return dict(self.facts)
 
+    def batch_values(self, declared: Mapping[str, Fact]) -> dict[str, object]:
+        """The per-batch facts one side is given (see `BatchClass.given`)."""
+        out = {}
+        for name, chosen in self.batch:
+            value = chosen.given(declared.get(name))
+            if value is not None:
+                out[name] = value
+        return out
+
     def assignments(self) -> dict[str, object]:
-        return {**dict(self.flags), **dict(self.facts)}
+        return {**dict(self.flags), **dict(self.facts), **dict(self.batch)}
+
+    def with_batch(self, batch: tuple[tuple[str, BatchClass], ...]) -> Setting:
+        return Setting(self.flags, self.facts, batch)
 
 
 @attrs.frozen
@@ -114,6 +214,16 @@ class Column:
     axes: tuple[tuple[str, tuple[object, ...]], ...]
     settings: tuple[Setting, ...]
     all_none: bool = False  # every cell is none on both sides whatever the setting
+    #: why the column cannot be compared (too many per-batch classes); "" when it can
+    uncompared: str = ""
+    #: the settings of flags and runner facts, every per-batch fact not reported (an action:
+    #: not succeeded) but those given; ``settings`` is each of them with each of ``batches``
+    base: tuple[Setting, ...] = ()
+    batches: tuple[tuple[tuple[str, BatchClass], ...], ...] = ((),)
+
+    def expand(self, base: Setting) -> list[Setting]:
+        """``base`` with every combination of per-batch classes."""
+        return [base.with_batch(c) for c in self.batches]
 
 
 def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:
@@ -150,6 +260,7 @@ def _makes_all_none(gate: Gate) -> bool:
         when.flags
         or any(getattr(when, c) is not None for c in BACKEND_CONDITIONS)
         or any(getattr(when, a.name) is not None for a in FACT_AXES)
+        or when.facts
     )
     return gate.scope is None and gate.at_least == NONE and not dynamic
 
@@ -164,6 +275,18 @@ class CellSpace:
     max_settings: int = MAX_SETTINGS
     _columns: dict = attrs.field(factory=dict, init=False, repr=False)
     _held: dict = attrs.field(factory=dict, init=False, repr=False)
+    _classes: list = attrs.field(factory=list, init=False, repr=False)
+
+    def fact_classes(self) -> list[Mapping[str, FactClasses]]:
+        """Per registry, the classes of its per-batch facts (`registry_fact_classes`)."""
+        if not self._classes:
+            self._classes.extend(registry_fact_classes(r) for r in self.registries)
+        return self._classes
+
+    def batch_axis(self, name: str) -> tuple[BatchClass, ...]:
+        """The classes of per-batch fact ``name`` in the union of the registries."""
+        sides = [c[name] for c in self.fact_classes() if name in c]
+        return _union_classes(name, sides)
 
     # -- columns --------------------------------------------------------------------------
 
@@ -188,7 +311,8 @@ class CellSpace:
             live += gates
             all_none = all_none and any(_makes_all_none(g) for g in gates)
         if all_none:
-            return Column((), (self._setting({}),), all_none=True)
+            only = self._setting({})
+            return Column((), (only,), all_none=True, base=(only,), batches=(only.batch,))
         declared = {n for r in self.registries for n in r.flags}
         tested = {n for g in live for n in g.when.flags} & declared
         flags: list[tuple[str, tuple[object, ...]]] = []
@@ -204,6 +328,22 @@ class CellSpace:
             if seen:
                 facts.append((axis.name, axis.values(frozenset().union(*seen))))
 
+        batch: list[tuple[str, tuple[BatchClass, ...]]] = []
+        for name in sorted(_batch_facts_read(self.registries, live, modes, spec)):
+            if name in self.fixed:
+                continue
+            batch.append((name, self.batch_axis(name)))
+        batch_count = 1
+        for _name, values in batch:
+            batch_count *= len(values)
+        if batch_count > MAX_BATCH_SETTINGS:
+            why = (
+                f"{batch_count} combinations of per-batch fact classes "
+                f"({', '.join(f'{n}: {len(v)}' for n, v in batch)}) exceed {MAX_BATCH_SETTINGS}; "
+                "give some with --fact NAME=VALUE"
+            )
+            return Column((), (), uncompared=why)
+
         def size() -> int:
             count = 1
             for _name, values in flags + facts:
@@ -217,24 +357,37 @@ class CellSpace:
                 f"{DEFAULT}: more than {self.max_settings} combinations in a column; give it "
                 f"with --flag {name}=VALUE to compare the other values",
             )
-        axes = tuple(flags + facts)
-        settings = []
-        for combo in itertools.product(*(values for _name, values in axes)):
-            chosen = dict(zip((name for name, _values in axes), combo))
-            settings.append(self._setting(chosen))
-        return Column(axes, tuple(settings))
+        base_axes = flags + facts
+        base = []
+        for combo in itertools.product(*(values for _name, values in base_axes)):
+            base.append(self._setting(dict(zip((name for name, _values in base_axes), combo))))
+        held = dict(base[0].batch)  # per-batch facts the caller gave
+        combos: list[tuple[tuple[str, BatchClass], ...]] = []
+        for classes in itertools.product(*(values for _name, values in batch)):
+            chosen = {**held, **dict(zip((name for name, _values in batch), classes))}
+            combos.append(tuple(sorted(chosen.items())))
+        settings = tuple(b.with_batch(c) for b in base for c in combos)
+        axes: list[tuple[str, tuple[object, ...]]] = [*base_axes, *batch]
+        return Column(tuple(axes), settings, base=tuple(base), batches=tuple(combos))
 
     def _setting(self, chosen: Mapping[str, object]) -> Setting:
         """A setting: the given values, ``chosen`` for enumerated axes, the rest held."""
+        batch: dict[str, BatchClass] = {
+            k: v for k, v in self.fixed.items() if isinstance(v, BatchClass)
+        }
         flag_values: dict[str, FlagSetting] = {
-            k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH
+            k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH and k not in batch
         }
         for name, value in chosen.items():
-            if name not in FAST_PATH:
+            if isinstance(value, BatchClass):
+                batch[name] = value
+            elif name not in FAST_PATH:
                 flag_values[name] = DEFAULT if value == DEFAULT else bool(value)
         facts = {a.name: chosen.get(a.name, self.fixed.get(a.name, a.fast)) for a in FACT_AXES}
         return Setting(
-            tuple(sorted(flag_values.items())), tuple((a.name, facts[a.name]) for a in FACT_AXES)
+            tuple(sorted(flag_values.items())),
+            tuple((a.name, facts[a.name]) for a in FACT_AXES),
+            tuple(sorted(batch.items())),
         )
 
     # -- what the comparison enumerated, for reports ---------------------------------------
@@ -251,7 +404,12 @@ class CellSpace:
     @property
     def flags(self) -> tuple[str, ...]:
         """Flags enumerated in some column."""
-        names = {n for c in self._all_columns() for n, v in c.axes if n not in FAST_PATH}
+        names = {
+            n
+            for c in self._all_columns()
+            for n, v in c.axes
+            if n not in FAST_PATH and not _is_batch(v)
+        }
         return tuple(sorted(names))
 
     @property
@@ -272,8 +430,30 @@ class CellSpace:
         return tuple(a.name for a in FACT_AXES if a.name != "platform" and a.name in names)
 
     @property
+    def batch_facts(self) -> tuple[str, ...]:
+        """Per-batch facts enumerated (by class) in some column."""
+        names = {n for c in self._all_columns() for n, v in c.axes if _is_batch(v)}
+        return tuple(sorted(names))
+
+    @property
     def axes(self) -> tuple[str, ...]:
-        return self.flags + (("platform",) if len(self.platforms) > 1 else ()) + self.facts
+        return (
+            self.flags
+            + (("platform",) if len(self.platforms) > 1 else ())
+            + self.facts
+            + self.batch_facts
+        )
+
+    @property
+    def uncompared(self) -> tuple[tuple[str, str, str], ...]:
+        """``(mode, spec, why)`` of every column that cannot be compared (fails closed)."""
+        out = []
+        for mode in self.modes:
+            for spec in self.specs():
+                column = self.column(mode, spec)
+                if column.uncompared:
+                    out.append((mode.label, spec, column.uncompared))
+        return tuple(out)
 
     @property
     def held(self) -> tuple[tuple[str, str], ...]:
@@ -282,6 +462,9 @@ class CellSpace:
         enumerated = set(self.flags)
         out: list[tuple[str, str]] = []
         declared = sorted({n for r in self.registries for n in r.flags} | {FORCE_COARSE.name})
+        for name, value in sorted(self.fixed.items()):
+            if isinstance(value, BatchClass):
+                out.append((name, f"{value.label}: given"))
         for name in declared:
             if name in self.fixed:
                 out.append((name, f"{str(self.fixed[name]).lower()}: given"))
@@ -318,6 +501,7 @@ class CellSpace:
             "flags": list(self.flags),
             "platforms": list(self.platforms),
             "facts": list(self.facts),
+            "batch_facts": list(self.batch_facts),
             "held": {name: why for name, why in self.held},
             "max_settings_per_column": max(
                 (len(c.settings) for c in self._all_columns()), default=1
@@ -333,12 +517,22 @@ class CellSpace:
             f"combination of what a gate tests in that mode and spec: {compared} (at most "
             f"{most} setting(s) per cell)"
         ]
+        if self.batch_facts:
+            lines.append(
+                "per batch: every class of "
+                + ", ".join(self.batch_facts)
+                + " in either registry, and not reported"
+            )
         lines += [f"held: {name} = {why}" for name, why in self.held]
         return lines
 
 
 def _text(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _is_batch(values: object) -> bool:
+    return isinstance(values, tuple) and any(isinstance(v, BatchClass) for v in values)
 
 
 def cell_space(
@@ -350,13 +544,18 @@ def cell_space(
 ) -> CellSpace:
     """The cells worth comparing across ``registries`` (see the module docstring).
 
-    ``fixed`` holds flags (by name) or facts (``platform``, ``eager``, ``planted``,
-    ``external_events``) at a value the caller chose.
+    ``fixed`` holds flags (by name), runner facts (``platform``, ``eager``, ``planted``,
+    ``external_events``) or per-batch facts (a name some registry declares under ``facts``)
+    at a value the caller chose.
     """
     mode_list = tuple(ForwardMode.parse(m) for m in modes) if modes else tuple(ForwardMode)
-    return CellSpace(
-        tuple(dict.fromkeys(mode_list)), tuple(registries), dict(fixed or {}), max_settings
-    )
+    declared = {n for r in registries for n in r.facts}
+    held: dict[str, object] = {}
+    for name, value in (fixed or {}).items():
+        if name in declared and not isinstance(value, BatchClass):
+            value = BatchClass(name, f"{name}={_text(value)}", value)
+        held[name] = value
+    return CellSpace(tuple(dict.fromkeys(mode_list)), tuple(registries), held, max_settings)
 
 
 def summarize(found: Sequence[Setting], every: Sequence[Setting], column: Column) -> str:
@@ -387,13 +586,18 @@ def _conjunction(
 
 def _assignments(values: Mapping[str, object]) -> str:
     """``name=value, ...``: flags left at their default or on first (what usually tells the
-    story: ``prefill_read_done=true, hierarchical_cache=false``), then flags off, then facts."""
+    story: ``prefill_read_done=true, hierarchical_cache=false``), then flags off, then runner
+    facts, then the classes of per-batch facts (``num_qo_tokens <= 11673``)."""
 
     def rank(item: tuple[str, object]) -> int:
         name, value = item
+        if isinstance(value, BatchClass):
+            return 4
         if name in FAST_PATH:
             return 3
         return 0 if value == DEFAULT else 1 if value is True else 2
 
     ordered = sorted(values.items(), key=rank)  # stable: names stay sorted within a rank
-    return ", ".join(f"{k}={_text(v)}" for k, v in ordered)
+    return ", ".join(
+        v.label if isinstance(v, BatchClass) else f"{k}={_text(v)}" for k, v in ordered
+    )

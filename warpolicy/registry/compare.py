@@ -11,6 +11,13 @@ global gate or a flag changes; every backend of a spec column when that algorith
 Backends and spec algorithms present on one side only are ``added`` / ``removed``; their cells
 are evaluated only as far as a report lists them (``expand``).
 
+Every cell is compared for every class of batch: each per-batch fact a column's decisions may
+read is enumerated by class in the union of both registries, *not reported* included
+(`warpolicy.registry.cells`), so a raised threshold, an added action test or a router's pinned
+child shows as an ``earlier`` cell whose ``when`` names the batches (``6 <= n <= 10``). A column
+with more combinations of classes than `warpolicy.registry.cells.MAX_BATCH_SETTINGS` is not
+compared: `Diff.uncompared` names it and the diff needs an audit (fails closed).
+
 Besides the mode cells: a spec algorithm whose ``last_reader`` changed gets a ``step`` cell per
 backend (the phase whose event a speculative step hands the scheduler, and its policy); an
 ``in_graph`` cell whose node placement (``plant``) changed is ``moved``; a flag whose
@@ -20,7 +27,7 @@ the environment, so an operator's variables never mask a change.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -28,13 +35,14 @@ from warpolicy.errors import WarpolicyError
 from warpolicy.registry.cells import (
     MAX_SETTINGS,
     CellSpace,
+    Column,
     Setting,
     all_gates,
     cell_space,
     summarize,
 )
 from warpolicy.registry.decision import FORCE_COARSE
-from warpolicy.registry.engine import PolicyEngine, layer_label
+from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
 from warpolicy.registry.loader import Source, load_registry
 from warpolicy.registry.model import Flag, Registry
 from warpolicy.registry.vocabulary import (
@@ -65,9 +73,13 @@ LISTING = "listing only: every backend is compared, abstract ones included"
 CONTAINER = "entries compared by name, each through its own fields (missing: added or removed)"
 COSMETIC = "no effect on any release: documentation or provenance"
 PER_BATCH = (
-    "per-batch: compared for a batch that reports no per-batch facts (every fact unknown: the "
-    "later policy); a change that moves only batches reporting facts is not seen yet (the diff "
-    "does not enumerate fact classes; see the perbatch notes)"
+    "per-batch cells: every cell compared for every class of batch (each class of each "
+    "per-batch fact in either registry, and not reported)"
+)
+FACT_TYPE = (
+    "per-batch cells: a fact's type decides its classes; a type change that still validates "
+    "(bool <-> action, tested only for false) keeps every test's meaning, so no release moves "
+    "by it alone"
 )
 
 #: How a comparison sees every field of every model class (``Class.field``). A field missing
@@ -91,8 +103,8 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "SpecAlgorithm.last_reader": STEP_CELLS,
     # spec_has holds for a capability after an action whatever the batch reports
     "SpecAlgorithm.capabilities_after": CELLS,
-    "Fact.name": PER_BATCH,
-    "Fact.type": PER_BATCH,
+    "Fact.name": IDENTITY,
+    "Fact.type": FACT_TYPE,
     "Fact.doc": COSMETIC,
     "Fact.values": PER_BATCH,
     "Fact.origin": COSMETIC,
@@ -111,7 +123,7 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Conditions.eager": CELLS,
     "Conditions.planted": CELLS,
     "Conditions.external_events": CELLS,
-    "Conditions.facts": PER_BATCH,  # an unreported fact passes every test
+    "Conditions.facts": PER_BATCH,
     "Gate.id": COSMETIC,  # a reason's name; the gate itself is compared by what it does
     "Gate.when": CELLS,
     "Gate.at_least": CELLS,
@@ -130,21 +142,21 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Backend.origin": COSMETIC,
     "Backend.reads_end_origins": COSMETIC,
     "Backend.plant": PLACEMENT,
-    "Backend.reads_end_after": CELLS,  # an unreported action: the declaration's otherwise
-    "Backend.routes": CELLS,  # an unreported route: the latest of every child
+    "Backend.reads_end_after": CELLS,
+    "Backend.routes": CELLS,
     "After.action": PER_BATCH,
     "After.otherwise": CELLS,
     "Route.fact": PER_BATCH,
     "Route.children": CELLS,
     "Route.modes": CELLS,
     "Route.default": CELLS,
-    "Route.pinned": PER_BATCH,  # a pinned router narrows only for a batch naming its route
+    "Route.pinned": PER_BATCH,  # a pinned router narrows for a batch naming its route
     "Registry.flags": CONTAINER,
     "Registry.spec_algorithms": CONTAINER,
     "Registry.backends": CONTAINER,
     "Registry.gates": CELLS,
     "Registry.sources": COSMETIC,
-    "Registry.facts": PER_BATCH,
+    "Registry.facts": CONTAINER,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
 }
 
@@ -230,10 +242,17 @@ class Diff:
     #: change kind -> cells of one-sided backends or specs that were not evaluated (``expand``)
     unlisted: Mapping[str, int] = attrs.field(factory=dict)
     evaluated_backends: int = 0  # how many backends the comparison had to evaluate
+    #: ``"MODE spec SPEC: why"`` per column that could not be compared (fails closed)
+    uncompared: tuple[str, ...] = ()
 
     @property
     def needs_audit(self) -> bool:
-        return any(c.needs_audit for c in self.cells) or any(f.needs_audit for f in self.flags)
+        """Some cell or flag needs an audit, or some column could not be compared."""
+        return (
+            bool(self.uncompared)
+            or any(c.needs_audit for c in self.cells)
+            or any(f.needs_audit for f in self.flags)
+        )
 
     def __add__(self, other: Diff) -> Diff:
         unlisted = dict(self.unlisted)
@@ -248,6 +267,7 @@ class Diff:
             tuple(dict.fromkeys(self.removed_specs + other.removed_specs)),
             unlisted,
             self.evaluated_backends + other.evaluated_backends,
+            tuple(dict.fromkeys(self.uncompared + other.uncompared)),
         )
 
     def counts(self) -> dict[str, int]:
@@ -277,9 +297,14 @@ class _Side:
             self._placement[key] = self.engine.placement(backend, mode)
         return self._placement[key]
 
-    def policies(
-        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
-    ) -> dict[str, WarReadDonePolicy]:
+    def decisions(
+        self,
+        backends: Sequence[str],
+        mode: ForwardMode,
+        spec: str,
+        setting: Setting,
+        cases: bool = False,
+    ) -> dict[str, Decision]:
         flags = {
             k: v
             for k, v in setting.overrides().items()
@@ -290,9 +315,41 @@ class _Side:
             [spec],
             [mode],
             flags,
+            batch_facts=setting.batch_values(self.registry.facts),
+            cases=cases,
             **setting.fact_values(),  # type: ignore[arg-type]
         )
-        return {d.context.backend: d.policy for d in decisions}
+        return {d.context.backend: d for d in decisions}
+
+    def policies(
+        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
+    ) -> dict[str, WarReadDonePolicy]:
+        found = self.decisions(backends, mode, spec, setting)
+        return {name: d.policy for name, d in found.items()}
+
+    def values(
+        self, backends: Sequence[str], mode: ForwardMode, column: Column, spec: str, base: Setting
+    ) -> dict[str, Union[str, dict[Setting, str]]]:
+        """Per backend, its label for every setting of ``column`` that shares ``base``'s flags
+        and runner facts: one label where no per-batch fact matters (the engine's enumeration
+        of the cell's fact classes found one policy: `Decision.cases` is empty), else a label
+        per combination of per-batch classes (``column.expand(base)``)."""
+        found = self.decisions(backends, mode, spec, base, cases=len(column.batches) > 1)
+        out: dict[str, Union[str, dict[Setting, str]]] = {}
+        varying = []
+        for name in backends:
+            if found[name].cases:
+                varying.append(name)
+            else:
+                out[name] = self.label(name, mode, found[name].policy)
+        if varying:
+            per: dict[str, dict[Setting, str]] = {name: {} for name in varying}
+            for setting in column.expand(base):
+                policies = self.policies(varying, mode, spec, setting)
+                for name in varying:
+                    per[name][setting] = self.label(name, mode, policies[name])
+            out.update(per)
+        return out
 
     def label(self, backend: str, mode: ForwardMode, policy: WarReadDonePolicy) -> str:
         if policy == IN_GRAPH and self.placement(backend, mode) is Placement.DERIVED:
@@ -425,21 +482,31 @@ def diff_engines(
 
     cells: list[DiffCell] = []
     evaluated: set[str] = set()
+    uncompared: list[str] = []
     for spec in common_s:
         names = common_b if spec in changed_specs else sorted(affected)
         if not names:
             continue
         evaluated.update(names)
         for mode in space.modes:
+            why = space.column(mode, spec).uncompared
+            if why:
+                uncompared.append(f"{mode.label} spec {spec}: {why}")
+                continue
             cells += _compare_column(a, b, names, mode, spec, space, plugins)
         reader_a, reader_b = old.spec(spec).last_reader, new.spec(spec).last_reader
         if reader_a != reader_b and any(m in space.modes for m in _PHASES):
-            cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
+            why = space.column(_PHASES, spec).uncompared
+            if why:
+                uncompared.append(f"step spec {spec}: {why}")
+            else:
+                cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
 
     result = Diff(
         tuple(c for c in cells if not earlier_only or c.needs_audit),
         tuple(_flag_changes(ra, rb, tested, plugins)),
         evaluated_backends=len(evaluated),
+        uncompared=tuple(uncompared),
     )
     if earlier_only:
         return result
@@ -477,15 +544,23 @@ def _compare_column(
     if column.all_none:
         return []
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
-    for setting in column.settings:
-        before = a.policies(names, mode, spec, setting)
-        after = b.policies(names, mode, spec, setting)
+    for base in column.base:
+        before = a.values(names, mode, column, spec, base)
+        after = b.values(names, mode, column, spec, base)
         for name in names:
-            old = a.label(name, mode, before[name])
-            new = b.label(name, mode, after[name])
-            change = _mode_change(old, new)
-            if change is not None:
-                groups.setdefault((name, old, new, change), []).append(setting)
+            old_value, new_value = before[name], after[name]
+            if isinstance(old_value, str) and isinstance(new_value, str):
+                change = _mode_change(old_value, new_value)
+                if change is not None:
+                    key = (name, old_value, new_value, change)
+                    groups.setdefault(key, []).extend(column.expand(base))
+                continue
+            for setting in column.expand(base):
+                old = old_value if isinstance(old_value, str) else old_value[setting]
+                new = new_value if isinstance(new_value, str) else new_value[setting]
+                change = _mode_change(old, new)
+                if change is not None:
+                    groups.setdefault((name, old, new, change), []).append(setting)
     return [
         DiffCell(
             name,
@@ -579,12 +654,18 @@ def _one_sided(
         for spec, names in by_spec.items():
             for mode in space.modes:
                 column = space.column(mode, spec)
+                if column.uncompared:
+                    continue  # one side only: never earlier; `Diff.uncompared` names others
                 groups: dict[tuple[str, str], list[Setting]] = {}
-                for setting in column.settings:
-                    policies = side.policies(names, mode, spec, setting)
+                for base in column.base:
+                    values = side.values(names, mode, column, spec, base)
                     for name in names:
-                        value = side.label(name, mode, policies[name])
-                        groups.setdefault((name, value), []).append(setting)
+                        value = values[name]
+                        if isinstance(value, str):
+                            groups.setdefault((name, value), []).extend(column.expand(base))
+                            continue
+                        for setting, label in value.items():
+                            groups.setdefault((name, label), []).append(setting)
                 for (name, value), found in groups.items():
                     old, new = (value, ABSENT) if kind == "removed" else (ABSENT, value)
                     rows.append(
@@ -649,8 +730,14 @@ def earlier_layers(
             )
             found = diff_engines(below, engine, space, earlier_only=True)
             flags = tuple(f for f in found.flags if f.needs_audit)
-            if found.cells or flags:
-                out.append(LayerChange(label, found.cells, flags=flags))
+            if found.cells or flags or found.uncompared:
+                note = (
+                    "cannot be compared with the layers below it (treated as earlier): "
+                    + "; ".join(found.uncompared)
+                    if found.uncompared
+                    else ""
+                )
+                out.append(LayerChange(label, found.cells, note, flags))
         below = engine
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, Optional, Sequence
 
-from warpolicy.registry.cells import CellSpace
+from warpolicy.registry.cells import BatchClass, CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
 from warpolicy.registry.engine import Decision, Explanation, GateCheck
 
@@ -265,8 +265,12 @@ def _explanation_markdown(exp: Explanation) -> str:
 # -- diff, layers, plugins ---------------------------------------------------------------------
 
 #: ``schema_version`` of `diff` documents: 2 since ``cells`` holds at most ``--limit`` rows
-#: (``summary`` counts every change) and ``when`` may hold ``default``.
-DIFF_SCHEMA_VERSION = 2
+#: (``summary`` counts every change) and ``when`` may hold ``default``; 3 since cells are
+#: compared per class of batch: a cell's ``when`` and ``settings`` may name per-batch fact
+#: classes (a setting's value is then the class, e.g. ``"num_qo_tokens >= 11674"``),
+#: ``compared.batch_facts`` lists the facts enumerated, and ``summary.uncompared`` the columns
+#: that could not be compared (``needs_audit`` is then true).
+DIFF_SCHEMA_VERSION = 3
 #: Rows a report lists unless told otherwise (``--limit``; 0 lists every row).
 DEFAULT_LIMIT = 100
 #: Widest text or markdown cell; longer values (a long ``when``) are cut, JSON keeps them.
@@ -311,6 +315,8 @@ def diff_summary(diff: Diff, shown: int) -> list[str]:
             f"listed: {shown} of {total} row(s); --limit 0 lists every row "
             "(--format json keeps long values whole)"
         )
+    for what in diff.uncompared:
+        lines.append(f"cannot compare {what} (counts as needing an audit)")
     for flag in diff.flags:
         lines.append(
             f"flag {flag.name}: env [{', '.join(flag.old_env)}] -> [{', '.join(flag.new_env)}] "
@@ -339,7 +345,13 @@ def format_diff(
                 "mode": c.mode,
                 "spec": c.spec,
                 "when": c.when,
-                "settings": [s.assignments() for s in c.settings],
+                "settings": [
+                    {
+                        k: str(v) if isinstance(v, BatchClass) else v
+                        for k, v in s.assignments().items()
+                    }
+                    for s in c.settings
+                ],
                 "old": c.old,
                 "new": c.new,
                 "change": c.change,
@@ -356,6 +368,7 @@ def format_diff(
             "added_specs": list(diff.added_specs),
             "removed_specs": list(diff.removed_specs),
             "needs_audit": diff.needs_audit,
+            "uncompared": list(diff.uncompared),
         }
         flags = [
             {
@@ -400,10 +413,10 @@ def layer_warnings(changes: Sequence[LayerChange]) -> list[str]:
     """One line per layer that makes cells earlier (or could not be compared)."""
     lines = []
     for change in changes:
-        if change.note:
+        if change.note and not change.cells and not change.flags:
             lines.append(f"layer {change.layer}: {change.note}")
             continue
-        parts = []
+        parts = [change.note] if change.note else []
         if change.cells:
             first = change.cells[0]
             parts.append(
