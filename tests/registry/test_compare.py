@@ -20,6 +20,7 @@ from warpolicy.registry import compare, model
 from warpolicy.registry.cells import (
     BACKEND_CONDITIONS,
     FACT_NAMES,
+    MAX_BATCH_SETTINGS,
     PER_BATCH_CONDITIONS,
     STATIC_CONDITIONS,
     cell_space,
@@ -29,6 +30,7 @@ from warpolicy.registry.compare import (
     DEFAULTS,
     ENV,
     FIELD_COVERAGE,
+    PER_BATCH,
     PLACEMENT,
     STEP_CELLS,
     diff_engines,
@@ -61,7 +63,7 @@ def test_every_field_of_the_model_says_how_a_comparison_sees_it():
 
 def test_every_gate_condition_is_static_per_backend_a_flag_or_an_axis():
     """A condition on a new runner fact needs a `compare.FactAxis`, else diff never varies it
-    (per-batch facts are held unreported, `PER_BATCH_CONDITIONS`)."""
+    (per-batch facts are enumerated by class, `PER_BATCH_CONDITIONS`)."""
     known = set(STATIC_CONDITIONS) | set(BACKEND_CONDITIONS) | {"flags"} | set(FACT_NAMES)
     known |= set(PER_BATCH_CONDITIONS)
     assert {f.name for f in attrs.fields(model.Conditions)} - known == set()
@@ -74,7 +76,12 @@ BASE: dict = {
     "flags": {"opt_in": {"default": False, "env": ["T_OPT_IN"], "doc": "x"}},
     "facts": {
         "act": {"type": "action", "doc": "x"},
+        "act2": {"type": "action", "doc": "x"},
         "route": {"type": "name", "doc": "x"},
+        "route2": {"type": "name", "doc": "x"},
+        "n": {"type": "int", "doc": "x"},
+        "bf": {"type": "bool", "doc": "x"},
+        "named": {"type": "name", "values": ["x", "y"], "doc": "x"},
     },
     "spec_algorithms": {
         "fam_spec": {
@@ -148,9 +155,11 @@ def _after(otherwise: str = "none") -> dict:
     return {"policy": "pre_replay", "after": "act", "otherwise": otherwise}
 
 
-def _router(modes: object = None, default: object = None) -> dict:
+def _router(modes: object = None, default: object = None, pinned: bool = False) -> dict:
     """A router over ``late`` (x) and ``early`` (y): a batch that reports no route runs either."""
     routes: dict = {"fact": "route", "children": {"x": "late", "y": "early"}}
+    if pinned:
+        routes["pinned"] = True
     if modes is not None:
         routes["modes"] = modes
     if default is not None:
@@ -282,9 +291,43 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], Callable[[dict], None]]] = {
         ),
         set_in("spec_algorithms", "slow_spec", "capabilities", "cap3", value=False),
     ),
+    # per-batch fields: a change that only batches reporting facts see (the diff enumerates
+    # every class of batch); each new registry releases some class of batch earlier
+    "Conditions.facts": (
+        with_gate(gate("decode-none", "none", mode="decode")),
+        set_in("gates", 2, "when", "facts", value={"act": False}),
+    ),
+    "FactTest.equals": (
+        with_gate(gate("bf-none", "none", mode="decode", facts={"bf": True})),
+        set_in("gates", 2, "when", "facts", "bf", value=False),
+    ),
+    "FactTest.compare": (
+        with_gate(gate("n-none", "none", mode="decode", facts={"n": {"gt": 5}})),
+        set_in("gates", 2, "when", "facts", "n", value={"gt": 10}),
+    ),
+    "FactTest.names": (
+        with_gate(gate("route-none", "none", mode="decode", facts={"route": ["x"]})),
+        set_in("gates", 2, "when", "facts", "route", value=["y"]),
+    ),
+    "Fact.values": (  # a batch naming z: unknown before (the gate held), another name now
+        with_gate(gate("named-none", "none", mode="decode", facts={"named": ["y"]})),
+        set_in("facts", "named", "values", value=["x", "y", "z"]),
+    ),
+    "After.action": (
+        set_in("backends", "early", "reads_end", "decode", value=_after()),
+        set_in("backends", "early", "reads_end", "decode", "after", value="act2"),
+    ),
+    "Route.fact": (
+        set_in("backends", "router", value=_router(pinned=True)),
+        set_in("backends", "router", "routes", "fact", value="route2"),
+    ),
+    "Route.pinned": (
+        set_in("backends", "router", value=_router()),
+        set_in("backends", "router", "routes", "pinned", value=True),
+    ),
 }
 
-MOVES_RELEASES = {CELLS, DEFAULTS, ENV, STEP_CELLS, PLACEMENT}
+MOVES_RELEASES = {CELLS, DEFAULTS, ENV, STEP_CELLS, PLACEMENT, PER_BATCH}
 
 
 def test_every_field_that_can_move_a_release_has_a_mutation():
@@ -647,9 +690,66 @@ def test_a_change_only_batches_reporting_facts_see_is_caught(old_gate, new_gate,
     space = cell_space([old.registry, new.registry])
     found = diff_engines(old, new, space)
     assert found.needs_audit
-    cell = next(c for c in found.cells if (c.backend, c.mode, c.spec) == ("early", "decode", "none"))
+    cell = next(
+        c for c in found.cells if (c.backend, c.mode, c.spec) == ("early", "decode", "none")
+    )
     assert (cell.old, cell.new, cell.change) == ("none", "pre_replay", "earlier")
     assert when in cell.when, cell.when
     assert "n" in space.batch_facts
     back = diff_engines(new, old, cell_space([new.registry, old.registry]))
     assert not back.needs_audit  # the reverse change is only later
+
+
+def test_too_many_classes_of_batch_fail_closed():
+    """A column with more combinations of per-batch classes than `MAX_BATCH_SETTINGS` is not
+    compared, and the diff needs an audit (never a pass), even when nothing else changed."""
+    actions = {f"a{i}": False for i in range(9)}  # 2**9 = 512 combinations
+
+    def registry(policy: str) -> str:
+        doc = copy.deepcopy(BASE)
+        for name in actions:
+            doc["facts"][name] = {"type": "action", "doc": "x"}
+        doc["gates"].append(gate("many", "none", mode="decode", facts=actions))
+        doc["backends"]["late"]["reads_end"]["decode"] = policy
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    # late's decode made in_graph: a change the gate would hide for some batches or not
+    old, new = engines(registry("post_replay"), registry("in_graph"))
+    space = cell_space([old.registry, new.registry])
+    found = diff_engines(old, new, space)
+    assert found.needs_audit and found.cells == ()  # nothing listed, yet it fails
+    specs = sorted({"none", *BASE["spec_algorithms"]})
+    assert [u.split(":", 1)[0] for u in found.uncompared] == [f"decode spec {s}" for s in specs]
+    assert f"exceed {MAX_BATCH_SETTINGS}" in found.uncompared[0]
+    text = format_diff(found, space)
+    assert "cannot compare decode spec" in text
+    doc = json.loads(format_diff(found, space, "json"))
+    assert doc["schema_version"] == 3 and doc["summary"]["needs_audit"]
+    assert doc["summary"]["uncompared"] == list(found.uncompared)
+    (layer,) = earlier_layers(
+        [
+            Fragment("old", registry("post_replay")),
+            Fragment(
+                "new",
+                "version: 1\nbackends:\n  late:\n    override: true\n"
+                "    reads_end: {decode: in_graph}\n    doc: x\n",
+            ),
+        ]
+    )
+    assert "cannot be compared" in layer.note
+    # holding the facts (diff --fact) brings the column under the bound
+    held = cell_space([old.registry, new.registry], fixed={"a0": True, "a1": True})
+    assert diff_engines(old, new, held).uncompared == ()
+
+
+def test_per_batch_cells_show_the_batches_in_when_and_json():
+    old, new = engines(*registries("FactTest.compare"))
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    found = diff_engines(old, new, space)
+    (cell,) = [c for c in found.cells if (c.backend, c.spec) == ("early", "none")]
+    assert (cell.old, cell.new, cell.when) == ("none", "pre_replay", "6 <= n <= 10")
+    doc = json.loads(format_diff(found, space, "json"))
+    row = next(r for r in doc["cells"] if (r["backend"], r["spec"]) == ("early", "none"))
+    assert {s["n"] for s in row["settings"]} == {"6 <= n <= 10"}
+    assert "n" in doc["compared"]["batch_facts"]
+    assert "per batch: every class of" in format_diff(found, space)

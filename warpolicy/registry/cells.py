@@ -35,6 +35,7 @@ Adding a runner fact: add the field to `Context` and `Conditions`, then declare 
 from __future__ import annotations
 
 import itertools
+from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
@@ -127,27 +128,40 @@ class BatchClass:
 
 
 def _union_classes(name: str, sides: Sequence[FactClasses]) -> tuple[BatchClass, ...]:
-    """One class per class of the union of ``sides`` (each side's `FactClasses` of the fact)."""
+    """One class per class of the union of ``sides`` (each registry's `FactClasses` of the
+    fact): every class of each side, as a partition of every value a batch may report (a
+    value outside a side's fact is unknown there), holds exactly one of these."""
     out: dict[tuple[type, object], BatchClass] = {}
 
     def add(label: str, value: object) -> None:
         out.setdefault((type(value), value), BatchClass(name, label, value))
 
-    for classes in sides:  # an int fact: the intervals between both sides' cuts
-        if classes.fact.type is FactType.INT:
-            cuts = sorted({c for s in sides if s.fact.type is FactType.INT for c in s.cuts})
-            tests = [FactTest(compare=(("ge", c),)) for c in cuts]
-            merged = fact_classes(classes.fact, tests)
-            for label, value in zip(merged.labels, merged.probes):
-                if value is not ABSENT:
-                    add(label, value)
-            break
-    for classes in sides:
-        for label, value in zip(classes.labels, classes.probes):
-            if value is not ABSENT and classes.fact.type is not FactType.INT:
+    ints = [s for s in sides if s.fact.type is FactType.INT]
+    if ints:  # the intervals between both sides' cuts
+        cuts = sorted({c for s in ints for c in s.cuts})
+        merged = fact_classes(ints[0].fact, [FactTest(compare=(("ge", c),)) for c in cuts])
+        for label, value in zip(merged.labels, merged.probes):
+            if value is not ABSENT:
                 add(label, value)
-    actions = [s for s in sides if s.fact.type is FactType.ACTION]
-    if actions and len(actions) == len(sides):
+    names = [s for s in sides if s.fact.type is FactType.NAME]
+    if names:  # each name some side tests, routes by or lists, and one no side knows
+        known = {n for s in names for n in s.names}
+        known |= {n for s in names if s.fact.values is not None for n in s.fact.values}
+        for value in sorted(known):
+            add(f"{name} is {value}", value)
+        if any(s.fact.values is None for s in names):
+            other = "other"
+            while other in known:
+                other += "_"
+            add(f"{name} is another name", other)
+    for classes in sides:  # bool and action facts: true and false
+        if classes.fact.type in (FactType.BOOL, FactType.ACTION):
+            for label, value in zip(classes.labels, classes.probes):
+                if value is True:
+                    add(label, value)
+            if classes.fact.type is FactType.BOOL:
+                add(f"{name} is false", False)
+    if all(s.fact.type is FactType.ACTION for s in sides):
         add(f"{name} did not succeed", False)  # an action is never unknown
     else:
         add(f"{name} not reported", ABSENT)
@@ -176,13 +190,19 @@ def _batch_facts_read(
     return names
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Setting:
-    """Flag values (``DEFAULT``: each side's own default) and runner facts for one column."""
+    """Flag values (``DEFAULT``: each side's own default), runner facts and per-batch fact
+    classes for one column."""
 
     flags: tuple[tuple[str, FlagSetting], ...]
     facts: tuple[tuple[str, object], ...]
     batch: tuple[tuple[str, BatchClass], ...] = ()  # per-batch facts, one class each
+    _assigned: Mapping[str, object] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        assigned = {**dict(self.flags), **dict(self.facts), **dict(self.batch)}
+        object.__setattr__(self, "_assigned", MappingProxyType(assigned))
 
     def overrides(self) -> dict[str, bool]:
         """The flags given explicitly (both sides get the same value)."""
@@ -200,8 +220,9 @@ class Setting:
                 out[name] = value
         return out
 
-    def assignments(self) -> dict[str, object]:
-        return {**dict(self.flags), **dict(self.facts), **dict(self.batch)}
+    def assignments(self) -> Mapping[str, object]:
+        """Every value of the setting by name (read-only; built once: reports ask often)."""
+        return self._assigned
 
     def with_batch(self, batch: tuple[tuple[str, BatchClass], ...]) -> Setting:
         return Setting(self.flags, self.facts, batch)
@@ -220,10 +241,16 @@ class Column:
     #: not succeeded) but those given; ``settings`` is each of them with each of ``batches``
     base: tuple[Setting, ...] = ()
     batches: tuple[tuple[tuple[str, BatchClass], ...], ...] = ((),)
+    _expanded: Mapping[Setting, tuple[Setting, ...]] = attrs.field(init=False, eq=False, repr=False)
 
-    def expand(self, base: Setting) -> list[Setting]:
-        """``base`` with every combination of per-batch classes."""
-        return [base.with_batch(c) for c in self.batches]
+    def __attrs_post_init__(self) -> None:
+        width = len(self.batches)  # settings are base-major: each base, then its batches
+        expanded = {b: self.settings[i * width : (i + 1) * width] for i, b in enumerate(self.base)}
+        object.__setattr__(self, "_expanded", expanded)
+
+    def expand(self, base: Setting) -> tuple[Setting, ...]:
+        """``base`` with every combination of per-batch classes (settings of the column)."""
+        return self._expanded[base]
 
 
 def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:

@@ -7,7 +7,8 @@ listed there. What is enumerated per cell is `warpolicy.registry.cells`.
 
 Cost is proportional to what changed: only backends whose own entry, or an entry they reach
 through ``inherits`` / ``latest_of`` / ``per_mode``, differs are evaluated (every backend when a
-global gate or a flag changes; every backend of a spec column when that algorithm changes).
+global gate, a flag or a per-batch fact's declaration changes; every backend of a spec column
+when that algorithm changes).
 Backends and spec algorithms present on one side only are ``added`` / ``removed``; their cells
 are evaluated only as far as a report lists them (``expand``).
 
@@ -468,7 +469,11 @@ def diff_engines(
     common_b = sorted(backends_a & backends_b)
     common_s = sorted(specs_a & specs_b)
     keys_a, keys_b = _keyed(ra.backends), _keyed(rb.backends)
-    global_changed = _keyed(ra.flags) != _keyed(rb.flags) or _gates_key(ra) != _gates_key(rb)
+    global_changed = (
+        _keyed(ra.flags) != _keyed(rb.flags)
+        or _keyed(ra.facts) != _keyed(rb.facts)  # a fact's values or type: every reader
+        or _gates_key(ra) != _gates_key(rb)
+    )
     if global_changed:
         affected = set(common_b)
     else:
