@@ -750,6 +750,33 @@ def test_per_batch_cells_show_the_batches_in_when_and_json():
     assert (cell.old, cell.new, cell.when) == ("none", "pre_replay", "6 <= n <= 10")
     doc = json.loads(format_diff(found, space, "json"))
     row = next(r for r in doc["cells"] if (r["backend"], r["spec"]) == ("early", "none"))
-    assert {s["n"] for s in row["settings"]} == {"6 <= n <= 10"}
+    assert row["batches"] == [{"n": "6 <= n <= 10"}]
+    assert all("n" not in setting for setting in row["settings"])
     assert "n" in doc["compared"]["batch_facts"]
-    assert "per batch: every class of" in format_diff(found, space)
+    assert "per batch: each setting for every class of n" in format_diff(found, space)
+
+
+def test_a_column_a_staged_capability_may_open_is_compared():
+    """A global ``spec_lacks`` gate on a capability the algorithm has after an action makes the
+    column none only for batches whose action did not succeed: the column is not skipped, and a
+    change that staged batches see is caught (the default registry's EAGLE extend column)."""
+
+    def registry(policy: str) -> str:
+        doc = copy.deepcopy(BASE)
+        doc["spec_algorithms"]["slow_spec"]["capabilities"]["cap3"] = {"after": "act"}
+        doc["gates"].append(gate("lacks-cap3", "none", mode="decode", spec_lacks="cap3"))
+        doc["backends"]["early"]["reads_end"]["decode"] = policy
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(registry("in_graph"), registry("pre_replay"))
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    assert not space.column(ForwardMode.DECODE, "slow_spec").all_none
+    found = diff_engines(old, new, space)
+    cells = {(c.backend, c.spec): c for c in found.cells}
+    cell = cells[("early", "slow_spec")]
+    assert (cell.old, cell.new, cell.change, cell.when) == (
+        "in_graph",
+        "pre_replay",
+        "earlier",
+        "act succeeded",
+    )

@@ -280,11 +280,13 @@ def _live(gate: Gate, modes: Sequence[ForwardMode], spec: SpecAlgorithm) -> bool
     return not (when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks))
 
 
-def _makes_all_none(gate: Gate) -> bool:
-    """A global gate that, once live, makes every cell none whatever the setting or backend."""
+def _makes_all_none(gate: Gate, spec: SpecAlgorithm) -> bool:
+    """A global gate that, once live, makes every cell none whatever the setting, backend or
+    batch (a ``spec_lacks`` capability ``spec`` has after an action depends on the batch)."""
     when = gate.when
     dynamic = (
-        when.flags
+        any(c in spec.capabilities_after for c in (when.spec_lacks or ()))
+        or when.flags
         or any(getattr(when, c) is not None for c in BACKEND_CONDITIONS)
         or any(getattr(when, a.name) is not None for a in FACT_AXES)
         or when.facts
@@ -336,7 +338,7 @@ class CellSpace:
                 continue
             gates = [g for g in all_gates(registry) if _live(g, modes, algorithm)]
             live += gates
-            all_none = all_none and any(_makes_all_none(g) for g in gates)
+            all_none = all_none and any(_makes_all_none(g, algorithm) for g in gates)
         if all_none:
             only = self._setting({})
             return Column((), (only,), all_none=True, base=(only,), batches=(only.batch,))
@@ -537,18 +539,21 @@ class CellSpace:
 
     def describe(self) -> list[str]:
         """Lines for a text report: what was compared and what was held fixed."""
-        compared = ", ".join(self.axes) or "nothing beyond backend, mode and spec"
-        most = max((len(c.settings) for c in self._all_columns()), default=1)
+        batch = set(self.batch_facts)
+        compared = ", ".join(a for a in self.axes if a not in batch)
+        compared = compared or "nothing beyond backend, mode and spec"
+        most = max((len(c.base) for c in self._all_columns()), default=1)
         lines = [
-            f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
-            f"combination of what a gate tests in that mode and spec: {compared} (at most "
-            f"{most} setting(s) per cell)"
+            f"compared: every backend and spec over {len(self.modes)} mode(s), under every "
+            f"setting of what a gate tests there: {compared} (at most {most} per cell)"
         ]
         if self.batch_facts:
+            classes = max((len(c.batches) for c in self._all_columns()), default=1)
             lines.append(
-                "per batch: every class of "
+                "per batch: each setting for every class of "
                 + ", ".join(self.batch_facts)
-                + " in either registry, and not reported"
+                + f" in either registry, not reported included (at most {classes} "
+                "combination(s) per setting)"
             )
         lines += [f"held: {name} = {why}" for name, why in self.held]
         return lines

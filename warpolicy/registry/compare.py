@@ -207,6 +207,27 @@ class DiffCell:
     change: str  # one of CHANGES
     settings: tuple[Setting, ...] = ()
     plugins: Optional[str] = None  # "off" / "on" when a diff compares both
+    batches: int = 1  # combinations of per-batch classes per setting in the cell's column
+
+    def settings_json(self) -> dict[str, object]:
+        """``settings`` for JSON, in two parts: ``settings``, the flags and runner facts under
+        which the cell differs for some class of batch; ``batches``, the combinations of
+        per-batch classes (fact -> class label) under which it differs for each of those
+        (empty: for every class of batch); None when the classes depend on the setting
+        (``when`` then says which pairs)."""
+        bases: dict[tuple, set] = {}
+        for setting in self.settings:
+            bases.setdefault((setting.flags, setting.facts), set()).add(setting.batch)
+        every = all(len(b) >= self.batches for b in bases.values())
+        batches: dict[tuple, None] = {}
+        if not every:
+            for setting in self.settings:
+                batches.setdefault(setting.batch)
+        product = every or len({frozenset(b) for b in bases.values()}) == 1
+        return {
+            "settings": [{**dict(flags), **dict(facts)} for flags, facts in bases],
+            "batches": [{k: v.label for k, v in b} for b in batches] if product else None,
+        }
 
     @property
     def needs_audit(self) -> bool:
@@ -577,6 +598,7 @@ def _compare_column(
             change,
             tuple(found),
             plugins,
+            len(column.batches),
         )
         for (name, old, new, change), found in groups.items()
     ]
@@ -632,6 +654,7 @@ def _compare_steps(
             change,
             tuple(found),
             plugins,
+            len(column.batches),
         )
         for (name, old, new, change), found in groups.items()
     ]
@@ -684,6 +707,7 @@ def _one_sided(
                             kind,
                             tuple(found),
                             plugins,
+                            len(column.batches),
                         )
                     )
     unlisted = (len(pairs) - index) * len(space.modes)

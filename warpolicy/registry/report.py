@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, Optional, Sequence
 
-from warpolicy.registry.cells import BatchClass, CellSpace
+from warpolicy.registry.cells import CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
 from warpolicy.registry.engine import Decision, Explanation, GateCheck
 
@@ -266,8 +266,11 @@ def _explanation_markdown(exp: Explanation) -> str:
 
 #: ``schema_version`` of `diff` documents: 2 since ``cells`` holds at most ``--limit`` rows
 #: (``summary`` counts every change) and ``when`` may hold ``default``; 3 since cells are
-#: compared per class of batch: a cell's ``when`` and ``settings`` may name per-batch fact
-#: classes (a setting's value is then the class, e.g. ``"num_qo_tokens >= 11674"``),
+#: compared per class of batch: a cell's ``when`` may name per-batch fact classes, its
+#: ``settings`` list flags and runner facts only, and its ``batches`` the
+#: per-batch classes under which it differs for each of them (fact -> class label, e.g.
+#: ``"num_qo_tokens >= 11674"``; empty: every class; null: the classes depend on the setting,
+#: ``when`` says which),
 #: ``compared.batch_facts`` lists the facts enumerated, and ``summary.uncompared`` the columns
 #: that could not be compared (``needs_audit`` is then true).
 DIFF_SCHEMA_VERSION = 3
@@ -345,13 +348,7 @@ def format_diff(
                 "mode": c.mode,
                 "spec": c.spec,
                 "when": c.when,
-                "settings": [
-                    {
-                        k: str(v) if isinstance(v, BatchClass) else v
-                        for k, v in s.assignments().items()
-                    }
-                    for s in c.settings
-                ],
+                **c.settings_json(),
                 "old": c.old,
                 "new": c.new,
                 "change": c.change,
