@@ -44,6 +44,7 @@ from warpolicy.registry.cells import (
 )
 from warpolicy.registry.decision import FORCE_COARSE
 from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
+from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
 from warpolicy.registry.model import Flag, Registry
 from warpolicy.registry.vocabulary import (
@@ -312,6 +313,8 @@ class _Side:
         self.engine = engine
         self.registry = engine.registry
         self._placement: dict[tuple[str, ForwardMode], Placement] = {}
+        self.classes = engine.facts()
+        self._labels: dict[tuple, frozenset[str]] = {}
 
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         key = (backend, mode)
@@ -353,25 +356,37 @@ class _Side:
         self, backends: Sequence[str], mode: ForwardMode, column: Column, spec: str, base: Setting
     ) -> dict[str, Union[str, dict[Setting, str]]]:
         """Per backend, its label for every setting of ``column`` that shares ``base``'s flags
-        and runner facts: one label where no per-batch fact matters (the engine's enumeration
-        of the cell's fact classes found one policy: `Decision.cases` is empty), else a label
-        per combination of per-batch classes (``column.expand(base)``)."""
+        and runner facts: one label where no per-batch fact matters (`Decision.cases` empty:
+        the engine's enumeration of the cell's fact classes found one policy), else a label per
+        combination of per-batch classes (``column.expand(base)``), read from the cases: each
+        class of the union falls in one class of this side's (`FactClasses.classify`), and
+        exactly one case's conditions hold for a combination of this side's classes."""
         found = self.decisions(backends, mode, spec, base, cases=len(column.batches) > 1)
         out: dict[str, Union[str, dict[Setting, str]]] = {}
-        varying = []
         for name in backends:
-            if found[name].cases:
-                varying.append(name)
-            else:
-                out[name] = self.label(name, mode, found[name].policy)
-        if varying:
-            per: dict[str, dict[Setting, str]] = {name: {} for name in varying}
+            decision = found[name]
+            if not decision.cases:
+                out[name] = self.label(name, mode, decision.policy)
+                continue
+            per: dict[Setting, str] = {}
             for setting in column.expand(base):
-                policies = self.policies(varying, mode, spec, setting)
-                for name in varying:
-                    per[name][setting] = self.label(name, mode, policies[name])
-            out.update(per)
+                labels = self._class_labels(setting)
+                policy = next(c.policy for c in decision.cases if labels.issuperset(c.when))
+                per[setting] = self.label(name, mode, policy)
+            out[name] = per
         return out
+
+    def _class_labels(self, setting: Setting) -> frozenset[str]:
+        """The labels of this side's classes that the batch of ``setting`` falls in, one per
+        fact this side declares (a fact the setting does not enumerate: not reported)."""
+        key = setting.batch
+        if key not in self._labels:
+            given = setting.batch_values(self.registry.facts)
+            self._labels[key] = frozenset(
+                classes.labels[classes.classify(given.get(name, NOT_REPORTED))]
+                for name, classes in self.classes.items()
+            )
+        return self._labels[key]
 
     def label(self, backend: str, mode: ForwardMode, policy: WarReadDonePolicy) -> str:
         if policy == IN_GRAPH and self.placement(backend, mode) is Placement.DERIVED:
