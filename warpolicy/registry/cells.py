@@ -493,7 +493,7 @@ class CellSpace:
         declared = sorted({n for r in self.registries for n in r.flags} | {FORCE_COARSE.name})
         for name, value in sorted(self.fixed.items()):
             if isinstance(value, BatchClass):
-                out.append((name, f"{value.label}: given"))
+                out.append((name, f"{_text(value.value)}: given"))
         for name in declared:
             if name in self.fixed:
                 out.append((name, f"{str(self.fixed[name]).lower()}: given"))

@@ -80,22 +80,48 @@ def format_decision(decision: Decision, fmt: str = "text") -> str:
 
 
 def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
-    """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration."""
-    header = ("backend", "mode", "spec", "policy", "because")
+    """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration.
+
+    A cell whose policy varies with per-batch facts is marked ``*`` after its policy (the
+    policy for a batch that reports none of them, or the facts given) and its cases are the
+    ``per batch`` column (text and markdown: ``pre_replay when num_qo_tokens <= 11673; ...``,
+    cut at `MAX_CELL`; JSON: ``per_batch``, every case whole). The column appears only when
+    some cell varies."""
+    varies = any(d.cases for d in decisions)
+    header = ("backend", "mode", "spec", "policy", "because") + (("per batch",) if varies else ())
     rows, records = [], []
     for d in decisions:
         why = ",".join(r.id for r in d.reasons[1:]) or "declared"
-        rows.append((d.context.backend, d.context.mode.label, d.context.spec, d.policy.label, why))
-        records.append(
-            {
-                "backend": d.context.backend,
-                "mode": d.context.mode.label,
-                "spec": d.context.spec,
-                "policy": d.policy.label,
-                "reasons": [r.id for r in d.reasons],
-            }
+        policy = d.policy.label + ("*" if d.cases else "")
+        row: tuple[str, ...] = (
+            d.context.backend,
+            d.context.mode.label,
+            d.context.spec,
+            policy,
+            why,
         )
-    return render_table(header, rows, fmt, records)
+        if varies:
+            row += (_cut("; ".join(c.text for c in d.cases)) if d.cases else "-",)
+        rows.append(row)
+        record: dict[str, object] = {
+            "backend": d.context.backend,
+            "mode": d.context.mode.label,
+            "spec": d.context.spec,
+            "policy": d.policy.label,
+            "reasons": [r.id for r in d.reasons],
+        }
+        if d.cases:
+            record["per_batch"] = [c.to_json() for c in d.cases]
+        records.append(record)
+    table = render_table(header, rows, fmt, records)
+    if varies and fmt != "json":
+        note = (
+            "* varies per batch: the policy shown is for a batch that reports none of the "
+            "per-batch facts (--fact NAME=VALUE gives one); 'per batch' lists every case (cut at "
+            f"{MAX_CELL} characters: explain or --format json give them whole)"
+        )
+        table += "\n\n" + (f"_{note}_" if fmt == "markdown" else note)
+    return table
 
 
 # -- explain -----------------------------------------------------------------------------------
@@ -175,6 +201,8 @@ def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str
         )
     if not exp.gates:
         lines.append(f"{indent}    (none)")
+    if not indent:  # the facts the whole decision read, and its cases
+        lines += [f"  {line}" for line in exp.fact_lines()]
     if exp.force_coarse is not None:
         lines.append(f"{indent}  kill switch: {exp.force_coarse.message}")
     if exp.demotion is not None:
@@ -245,6 +273,9 @@ def _explanation_markdown(exp: Explanation) -> str:
             "",
             render_table(("backend", "runs", "declared", "decided"), runs, "markdown"),
         ]
+    facts = exp.fact_lines()
+    if facts:
+        parts += ["", "**Per-batch facts**", ""] + [f"- {_md(line)}" for line in facts]
     parts += ["", "**Gates**", ""]
     if exp.gates:
         parts.append(
