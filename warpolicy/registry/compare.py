@@ -315,6 +315,21 @@ class _Side:
         self._placement: dict[tuple[str, ForwardMode], Placement] = {}
         self.classes = engine.facts()
         self._labels: dict[tuple, frozenset[str]] = {}
+        self._resolved: dict[Setting, tuple] = {}
+        #: set by `diff_engines`: both sides have the same rules but for flag defaults and env
+        self.same_rules = False
+
+    def resolved(self, setting: Setting) -> tuple:
+        """The value of every flag under ``setting`` (overrides, else this side's own)."""
+        if setting not in self._resolved:
+            overrides = {
+                k: v
+                for k, v in setting.overrides().items()
+                if k in self.registry.flags or k == FORCE_COARSE.name
+            }
+            values = self.engine.flag_values(overrides)
+            self._resolved[setting] = tuple((f.name, f.value) for f in values)
+        return self._resolved[setting]
 
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         key = (backend, mode)
@@ -520,6 +535,16 @@ def diff_engines(
     spec_b = {s: semantic_key(new.spec(s)) for s in common_s}
     changed_specs = {s for s in common_s if spec_a[s] != spec_b[s]}
     tested = {n for r in (ra, rb) for g in all_gates(r) for n in g.when.flags}
+    # the same rules but for flag defaults and environment names (a layer that flips a
+    # default): a setting whose flags resolve alike on both sides decides alike
+    a.same_rules = b.same_rules = (
+        not changed_specs
+        and keys_a == keys_b
+        and set(ra.flags) == set(rb.flags)
+        and _keyed(ra.facts) == _keyed(rb.facts)
+        and _gates_key(ra) == _gates_key(rb)
+        and set(specs_a) == set(specs_b)
+    )
 
     cells: list[DiffCell] = []
     evaluated: set[str] = set()
@@ -586,6 +611,8 @@ def _compare_column(
         return []
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
     for base in column.base:
+        if a.same_rules and a.resolved(base) == b.resolved(base):
+            continue  # same rules, same flag values: the same decisions
         before = a.values(names, mode, column, spec, base)
         after = b.values(names, mode, column, spec, base)
         for name in names:
