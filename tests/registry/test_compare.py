@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from typing import Callable
+import os
+from typing import Callable, Sequence
 
 import attrs
 import pytest
@@ -37,6 +38,7 @@ from warpolicy.registry.compare import (
     earlier_layers,
 )
 from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Fragment, load_registry, registry_sources
 from warpolicy.registry.report import format_diff
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
@@ -780,3 +782,150 @@ def test_a_column_a_staged_capability_may_open_is_compared():
         "earlier",
         "act succeeded",
     )
+
+
+# -- per-batch classes against brute force over fact values ------------------------------------
+
+N_VALUES = [None, *range(23)]  # None: not reported
+ROUTES = [None, "x", "y", "z"]
+
+
+@st.composite
+def fact_registry_pairs(draw) -> tuple[dict, dict]:
+    """Two small registries whose gates, declarations and router read per-batch facts."""
+
+    def backends() -> dict:
+        out: dict = {}
+        for name in ("p0", "p1"):
+            reads = {}
+            for mode in ("decode", "extend"):
+                policy = draw(st.sampled_from(POLICIES))
+                if policy != "none" and draw(st.booleans()):
+                    policy = {"policy": policy, "after": "act", "otherwise": "none"}
+                reads[mode] = policy
+            out[name] = {"reads_end": reads, "doc": "x"}
+        out["rt"] = {
+            "routes": {
+                "fact": "r",
+                "children": {"x": "p0", "y": "p1"},
+                "pinned": draw(st.booleans()),
+            },
+            "doc": "x",
+        }
+        return out
+
+    def gates() -> list:
+        out = []
+        for i in range(draw(st.integers(0, 3))):
+            facts: dict = {}
+            if draw(st.booleans()):
+                op = draw(st.sampled_from(["gt", "ge", "lt", "le", "eq"]))
+                facts["n"] = {op: draw(st.integers(0, 20))}
+            if draw(st.booleans()):
+                facts["act"] = False
+            if draw(st.booleans()):
+                facts["r"] = draw(st.sampled_from([["x"], ["y"], ["x", "z"]]))
+            when: dict = {"mode": draw(st.sampled_from(["decode", "extend"]))}
+            if facts:
+                when["facts"] = facts
+            out.append(
+                {
+                    "id": f"g{i}",
+                    "when": when,
+                    "at_least": draw(st.sampled_from(POLICIES[1:])),
+                    "because": "x",
+                }
+            )
+        return out
+
+    def registry() -> dict:
+        return {
+            "version": 1,
+            "facts": {
+                "n": {"type": "int", "doc": "x"},
+                "act": {"type": "action", "doc": "x"},
+                "r": {"type": "name", "doc": "x"},
+            },
+            "backends": backends(),
+            "gates": gates(),
+        }
+
+    old = registry()
+    new = copy.deepcopy(old)
+    edit = draw(st.sampled_from(["gates", "backends", "both"]))
+    if edit in ("gates", "both"):
+        new["gates"] = gates()
+    if edit in ("backends", "both"):
+        new["backends"] = backends()
+    return old, new
+
+
+def batches() -> list[dict[str, object]]:
+    """Many batches: every value of ``N_VALUES`` x action x ``ROUTES`` (None: not reported)."""
+    out = []
+    for n, act, route in itertools.product(N_VALUES, (True, False), ROUTES):
+        batch: dict[str, object] = {"act": act, "n": n, "r": route}
+        out.append({k: v for k, v in batch.items() if v is not None})
+    return out
+
+
+def brute_force_batches(old: PolicyEngine, new: PolicyEngine) -> dict[tuple, list]:
+    """Per (backend, mode, change): every batch among `batches` whose decision differs so."""
+    found: dict[tuple, list] = {}
+    backends = sorted(old.registry.backends)
+    for batch in batches():
+        rows = [
+            e.table(backends, ["none"], ["decode", "extend"], batch_facts=batch, cases=False)
+            for e in (old, new)
+        ]
+        for x, y in zip(*rows):
+            change = compare._mode_change(x.policy.label, y.policy.label)
+            if change is not None:
+                key = (x.context.backend, x.context.mode.label, change)
+                found.setdefault(key, []).append(batch)
+    return found
+
+
+def same_class(engines_: Sequence[PolicyEngine], name: str, value: object, probe: object) -> bool:
+    """Whether ``value`` and ``probe`` fall in the same class of fact ``name`` on every side."""
+    for engine in engines_:
+        classes = engine.facts()[name]
+        if classes.classify(value) != classes.classify(probe):
+            return False
+    return True
+
+
+@settings(
+    max_examples=int(os.environ.get("WARPOLICY_TEST_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(fact_registry_pairs())
+def test_per_batch_classes_find_what_brute_force_over_fact_values_finds(pair):
+    """The diff's classes (the union of both sides' thresholds, names, true/false, not
+    reported) and its reading of the engine's cases agree with evaluating many batches."""
+    texts = [yaml.safe_dump(r, sort_keys=False) for r in pair]
+    try:
+        old, new = engines(*texts)
+    except Exception:  # noqa: BLE001 - a drawn registry the loader refuses
+        return
+    space = cell_space([old.registry, new.registry], modes=["decode", "extend"])
+    found = diff_engines(old, new, space)
+    cells: dict[tuple, list] = {}  # (backend, mode, change) -> the classes of batch reported
+    for c in found.cells:
+        if c.spec == "none":
+            cells.setdefault((c.backend, c.mode, c.change), []).extend(s.batch for s in c.settings)
+    brute = brute_force_batches(old, new)
+    assert set(cells) == set(brute)
+    # every batch that differs falls in a class of batch the diff reports for that cell
+    sides = (old, new)
+    for key, differing in brute.items():
+        reported = cells[key]
+        for batch in differing:
+            assert any(
+                all(
+                    same_class(sides, name, batch.get(name, NOT_REPORTED), chosen.value)
+                    for name, chosen in combo
+                )
+                for combo in reported
+            ), (key, batch)
