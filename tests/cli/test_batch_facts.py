@@ -175,3 +175,57 @@ def test_validate_warns_about_an_unpinned_router(capsys, tmp_path, each):
     pinned.write_text(ROUTER.replace("image: images}", "image: images}, pinned: true"))
     code, out, err = run_cli(capsys, "validate", "--each", str(pinned))
     assert code == ExitCode.OK and err == "", err
+
+
+MANY = """\
+version: 1
+facts:
+{facts}
+backends:
+  only:
+    reads_end: {{decode: {policy}}}
+    doc: x
+gates:
+  - id: many
+    when: {{mode: decode, facts: {{{tests}}}}}
+    at_least: none
+    because: x
+"""
+
+
+def many_actions(tmp_path, name: str, policy: str) -> str:
+    names = [f"a{i}" for i in range(9)]  # 2**9 = 512 combinations of classes > 256
+    text = MANY.format(
+        facts="\n".join(f"  {n}: {{type: action, doc: x}}" for n in names),
+        policy=policy,
+        tests=", ".join(f"{n}: false" for n in names),
+    )
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_column_that_cannot_be_compared_fails_the_gate(capsys, tmp_path):
+    """Fail closed: a change in a column with too many classes of batch fails the gate (never
+    a pass), even a later one; holding facts compares it, and then it passes."""
+    old = many_actions(tmp_path, "old.yaml", "post_replay")
+    new = many_actions(tmp_path, "new.yaml", "none")  # later for every batch
+    argv = ("diff", old, new, "--plugins", "none", "--mode", "decode")
+    code, out, err = run_cli(capsys, *argv, "--fail-on", "earlier")
+    assert code == ExitCode.CHECK_FAILED, out + err
+    assert "cannot compare decode spec none: 512 combinations of per-batch fact classes" in out
+    code, out, _ = run_cli(capsys, *argv, "--format", "json")
+    summary = json.loads(out)["summary"]
+    assert summary["needs_audit"] and summary["uncompared"]
+    held = [x for i in range(2) for x in ("--fact", f"a{i}=false")]
+    code, out, err = run_cli(capsys, *argv, *held, "--fail-on", "earlier")
+    assert code == ExitCode.OK, out + err
+    # validate's layer report names the layer instead of calling it safe
+    layer = tmp_path / "layer.yaml"
+    layer.write_text(
+        "version: 1\nbackends:\n  only:\n    override: true\n"
+        "    reads_end: {decode: none}\n    doc: x\n"
+    )
+    code, out, err = run_cli(capsys, "validate", old, str(layer))
+    assert code == ExitCode.OK
+    assert f"warpolicy: warning: layer {layer}: cannot be compared" in err

@@ -401,5 +401,6 @@ def _diff_ref(args: argparse.Namespace) -> int:
 def _count(diff: Diff, fail_on: str) -> int:
     if fail_on == "earlier":
         cells = {(c.backend, c.mode, c.spec) for c in diff.cells if c.needs_audit}
-        return len(cells) + sum(1 for f in diff.flags if f.needs_audit)
+        flags = sum(1 for f in diff.flags if f.needs_audit)
+        return len(cells) + flags + len(diff.uncompared)  # a column not compared: fail closed
     return sum(diff.counts().values()) + len(diff.flags)

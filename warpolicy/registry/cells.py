@@ -542,7 +542,7 @@ class CellSpace:
         batch = set(self.batch_facts)
         compared = ", ".join(a for a in self.axes if a not in batch)
         compared = compared or "nothing beyond backend, mode and spec"
-        most = max((len(c.base) for c in self._all_columns()), default=1)
+        most = max((len(c.base) for c in self._all_columns() if not c.uncompared), default=1)
         lines = [
             f"compared: every backend and spec over {len(self.modes)} mode(s), under every "
             f"setting of what a gate tests there: {compared} (at most {most} per cell)"
