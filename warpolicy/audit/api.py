@@ -60,7 +60,7 @@ def run_audit(
                 "--placement applies to --synthetic only (a factory's runners "
                 "choose their own placement)"
             )
-        from warpolicy.audit.synthetic import parse_placement  # deferred: imports torch
+        from warpolicy.audit.synthetic import parse_placement  # noqa: PLC0415 - deferred: imports torch
 
         parse_placement(placement)  # one line for a bad value, before any GPU work
     if platform is None:
@@ -68,7 +68,7 @@ def run_audit(
     if make is not None:
         subjects = call_factory(make, factory or "", platform)
     else:
-        from warpolicy.audit.synthetic import make_synthetic  # deferred: imports torch
+        from warpolicy.audit.synthetic import make_synthetic  # noqa: PLC0415 - deferred: imports torch
 
         subjects = [make_synthetic(n, platform=platform, placement=placement) for n in names]
     entries: list[AuditEntry] = []
@@ -113,7 +113,7 @@ def parse_modes(
 
 def parse_synthetic(text: str) -> list[str]:
     """``NAME``, ``NAME,NAME`` or ``all`` -> synthetic backend names (unknown names raise)."""
-    from warpolicy.audit.synthetic import synthetic_names  # deferred: imports torch
+    from warpolicy.audit.synthetic import synthetic_names  # noqa: PLC0415 - deferred: imports torch
 
     known = synthetic_names()
     names: list[str] = []
@@ -210,7 +210,7 @@ def describe_device(platform: Any) -> str:
     if name != "cuda":
         return name
     try:
-        import torch  # deferred: the audit package imports without torch
+        import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
         return f"cuda ({torch.cuda.get_device_name(platform.device)})"
     except Exception:  # noqa: BLE001 - the name is cosmetic

@@ -33,9 +33,6 @@ captured graph in every trial, each poisoned step publishing the same event as i
 every element of every shared buffer changed by every poison, every captured bucket replayed,
 a race window widened by stalls or simulated, and on a real device at least `MIN_TRIALS`
 trials. INCONCLUSIVE with the reasons otherwise.
-
-Over 400 lines: trials, poisoning at the release, reference replays and the checks that make a
-trial count (same publication, every bucket covered) belong to one loop.
 """
 
 from __future__ import annotations
@@ -70,6 +67,7 @@ from warpolicy.audit.subject import (
 )
 from warpolicy.errors import WarpolicyError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
 from warpolicy.runtime.runners.protocols import Runner
 
@@ -128,8 +126,6 @@ class _Harness:
     def __init__(
         self, subject: AuditSubject, mode: ForwardMode, runner: Runner, stall_us: float
     ) -> None:
-        from warpolicy.runtime.fence import SchedulerBarrier
-
         self.subject = subject
         self.mode = mode
         self.runner = runner

@@ -77,14 +77,14 @@ def _int_range(tensor: Any) -> Optional[tuple[int, int, int]]:
 
 def _single_value(tensor: Any) -> Any:
     """Every element equals ``c``: ``c + 1`` (``c - 1`` when ``c`` is the dtype's maximum)."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     c = int(tensor.reshape(-1)[0].item())
     return torch.full_like(tensor, c + 1 if c < torch.iinfo(tensor.dtype).max else c - 1)
 
 
 def _integer(tensor: Any, kind: str) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     if tensor.numel() == 0:
         return tensor.clone()
@@ -109,7 +109,7 @@ def _integer(tensor: Any, kind: str) -> Any:
 
 
 def _floating(tensor: Any) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     wide = tensor.to(_wide_dtype(tensor.dtype)) if tensor.element_size() < 4 else tensor
     nothing = (wide == 0) | torch.isnan(wide)
@@ -135,7 +135,7 @@ def plus_one(tensor: Any) -> Any:
     """0.2's poison: integers ``(x + 1) mod (max + 1)`` (a 0/1 flip when nothing is positive,
     the complement when ``max + 1`` overflows); other dtypes as `default_poisons`. Misses
     readers that divide or clamp (the module doc); kept for comparison and the controls."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     if _not_int(tensor):
         return _non_integer(tensor)
@@ -150,13 +150,13 @@ def plus_one(tensor: Any) -> Any:
 
 
 def _not_int(tensor: Any) -> bool:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     return tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex()
 
 
 def _non_integer(tensor: Any) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     return ~tensor if tensor.dtype == torch.bool else _floating(tensor)
 
@@ -196,7 +196,7 @@ def poison_set(spec: Optional[PoisonSpec], tensor: Any) -> tuple[Poison, ...]:
 
 def _wide_dtype(dtype: Any) -> Any:
     """float32 for the narrow floating types (their arithmetic is not always implemented)."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     return torch.complex64 if dtype.is_complex else torch.float32
 
@@ -204,7 +204,7 @@ def _wide_dtype(dtype: Any) -> Any:
 def unchanged_elements(poison: Any, state: Any) -> int:
     """How many elements of ``state`` the ``poison`` leaves equal (NaN equals NaN); every
     element when the two cannot be compared (another shape)."""
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     if tuple(poison.shape) != tuple(state.shape):
         return int(state.numel())

@@ -9,9 +9,6 @@ with, so the audit cannot pass by default:
   INCONCLUSIVE entry (unless ``allow_inconclusive``), an audit that failed (always, even with
   ``allow_inconclusive``: a subject that crashes in every mode must not pass), or no entry;
 * else 0: every audited declaration is SAFE.
-
-Over 400 lines: the result records (dynamic, static, refutation, entry, report) and the two
-renderings that must agree on them stay together; each record is small.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def _audit_static(
     if platform != "cuda":
         return unavailable(f"platform {platform!r} has no CUDA graphs to walk")
     try:
-        from cuda.bindings import driver  # noqa: F401 - deferred: an optional dependency
+        from cuda.bindings import driver  # noqa: F401, PLC0415 - deferred: an optional dependency
     except ImportError as exc:
         return unavailable(f"cuda-bindings is not installed ({exc}); pip install cuda-bindings")
     ranges = buffer_ranges(shared)

@@ -63,7 +63,7 @@ def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:
     """A callable enqueueing a ``stall_us`` GPU spin on the current stream (None: no stall)."""
     if stall_us <= 0 or getattr(platform, "name", "") != "cuda":
         return None
-    import torch  # deferred: the audit package imports without torch
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     props = torch.cuda.get_device_properties(platform.device)
     clock_khz = int(getattr(props, "clock_rate", 0) or 0)

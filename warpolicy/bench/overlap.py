@@ -38,10 +38,6 @@ scheduler's per-step writes and batches). ``warpolicy bench overlap --factory MO
 
 With ``device="sim"`` (alias ``fake``) it runs a tiny config on the simulated platform (numbers are host times
 and meaningless); otherwise it needs CUDA and raises `CudaUnavailableError` without it.
-
-Over 400 lines: the benchmark's variants (coarse, post_replay, in_graph, derived, pre_replay,
-no barrier), its measuring loop and its report share one set of per-step probes, which the
-factory, speculative-step and tensor-parallel variants reuse.
 """
 
 from __future__ import annotations

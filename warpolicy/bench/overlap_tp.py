@@ -24,9 +24,6 @@ over 127.0.0.1; under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) 
 process's rank. NCCL on CUDA (rank r on ``cuda:LOCAL_RANK``); gloo on the simulated device
 (``device="sim"``, alias ``fake``: tiny, host-timed, numbers meaningless, the code path
 exercised on CPU). The CLI runs it as ``warpolicy bench overlap --tp N``.
-
-Over 400 lines: the per-rank benchmark, its spawn/torchrun launcher and the cross-rank
-aggregation of the report.
 """
 
 from __future__ import annotations

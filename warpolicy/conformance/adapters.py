@@ -50,9 +50,6 @@ Shared buffers: ``req_to_token`` and ``full_to_swa`` (what SGLang's scheduler wr
 stream). The graph's static inputs are written on the forward stream before replay, as SGLang's
 ``replay_prepare`` does, so they are not shared. Everything the step writes (the KV pools) is in
 `extra_outputs`.
-
-Over 400 lines: two backends and their mutants share one layer loop and one set of static
-inputs; splitting them would spread SGLang's call shapes over files that must change together.
 """
 
 from __future__ import annotations

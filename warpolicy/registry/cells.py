@@ -35,6 +35,7 @@ Adding a runner fact: add the field to `Context` and `Conditions`, then declare 
 from __future__ import annotations
 
 import itertools
+import textwrap
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
@@ -543,18 +544,26 @@ class CellSpace:
         compared = ", ".join(a for a in self.axes if a not in batch)
         compared = compared or "nothing beyond backend, mode and spec"
         most = max((len(c.base) for c in self._all_columns() if not c.uncompared), default=1)
-        lines = [
-            f"compared: every backend and spec over {len(self.modes)} mode(s), under every "
-            f"setting of what a gate tests there: {compared} (at most {most} per cell)"
+        texts = [
+            f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
+            f"combination of what a gate tests in that mode and spec: {compared} (at most "
+            f"{most} setting(s) per cell)"
         ]
         if self.batch_facts:
             classes = max((len(c.batches) for c in self._all_columns()), default=1)
-            lines.append(
+            texts.append(
                 "per batch: each setting for every class of "
                 + ", ".join(self.batch_facts)
                 + f" in either registry, not reported included (at most {classes} "
                 "combination(s) per setting)"
             )
+        lines = [
+            line
+            for text in texts
+            for line in textwrap.wrap(
+                text, width=100, subsequent_indent="  ", break_on_hyphens=False
+            )
+        ]
         lines += [f"held: {name} = {why}" for name, why in self.held]
         return lines
 

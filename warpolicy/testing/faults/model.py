@@ -20,7 +20,7 @@ marker self-check run on the truth of each capture.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import attrs
 
@@ -28,9 +28,22 @@ from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.testing.faults.injection import Injector
 
-if TYPE_CHECKING:
-    from warpolicy.testing.faults.harness import Harness
+
+class HarnessCalls(Protocol):
+    """What the model side needs of one case's `warpolicy.testing.faults.harness.Harness`
+    (which builds on this module, so the model names the protocol, not the class)."""
+
+    injector: Injector
+
+    def read(self, label: str) -> None: ...
+    def work(self, label: str) -> None: ...
+    def write(self, label: str = "write", through: Optional[int] = None) -> None: ...
+    def pause(self) -> None: ...
+    def replaying(self) -> Optional[int]: ...
+    def replay_stage(self, graph: int, label: str) -> None: ...
+
 
 #: Where the model reads shared state, per stage, for each read plan.
 READ_PLANS: Mapping[str, frozenset[str]] = {
@@ -105,7 +118,7 @@ class LoggedSnapshot:
     """A shared buffer as the WAR canary sees it (`warpolicy.runtime.canary.Snapshot`): a save
     is a logged read of it, a load a logged write (on the current stream)."""
 
-    def __init__(self, harness: Harness, label: str, nbytes: int) -> None:
+    def __init__(self, harness: HarnessCalls, label: str, nbytes: int) -> None:
         self.harness = harness
         self.label = label
         self.nbytes = nbytes
@@ -123,7 +136,7 @@ class HarnessModel:
 
     def __init__(
         self,
-        harness: Harness,
+        harness: HarnessCalls,
         reads: frozenset[str],
         buckets: Mapping[ForwardMode, Sequence[int]],
         name: str = "model",
@@ -210,7 +223,7 @@ class HarnessObservers:
     One instance serves every case of a process (building a plugin manager costs more than a
     case): ``harness`` is the case running now."""
 
-    def __init__(self, harness: Optional[Harness] = None) -> None:
+    def __init__(self, harness: Optional[HarnessCalls] = None) -> None:
         self.harness = harness
         self.seen: dict[str, int] = {}
 
@@ -264,7 +277,7 @@ class HarnessObservers:
 
 
 def policy_table(
-    harness: Harness, table: Mapping[ForwardMode, WarReadDonePolicy]
+    harness: HarnessCalls, table: Mapping[ForwardMode, WarReadDonePolicy]
 ) -> Callable[[ForwardMode, bool, bool], WarReadDonePolicy]:
     """A ``(mode, eager, planted)`` policy callable answering ``table[mode]`` (a fault target;
     the runner applies sound demotion itself)."""
