@@ -929,3 +929,20 @@ def test_per_batch_classes_find_what_brute_force_over_fact_values_finds(pair):
                 )
                 for combo in reported
             ), (key, batch)
+
+
+def test_a_fact_type_change_that_validates_moves_no_release():
+    """`FACT_TYPE`: bool <-> action, tested only for false, decides every batch alike (an
+    unreported bool is unknown, so its test holds; an unreported action did not succeed)."""
+
+    def registry(kind: str) -> str:
+        doc = copy.deepcopy(BASE)
+        doc["facts"]["bf"]["type"] = kind
+        doc["gates"].append(gate("bf-none", "none", mode="decode", facts={"bf": False}))
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(registry("bool"), registry("action"))
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    assert "bf" in space.batch_facts
+    assert diff_engines(old, new, space).cells == ()
+    assert diff_engines(new, old, cell_space([new.registry, old.registry])).cells == ()
