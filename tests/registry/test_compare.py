@@ -487,6 +487,19 @@ def registry_pairs(draw) -> tuple[dict, dict]:
         backends[name] = entry
     backends["c"] = {"latest_of": ["p1", "p2"], "doc": "x"}
     backends["w"] = {"per_mode": {"decode": draw(st.sampled_from(names))}, "doc": "x"}
+    for name in names:  # a gate scoped to a backend reaches what inherits or runs it
+        if draw(st.booleans()):
+            backends[name]["gates"] = [
+                {
+                    "id": f"scoped-{name}",
+                    "when": {
+                        "mode": draw(st.sampled_from(MODES)),
+                        "flags": {f"f{draw(st.integers(0, 1))}": draw(st.booleans())},
+                    },
+                    "at_least": draw(st.sampled_from(POLICIES[1:])),
+                    "because": "x",
+                }
+            ]
 
     def gates() -> list:
         out = []
@@ -946,3 +959,32 @@ def test_a_fact_type_change_that_validates_moves_no_release():
     assert "bf" in space.batch_facts
     assert diff_engines(old, new, space).cells == ()
     assert diff_engines(new, old, cell_space([new.registry, old.registry])).cells == ()
+
+
+def test_a_gate_scoped_to_a_child_is_enumerated_for_the_parent_that_changed():
+    """Only the changed backend is evaluated, but the flags and facts of gates scoped to the
+    backends it runs are still enumerated (`cells.reach`): ``solo`` now decides what ``early``
+    does, and ``early``'s own gate keeps it none only while ``opt_in`` is off."""
+
+    def registry(solo: dict) -> str:
+        doc = copy.deepcopy(BASE)
+        scoped = gate("early-off", "none", mode="decode", flags={"opt_in": False})
+        doc["backends"]["early"]["gates"] = [scoped]
+        doc["backends"]["solo"] = {**solo, "doc": "x"}
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(
+        registry({"latest_of": ["early"], "reads_end": {"decode": "none"}}),
+        registry({"latest_of": ["early"]}),
+    )
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    found = diff_engines(old, new, space)
+    assert found.evaluated_backends == 1
+    cells = {(c.backend, c.spec): c for c in found.cells}
+    cell = cells[("solo", "none")]
+    assert (cell.old, cell.new, cell.change, cell.when) == (
+        "none",
+        "pre_replay",
+        "earlier",
+        "opt_in=true",
+    )

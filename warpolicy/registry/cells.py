@@ -170,11 +170,16 @@ def _union_classes(name: str, sides: Sequence[FactClasses]) -> tuple[BatchClass,
 
 
 def _batch_facts_read(
-    registries: Sequence[Registry], live: Sequence[Gate], modes: Sequence[ForwardMode], spec: str
+    registries: Sequence[Registry],
+    live: Sequence[Gate],
+    modes: Sequence[ForwardMode],
+    spec: str,
+    scope: Optional[frozenset[str]] = None,
 ) -> set[str]:
     """Per-batch facts a decision in the columns ``modes`` x ``spec`` may read: those a live
     gate tests, the actions of a ``spec_lacks`` capability it names and of declarations that
-    hold ``after`` one in these modes, and the route of a router routed in these modes."""
+    hold ``after`` one in these modes, and the route of a router routed in these modes (of the
+    backends in ``scope``; None: every backend)."""
     names: set[str] = set()
     for gate in live:
         names |= set(gate.when.facts)
@@ -184,6 +189,8 @@ def _batch_facts_read(
             lacks = {c for g in live for c in (g.when.spec_lacks or ())}
             names |= {a for c, a in algorithm.capabilities_after.items() if c in lacks}
         for backend in registry.backends.values():
+            if scope is not None and backend.name not in scope:
+                continue
             names |= {a.action for m, a in backend.reads_end_after.items() if m in modes}
             route = backend.routes
             if route is not None and any(route.routed(m) for m in modes):
@@ -261,6 +268,24 @@ def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:
     return spec
 
 
+def reach(names: Iterable[str], registries: Sequence[Registry]) -> frozenset[str]:
+    """``names`` and every backend they name, transitively (inherits, latest_of, per_mode,
+    routes), in any of ``registries``: the entries their decisions can read."""
+    out = set(names)
+    todo = list(out)
+    while todo:
+        name = todo.pop()
+        for registry in registries:
+            backend = registry.backends.get(name)
+            if backend is None:
+                continue
+            for child in backend.children():
+                if child not in out:
+                    out.add(child)
+                    todo.append(child)
+    return frozenset(out)
+
+
 def all_gates(registry: Registry) -> list[Gate]:
     return list(registry.gates) + [g for b in registry.backends.values() for g in b.gates]
 
@@ -320,16 +345,26 @@ class CellSpace:
 
     # -- columns --------------------------------------------------------------------------
 
-    def column(self, modes: Union[ForwardMode, Sequence[ForwardMode]], spec: str) -> Column:
+    def column(
+        self,
+        modes: Union[ForwardMode, Sequence[ForwardMode]],
+        spec: str,
+        scope: Optional[frozenset[str]] = None,
+    ) -> Column:
         """The axes and settings of the column(s) of ``modes`` x ``spec`` (several modes: one
-        setting list that serves each of them, for step cells)."""
+        setting list that serves each of them, for step cells). ``scope``: the backends whose
+        entries the compared backends' decisions can read (`reach`; None: every backend); the
+        gates scoped to, and the per-batch facts read only by, other backends are not
+        enumerated (they cannot move these decisions)."""
         key_modes = (modes,) if isinstance(modes, ForwardMode) else tuple(modes)
-        key = (key_modes, spec)
+        key = (key_modes, spec, scope)
         if key not in self._columns:
-            self._columns[key] = self._build_column(key_modes, spec)
+            self._columns[key] = self._build_column(key_modes, spec, scope)
         return self._columns[key]
 
-    def _build_column(self, modes: tuple[ForwardMode, ...], spec: str) -> Column:
+    def _build_column(
+        self, modes: tuple[ForwardMode, ...], spec: str, scope: Optional[frozenset[str]] = None
+    ) -> Column:
         live: list[Gate] = []
         all_none = True
         for registry in self.registries:
@@ -337,7 +372,12 @@ class CellSpace:
             if algorithm is None:
                 all_none = False  # one side lacks the spec: its cells are added or removed
                 continue
-            gates = [g for g in all_gates(registry) if _live(g, modes, algorithm)]
+            gates = [
+                g
+                for g in all_gates(registry)
+                if (scope is None or g.scope is None or g.scope in scope)
+                and _live(g, modes, algorithm)
+            ]
             live += gates
             all_none = all_none and any(_makes_all_none(g, algorithm) for g in gates)
         if all_none:
@@ -359,7 +399,7 @@ class CellSpace:
                 facts.append((axis.name, axis.values(frozenset().union(*seen))))
 
         batch: list[tuple[str, tuple[BatchClass, ...]]] = []
-        for name in sorted(_batch_facts_read(self.registries, live, modes, spec)):
+        for name in sorted(_batch_facts_read(self.registries, live, modes, spec, scope)):
             if name in self.fixed:
                 continue
             batch.append((name, self.batch_axis(name)))

@@ -40,6 +40,7 @@ from warpolicy.registry.cells import (
     Setting,
     all_gates,
     cell_space,
+    reach,
     summarize,
 )
 from warpolicy.registry.decision import FORCE_COARSE
@@ -554,12 +555,13 @@ def diff_engines(
         if not names:
             continue
         evaluated.update(names)
+        scope = reach(names, [ra, rb])
         for mode in space.modes:
-            why = space.column(mode, spec).uncompared
+            why = space.column(mode, spec, scope).uncompared
             if why:
                 uncompared.append(f"{mode.label} spec {spec}: {why}")
                 continue
-            cells += _compare_column(a, b, names, mode, spec, space, plugins)
+            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope)
         reader_a, reader_b = old.spec(spec).last_reader, new.spec(spec).last_reader
         if reader_a != reader_b and any(m in space.modes for m in _PHASES):
             why = space.column(_PHASES, spec).uncompared
@@ -605,8 +607,9 @@ def _compare_column(
     spec: str,
     space: CellSpace,
     plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
 ) -> list[DiffCell]:
-    column = space.column(mode, spec)
+    column = space.column(mode, spec, scope)
     if column.all_none:
         return []
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
