@@ -725,8 +725,9 @@ def _one_sided(
         for backend, spec in batch:
             by_spec.setdefault(spec, []).append(backend)
         for spec, names in by_spec.items():
+            scope = reach(names, [side.registry])
             for mode in space.modes:
-                column = space.column(mode, spec)
+                column = space.column(mode, spec, scope)
                 if column.uncompared:
                     continue  # one side only: never earlier; `Diff.uncompared` names others
                 groups: dict[tuple[str, str], list[Setting]] = {}
