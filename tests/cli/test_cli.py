@@ -269,7 +269,7 @@ def diff_json(capsys, *argv, code=ExitCode.OK):
     got, out, err = run_cli(capsys, "diff", *argv, "--format", "json")
     assert got == code, err
     doc = json.loads(out)
-    assert doc["schema_version"] == 2  # cells bounded by --limit, summary counts every change
+    assert doc["schema_version"] == 3  # cells bounded by --limit; per-batch classes (3)
     return doc
 
 
@@ -669,7 +669,7 @@ def test_json_outputs_carry_a_schema_version(capsys):
     ):
         code, out, err = run_cli(capsys, *argv, "--format", "json")
         assert code == ExitCode.OK, err
-        assert json.loads(out)["schema_version"] == (2 if argv[0] == "diff" else 1), argv
+        assert json.loads(out)["schema_version"] == (3 if argv[0] == "diff" else 1), argv
 
 
 def test_explain_markdown_for_pull_requests(capsys, tmp_path):

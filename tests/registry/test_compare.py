@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from typing import Callable
+import os
+from typing import Any, Callable, Sequence
 
 import attrs
 import pytest
@@ -20,6 +21,7 @@ from warpolicy.registry import compare, model
 from warpolicy.registry.cells import (
     BACKEND_CONDITIONS,
     FACT_NAMES,
+    MAX_BATCH_SETTINGS,
     PER_BATCH_CONDITIONS,
     STATIC_CONDITIONS,
     cell_space,
@@ -29,12 +31,14 @@ from warpolicy.registry.compare import (
     DEFAULTS,
     ENV,
     FIELD_COVERAGE,
+    PER_BATCH,
     PLACEMENT,
     STEP_CELLS,
     diff_engines,
     earlier_layers,
 )
 from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Fragment, load_registry, registry_sources
 from warpolicy.registry.report import format_diff
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
@@ -61,7 +65,7 @@ def test_every_field_of_the_model_says_how_a_comparison_sees_it():
 
 def test_every_gate_condition_is_static_per_backend_a_flag_or_an_axis():
     """A condition on a new runner fact needs a `compare.FactAxis`, else diff never varies it
-    (per-batch facts are held unreported, `PER_BATCH_CONDITIONS`)."""
+    (per-batch facts are enumerated by class, `PER_BATCH_CONDITIONS`)."""
     known = set(STATIC_CONDITIONS) | set(BACKEND_CONDITIONS) | {"flags"} | set(FACT_NAMES)
     known |= set(PER_BATCH_CONDITIONS)
     assert {f.name for f in attrs.fields(model.Conditions)} - known == set()
@@ -74,7 +78,12 @@ BASE: dict = {
     "flags": {"opt_in": {"default": False, "env": ["T_OPT_IN"], "doc": "x"}},
     "facts": {
         "act": {"type": "action", "doc": "x"},
+        "act2": {"type": "action", "doc": "x"},
         "route": {"type": "name", "doc": "x"},
+        "route2": {"type": "name", "doc": "x"},
+        "n": {"type": "int", "doc": "x"},
+        "bf": {"type": "bool", "doc": "x"},
+        "named": {"type": "name", "values": ["x", "y"], "doc": "x"},
     },
     "spec_algorithms": {
         "fam_spec": {
@@ -148,9 +157,11 @@ def _after(otherwise: str = "none") -> dict:
     return {"policy": "pre_replay", "after": "act", "otherwise": otherwise}
 
 
-def _router(modes: object = None, default: object = None) -> dict:
+def _router(modes: object = None, default: object = None, pinned: bool = False) -> dict:
     """A router over ``late`` (x) and ``early`` (y): a batch that reports no route runs either."""
     routes: dict = {"fact": "route", "children": {"x": "late", "y": "early"}}
+    if pinned:
+        routes["pinned"] = True
     if modes is not None:
         routes["modes"] = modes
     if default is not None:
@@ -159,7 +170,7 @@ def _router(modes: object = None, default: object = None) -> dict:
 
 
 #: field -> (what the old registry adds to BASE, what the new one changes on top of that)
-MUTATIONS: dict[str, tuple[Callable[[dict], None], Callable[[dict], None]]] = {
+MUTATIONS: dict[str, tuple[Callable[[dict], object], Callable[[dict], object]]] = {
     "Flag.default": (lambda r: None, set_in("flags", "opt_in", "default", value=True)),
     "Flag.env": (lambda r: None, set_in("flags", "opt_in", "env", value=["T_OTHER", "T_OPT_IN"])),
     "SpecAlgorithm.family": (
@@ -282,9 +293,43 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], Callable[[dict], None]]] = {
         ),
         set_in("spec_algorithms", "slow_spec", "capabilities", "cap3", value=False),
     ),
+    # per-batch fields: a change that only batches reporting facts see (the diff enumerates
+    # every class of batch); each new registry releases some class of batch earlier
+    "Conditions.facts": (
+        with_gate(gate("decode-none", "none", mode="decode")),
+        set_in("gates", 2, "when", "facts", value={"act": False}),
+    ),
+    "FactTest.equals": (
+        with_gate(gate("bf-none", "none", mode="decode", facts={"bf": True})),
+        set_in("gates", 2, "when", "facts", "bf", value=False),
+    ),
+    "FactTest.compare": (
+        with_gate(gate("n-none", "none", mode="decode", facts={"n": {"gt": 5}})),
+        set_in("gates", 2, "when", "facts", "n", value={"gt": 10}),
+    ),
+    "FactTest.names": (
+        with_gate(gate("route-none", "none", mode="decode", facts={"route": ["x"]})),
+        set_in("gates", 2, "when", "facts", "route", value=["y"]),
+    ),
+    "Fact.values": (  # a batch naming z: unknown before (the gate held), another name now
+        with_gate(gate("named-none", "none", mode="decode", facts={"named": ["y"]})),
+        set_in("facts", "named", "values", value=["x", "y", "z"]),
+    ),
+    "After.action": (
+        set_in("backends", "early", "reads_end", "decode", value=_after()),
+        set_in("backends", "early", "reads_end", "decode", "after", value="act2"),
+    ),
+    "Route.fact": (
+        set_in("backends", "router", value=_router(pinned=True)),
+        set_in("backends", "router", "routes", "fact", value="route2"),
+    ),
+    "Route.pinned": (
+        set_in("backends", "router", value=_router()),
+        set_in("backends", "router", "routes", "pinned", value=True),
+    ),
 }
 
-MOVES_RELEASES = {CELLS, DEFAULTS, ENV, STEP_CELLS, PLACEMENT}
+MOVES_RELEASES = {CELLS, DEFAULTS, ENV, STEP_CELLS, PLACEMENT, PER_BATCH}
 
 
 def test_every_field_that_can_move_a_release_has_a_mutation():
@@ -442,6 +487,19 @@ def registry_pairs(draw) -> tuple[dict, dict]:
         backends[name] = entry
     backends["c"] = {"latest_of": ["p1", "p2"], "doc": "x"}
     backends["w"] = {"per_mode": {"decode": draw(st.sampled_from(names))}, "doc": "x"}
+    for name in names:  # a gate scoped to a backend reaches what inherits or runs it
+        if draw(st.booleans()):
+            backends[name]["gates"] = [
+                {
+                    "id": f"scoped-{name}",
+                    "when": {
+                        "mode": draw(st.sampled_from(MODES)),
+                        "flags": {f"f{draw(st.integers(0, 1))}": draw(st.booleans())},
+                    },
+                    "at_least": draw(st.sampled_from(POLICIES[1:])),
+                    "because": "x",
+                }
+            ]
 
     def gates() -> list:
         out = []
@@ -469,7 +527,7 @@ def registry_pairs(draw) -> tuple[dict, dict]:
             )
         return out
 
-    old = {
+    old: dict[str, Any] = {
         "version": 1,
         "flags": flags,
         "spec_algorithms": specs,
@@ -511,9 +569,11 @@ def brute_force(old: PolicyEngine, new: PolicyEngine) -> dict[tuple[str, str, st
     backends = sorted(set(old.registry.backends) & set(new.registry.backends))
     sides = (compare._Side(old), compare._Side(new))
     for combo in itertools.product(*values):
-        given = {f: v for f, v in zip(flags, combo) if v != "default"}
+        given: dict[str, Any] = {f: v for f, v in zip(flags, combo) if v != "default"}
         for platform, events, eager, planted in facts:
-            kw = dict(platform=platform, external_events=events, eager=eager, planted=planted)
+            kw: dict[str, Any] = dict(
+                platform=platform, external_events=events, eager=eager, planted=planted
+            )
             a = old.table(backends, ["none", "s"], MODES, given, **kw)
             b = new.table(backends, ["none", "s"], MODES, given, **kw)
             for x, y in zip(a, b):
@@ -624,21 +684,19 @@ def test_a_column_is_skipped_only_when_every_setting_makes_it_none():
     assert not space.column(ForwardMode.EXTEND, "none").all_none
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the diff compares batches that report no per-batch facts (PER_BATCH); enumerating "
-    "fact classes is wave 2's: this flips when it lands",
-)
 @pytest.mark.parametrize(
-    "old_gate, new_gate",
+    "old_gate, new_gate, when",
     [
         # a raised threshold: batches of 6..10 query tokens now release early
-        ({"n": {"gt": 5}}, {"n": {"gt": 10}}),
+        ({"n": {"gt": 5}}, {"n": {"gt": 10}}, "6 <= n <= 10"),
         # an action the batch may now report instead of a fact it could not
-        ({"n": {"gt": 5}}, {"n": {"gt": 5}, "act": False}),
+        ({"n": {"gt": 5}}, {"n": {"gt": 5}, "act": False}, "act succeeded"),
     ],
 )
-def test_a_change_only_batches_reporting_facts_see_is_not_caught_yet(old_gate, new_gate):
+def test_a_change_only_batches_reporting_facts_see_is_caught(old_gate, new_gate, when):
+    """Issue 22's rule for per-batch facts: the diff compares every class of batch, and the
+    earlier cell names the batches in its ``when``."""
+
     def registry(when_facts: dict) -> str:
         doc = copy.deepcopy(BASE)
         doc["facts"]["n"] = {"type": "int", "doc": "x"}
@@ -646,5 +704,289 @@ def test_a_change_only_batches_reporting_facts_see_is_not_caught_yet(old_gate, n
         return yaml.safe_dump(doc, sort_keys=False)
 
     old, new = engines(registry(old_gate), registry(new_gate))
-    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    space = cell_space([old.registry, new.registry])
+    found = diff_engines(old, new, space)
     assert found.needs_audit
+    cell = next(
+        c for c in found.cells if (c.backend, c.mode, c.spec) == ("early", "decode", "none")
+    )
+    assert (cell.old, cell.new, cell.change) == ("none", "pre_replay", "earlier")
+    assert when in cell.when, cell.when
+    assert "n" in space.batch_facts
+    back = diff_engines(new, old, cell_space([new.registry, old.registry]))
+    assert not back.needs_audit  # the reverse change is only later
+
+
+def test_too_many_classes_of_batch_fail_closed():
+    """A column with more combinations of per-batch classes than `MAX_BATCH_SETTINGS` is not
+    compared, and the diff needs an audit (never a pass), even when nothing else changed."""
+    actions = {f"a{i}": False for i in range(9)}  # 2**9 = 512 combinations
+
+    def registry(policy: str) -> str:
+        doc = copy.deepcopy(BASE)
+        for name in actions:
+            doc["facts"][name] = {"type": "action", "doc": "x"}
+        doc["gates"].append(gate("many", "none", mode="decode", facts=actions))
+        doc["backends"]["late"]["reads_end"]["decode"] = policy
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    # late's decode made in_graph: a change the gate would hide for some batches or not
+    old, new = engines(registry("post_replay"), registry("in_graph"))
+    space = cell_space([old.registry, new.registry])
+    found = diff_engines(old, new, space)
+    assert found.needs_audit and found.cells == ()  # nothing listed, yet it fails
+    specs = sorted({"none", *BASE["spec_algorithms"]})
+    assert [u.split(":", 1)[0] for u in found.uncompared] == [f"decode spec {s}" for s in specs]
+    assert f"exceed {MAX_BATCH_SETTINGS}" in found.uncompared[0]
+    text = format_diff(found, space)
+    assert "cannot compare decode spec" in text
+    doc = json.loads(format_diff(found, space, "json"))
+    assert doc["schema_version"] == 3 and doc["summary"]["needs_audit"]
+    assert doc["summary"]["uncompared"] == list(found.uncompared)
+    (layer,) = earlier_layers(
+        [
+            Fragment("old", registry("post_replay")),
+            Fragment(
+                "new",
+                "version: 1\nbackends:\n  late:\n    override: true\n"
+                "    reads_end: {decode: in_graph}\n    doc: x\n",
+            ),
+        ]
+    )
+    assert "cannot be compared" in layer.note
+    # holding the facts (diff --fact) brings the column under the bound
+    held = cell_space([old.registry, new.registry], fixed={"a0": True, "a1": True})
+    assert diff_engines(old, new, held).uncompared == ()
+
+
+def test_per_batch_cells_show_the_batches_in_when_and_json():
+    old, new = engines(*registries("FactTest.compare"))
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    found = diff_engines(old, new, space)
+    (cell,) = [c for c in found.cells if (c.backend, c.spec) == ("early", "none")]
+    assert (cell.old, cell.new, cell.when) == ("none", "pre_replay", "6 <= n <= 10")
+    doc = json.loads(format_diff(found, space, "json"))
+    row = next(r for r in doc["cells"] if (r["backend"], r["spec"]) == ("early", "none"))
+    assert row["batches"] == [{"n": "6 <= n <= 10"}]
+    assert all("n" not in setting for setting in row["settings"])
+    assert "n" in doc["compared"]["batch_facts"]
+    assert "per batch: each setting for every class of n" in format_diff(found, space)
+
+
+def test_a_column_a_staged_capability_may_open_is_compared():
+    """A global ``spec_lacks`` gate on a capability the algorithm has after an action makes the
+    column none only for batches whose action did not succeed: the column is not skipped, and a
+    change that staged batches see is caught (the default registry's EAGLE extend column)."""
+
+    def registry(policy: str) -> str:
+        doc = copy.deepcopy(BASE)
+        doc["spec_algorithms"]["slow_spec"]["capabilities"]["cap3"] = {"after": "act"}
+        doc["gates"].append(gate("lacks-cap3", "none", mode="decode", spec_lacks="cap3"))
+        doc["backends"]["early"]["reads_end"]["decode"] = policy
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(registry("in_graph"), registry("pre_replay"))
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    assert not space.column(ForwardMode.DECODE, "slow_spec").all_none
+    found = diff_engines(old, new, space)
+    cells = {(c.backend, c.spec): c for c in found.cells}
+    cell = cells[("early", "slow_spec")]
+    assert (cell.old, cell.new, cell.change, cell.when) == (
+        "in_graph",
+        "pre_replay",
+        "earlier",
+        "act succeeded",
+    )
+
+
+# -- per-batch classes against brute force over fact values ------------------------------------
+
+N_VALUES = [None, *range(23)]  # None: not reported
+ROUTES = [None, "x", "y", "z"]
+
+
+@st.composite
+def fact_registry_pairs(draw) -> tuple[dict, dict]:
+    """Two small registries whose gates, declarations and router read per-batch facts."""
+
+    def backends() -> dict:
+        out: dict = {}
+        for name in ("p0", "p1"):
+            reads = {}
+            for mode in ("decode", "extend"):
+                policy = draw(st.sampled_from(POLICIES))
+                if policy != "none" and draw(st.booleans()):
+                    policy = {"policy": policy, "after": "act", "otherwise": "none"}
+                reads[mode] = policy
+            out[name] = {"reads_end": reads, "doc": "x"}
+        out["rt"] = {
+            "routes": {
+                "fact": "r",
+                "children": {"x": "p0", "y": "p1"},
+                "pinned": draw(st.booleans()),
+            },
+            "doc": "x",
+        }
+        return out
+
+    def gates() -> list:
+        out = []
+        for i in range(draw(st.integers(0, 3))):
+            facts: dict = {}
+            if draw(st.booleans()):
+                op = draw(st.sampled_from(["gt", "ge", "lt", "le", "eq"]))
+                facts["n"] = {op: draw(st.integers(0, 20))}
+            if draw(st.booleans()):
+                facts["act"] = False
+            if draw(st.booleans()):
+                facts["r"] = draw(st.sampled_from([["x"], ["y"], ["x", "z"]]))
+            when: dict = {"mode": draw(st.sampled_from(["decode", "extend"]))}
+            if facts:
+                when["facts"] = facts
+            out.append(
+                {
+                    "id": f"g{i}",
+                    "when": when,
+                    "at_least": draw(st.sampled_from(POLICIES[1:])),
+                    "because": "x",
+                }
+            )
+        return out
+
+    def registry() -> dict:
+        return {
+            "version": 1,
+            "facts": {
+                "n": {"type": "int", "doc": "x"},
+                "act": {"type": "action", "doc": "x"},
+                "r": {"type": "name", "doc": "x"},
+            },
+            "backends": backends(),
+            "gates": gates(),
+        }
+
+    old = registry()
+    new = copy.deepcopy(old)
+    edit = draw(st.sampled_from(["gates", "backends", "both"]))
+    if edit in ("gates", "both"):
+        new["gates"] = gates()
+    if edit in ("backends", "both"):
+        new["backends"] = backends()
+    return old, new
+
+
+def batches() -> list[dict[str, object]]:
+    """Many batches: every value of ``N_VALUES`` x action x ``ROUTES`` (None: not reported)."""
+    out = []
+    for n, act, route in itertools.product(N_VALUES, (True, False), ROUTES):
+        batch: dict[str, object] = {"act": act, "n": n, "r": route}
+        out.append({k: v for k, v in batch.items() if v is not None})
+    return out
+
+
+def brute_force_batches(old: PolicyEngine, new: PolicyEngine) -> dict[tuple, list]:
+    """Per (backend, mode, change): every batch among `batches` whose decision differs so."""
+    found: dict[tuple, list] = {}
+    backends = sorted(old.registry.backends)
+    for batch in batches():
+        rows = [
+            e.table(backends, ["none"], ["decode", "extend"], batch_facts=batch, cases=False)
+            for e in (old, new)
+        ]
+        for x, y in zip(*rows):
+            change = compare._mode_change(x.policy.label, y.policy.label)
+            if change is not None:
+                key = (x.context.backend, x.context.mode.label, change)
+                found.setdefault(key, []).append(batch)
+    return found
+
+
+def same_class(engines_: Sequence[PolicyEngine], name: str, value: object, probe: object) -> bool:
+    """Whether ``value`` and ``probe`` fall in the same class of fact ``name`` on every side."""
+    for engine in engines_:
+        classes = engine.facts()[name]
+        if classes.classify(value) != classes.classify(probe):
+            return False
+    return True
+
+
+@settings(
+    max_examples=int(os.environ.get("WARPOLICY_TEST_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(fact_registry_pairs())
+def test_per_batch_classes_find_what_brute_force_over_fact_values_finds(pair):
+    """The diff's classes (the union of both sides' thresholds, names, true/false, not
+    reported) and its reading of the engine's cases agree with evaluating many batches."""
+    texts = [yaml.safe_dump(r, sort_keys=False) for r in pair]
+    try:
+        old, new = engines(*texts)
+    except Exception:  # noqa: BLE001 - a drawn registry the loader refuses
+        return
+    space = cell_space([old.registry, new.registry], modes=["decode", "extend"])
+    found = diff_engines(old, new, space)
+    cells: dict[tuple, list] = {}  # (backend, mode, change) -> the classes of batch reported
+    for c in found.cells:
+        if c.spec == "none":
+            cells.setdefault((c.backend, c.mode, c.change), []).extend(s.batch for s in c.settings)
+    brute = brute_force_batches(old, new)
+    assert set(cells) == set(brute)
+    # every batch that differs falls in a class of batch the diff reports for that cell
+    sides = (old, new)
+    for key, differing in brute.items():
+        reported = cells[key]
+        for batch in differing:
+            assert any(
+                all(
+                    same_class(sides, name, batch.get(name, NOT_REPORTED), chosen.value)
+                    for name, chosen in combo
+                )
+                for combo in reported
+            ), (key, batch)
+
+
+def test_a_fact_type_change_that_validates_moves_no_release():
+    """`FACT_TYPE`: bool <-> action, tested only for false, decides every batch alike (an
+    unreported bool is unknown, so its test holds; an unreported action did not succeed)."""
+
+    def registry(kind: str) -> str:
+        doc = copy.deepcopy(BASE)
+        doc["facts"]["bf"]["type"] = kind
+        doc["gates"].append(gate("bf-none", "none", mode="decode", facts={"bf": False}))
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(registry("bool"), registry("action"))
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    assert "bf" in space.batch_facts
+    assert diff_engines(old, new, space).cells == ()
+    assert diff_engines(new, old, cell_space([new.registry, old.registry])).cells == ()
+
+
+def test_a_gate_scoped_to_a_child_is_enumerated_for_the_parent_that_changed():
+    """Only the changed backend is evaluated, but the flags and facts of gates scoped to the
+    backends it runs are still enumerated (`cells.reach`): ``solo`` now decides what ``early``
+    does, and ``early``'s own gate keeps it none only while ``opt_in`` is off."""
+
+    def registry(solo: dict) -> str:
+        doc = copy.deepcopy(BASE)
+        scoped = gate("early-off", "none", mode="decode", flags={"opt_in": False})
+        doc["backends"]["early"]["gates"] = [scoped]
+        doc["backends"]["solo"] = {**solo, "doc": "x"}
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    old, new = engines(
+        registry({"latest_of": ["early"], "reads_end": {"decode": "none"}}),
+        registry({"latest_of": ["early"]}),
+    )
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    found = diff_engines(old, new, space)
+    assert found.evaluated_backends == 1
+    cells = {(c.backend, c.spec): c for c in found.cells}
+    cell = cells[("solo", "none")]
+    assert (cell.old, cell.new, cell.change, cell.when) == (
+        "none",
+        "pre_replay",
+        "earlier",
+        "opt_in=true",
+    )

@@ -22,9 +22,10 @@ from typing import Iterable, Mapping, NoReturn, Optional, Sequence, TypedDict
 import attrs
 import pluggy
 
-from warpolicy.errors import InputError, Problem, WarpolicyError
+from warpolicy.errors import InputError, Problem, UnknownNameError, WarpolicyError
 from warpolicy.registry.decision import FORCE_COARSE, Context
 from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.facts import check_facts, parse_fact_value
 from warpolicy.registry.inputs import parse_bool, parse_positive_int
 from warpolicy.registry.loader import default_registry_path, load_registry
 from warpolicy.registry.report import FORMATS
@@ -135,6 +136,17 @@ def add_flag_args(p: argparse.ArgumentParser, *, what: str = "this query") -> No
     )
 
 
+def add_batch_fact_args(p: argparse.ArgumentParser, *, what: str) -> None:
+    p.add_argument(
+        "--fact",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"a per-batch fact the registry declares (repeatable): {what}; an integer for an "
+        "int fact, true/false for a bool fact or an action, a name for a name fact",
+    )
+
+
 def add_context_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", required=True, help="attention backend name")
     p.add_argument(
@@ -142,6 +154,7 @@ def add_context_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--spec", default="none", help="speculative algorithm (default: none)")
     add_flag_args(p)
+    add_batch_fact_args(p, what="the batch reports it (default: every fact not reported)")
     add_registry_args(p)
     add_format(p)
 
@@ -168,6 +181,30 @@ def parse_flags(items: Iterable[str]) -> dict[str, bool]:
             )
         flags[name] = parse_bool(value, f"--flag {name}")
     return flags
+
+
+def batch_facts(items: Iterable[str], engines: Sequence[PolicyEngine]) -> dict[str, object]:
+    """``--fact NAME=VALUE`` items as per-batch fact values, each parsed as the fact the last
+    engine that declares it says (`parse_fact_value`). Raises `UnknownNameError` with close
+    matches for a fact no engine declares, `InputError` (one line) for a malformed item or a
+    value of the wrong type."""
+    facts: dict[str, object] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InputError(f"--fact {item!r}: expected NAME=VALUE")
+        if not value.strip():
+            raise InputError(f"--fact {item!r}: empty value; expected NAME=VALUE")
+        declared = [e.registry.facts[name] for e in engines if name in e.registry.facts]
+        if not declared:
+            known = {n for e in engines for n in e.registry.facts}
+            raise UnknownNameError("fact", name, known)
+        parsed = parse_fact_value(declared[-1], value)
+        if not any(fact.valid(parsed) for fact in declared):
+            check_facts({name: declared[-1]}, {name: parsed})  # raises: one line, the why
+        facts[name] = parsed
+    return facts
 
 
 def known_flag(name: str, engines: Sequence[PolicyEngine]) -> None:
@@ -214,8 +251,15 @@ def given_facts(args: argparse.Namespace) -> dict[str, object]:
     return given
 
 
-def context(args: argparse.Namespace) -> Context:
-    return Context(args.backend, args.mode, args.spec, parse_flags(args.flag), **facts(args))
+def context(args: argparse.Namespace, engine: PolicyEngine) -> Context:
+    return Context(
+        args.backend,
+        args.mode,
+        args.spec,
+        parse_flags(args.flag),
+        **facts(args),
+        facts=batch_facts(args.fact, [engine]),
+    )
 
 
 # -- the plugin manager and the engine -------------------------------------------------------

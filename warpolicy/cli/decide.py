@@ -27,19 +27,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--mode", action="append", help=f"only these modes (repeatable; default: {default_modes})"
     )
     common.add_flag_args(p)
+    common.add_batch_fact_args(
+        p, what="every batch reports it (default: the column 'per batch' shows how a cell varies)"
+    )
     common.add_registry_args(p)
     common.add_format(p)
     p.set_defaults(handler=cmd_table)
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    decision = common.engine(args.capabilities).decision(common.context(args))
+    engine = common.engine(args.capabilities)
+    decision = engine.decision(common.context(args, engine))
     common.out(format_decision(decision, args.format))
     return ExitCode.OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    explanation = common.engine(args.capabilities).explain(common.context(args))
+    engine = common.engine(args.capabilities)
+    explanation = engine.explain(common.context(args, engine))
     common.out(format_explanation(explanation, args.format))
     return ExitCode.OK
 
@@ -47,6 +52,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_table(args: argparse.Namespace) -> int:
     engine = common.engine(args.capabilities)
     flags = common.parse_flags(args.flag)
-    rows = engine.table(args.backend, args.spec, args.mode, flags, **common.facts(args))
+    given = common.batch_facts(args.fact, [engine])
+    rows = engine.table(
+        args.backend, args.spec, args.mode, flags, batch_facts=given, **common.facts(args)
+    )
     common.out(format_table(rows, args.format))
     return ExitCode.OK

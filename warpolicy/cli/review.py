@@ -102,6 +102,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--mode", action="append", help="only these modes (default: every mode)")
     common.add_flag_args(p, what="both sides (default: every combination that a gate tests)")
+    common.add_batch_fact_args(
+        p, what="compare only batches that report it (default: every class of every fact)"
+    )
     p.add_argument(
         "--plugins",
         choices=PLUGIN_MODES,
@@ -215,6 +218,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         checks.append((names, problems, layers))
         checked.append(sources)
     every = [p for _names, problems, _layers in checks for p in problems]
+    # valid but hazardous (a per-batch router whose choice may change inside one forward):
+    # warnings, per check, also under --each (the pre-commit hook)
+    hazards = [[] if every else validate_warnings(sources) for sources in checked]
     code = (
         ExitCode.USAGE
         if any(p.unreadable for p in every)
@@ -233,8 +239,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                             "sources": names,
                             "problems": [_problem_json(p) for p in problems],
                             "earlier_layers": _layers_json(layers),
+                            "warnings": [_problem_json(w) for w in warned],
                         }
-                        for names, problems, layers in checks
+                        for (names, problems, layers), warned in zip(checks, hazards)
                     ],
                 }
             )
@@ -245,10 +252,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for _names, _problems, layers in checks:  # a warning: layering may be intended
         for line in layer_warnings(layers):
             common.err(f"warpolicy: warning: {line}")
-    if not every:  # valid but hazardous: a per-batch router whose choice may change mid-forward
-        for sources in checked:
-            for warning in validate_warnings(sources):
-                common.err(f"warpolicy: warning: {warning}")
+    for warned in hazards:
+        for warning in warned:
+            common.err(f"warpolicy: warning: {warning}")
     if not every:
         count = len(checks) if args.each else len(checks[0][0])
         common.out(f"ok: {count} {'file' if args.each else 'source'}(s) valid")
@@ -283,6 +289,7 @@ def _compare(
     for name in fixed:
         if name not in common.FACT_OPTIONS:
             common.known_flag(name, [old, new])  # UnknownNameError with close matches
+    fixed = {**fixed, **common.batch_facts(args.fact, [old, new])}
     space = cell_space([old.registry, new.registry], modes=args.mode, fixed=fixed)
     diff = diff_engines(old, new, space, label, expand=args.limit or None)
     return diff, space
@@ -394,5 +401,6 @@ def _diff_ref(args: argparse.Namespace) -> int:
 def _count(diff: Diff, fail_on: str) -> int:
     if fail_on == "earlier":
         cells = {(c.backend, c.mode, c.spec) for c in diff.cells if c.needs_audit}
-        return len(cells) + sum(1 for f in diff.flags if f.needs_audit)
+        flags = sum(1 for f in diff.flags if f.needs_audit)
+        return len(cells) + flags + len(diff.uncompared)  # a column not compared: fail closed
     return sum(diff.counts().values()) + len(diff.flags)

@@ -11,6 +11,15 @@ runner facts (platform, external events, eager, planted). Per (mode, spec) *colu
 * the runner facts (`FACT_AXES`) that a live gate tests. Facts no gate tests change a decision
   only through sound demotion, the same monotone map on both sides, so they are held at the
   fast path (cuda, external events, captured, planted), where no difference is hidden;
+* the per-batch facts (`batch_axes`) that a live gate tests, a declaration holds ``after``, a
+  router routes by, or a ``spec_lacks`` capability needs: one value per *class* of the fact in
+  either registry (an ``int`` fact: an interval between the union of both sides' cuts; a
+  ``name`` fact: each name either side tests or routes by, and a name neither tests; a ``bool``
+  fact: true and false; an ``action``: succeeded and not), plus *not reported* for every fact
+  that can be unknown. A decision reads a fact only through its class on each side, and the
+  union's classes refine both sides', so every kind of batch is compared. Past
+  `MAX_BATCH_SETTINGS` combinations in one column nothing is held: the column cannot be
+  compared (`Column.uncompared`) and the comparison fails closed;
 * ``force_coarse`` is never enumerated: each side takes its own default (with the environment
   left out), and switched on it makes every cell ``none`` on both sides.
 
@@ -27,15 +36,21 @@ from __future__ import annotations
 
 import itertools
 import textwrap
+from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
 from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC
-from warpolicy.registry.model import Conditions, Gate, Registry, SpecAlgorithm
-from warpolicy.registry.vocabulary import NONE, ForwardMode
+from warpolicy.registry.facts import ABSENT, FactClasses, fact_classes, registry_fact_classes
+from warpolicy.registry.model import Conditions, Fact, FactTest, Gate, Registry, SpecAlgorithm
+from warpolicy.registry.vocabulary import NONE, FactType, ForwardMode
 
 MAX_SETTINGS = 256
+#: The most combinations of per-batch fact classes one column enumerates. A column past it is
+#: not compared at all (`Column.uncompared`), which fails every review gate: give the facts with
+#: ``--fact NAME=VALUE`` to compare one class of batch at a time.
+MAX_BATCH_SETTINGS = 256
 #: Stands for every platform name no gate tests.
 OTHER_PLATFORM = "other"
 #: A flag left at each side's own declared default (compared where the defaults differ).
@@ -44,8 +59,7 @@ DEFAULT = "default"
 STATIC_CONDITIONS = ("mode", "spec", "spec_family", "spec_has", "spec_lacks")
 #: Conditions evaluated per backend (never enumerated: every backend is its own cell).
 BACKEND_CONDITIONS = ("backend", "declared")
-#: Per-batch fact conditions: held unreported (every test of an unreported fact holds, the later
-#: policy), not enumerated yet.
+#: Per-batch fact conditions: enumerated per class of the fact (`batch_axes`).
 PER_BATCH_CONDITIONS = ("facts",)
 
 # -- the axes of a cell ------------------------------------------------------------------------
@@ -91,11 +105,112 @@ FlagSetting = Union[bool, str]  # True / False, or DEFAULT
 
 
 @attrs.frozen
+class BatchClass:
+    """One class of a per-batch fact's values: how a report names it (``label``) and the value
+    a batch of the class reports (``value``; `ABSENT`: not reported)."""
+
+    fact: str
+    label: str
+    value: object
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def reported(self) -> bool:
+        return self.value is not ABSENT
+
+    def given(self, fact: Optional[Fact]) -> Optional[object]:
+        """The value one side's engine is given: None (not reported) when the side does not
+        declare the fact or the value is not one of its values (unknown there, as at runtime)."""
+        if fact is None or not self.reported or not fact.valid(self.value):
+            return None
+        return self.value
+
+
+def _union_classes(name: str, sides: Sequence[FactClasses]) -> tuple[BatchClass, ...]:
+    """One class per class of the union of ``sides`` (each registry's `FactClasses` of the
+    fact): every class of each side, as a partition of every value a batch may report (a
+    value outside a side's fact is unknown there), holds exactly one of these."""
+    out: dict[tuple[type, object], BatchClass] = {}
+
+    def add(label: str, value: object) -> None:
+        out.setdefault((type(value), value), BatchClass(name, label, value))
+
+    ints = [s for s in sides if s.fact.type is FactType.INT]
+    if ints:  # the intervals between both sides' cuts
+        cuts = sorted({c for s in ints for c in s.cuts})
+        merged = fact_classes(ints[0].fact, [FactTest(compare=(("ge", c),)) for c in cuts])
+        for label, value in zip(merged.labels, merged.probes):
+            if value is not ABSENT:
+                add(label, value)
+    names = [s for s in sides if s.fact.type is FactType.NAME]
+    if names:  # each name some side tests, routes by or lists, and one no side knows
+        known = {n for s in names for n in s.names}
+        known |= {n for s in names if s.fact.values is not None for n in s.fact.values}
+        for value in sorted(known):
+            add(f"{name} is {value}", value)
+        if any(s.fact.values is None for s in names):
+            other = "other"
+            while other in known:
+                other += "_"
+            add(f"{name} is another name", other)
+    for classes in sides:  # bool and action facts: true and false
+        if classes.fact.type in (FactType.BOOL, FactType.ACTION):
+            for label, value in zip(classes.labels, classes.probes):
+                if value is True:
+                    add(label, value)
+            if classes.fact.type is FactType.BOOL:
+                add(f"{name} is false", False)
+    if all(s.fact.type is FactType.ACTION for s in sides):
+        add(f"{name} did not succeed", False)  # an action is never unknown
+    else:
+        add(f"{name} not reported", ABSENT)
+    return tuple(out.values())
+
+
+def _batch_facts_read(
+    registries: Sequence[Registry],
+    live: Sequence[Gate],
+    modes: Sequence[ForwardMode],
+    spec: str,
+    scope: Optional[frozenset[str]] = None,
+) -> set[str]:
+    """Per-batch facts a decision in the columns ``modes`` x ``spec`` may read: those a live
+    gate tests, the actions of a ``spec_lacks`` capability it names and of declarations that
+    hold ``after`` one in these modes, and the route of a router routed in these modes (of the
+    backends in ``scope``; None: every backend)."""
+    names: set[str] = set()
+    for gate in live:
+        names |= set(gate.when.facts)
+    for registry in registries:
+        algorithm = _spec_of(registry, spec)
+        if algorithm is not None:
+            lacks = {c for g in live for c in (g.when.spec_lacks or ())}
+            names |= {a for c, a in algorithm.capabilities_after.items() if c in lacks}
+        for backend in registry.backends.values():
+            if scope is not None and backend.name not in scope:
+                continue
+            names |= {a.action for m, a in backend.reads_end_after.items() if m in modes}
+            route = backend.routes
+            if route is not None and any(route.routed(m) for m in modes):
+                names.add(route.fact)
+    return names
+
+
+@attrs.frozen(cache_hash=True)
 class Setting:
-    """Flag values (``DEFAULT``: each side's own default) and runner facts for one column."""
+    """Flag values (``DEFAULT``: each side's own default), runner facts and per-batch fact
+    classes for one column."""
 
     flags: tuple[tuple[str, FlagSetting], ...]
     facts: tuple[tuple[str, object], ...]
+    batch: tuple[tuple[str, BatchClass], ...] = ()  # per-batch facts, one class each
+    _assigned: Mapping[str, object] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        assigned = {**dict(self.flags), **dict(self.facts), **dict(self.batch)}
+        object.__setattr__(self, "_assigned", MappingProxyType(assigned))
 
     def overrides(self) -> dict[str, bool]:
         """The flags given explicitly (both sides get the same value)."""
@@ -104,8 +219,21 @@ class Setting:
     def fact_values(self) -> dict[str, object]:
         return dict(self.facts)
 
-    def assignments(self) -> dict[str, object]:
-        return {**dict(self.flags), **dict(self.facts)}
+    def batch_values(self, declared: Mapping[str, Fact]) -> dict[str, object]:
+        """The per-batch facts one side is given (see `BatchClass.given`)."""
+        out = {}
+        for name, chosen in self.batch:
+            value = chosen.given(declared.get(name))
+            if value is not None:
+                out[name] = value
+        return out
+
+    def assignments(self) -> Mapping[str, object]:
+        """Every value of the setting by name (read-only; built once: reports ask often)."""
+        return self._assigned
+
+    def with_batch(self, batch: tuple[tuple[str, BatchClass], ...]) -> Setting:
+        return Setting(self.flags, self.facts, batch)
 
 
 @attrs.frozen
@@ -115,6 +243,22 @@ class Column:
     axes: tuple[tuple[str, tuple[object, ...]], ...]
     settings: tuple[Setting, ...]
     all_none: bool = False  # every cell is none on both sides whatever the setting
+    #: why the column cannot be compared (too many per-batch classes); "" when it can
+    uncompared: str = ""
+    #: the settings of flags and runner facts, every per-batch fact not reported (an action:
+    #: not succeeded) but those given; ``settings`` is each of them with each of ``batches``
+    base: tuple[Setting, ...] = ()
+    batches: tuple[tuple[tuple[str, BatchClass], ...], ...] = ((),)
+    _expanded: Mapping[Setting, tuple[Setting, ...]] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        width = len(self.batches)  # settings are base-major: each base, then its batches
+        expanded = {b: self.settings[i * width : (i + 1) * width] for i, b in enumerate(self.base)}
+        object.__setattr__(self, "_expanded", expanded)
+
+    def expand(self, base: Setting) -> tuple[Setting, ...]:
+        """``base`` with every combination of per-batch classes (settings of the column)."""
+        return self._expanded[base]
 
 
 def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:
@@ -122,6 +266,24 @@ def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:
     if spec is None and name == IMPLICIT_SPEC.name:
         return IMPLICIT_SPEC
     return spec
+
+
+def reach(names: Iterable[str], registries: Sequence[Registry]) -> frozenset[str]:
+    """``names`` and every backend they name, transitively (inherits, latest_of, per_mode,
+    routes), in any of ``registries``: the entries their decisions can read."""
+    out = set(names)
+    todo = list(out)
+    while todo:
+        name = todo.pop()
+        for registry in registries:
+            backend = registry.backends.get(name)
+            if backend is None:
+                continue
+            for child in backend.children():
+                if child not in out:
+                    out.add(child)
+                    todo.append(child)
+    return frozenset(out)
 
 
 def all_gates(registry: Registry) -> list[Gate]:
@@ -144,13 +306,16 @@ def _live(gate: Gate, modes: Sequence[ForwardMode], spec: SpecAlgorithm) -> bool
     return not (when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks))
 
 
-def _makes_all_none(gate: Gate) -> bool:
-    """A global gate that, once live, makes every cell none whatever the setting or backend."""
+def _makes_all_none(gate: Gate, spec: SpecAlgorithm) -> bool:
+    """A global gate that, once live, makes every cell none whatever the setting, backend or
+    batch (a ``spec_lacks`` capability ``spec`` has after an action depends on the batch)."""
     when = gate.when
     dynamic = (
-        when.flags
+        any(c in spec.capabilities_after for c in (when.spec_lacks or ()))
+        or when.flags
         or any(getattr(when, c) is not None for c in BACKEND_CONDITIONS)
         or any(getattr(when, a.name) is not None for a in FACT_AXES)
+        or when.facts
     )
     return gate.scope is None and gate.at_least == NONE and not dynamic
 
@@ -165,19 +330,41 @@ class CellSpace:
     max_settings: int = MAX_SETTINGS
     _columns: dict = attrs.field(factory=dict, init=False, repr=False)
     _held: dict = attrs.field(factory=dict, init=False, repr=False)
+    _classes: list = attrs.field(factory=list, init=False, repr=False)
+
+    def fact_classes(self) -> list[Mapping[str, FactClasses]]:
+        """Per registry, the classes of its per-batch facts (`registry_fact_classes`)."""
+        if not self._classes:
+            self._classes.extend(registry_fact_classes(r) for r in self.registries)
+        return self._classes
+
+    def batch_axis(self, name: str) -> tuple[BatchClass, ...]:
+        """The classes of per-batch fact ``name`` in the union of the registries."""
+        sides = [c[name] for c in self.fact_classes() if name in c]
+        return _union_classes(name, sides)
 
     # -- columns --------------------------------------------------------------------------
 
-    def column(self, modes: Union[ForwardMode, Sequence[ForwardMode]], spec: str) -> Column:
+    def column(
+        self,
+        modes: Union[ForwardMode, Sequence[ForwardMode]],
+        spec: str,
+        scope: Optional[frozenset[str]] = None,
+    ) -> Column:
         """The axes and settings of the column(s) of ``modes`` x ``spec`` (several modes: one
-        setting list that serves each of them, for step cells)."""
+        setting list that serves each of them, for step cells). ``scope``: the backends whose
+        entries the compared backends' decisions can read (`reach`; None: every backend); the
+        gates scoped to, and the per-batch facts read only by, other backends are not
+        enumerated (they cannot move these decisions)."""
         key_modes = (modes,) if isinstance(modes, ForwardMode) else tuple(modes)
-        key = (key_modes, spec)
+        key = (key_modes, spec, scope)
         if key not in self._columns:
-            self._columns[key] = self._build_column(key_modes, spec)
+            self._columns[key] = self._build_column(key_modes, spec, scope)
         return self._columns[key]
 
-    def _build_column(self, modes: tuple[ForwardMode, ...], spec: str) -> Column:
+    def _build_column(
+        self, modes: tuple[ForwardMode, ...], spec: str, scope: Optional[frozenset[str]] = None
+    ) -> Column:
         live: list[Gate] = []
         all_none = True
         for registry in self.registries:
@@ -185,11 +372,17 @@ class CellSpace:
             if algorithm is None:
                 all_none = False  # one side lacks the spec: its cells are added or removed
                 continue
-            gates = [g for g in all_gates(registry) if _live(g, modes, algorithm)]
+            gates = [
+                g
+                for g in all_gates(registry)
+                if (scope is None or g.scope is None or g.scope in scope)
+                and _live(g, modes, algorithm)
+            ]
             live += gates
-            all_none = all_none and any(_makes_all_none(g) for g in gates)
+            all_none = all_none and any(_makes_all_none(g, algorithm) for g in gates)
         if all_none:
-            return Column((), (self._setting({}),), all_none=True)
+            only = self._setting({})
+            return Column((), (only,), all_none=True, base=(only,), batches=(only.batch,))
         declared = {n for r in self.registries for n in r.flags}
         tested = {n for g in live for n in g.when.flags} & declared
         flags: list[tuple[str, tuple[object, ...]]] = []
@@ -205,6 +398,22 @@ class CellSpace:
             if seen:
                 facts.append((axis.name, axis.values(frozenset().union(*seen))))
 
+        batch: list[tuple[str, tuple[BatchClass, ...]]] = []
+        for name in sorted(_batch_facts_read(self.registries, live, modes, spec, scope)):
+            if name in self.fixed:
+                continue
+            batch.append((name, self.batch_axis(name)))
+        batch_count = 1
+        for _name, values in batch:
+            batch_count *= len(values)
+        if batch_count > MAX_BATCH_SETTINGS:
+            why = (
+                f"{batch_count} combinations of per-batch fact classes "
+                f"({', '.join(f'{n}: {len(v)}' for n, v in batch)}) exceed {MAX_BATCH_SETTINGS}; "
+                "give some with --fact NAME=VALUE"
+            )
+            return Column((), (), uncompared=why)
+
         def size() -> int:
             count = 1
             for _name, values in flags + facts:
@@ -218,24 +427,37 @@ class CellSpace:
                 f"{DEFAULT}: more than {self.max_settings} combinations in a column; give it "
                 f"with --flag {name}=VALUE to compare the other values",
             )
-        axes = tuple(flags + facts)
-        settings = []
-        for combo in itertools.product(*(values for _name, values in axes)):
-            chosen = dict(zip((name for name, _values in axes), combo))
-            settings.append(self._setting(chosen))
-        return Column(axes, tuple(settings))
+        base_axes = flags + facts
+        base = []
+        for combo in itertools.product(*(values for _name, values in base_axes)):
+            base.append(self._setting(dict(zip((name for name, _values in base_axes), combo))))
+        held = dict(base[0].batch)  # per-batch facts the caller gave
+        combos: list[tuple[tuple[str, BatchClass], ...]] = []
+        for classes in itertools.product(*(values for _name, values in batch)):
+            chosen = {**held, **dict(zip((name for name, _values in batch), classes))}
+            combos.append(tuple(sorted(chosen.items())))
+        settings = tuple(b.with_batch(c) for b in base for c in combos)
+        axes: list[tuple[str, tuple[object, ...]]] = [*base_axes, *batch]
+        return Column(tuple(axes), settings, base=tuple(base), batches=tuple(combos))
 
     def _setting(self, chosen: Mapping[str, object]) -> Setting:
         """A setting: the given values, ``chosen`` for enumerated axes, the rest held."""
+        batch: dict[str, BatchClass] = {
+            k: v for k, v in self.fixed.items() if isinstance(v, BatchClass)
+        }
         flag_values: dict[str, FlagSetting] = {
-            k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH
+            k: bool(v) for k, v in self.fixed.items() if k not in FAST_PATH and k not in batch
         }
         for name, value in chosen.items():
-            if name not in FAST_PATH:
+            if isinstance(value, BatchClass):
+                batch[name] = value
+            elif name not in FAST_PATH:
                 flag_values[name] = DEFAULT if value == DEFAULT else bool(value)
         facts = {a.name: chosen.get(a.name, self.fixed.get(a.name, a.fast)) for a in FACT_AXES}
         return Setting(
-            tuple(sorted(flag_values.items())), tuple((a.name, facts[a.name]) for a in FACT_AXES)
+            tuple(sorted(flag_values.items())),
+            tuple((a.name, facts[a.name]) for a in FACT_AXES),
+            tuple(sorted(batch.items())),
         )
 
     # -- what the comparison enumerated, for reports ---------------------------------------
@@ -252,7 +474,12 @@ class CellSpace:
     @property
     def flags(self) -> tuple[str, ...]:
         """Flags enumerated in some column."""
-        names = {n for c in self._all_columns() for n, v in c.axes if n not in FAST_PATH}
+        names = {
+            n
+            for c in self._all_columns()
+            for n, v in c.axes
+            if n not in FAST_PATH and not _is_batch(v)
+        }
         return tuple(sorted(names))
 
     @property
@@ -273,8 +500,30 @@ class CellSpace:
         return tuple(a.name for a in FACT_AXES if a.name != "platform" and a.name in names)
 
     @property
+    def batch_facts(self) -> tuple[str, ...]:
+        """Per-batch facts enumerated (by class) in some column."""
+        names = {n for c in self._all_columns() for n, v in c.axes if _is_batch(v)}
+        return tuple(sorted(names))
+
+    @property
     def axes(self) -> tuple[str, ...]:
-        return self.flags + (("platform",) if len(self.platforms) > 1 else ()) + self.facts
+        return (
+            self.flags
+            + (("platform",) if len(self.platforms) > 1 else ())
+            + self.facts
+            + self.batch_facts
+        )
+
+    @property
+    def uncompared(self) -> tuple[tuple[str, str, str], ...]:
+        """``(mode, spec, why)`` of every column that cannot be compared (fails closed)."""
+        out = []
+        for mode in self.modes:
+            for spec in self.specs():
+                column = self.column(mode, spec)
+                if column.uncompared:
+                    out.append((mode.label, spec, column.uncompared))
+        return tuple(out)
 
     @property
     def held(self) -> tuple[tuple[str, str], ...]:
@@ -283,6 +532,9 @@ class CellSpace:
         enumerated = set(self.flags)
         out: list[tuple[str, str]] = []
         declared = sorted({n for r in self.registries for n in r.flags} | {FORCE_COARSE.name})
+        for name, value in sorted(self.fixed.items()):
+            if isinstance(value, BatchClass):
+                out.append((name, f"{_text(value.value)}: given"))
         for name in declared:
             if name in self.fixed:
                 out.append((name, f"{str(self.fixed[name]).lower()}: given"))
@@ -319,6 +571,7 @@ class CellSpace:
             "flags": list(self.flags),
             "platforms": list(self.platforms),
             "facts": list(self.facts),
+            "batch_facts": list(self.batch_facts),
             "held": {name: why for name, why in self.held},
             "max_settings_per_column": max(
                 (len(c.settings) for c in self._all_columns()), default=1
@@ -327,20 +580,40 @@ class CellSpace:
 
     def describe(self) -> list[str]:
         """Lines for a text report: what was compared and what was held fixed."""
-        compared = ", ".join(self.axes) or "nothing beyond backend, mode and spec"
-        most = max((len(c.settings) for c in self._all_columns()), default=1)
-        text = (
+        batch = set(self.batch_facts)
+        compared = ", ".join(a for a in self.axes if a not in batch)
+        compared = compared or "nothing beyond backend, mode and spec"
+        most = max((len(c.base) for c in self._all_columns() if not c.uncompared), default=1)
+        texts = [
             f"compared: every backend and spec over {len(self.modes)} mode(s), for every "
             f"combination of what a gate tests in that mode and spec: {compared} (at most "
             f"{most} setting(s) per cell)"
-        )
-        lines = textwrap.wrap(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+        ]
+        if self.batch_facts:
+            classes = max((len(c.batches) for c in self._all_columns()), default=1)
+            texts.append(
+                "per batch: each setting for every class of "
+                + ", ".join(self.batch_facts)
+                + f" in either registry, not reported included (at most {classes} "
+                "combination(s) per setting)"
+            )
+        lines = [
+            line
+            for text in texts
+            for line in textwrap.wrap(
+                text, width=100, subsequent_indent="  ", break_on_hyphens=False
+            )
+        ]
         lines += [f"held: {name} = {why}" for name, why in self.held]
         return lines
 
 
 def _text(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _is_batch(values: object) -> bool:
+    return isinstance(values, tuple) and any(isinstance(v, BatchClass) for v in values)
 
 
 def cell_space(
@@ -352,13 +625,18 @@ def cell_space(
 ) -> CellSpace:
     """The cells worth comparing across ``registries`` (see the module docstring).
 
-    ``fixed`` holds flags (by name) or facts (``platform``, ``eager``, ``planted``,
-    ``external_events``) at a value the caller chose.
+    ``fixed`` holds flags (by name), runner facts (``platform``, ``eager``, ``planted``,
+    ``external_events``) or per-batch facts (a name some registry declares under ``facts``)
+    at a value the caller chose.
     """
     mode_list = tuple(ForwardMode.parse(m) for m in modes) if modes else tuple(ForwardMode)
-    return CellSpace(
-        tuple(dict.fromkeys(mode_list)), tuple(registries), dict(fixed or {}), max_settings
-    )
+    declared = {n for r in registries for n in r.facts}
+    held: dict[str, object] = {}
+    for name, value in (fixed or {}).items():
+        if name in declared and not isinstance(value, BatchClass):
+            value = BatchClass(name, f"{name}={_text(value)}", value)
+        held[name] = value
+    return CellSpace(tuple(dict.fromkeys(mode_list)), tuple(registries), held, max_settings)
 
 
 def summarize(found: Sequence[Setting], every: Sequence[Setting], column: Column) -> str:
@@ -389,13 +667,18 @@ def _conjunction(
 
 def _assignments(values: Mapping[str, object]) -> str:
     """``name=value, ...``: flags left at their default or on first (what usually tells the
-    story: ``prefill_read_done=true, hierarchical_cache=false``), then flags off, then facts."""
+    story: ``prefill_read_done=true, hierarchical_cache=false``), then flags off, then runner
+    facts, then the classes of per-batch facts (``num_qo_tokens <= 11673``)."""
 
     def rank(item: tuple[str, object]) -> int:
         name, value = item
+        if isinstance(value, BatchClass):
+            return 4
         if name in FAST_PATH:
             return 3
         return 0 if value == DEFAULT else 1 if value is True else 2
 
     ordered = sorted(values.items(), key=rank)  # stable: names stay sorted within a rank
-    return ", ".join(f"{k}={_text(v)}" for k, v in ordered)
+    return ", ".join(
+        v.label if isinstance(v, BatchClass) else f"{k}={_text(v)}" for k, v in ordered
+    )

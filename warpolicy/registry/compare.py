@@ -7,9 +7,17 @@ listed there. What is enumerated per cell is `warpolicy.registry.cells`.
 
 Cost is proportional to what changed: only backends whose own entry, or an entry they reach
 through ``inherits`` / ``latest_of`` / ``per_mode``, differs are evaluated (every backend when a
-global gate or a flag changes; every backend of a spec column when that algorithm changes).
+global gate, a flag or a per-batch fact's declaration changes; every backend of a spec column
+when that algorithm changes).
 Backends and spec algorithms present on one side only are ``added`` / ``removed``; their cells
 are evaluated only as far as a report lists them (``expand``).
+
+Every cell is compared for every class of batch: each per-batch fact a column's decisions may
+read is enumerated by class in the union of both registries, *not reported* included
+(`warpolicy.registry.cells`), so a raised threshold, an added action test or a router's pinned
+child shows as an ``earlier`` cell whose ``when`` names the batches (``6 <= n <= 10``). A column
+with more combinations of classes than `warpolicy.registry.cells.MAX_BATCH_SETTINGS` is not
+compared: `Diff.uncompared` names it and the diff needs an audit (fails closed).
 
 Besides the mode cells: a spec algorithm whose ``last_reader`` changed gets a ``step`` cell per
 backend (the phase whose event a speculative step hands the scheduler, and its policy); an
@@ -20,7 +28,7 @@ the environment, so an operator's variables never mask a change.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -28,13 +36,16 @@ from warpolicy.errors import WarpolicyError
 from warpolicy.registry.cells import (
     MAX_SETTINGS,
     CellSpace,
+    Column,
     Setting,
     all_gates,
     cell_space,
+    reach,
     summarize,
 )
 from warpolicy.registry.decision import FORCE_COARSE
-from warpolicy.registry.engine import PolicyEngine, layer_label
+from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
+from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
 from warpolicy.registry.model import Flag, Registry
 from warpolicy.registry.vocabulary import (
@@ -65,9 +76,13 @@ LISTING = "listing only: every backend is compared, abstract ones included"
 CONTAINER = "entries compared by name, each through its own fields (missing: added or removed)"
 COSMETIC = "no effect on any release: documentation or provenance"
 PER_BATCH = (
-    "per-batch: compared for a batch that reports no per-batch facts (every fact unknown: the "
-    "later policy); a change that moves only batches reporting facts is not seen yet (the diff "
-    "does not enumerate fact classes; see the perbatch notes)"
+    "per-batch cells: every cell compared for every class of batch (each class of each "
+    "per-batch fact in either registry, and not reported)"
+)
+FACT_TYPE = (
+    "per-batch cells: a fact's type decides its classes; a type change that still validates "
+    "(bool <-> action, tested only for false) keeps every test's meaning, so no release moves "
+    "by it alone"
 )
 
 #: How a comparison sees every field of every model class (``Class.field``). A field missing
@@ -91,8 +106,8 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "SpecAlgorithm.last_reader": STEP_CELLS,
     # spec_has holds for a capability after an action whatever the batch reports
     "SpecAlgorithm.capabilities_after": CELLS,
-    "Fact.name": PER_BATCH,
-    "Fact.type": PER_BATCH,
+    "Fact.name": IDENTITY,
+    "Fact.type": FACT_TYPE,
     "Fact.doc": COSMETIC,
     "Fact.values": PER_BATCH,
     "Fact.origin": COSMETIC,
@@ -111,7 +126,7 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Conditions.eager": CELLS,
     "Conditions.planted": CELLS,
     "Conditions.external_events": CELLS,
-    "Conditions.facts": PER_BATCH,  # an unreported fact passes every test
+    "Conditions.facts": PER_BATCH,
     "Gate.id": COSMETIC,  # a reason's name; the gate itself is compared by what it does
     "Gate.when": CELLS,
     "Gate.at_least": CELLS,
@@ -130,21 +145,21 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Backend.origin": COSMETIC,
     "Backend.reads_end_origins": COSMETIC,
     "Backend.plant": PLACEMENT,
-    "Backend.reads_end_after": CELLS,  # an unreported action: the declaration's otherwise
-    "Backend.routes": CELLS,  # an unreported route: the latest of every child
+    "Backend.reads_end_after": CELLS,
+    "Backend.routes": CELLS,
     "After.action": PER_BATCH,
     "After.otherwise": CELLS,
     "Route.fact": PER_BATCH,
     "Route.children": CELLS,
     "Route.modes": CELLS,
     "Route.default": CELLS,
-    "Route.pinned": PER_BATCH,  # a pinned router narrows only for a batch naming its route
+    "Route.pinned": PER_BATCH,  # a pinned router narrows for a batch naming its route
     "Registry.flags": CONTAINER,
     "Registry.spec_algorithms": CONTAINER,
     "Registry.backends": CONTAINER,
     "Registry.gates": CELLS,
     "Registry.sources": COSMETIC,
-    "Registry.facts": PER_BATCH,
+    "Registry.facts": CONTAINER,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
 }
 
@@ -194,6 +209,27 @@ class DiffCell:
     change: str  # one of CHANGES
     settings: tuple[Setting, ...] = ()
     plugins: Optional[str] = None  # "off" / "on" when a diff compares both
+    batches: int = 1  # combinations of per-batch classes per setting in the cell's column
+
+    def settings_json(self) -> dict[str, object]:
+        """``settings`` for JSON, in two parts: ``settings``, the flags and runner facts under
+        which the cell differs for some class of batch; ``batches``, the combinations of
+        per-batch classes (fact -> class label) under which it differs for each of those
+        (empty: for every class of batch); None when the classes depend on the setting
+        (``when`` then says which pairs)."""
+        bases: dict[tuple, set] = {}
+        for setting in self.settings:
+            bases.setdefault((setting.flags, setting.facts), set()).add(setting.batch)
+        every = all(len(b) >= self.batches for b in bases.values())
+        batches: dict[tuple, None] = {}
+        if not every:
+            for setting in self.settings:
+                batches.setdefault(setting.batch)
+        product = every or len({frozenset(b) for b in bases.values()}) == 1
+        return {
+            "settings": [{**dict(flags), **dict(facts)} for flags, facts in bases],
+            "batches": [{k: v.label for k, v in b} for b in batches] if product else None,
+        }
 
     @property
     def needs_audit(self) -> bool:
@@ -230,10 +266,17 @@ class Diff:
     #: change kind -> cells of one-sided backends or specs that were not evaluated (``expand``)
     unlisted: Mapping[str, int] = attrs.field(factory=dict)
     evaluated_backends: int = 0  # how many backends the comparison had to evaluate
+    #: ``"MODE spec SPEC: why"`` per column that could not be compared (fails closed)
+    uncompared: tuple[str, ...] = ()
 
     @property
     def needs_audit(self) -> bool:
-        return any(c.needs_audit for c in self.cells) or any(f.needs_audit for f in self.flags)
+        """Some cell or flag needs an audit, or some column could not be compared."""
+        return (
+            bool(self.uncompared)
+            or any(c.needs_audit for c in self.cells)
+            or any(f.needs_audit for f in self.flags)
+        )
 
     def __add__(self, other: Diff) -> Diff:
         unlisted = dict(self.unlisted)
@@ -248,6 +291,7 @@ class Diff:
             tuple(dict.fromkeys(self.removed_specs + other.removed_specs)),
             unlisted,
             self.evaluated_backends + other.evaluated_backends,
+            tuple(dict.fromkeys(self.uncompared + other.uncompared)),
         )
 
     def counts(self) -> dict[str, int]:
@@ -270,6 +314,23 @@ class _Side:
         self.engine = engine
         self.registry = engine.registry
         self._placement: dict[tuple[str, ForwardMode], Placement] = {}
+        self.classes = engine.facts()
+        self._labels: dict[tuple, frozenset[str]] = {}
+        self._resolved: dict[Setting, tuple] = {}
+        #: set by `diff_engines`: both sides have the same rules but for flag defaults and env
+        self.same_rules = False
+
+    def resolved(self, setting: Setting) -> tuple:
+        """The value of every flag under ``setting`` (overrides, else this side's own)."""
+        if setting not in self._resolved:
+            overrides = {
+                k: v
+                for k, v in setting.overrides().items()
+                if k in self.registry.flags or k == FORCE_COARSE.name
+            }
+            values = self.engine.flag_values(overrides)
+            self._resolved[setting] = tuple((f.name, f.value) for f in values)
+        return self._resolved[setting]
 
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         key = (backend, mode)
@@ -277,9 +338,14 @@ class _Side:
             self._placement[key] = self.engine.placement(backend, mode)
         return self._placement[key]
 
-    def policies(
-        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
-    ) -> dict[str, WarReadDonePolicy]:
+    def decisions(
+        self,
+        backends: Sequence[str],
+        mode: ForwardMode,
+        spec: str,
+        setting: Setting,
+        cases: bool = False,
+    ) -> dict[str, Decision]:
         flags = {
             k: v
             for k, v in setting.overrides().items()
@@ -290,9 +356,53 @@ class _Side:
             [spec],
             [mode],
             flags,
+            batch_facts=setting.batch_values(self.registry.facts),
+            cases=cases,
             **setting.fact_values(),  # type: ignore[arg-type]
         )
-        return {d.context.backend: d.policy for d in decisions}
+        return {d.context.backend: d for d in decisions}
+
+    def policies(
+        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
+    ) -> dict[str, WarReadDonePolicy]:
+        found = self.decisions(backends, mode, spec, setting)
+        return {name: d.policy for name, d in found.items()}
+
+    def values(
+        self, backends: Sequence[str], mode: ForwardMode, column: Column, spec: str, base: Setting
+    ) -> dict[str, Union[str, dict[Setting, str]]]:
+        """Per backend, its label for every setting of ``column`` that shares ``base``'s flags
+        and runner facts: one label where no per-batch fact matters (`Decision.cases` empty:
+        the engine's enumeration of the cell's fact classes found one policy), else a label per
+        combination of per-batch classes (``column.expand(base)``), read from the cases: each
+        class of the union falls in one class of this side's (`FactClasses.classify`), and
+        exactly one case's conditions hold for a combination of this side's classes."""
+        found = self.decisions(backends, mode, spec, base, cases=len(column.batches) > 1)
+        out: dict[str, Union[str, dict[Setting, str]]] = {}
+        for name in backends:
+            decision = found[name]
+            if not decision.cases:
+                out[name] = self.label(name, mode, decision.policy)
+                continue
+            per: dict[Setting, str] = {}
+            for setting in column.expand(base):
+                labels = self._class_labels(setting)
+                policy = next(c.policy for c in decision.cases if labels.issuperset(c.when))
+                per[setting] = self.label(name, mode, policy)
+            out[name] = per
+        return out
+
+    def _class_labels(self, setting: Setting) -> frozenset[str]:
+        """The labels of this side's classes that the batch of ``setting`` falls in, one per
+        fact this side declares (a fact the setting does not enumerate: not reported)."""
+        key = setting.batch
+        if key not in self._labels:
+            given = setting.batch_values(self.registry.facts)
+            self._labels[key] = frozenset(
+                classes.labels[classes.classify(given.get(name, NOT_REPORTED))]
+                for name, classes in self.classes.items()
+            )
+        return self._labels[key]
 
     def label(self, backend: str, mode: ForwardMode, policy: WarReadDonePolicy) -> str:
         if policy == IN_GRAPH and self.placement(backend, mode) is Placement.DERIVED:
@@ -411,7 +521,11 @@ def diff_engines(
     common_b = sorted(backends_a & backends_b)
     common_s = sorted(specs_a & specs_b)
     keys_a, keys_b = _keyed(ra.backends), _keyed(rb.backends)
-    global_changed = _keyed(ra.flags) != _keyed(rb.flags) or _gates_key(ra) != _gates_key(rb)
+    global_changed = (
+        _keyed(ra.flags) != _keyed(rb.flags)
+        or _keyed(ra.facts) != _keyed(rb.facts)  # a fact's values or type: every reader
+        or _gates_key(ra) != _gates_key(rb)
+    )
     if global_changed:
         affected = set(common_b)
     else:
@@ -422,24 +536,45 @@ def diff_engines(
     spec_b = {s: semantic_key(new.spec(s)) for s in common_s}
     changed_specs = {s for s in common_s if spec_a[s] != spec_b[s]}
     tested = {n for r in (ra, rb) for g in all_gates(r) for n in g.when.flags}
+    # the same rules but for flag defaults and environment names (a layer that flips a
+    # default): a setting whose flags resolve alike on both sides decides alike
+    a.same_rules = b.same_rules = (
+        not changed_specs
+        and keys_a == keys_b
+        and set(ra.flags) == set(rb.flags)
+        and _keyed(ra.facts) == _keyed(rb.facts)
+        and _gates_key(ra) == _gates_key(rb)
+        and set(specs_a) == set(specs_b)
+    )
 
     cells: list[DiffCell] = []
     evaluated: set[str] = set()
+    uncompared: list[str] = []
     for spec in common_s:
         names = common_b if spec in changed_specs else sorted(affected)
         if not names:
             continue
         evaluated.update(names)
+        scope = reach(names, [ra, rb])
         for mode in space.modes:
-            cells += _compare_column(a, b, names, mode, spec, space, plugins)
+            why = space.column(mode, spec, scope).uncompared
+            if why:
+                uncompared.append(f"{mode.label} spec {spec}: {why}")
+                continue
+            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope)
         reader_a, reader_b = old.spec(spec).last_reader, new.spec(spec).last_reader
         if reader_a != reader_b and any(m in space.modes for m in _PHASES):
-            cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
+            why = space.column(_PHASES, spec).uncompared
+            if why:
+                uncompared.append(f"step spec {spec}: {why}")
+            else:
+                cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
 
     result = Diff(
         tuple(c for c in cells if not earlier_only or c.needs_audit),
         tuple(_flag_changes(ra, rb, tested, plugins)),
         evaluated_backends=len(evaluated),
+        uncompared=tuple(uncompared),
     )
     if earlier_only:
         return result
@@ -472,20 +607,31 @@ def _compare_column(
     spec: str,
     space: CellSpace,
     plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
 ) -> list[DiffCell]:
-    column = space.column(mode, spec)
+    column = space.column(mode, spec, scope)
     if column.all_none:
         return []
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
-    for setting in column.settings:
-        before = a.policies(names, mode, spec, setting)
-        after = b.policies(names, mode, spec, setting)
+    for base in column.base:
+        if a.same_rules and a.resolved(base) == b.resolved(base):
+            continue  # same rules, same flag values: the same decisions
+        before = a.values(names, mode, column, spec, base)
+        after = b.values(names, mode, column, spec, base)
         for name in names:
-            old = a.label(name, mode, before[name])
-            new = b.label(name, mode, after[name])
-            change = _mode_change(old, new)
-            if change is not None:
-                groups.setdefault((name, old, new, change), []).append(setting)
+            old_value, new_value = before[name], after[name]
+            if isinstance(old_value, str) and isinstance(new_value, str):
+                change = _mode_change(old_value, new_value)
+                if change is not None:
+                    key = (name, old_value, new_value, change)
+                    groups.setdefault(key, []).extend(column.expand(base))
+                continue
+            for setting in column.expand(base):
+                old = old_value if isinstance(old_value, str) else old_value[setting]
+                new = new_value if isinstance(new_value, str) else new_value[setting]
+                change = _mode_change(old, new)
+                if change is not None:
+                    groups.setdefault((name, old, new, change), []).append(setting)
     return [
         DiffCell(
             name,
@@ -497,6 +643,7 @@ def _compare_column(
             change,
             tuple(found),
             plugins,
+            len(column.batches),
         )
         for (name, old, new, change), found in groups.items()
     ]
@@ -552,6 +699,7 @@ def _compare_steps(
             change,
             tuple(found),
             plugins,
+            len(column.batches),
         )
         for (name, old, new, change), found in groups.items()
     ]
@@ -577,14 +725,21 @@ def _one_sided(
         for backend, spec in batch:
             by_spec.setdefault(spec, []).append(backend)
         for spec, names in by_spec.items():
+            scope = reach(names, [side.registry])
             for mode in space.modes:
-                column = space.column(mode, spec)
+                column = space.column(mode, spec, scope)
+                if column.uncompared:
+                    continue  # one side only: never earlier; `Diff.uncompared` names others
                 groups: dict[tuple[str, str], list[Setting]] = {}
-                for setting in column.settings:
-                    policies = side.policies(names, mode, spec, setting)
+                for base in column.base:
+                    values = side.values(names, mode, column, spec, base)
                     for name in names:
-                        value = side.label(name, mode, policies[name])
-                        groups.setdefault((name, value), []).append(setting)
+                        value = values[name]
+                        if isinstance(value, str):
+                            groups.setdefault((name, value), []).extend(column.expand(base))
+                            continue
+                        for setting, label in value.items():
+                            groups.setdefault((name, label), []).append(setting)
                 for (name, value), found in groups.items():
                     old, new = (value, ABSENT) if kind == "removed" else (ABSENT, value)
                     rows.append(
@@ -598,6 +753,7 @@ def _one_sided(
                             kind,
                             tuple(found),
                             plugins,
+                            len(column.batches),
                         )
                     )
     unlisted = (len(pairs) - index) * len(space.modes)
@@ -649,8 +805,14 @@ def earlier_layers(
             )
             found = diff_engines(below, engine, space, earlier_only=True)
             flags = tuple(f for f in found.flags if f.needs_audit)
-            if found.cells or flags:
-                out.append(LayerChange(label, found.cells, flags=flags))
+            if found.cells or flags or found.uncompared:
+                note = (
+                    "cannot be compared with the layers below it (treated as earlier): "
+                    + "; ".join(found.uncompared)
+                    if found.uncompared
+                    else ""
+                )
+                out.append(LayerChange(label, found.cells, note, flags))
         below = engine
     return out
 

@@ -297,15 +297,21 @@ class PolicyEngine:
         specs: Optional[Iterable[str]] = None,
         modes: Optional[Iterable[Union[str, ForwardMode]]] = None,
         flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        *,
+        batch_facts: Optional[Mapping[str, object]] = None,
+        cases: bool = True,
         **facts: Union[str, bool],
     ) -> list[Decision]:
         """The decision for every (backend, mode, spec) combination, in a stable order.
 
-        A cell whose policy reads per-batch facts carries its `BatchCase` rows
-        (``Decision.cases``: a condition on the cell); its ``policy`` is the one for a batch
-        that reports none. One evaluation (and its memo) serves every backend of a (mode,
-        spec), and of each combination of fact classes, so a table over a registry of shared
-        composites costs one visit per backend per column.
+        ``facts`` are runner facts (``platform``, ``external_events``, ``eager``,
+        ``planted``); ``batch_facts`` the per-batch facts of one batch (name -> value, checked
+        like `Context.facts`; a fact left out is not reported). A cell whose policy reads
+        per-batch facts not given carries its `BatchCase` rows (``Decision.cases``: a
+        condition on the cell; ``cases=False`` skips enumerating them); its ``policy`` is the
+        one for the batch given, every other fact unreported. One evaluation (and its memo)
+        serves every backend of a (mode, spec), and of each combination of fact classes, so a
+        table over a registry of shared composites costs one visit per backend per column.
         """
         backend_names = list(backends) if backends else self.registry.concrete_backends()
         spec_names = list(specs) if specs else self.spec_names()
@@ -317,15 +323,22 @@ class PolicyEngine:
         found: dict[tuple[str, ForwardMode, str], Decision] = {}
         for m in mode_list:
             for s in spec_names:
-                ctx = Context("", m, s, flags or {}, **facts)  # type: ignore[arg-type]
+                ctx = Context(
+                    "",
+                    m,
+                    s,
+                    flags or {},
+                    **facts,  # type: ignore[arg-type]
+                    facts=batch_facts or {},
+                )
                 evaluation = self._evaluation(ctx, record_checks=False)  # decisions only
                 shared: dict[tuple, Evaluation] = {}
                 for b in backend_names:
                     decision = evaluation.explain(b).decision
                     read = evaluation.facts_read[b]
-                    if read:
-                        cases = self._cases(attrs.evolve(ctx, backend=b), read, shared)
-                        decision = attrs.evolve(decision, cases=cases)
+                    if read and cases:
+                        rows = self._cases(attrs.evolve(ctx, backend=b), read, shared)
+                        decision = attrs.evolve(decision, cases=rows)
                     found[(b, m, s)] = decision
         return [found[(b, m, s)] for b in backend_names for m in mode_list for s in spec_names]
 

@@ -80,22 +80,48 @@ def format_decision(decision: Decision, fmt: str = "text") -> str:
 
 
 def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
-    """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration."""
-    header = ("backend", "mode", "spec", "policy", "because")
+    """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration.
+
+    A cell whose policy varies with per-batch facts is marked ``*`` after its policy (the
+    policy for a batch that reports none of them, or the facts given) and its cases are the
+    ``per batch`` column (text and markdown: ``pre_replay when num_qo_tokens <= 11673; ...``,
+    cut at `MAX_CELL`; JSON: ``per_batch``, every case whole). The column appears only when
+    some cell varies."""
+    varies = any(d.cases for d in decisions)
+    header = ("backend", "mode", "spec", "policy", "because") + (("per batch",) if varies else ())
     rows, records = [], []
     for d in decisions:
         why = ",".join(r.id for r in d.reasons[1:]) or "declared"
-        rows.append((d.context.backend, d.context.mode.label, d.context.spec, d.policy.label, why))
-        records.append(
-            {
-                "backend": d.context.backend,
-                "mode": d.context.mode.label,
-                "spec": d.context.spec,
-                "policy": d.policy.label,
-                "reasons": [r.id for r in d.reasons],
-            }
+        policy = d.policy.label + ("*" if d.cases else "")
+        row: tuple[str, ...] = (
+            d.context.backend,
+            d.context.mode.label,
+            d.context.spec,
+            policy,
+            why,
         )
-    return render_table(header, rows, fmt, records)
+        if varies:
+            row += (_cut("; ".join(c.text for c in d.cases)) if d.cases else "-",)
+        rows.append(row)
+        record: dict[str, object] = {
+            "backend": d.context.backend,
+            "mode": d.context.mode.label,
+            "spec": d.context.spec,
+            "policy": d.policy.label,
+            "reasons": [r.id for r in d.reasons],
+        }
+        if d.cases:
+            record["per_batch"] = [c.to_json() for c in d.cases]
+        records.append(record)
+    table = render_table(header, rows, fmt, records)
+    if varies and fmt != "json":
+        note = (
+            "* varies per batch: the policy shown is for a batch that reports none of the "
+            "per-batch facts (--fact NAME=VALUE gives one); 'per batch' lists every case (cut at "
+            f"{MAX_CELL} characters: explain or --format json give them whole)"
+        )
+        table += "\n\n" + (f"_{note}_" if fmt == "markdown" else note)
+    return table
 
 
 # -- explain -----------------------------------------------------------------------------------
@@ -175,6 +201,8 @@ def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str
         )
     if not exp.gates:
         lines.append(f"{indent}    (none)")
+    if not indent:  # the facts the whole decision read, and its cases
+        lines += [f"  {line}" for line in exp.fact_lines()]
     if exp.force_coarse is not None:
         lines.append(f"{indent}  kill switch: {exp.force_coarse.message}")
     if exp.demotion is not None:
@@ -245,6 +273,9 @@ def _explanation_markdown(exp: Explanation) -> str:
             "",
             render_table(("backend", "runs", "declared", "decided"), runs, "markdown"),
         ]
+    facts = exp.fact_lines()
+    if facts:
+        parts += ["", "**Per-batch facts**", ""] + [f"- {_md(line)}" for line in facts]
     parts += ["", "**Gates**", ""]
     if exp.gates:
         parts.append(
@@ -265,8 +296,15 @@ def _explanation_markdown(exp: Explanation) -> str:
 # -- diff, layers, plugins ---------------------------------------------------------------------
 
 #: ``schema_version`` of `diff` documents: 2 since ``cells`` holds at most ``--limit`` rows
-#: (``summary`` counts every change) and ``when`` may hold ``default``.
-DIFF_SCHEMA_VERSION = 2
+#: (``summary`` counts every change) and ``when`` may hold ``default``; 3 since cells are
+#: compared per class of batch: a cell's ``when`` may name per-batch fact classes, its
+#: ``settings`` list flags and runner facts only, and its ``batches`` the
+#: per-batch classes under which it differs for each of them (fact -> class label, e.g.
+#: ``"num_qo_tokens >= 11674"``; empty: every class; null: the classes depend on the setting,
+#: ``when`` says which),
+#: ``compared.batch_facts`` lists the facts enumerated, and ``summary.uncompared`` the columns
+#: that could not be compared (``needs_audit`` is then true).
+DIFF_SCHEMA_VERSION = 3
 #: Rows a report lists unless told otherwise (``--limit``; 0 lists every row).
 DEFAULT_LIMIT = 100
 #: Widest text or markdown cell; longer values (a long ``when``) are cut, JSON keeps them.
@@ -311,6 +349,8 @@ def diff_summary(diff: Diff, shown: int) -> list[str]:
             f"listed: {shown} of {total} row(s); --limit 0 lists every row "
             "(--format json keeps long values whole)"
         )
+    for what in diff.uncompared:
+        lines.append(f"cannot compare {what} (counts as needing an audit)")
     for flag in diff.flags:
         lines.append(
             f"flag {flag.name}: env [{', '.join(flag.old_env)}] -> [{', '.join(flag.new_env)}] "
@@ -339,7 +379,7 @@ def format_diff(
                 "mode": c.mode,
                 "spec": c.spec,
                 "when": c.when,
-                "settings": [s.assignments() for s in c.settings],
+                **c.settings_json(),
                 "old": c.old,
                 "new": c.new,
                 "change": c.change,
@@ -356,6 +396,7 @@ def format_diff(
             "added_specs": list(diff.added_specs),
             "removed_specs": list(diff.removed_specs),
             "needs_audit": diff.needs_audit,
+            "uncompared": list(diff.uncompared),
         }
         flags = [
             {
@@ -400,10 +441,10 @@ def layer_warnings(changes: Sequence[LayerChange]) -> list[str]:
     """One line per layer that makes cells earlier (or could not be compared)."""
     lines = []
     for change in changes:
-        if change.note:
+        if change.note and not change.cells and not change.flags:
             lines.append(f"layer {change.layer}: {change.note}")
             continue
-        parts = []
+        parts = [change.note] if change.note else []
         if change.cells:
             first = change.cells[0]
             parts.append(
