@@ -632,21 +632,7 @@ def _compare_column(
                 change = _mode_change(old, new)
                 if change is not None:
                     groups.setdefault((name, old, new, change), []).append(setting)
-    return [
-        DiffCell(
-            name,
-            mode.label,
-            spec,
-            old,
-            new,
-            summarize(found, column.settings, column),
-            change,
-            tuple(found),
-            plugins,
-            len(column.batches),
-        )
-        for (name, old, new, change), found in groups.items()
-    ]
+    return _cells(groups, mode.label, spec, column, plugins)
 
 
 def _compare_steps(
@@ -688,10 +674,21 @@ def _compare_steps(
                 continue
             change = _step_change(old_rank, new_rank)
             groups.setdefault((name, old, new, change), []).append(setting)
+    return _cells(groups, STEP, spec, column, plugins)
+
+
+def _cells(
+    groups: Mapping[tuple[str, str, str, str], list[Setting]],
+    mode: str,
+    spec: str,
+    column: Column,
+    plugins: Optional[str],
+) -> list[DiffCell]:
+    """One `DiffCell` per (backend, old, new, change) with the settings where it holds."""
     return [
         DiffCell(
             name,
-            STEP,
+            mode,
             spec,
             old,
             new,
