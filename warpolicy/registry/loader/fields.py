@@ -479,6 +479,35 @@ class Converter:
                 spelled[mode] = key.value
         return out if ok else None
 
+    def _name_map(
+        self,
+        node: Node,
+        path: str,
+        expected: str,
+        what: str,
+        convert: Callable[[Node, str], Optional[V]],
+        *,
+        non_empty: Optional[str] = None,
+    ) -> Optional[dict[str, Located[V]]]:
+        """name -> value, each with the origin of its key (``what`` names the keys in errors);
+        ``non_empty``: the error for an empty mapping, when one is not allowed."""
+        pairs = self.pairs(node, path, expected)
+        if pairs is None:
+            return None
+        if non_empty is not None and not pairs and pairs.ok:
+            self.report.on(node, path, non_empty)
+            return None
+        out: dict[str, Located[V]] = {}
+        ok = pairs.ok
+        for key, value in pairs:
+            name = self.key_name(key, path, what)
+            converted = convert(value, join(path, key.value))
+            if name is None or converted is None:
+                ok = False
+            else:
+                out[name] = Located(converted, self.report.origin(key))
+        return out if ok else None
+
     def mode_policy_map(
         self, node: Node, path: str
     ) -> Optional[dict[ForwardMode, Located[WarReadDonePolicy]]]:
@@ -498,19 +527,9 @@ class Converter:
         return None if by_mode is None else {m: p.value for m, p in by_mode.items()}
 
     def bool_map(self, node: Node, path: str) -> Optional[dict[str, Located[bool]]]:
-        pairs = self.pairs(node, path, "a mapping of name -> true/false")
-        if pairs is None:
-            return None
-        out: dict[str, Located[bool]] = {}
-        ok = pairs.ok
-        for key, value in pairs:
-            name = self.key_name(key, path, "capability or flag")
-            parsed = self.boolean(value, join(path, key.value))
-            if name is None or parsed is None:
-                ok = False
-            else:
-                out[name] = Located(parsed, self.report.origin(key))
-        return out if ok else None
+        return self._name_map(
+            node, path, "a mapping of name -> true/false", "capability or flag", self.boolean
+        )
 
     # -- per-batch declarations --
 
@@ -546,62 +565,37 @@ class Converter:
 
     def capability_map(self, node: Node, path: str) -> Optional[dict[str, Located[Capability]]]:
         """name -> true/false, or ``{after: ACTION}``."""
-        pairs = self.pairs(node, path, "a mapping of capability -> true/false or {after: ACTION}")
-        if pairs is None:
-            return None
-        out: dict[str, Located[Capability]] = {}
-        ok = pairs.ok
-        for key, value in pairs:
-            name = self.key_name(key, path, "capability")
-            sub = join(path, key.value)
-            parsed: Optional[Capability] = None
-            if isinstance(value, MappingNode):
-                fields = self.section(value, sub, "capability_after")
-                after = fields.get("after", Located) if fields is not None and fields.ok else None
-                parsed = None if after is None else Capability(None, after)
-            else:
-                flag = self.boolean(value, sub)
-                parsed = None if flag is None else Capability(flag)
-            if name is None or parsed is None:
-                ok = False
-            else:
-                out[name] = Located(parsed, self.report.origin(key))
-        return out if ok else None
+        return self._name_map(
+            node,
+            path,
+            "a mapping of capability -> true/false or {after: ACTION}",
+            "capability",
+            self.capability,
+        )
+
+    def capability(self, node: Node, path: str) -> Optional[Capability]:
+        """true/false, or ``{after: ACTION}``."""
+        if isinstance(node, MappingNode):
+            fields = self.section(node, path, "capability_after")
+            after = fields.get("after", Located) if fields is not None and fields.ok else None
+            return None if after is None else Capability(None, after)
+        flag = self.boolean(node, path)
+        return None if flag is None else Capability(flag)
 
     def label_map(self, node: Node, path: str) -> Optional[dict[str, Located[Located[str]]]]:
         """label -> backend name, each with where it was written."""
-        pairs = self.pairs(node, path, "a mapping of label -> backend")
-        if pairs is None:
-            return None
-        if not pairs and pairs.ok:
-            self.report.on(node, path, "an empty mapping; a router routes to at least one child")
-            return None
-        out: dict[str, Located[Located[str]]] = {}
-        ok = pairs.ok
-        for key, value in pairs:
-            label = self.key_name(key, path, "label")
-            child = self.name(value, join(path, key.value))
-            if label is None or child is None:
-                ok = False
-            else:
-                out[label] = Located(child, self.report.origin(key))
-        return out if ok else None
+        return self._name_map(
+            node,
+            path,
+            "a mapping of label -> backend",
+            "label",
+            self.name,
+            non_empty="an empty mapping; a router routes to at least one child",
+        )
 
     def fact_tests(self, node: Node, path: str) -> Optional[dict[str, Located[FactTest]]]:
         """fact -> true/false, an integer, ``{gt|ge|lt|le|eq: N}``, a name or a list of names."""
-        pairs = self.pairs(node, path, "a mapping of fact -> test")
-        if pairs is None:
-            return None
-        out: dict[str, Located[FactTest]] = {}
-        ok = pairs.ok
-        for key, value in pairs:
-            name = self.key_name(key, path, "fact")
-            test = self.fact_test(value, join(path, key.value))
-            if name is None or test is None:
-                ok = False
-            else:
-                out[name] = Located(test, self.report.origin(key))
-        return out if ok else None
+        return self._name_map(node, path, "a mapping of fact -> test", "fact", self.fact_test)
 
     def fact_test(self, node: Node, path: str) -> Optional[FactTest]:
         if isinstance(node, ScalarNode) and node.tag == BOOL:
