@@ -59,7 +59,7 @@ def test_the_honest_snapshot_is_safe_on_both_sides_of_the_threshold():
             f"honest run {run}",
             f"{dyn.summary()} ({dyn.caught_line() or 'no poison caught'}); buckets "
             f"{list(PERBATCH_BUCKETS)}, threshold {THRESHOLD}; snapshots {plugin.performed}; "
-            f"published {entry.policy.label if entry.policy else None}",
+            f"published {entry.policy.label if entry.policy is not None else None}",
         )
         assert dyn.verdict is Verdict.SAFE, dyn.reason
         assert dyn.trials == TRIALS and dyn.corrupted == 0

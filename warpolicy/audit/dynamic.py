@@ -450,7 +450,9 @@ def _trials(
             out.replayed.add(published.bucket)
         if declared is not None and out.policy > declared:
             out.demoted += 1
-            out.demoted_to = max(out.policy, out.demoted_to or out.policy)
+            # an explicit None test: PRE_REPLAY is 0, so a policy is falsy there
+            later = out.demoted_to
+            out.demoted_to = out.policy if later is None else max(out.policy, later)
         if caught is not None:
             out.corrupted += 1
             out.first = out.first or caught
