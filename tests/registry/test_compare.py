@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import attrs
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from warpolicy.registry import compare, model
@@ -801,7 +801,8 @@ def test_a_column_a_staged_capability_may_open_is_compared():
 
 # -- per-batch classes against brute force over fact values ------------------------------------
 
-N_VALUES = [None, *range(23)]  # None: not reported
+# None: not reported; -1 and 21-22 lie past every threshold the strategy draws (0-20)
+N_VALUES = [None, -1, *range(23)]
 ROUTES = [None, "x", "y", "z"]
 
 
@@ -910,12 +911,45 @@ def same_class(engines_: Sequence[PolicyEngine], name: str, value: object, probe
     return True
 
 
+def _below_zero_pair() -> tuple[dict, dict]:
+    """CI's counterexample: a gate on ``n >= 0`` dropped, so ``n <= -1`` now releases later."""
+    reads = {"decode": "none", "extend": "pre_replay"}
+    doc = {
+        "version": 1,
+        "facts": {
+            "n": {"type": "int", "doc": "x"},
+            "act": {"type": "action", "doc": "x"},
+            "r": {"type": "name", "doc": "x"},
+        },
+        "backends": {
+            "p0": {"reads_end": reads, "doc": "x"},
+            "p1": {"reads_end": {"decode": "pre_replay", "extend": "none"}, "doc": "x"},
+            "rt": {
+                "routes": {"fact": "r", "children": {"x": "p0", "y": "p1"}, "pinned": False},
+                "doc": "x",
+            },
+        },
+        "gates": [
+            {
+                "id": "g0",
+                "when": {"mode": "decode", "facts": {"n": {"ge": 0}}},
+                "at_least": "in_graph",
+                "because": "x",
+            }
+        ],
+    }
+    new = copy.deepcopy(doc)
+    del new["gates"][0]["when"]["facts"]
+    return doc, new
+
+
 @settings(
     max_examples=int(os.environ.get("WARPOLICY_TEST_EXAMPLES", "25")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(fact_registry_pairs())
+@example(_below_zero_pair())
 def test_per_batch_classes_find_what_brute_force_over_fact_values_finds(pair):
     """The diff's classes (the union of both sides' thresholds, names, true/false, not
     reported) and its reading of the engine's cases agree with evaluating many batches."""
