@@ -1,12 +1,19 @@
 """Fixtures shared across test modules: a fresh plugin manager per test, inline plugins that
-are always unregistered, and both YAML composers of the loader."""
+are always unregistered, and both YAML composers of the loader; and the suite's hypothesis
+profile."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from warpolicy.registry.loader import reading
 from warpolicy.runtime.manager import new_plugin_manager
+
+# No property test has a wall-clock deadline: a deadline is a timed assert, and a loaded CI
+# machine would fail it for nothing. A failure prints the blob that reproduces it.
+settings.register_profile("warpolicy", deadline=None, print_blob=True)
+settings.load_profile("warpolicy")
 
 
 @pytest.fixture(autouse=True, scope="session")

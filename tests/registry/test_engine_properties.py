@@ -57,11 +57,11 @@ fact_tests = st.fixed_dictionaries(
         ),
     },
 )
-#: what a batch may report: valid values only (invalid ones are unit-tested)
+#: what a batch may report: valid values only (invalid ones are unit-tested); an int may be negative
 batch_facts = st.fixed_dictionaries(
     {},
     optional={
-        "n": st.integers(0, 4),
+        "n": st.integers(-2, 5),  # past every drawn threshold (0-3) on both sides
         "a": st.booleans(),
         "b": st.booleans(),
         "r": st.sampled_from(["x", "y", "z"]),
