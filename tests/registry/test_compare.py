@@ -914,7 +914,7 @@ def same_class(engines_: Sequence[PolicyEngine], name: str, value: object, probe
 def _below_zero_pair() -> tuple[dict, dict]:
     """CI's counterexample: a gate on ``n >= 0`` dropped, so ``n <= -1`` now releases later."""
     reads = {"decode": "none", "extend": "pre_replay"}
-    doc = {
+    doc: dict[str, Any] = {
         "version": 1,
         "facts": {
             "n": {"type": "int", "doc": "x"},
