@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from warpolicy.registry import compare, model
+from warpolicy.registry import engine as engine_module
 from warpolicy.registry.cells import (
     BACKEND_CONDITIONS,
     FACT_NAMES,
@@ -37,6 +38,7 @@ from warpolicy.registry.compare import (
     diff_engines,
     earlier_layers,
 )
+from warpolicy.registry.decision import Context
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Fragment, load_registry, registry_sources
@@ -803,7 +805,7 @@ def test_a_column_a_staged_capability_may_open_is_compared():
 
 # None: not reported; -1 and 21-22 lie past every threshold the strategy draws (0-20)
 N_VALUES = [None, -1, *range(23)]
-ROUTES = [None, "x", "y", "z"]
+ROUTES = [None, "x", "y", "z", "w"]  # "w": a name no drawn registry tests or routes by
 
 
 @st.composite
@@ -943,6 +945,29 @@ def _below_zero_pair() -> tuple[dict, dict]:
     return doc, new
 
 
+def _untested_route_pair() -> tuple[dict, dict]:
+    """A later counterexample: the new side gates decode to in_graph but back to none for the
+    routes ``x`` and ``z``, so a route no side names is earlier than before (none -> in_graph)."""
+    old, _ = _below_zero_pair()
+    old["gates"] = []
+    old["backends"]["p0"]["reads_end"] = {"decode": "none", "extend": "pre_replay"}
+    old["backends"]["p1"]["reads_end"] = {"decode": "pre_replay", "extend": "pre_replay"}
+    old["backends"]["rt"]["routes"]["pinned"] = True
+    new = copy.deepcopy(old)
+    new["backends"]["p0"]["reads_end"]["decode"] = "pre_replay"
+    new["backends"]["rt"]["routes"]["pinned"] = False
+    new["gates"] = [
+        {"id": "g0", "when": {"mode": "decode"}, "at_least": "in_graph", "because": "x"},
+        {
+            "id": "g1",
+            "when": {"mode": "decode", "facts": {"r": ["x", "z"]}},
+            "at_least": "none",
+            "because": "x",
+        },
+    ]
+    return old, new
+
+
 @settings(
     max_examples=int(os.environ.get("WARPOLICY_TEST_EXAMPLES", "25")),
     deadline=None,
@@ -950,6 +975,7 @@ def _below_zero_pair() -> tuple[dict, dict]:
 )
 @given(fact_registry_pairs())
 @example(_below_zero_pair())
+@example(_untested_route_pair())
 def test_per_batch_classes_find_what_brute_force_over_fact_values_finds(pair):
     """The diff's classes (the union of both sides' thresholds, names, true/false, not
     reported) and its reading of the engine's cases agree with evaluating many batches."""
@@ -978,6 +1004,36 @@ def test_per_batch_classes_find_what_brute_force_over_fact_values_finds(pair):
                 )
                 for combo in reported
             ), (key, batch)
+
+
+@settings(max_examples=int(os.environ.get("WARPOLICY_TEST_EXAMPLES", "25")))
+@given(fact_registry_pairs())
+@example(_below_zero_pair())
+@example(_untested_route_pair())
+def test_the_runtime_layer_warning_finds_what_brute_force_over_fact_values_finds(pair):
+    """`PolicyEngine.compile`'s layer warning (`engine._earlier_cell`) names a cell exactly when
+    some batch among `batches`, in some runner cell (captured or eager, planted or not), gets an
+    earlier policy from ``new`` than from ``old``, by `PolicyEngine.decide` (the evaluation,
+    not the compiled rules the warning reads). The drawn registries declare and gate decode
+    and extend only; every other mode is none on both sides."""
+    texts = [yaml.safe_dump(r, sort_keys=False) for r in pair]
+    try:
+        old, new = engines(*texts)
+    except Exception:  # noqa: BLE001 - a drawn registry the loader refuses
+        return
+    for backend in sorted(old.registry.backends):
+        compiled = [e._compiled(backend, "none", None, "cuda", True) for e in (old, new)]
+        warned = engine_module._earlier_cell(*compiled, "none")
+        earlier = [
+            (mode.label, eager, planted, batch)
+            for mode in (ForwardMode.DECODE, ForwardMode.EXTEND)
+            for eager in (False, True)
+            for planted in (False, True)
+            for batch in batches()
+            if new.decide(Context(backend, mode, eager=eager, planted=planted, facts=batch))
+            < old.decide(Context(backend, mode, eager=eager, planted=planted, facts=batch))
+        ]
+        assert (warned is not None) == bool(earlier), (backend, warned, earlier[:3])
 
 
 def test_a_fact_type_change_that_validates_moves_no_release():

@@ -476,3 +476,67 @@ def test_compile_warns_once_naming_a_layer_that_makes_a_cell_earlier(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PolicyEngine(load_registry([base]), environ={}, layers=[base]).compile("fa3")
+
+
+def test_the_layer_warning_sees_a_cell_made_earlier_only_for_some_batches(tmp_path):
+    """A layer whose declaration is earlier only when a per-batch action succeeds leaves the
+    batch that reports nothing as it was; the warning still names it, with the batch."""
+    from warpolicy.registry.loader import Fragment, load_registry
+
+    def declared(policy: str) -> str:
+        return f"{{policy: {policy}, after: snap, otherwise: none}}"
+
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "version: 1\nfacts:\n  snap: {type: action, doc: a snapshot}\n"
+        f"backends:\n  fa3:\n    reads_end: {{extend: {declared('post_replay')}}}\n"
+        "    doc: staged prefill\n"
+    )
+
+    def layer(policy: str) -> Fragment:
+        return Fragment(
+            "plugin:staged",
+            "version: 1\nbackends:\n  fa3:\n    override: true\n"
+            f"    reads_end: {{extend: {declared(policy)}}}\n    doc: snapshots\n",
+        )
+
+    layers = [base, layer("pre_replay")]
+    engine = PolicyEngine(load_registry(layers), environ={}, layers=layers)
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"layer plugin:staged .*fa3 extend \(spec none, captured, not planted; "
+        r"batch: snap succeeded\): post_replay -> pre_replay",
+    ):
+        compiled = engine.compile("fa3")
+    assert compiled.lookup(M.EXTEND) is P.NONE  # a batch that reports nothing: as below
+    # the same layer declaring what the base does makes nothing earlier: no warning
+    layers = [base, layer("post_replay")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PolicyEngine(load_registry(layers), environ={}, layers=layers).compile("fa3")
+
+
+def test_past_the_case_limit_the_layer_warning_compares_the_earliest_of_each(monkeypatch):
+    """A cell with more classes of batch than `MAX_FACT_CASES` is compared by the earliest
+    policy each side can publish (the label says so), not skipped."""
+    from warpolicy.registry import engine as engine_module
+    from warpolicy.registry.loader import Fragment, load_registry
+
+    text = (
+        "version: 1\nfacts:\n  snap: {type: action, doc: a snapshot}\n"
+        "  n: {type: int, doc: tokens}\nbackends:\n  fa3:\n    reads_end:\n"
+        "      extend: {policy: %s, after: snap, otherwise: none}\n    doc: x\n"
+        "gates:\n  - {id: big, when: {mode: extend, facts: {n: {ge: 9}}}, at_least: none, "
+        "because: large prefills}\n"
+    )
+    old, new = (
+        PolicyEngine(load_registry([Fragment(p, text % p)]), environ={})
+        for p in ("post_replay", "pre_replay")
+    )
+    cells = [e._compiled("fa3", "none", None, "cuda", True) for e in (old, new)]
+    assert engine_module._earlier_cell(*cells, "none") is not None
+    monkeypatch.setattr(engine_module, "MAX_FACT_CASES", 2)
+    found = engine_module._earlier_cell(*cells, "none")
+    assert found is not None and "the earliest of each" in found
+    assert "post_replay -> pre_replay" in found
+    assert engine_module._earlier_cell(cells[1], cells[0], "none") is None  # later only

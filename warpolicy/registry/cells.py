@@ -42,9 +42,14 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import attrs
 
 from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC
-from warpolicy.registry.facts import ABSENT, FactClasses, fact_classes, registry_fact_classes
-from warpolicy.registry.model import Conditions, Fact, FactTest, Gate, Registry, SpecAlgorithm
-from warpolicy.registry.vocabulary import NONE, FactType, ForwardMode
+from warpolicy.registry.facts import (
+    ABSENT,
+    FactClasses,
+    joint_classes,
+    registry_fact_classes,
+)
+from warpolicy.registry.model import Conditions, Fact, Gate, Registry, SpecAlgorithm
+from warpolicy.registry.vocabulary import NONE, ForwardMode
 
 MAX_SETTINGS = 256
 #: The most combinations of per-batch fact classes one column enumerates. A column past it is
@@ -129,44 +134,8 @@ class BatchClass:
 
 
 def _union_classes(name: str, sides: Sequence[FactClasses]) -> tuple[BatchClass, ...]:
-    """One class per class of the union of ``sides`` (each registry's `FactClasses` of the
-    fact): every class of each side, as a partition of every value a batch may report (a
-    value outside a side's fact is unknown there), holds exactly one of these."""
-    out: dict[tuple[type, object], BatchClass] = {}
-
-    def add(label: str, value: object) -> None:
-        out.setdefault((type(value), value), BatchClass(name, label, value))
-
-    ints = [s for s in sides if s.fact.type is FactType.INT]
-    if ints:  # the intervals between both sides' cuts
-        cuts = sorted({c for s in ints for c in s.cuts})
-        merged = fact_classes(ints[0].fact, [FactTest(compare=(("ge", c),)) for c in cuts])
-        for label, value in zip(merged.labels, merged.probes):
-            if value is not ABSENT:
-                add(label, value)
-    names = [s for s in sides if s.fact.type is FactType.NAME]
-    if names:  # each name some side tests, routes by or lists, and one no side knows
-        known = {n for s in names for n in s.names}
-        known |= {n for s in names if s.fact.values is not None for n in s.fact.values}
-        for value in sorted(known):
-            add(f"{name} is {value}", value)
-        if any(s.fact.values is None for s in names):
-            other = "other"
-            while other in known:
-                other += "_"
-            add(f"{name} is another name", other)
-    for classes in sides:  # bool and action facts: true and false
-        if classes.fact.type in (FactType.BOOL, FactType.ACTION):
-            for label, value in zip(classes.labels, classes.probes):
-                if value is True:
-                    add(label, value)
-            if classes.fact.type is FactType.BOOL:
-                add(f"{name} is false", False)
-    if all(s.fact.type is FactType.ACTION for s in sides):
-        add(f"{name} did not succeed", False)  # an action is never unknown
-    else:
-        add(f"{name} not reported", ABSENT)
-    return tuple(out.values())
+    """One class per class of the union of ``sides`` (`joint_classes`)."""
+    return tuple(BatchClass(name, label, value) for label, value in joint_classes(name, sides))
 
 
 def _batch_facts_read(

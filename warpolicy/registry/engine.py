@@ -68,6 +68,7 @@ from warpolicy.registry.facts import (
     ABSENT,
     FactClasses,
     check_facts,
+    joint_classes,
     registry_fact_classes,
     simplify,
 )
@@ -110,6 +111,16 @@ MAX_FACT_CASES = 4096
 
 #: One cell's enumeration: the classes of the facts it reads, the policy per combination.
 _Cells = tuple[list[FactClasses], dict[tuple[int, ...], WarReadDonePolicy]]
+
+#: What `PolicyEngine._compiled` returns: per mode, the policy per ``eager * 2 + planted`` for a
+#: batch that reports no facts, and each such cell's batch rule (None: it reads no fact).
+_CompiledCells = tuple[
+    dict[ForwardMode, tuple[WarReadDonePolicy, ...]],
+    dict[ForwardMode, tuple[Optional[BatchRule], ...]],
+]
+
+#: How a report names the cell at index ``eager * 2 + planted`` of a row.
+_RUNNER_CELLS = ("captured, not planted", "captured, planted", "eager", "eager")
 
 
 class PolicyEngine:
@@ -288,7 +299,7 @@ class PolicyEngine:
                 raise
             self._warn_once(f"compile({backend!r}, {spec!r})", exc)
             return CompiledPolicy(backend, spec, {m: (NONE,) * 4 for m in ForwardMode})
-        self._warn_earlier_layers(backend, spec, flags, platform, external_events, table)
+        self._warn_earlier_layers(backend, spec, flags, platform, external_events)
         return compiled
 
     def table(
@@ -399,10 +410,7 @@ class PolicyEngine:
         flags: Optional[Mapping[str, Union[bool, str]]],
         platform: str,
         external_events: bool,
-    ) -> tuple[
-        dict[ForwardMode, tuple[WarReadDonePolicy, ...]],
-        dict[ForwardMode, tuple[Optional[BatchRule], ...]],
-    ]:
+    ) -> _CompiledCells:
         """Per mode, the policy per ``eager * 2 + planted`` for a batch that reports no facts,
         and the batch rule of each such cell that reads per-batch facts (else None)."""
         table = {}
@@ -457,41 +465,24 @@ class PolicyEngine:
         flags: Optional[Mapping[str, Union[bool, str]]],
         platform: str,
         external_events: bool,
-        table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
     ) -> None:
-        """Warn once per layer that makes one of ``table``'s cells earlier than those below."""
+        """Warn once per layer that makes one of ``backend``'s cells earlier than the layers
+        below it, for a batch of any class (`_earlier_cell`)."""
         if len(self._layers) < 2:
             return
         try:
-            engines = self.layer_engines()
-            below: Optional[dict] = None
-            for label, engine in engines:
-                if engine is None:
-                    below = None
-                    continue
-                try:
-                    here = engine._compiled(backend, spec, flags, platform, external_events)[0]
-                except Exception:  # noqa: BLE001 - the backend may not exist yet below
-                    here = None
+            below: Optional[_CompiledCells] = None
+            for label, engine in self.layer_engines():
+                here: Optional[_CompiledCells] = None
+                if engine is not None:
+                    try:
+                        here = engine._compiled(backend, spec, flags, platform, external_events)
+                    except Exception:  # noqa: BLE001 - the backend may not exist yet below
+                        here = None
                 if below is not None and here is not None:
-                    for mode, row in here.items():
-                        for index, (old, new) in enumerate(zip(below[mode], row)):
-                            if new < old:
-                                facts = (
-                                    "captured, not planted",
-                                    "captured, planted",
-                                    "eager",
-                                    "eager",
-                                )[index]
-                                self._warn_layer(
-                                    label,
-                                    f"{backend} {mode.label} (spec {spec}, "
-                                    f"{facts}): {old.label} -> {new.label}",
-                                )
-                                break
-                        else:
-                            continue
-                        break
+                    cell = _earlier_cell(below, here, spec)
+                    if cell is not None:
+                        self._warn_layer(label, f"{backend} {cell}")
                 below = here
         except Exception as exc:  # noqa: BLE001 - a report, never a reason to fail
             self._warn_once("layer report", exc)
@@ -570,6 +561,53 @@ def _batch_cases(
         )
         for key, policy in merged
     )
+
+
+def _earlier_cell(below: _CompiledCells, here: _CompiledCells, spec: str) -> Optional[str]:
+    """The first cell ``here`` makes earlier than ``below`` for some batch, as a report names
+    it, or None. Each cell is compared for one batch per class of the union of both sides'
+    classes of the facts their rules read (`joint_classes`), so no class of batch is missed;
+    past `MAX_FACT_CASES` combinations, by the earliest policy each side can publish."""
+    (old_table, old_rules), (new_table, new_rules) = below, here
+    for mode, row in new_table.items():
+        for index, new_default in enumerate(row):
+            old_rule, new_rule = old_rules[mode][index], new_rules[mode][index]
+            old_default = old_table[mode][index]
+            for batch, labels in _joint_batches([r for r in (old_rule, new_rule) if r]):
+                if batch is None:  # too many classes to enumerate
+                    old = old_default if old_rule is None else old_rule.earliest
+                    new = new_default if new_rule is None else new_rule.earliest
+                else:
+                    old = old_default if old_rule is None else old_rule(batch)
+                    new = new_default if new_rule is None else new_rule(batch)
+                if new < old:
+                    batch_text = f"; batch: {', '.join(labels)}" if labels else ""
+                    return (
+                        f"{mode.label} (spec {spec}, {_RUNNER_CELLS[index]}{batch_text}): "
+                        f"{old.label} -> {new.label}"
+                    )
+    return None
+
+
+def _joint_batches(
+    rules: Sequence[BatchRule],
+) -> Iterable[tuple[Optional[dict[str, object]], tuple[str, ...]]]:
+    """One batch (its facts, the labels of their classes) per combination of the joint classes
+    of every fact ``rules`` read; a single None batch past `MAX_FACT_CASES` combinations."""
+    names = sorted({name for rule in rules for name in rule.facts})
+    joint = [
+        joint_classes(name, [c for rule in rules for c in rule.classes if c.fact.name == name])
+        for name in names
+    ]
+    count = 1
+    for classes in joint:
+        count *= len(classes)
+    if count > MAX_FACT_CASES:
+        yield None, (f"more than {MAX_FACT_CASES} classes of batch: the earliest of each",)
+        return
+    for combination in itertools.product(*joint):
+        batch = {n: value for n, (_, value) in zip(names, combination) if value is not ABSENT}
+        yield batch, tuple(label for label, _ in combination)
 
 
 def layer_label(source: object) -> str:

@@ -238,6 +238,45 @@ def _intervals(name: str, cuts: Sequence[int]) -> tuple[list[str], list[int]]:
     return texts, probes
 
 
+def joint_classes(name: str, sides: Sequence[FactClasses]) -> tuple[tuple[str, object], ...]:
+    """One ``(label, value)`` per class of the union of ``sides`` (each registry's, or each
+    rule's, `FactClasses` of fact ``name``; `ABSENT`: not reported). The union refines every
+    side's classes, so every value a batch may report falls in the class of exactly one of
+    these on every side (a value outside a side's fact is unknown there)."""
+    out: dict[tuple[type, object], tuple[str, object]] = {}
+
+    def add(label: str, value: object) -> None:
+        out.setdefault((type(value), value), (label, value))
+
+    ints = [s for s in sides if s.fact.type is FactType.INT]
+    if ints:  # the intervals between every side's cuts
+        cuts = sorted({c for s in ints for c in s.cuts})
+        merged = fact_classes(ints[0].fact, [FactTest(compare=(("ge", c),)) for c in cuts])
+        for label, value in zip(merged.labels, merged.probes):
+            if value is not ABSENT:
+                add(label, value)
+    names = [s for s in sides if s.fact.type is FactType.NAME]
+    if names:  # each name some side tests, routes by or lists, and one no side knows
+        known = {n for s in names for n in s.names}
+        known |= {n for s in names if s.fact.values is not None for n in s.fact.values}
+        for value in sorted(known):
+            add(f"{name} is {value}", value)
+        if any(s.fact.values is None for s in names):
+            add(f"{name} is another name", _other_name(known))
+    for classes in sides:  # bool and action facts: true and false
+        if classes.fact.type in (FactType.BOOL, FactType.ACTION):
+            for label, value in zip(classes.labels, classes.probes):
+                if value is True:
+                    add(label, value)
+            if classes.fact.type is FactType.BOOL:
+                add(f"{name} is false", False)
+    if all(s.fact.type is FactType.ACTION for s in sides):
+        add(f"{name} did not succeed", False)  # an action is never unknown
+    else:
+        add(f"{name} not reported", ABSENT)
+    return tuple(out.values())
+
+
 def registry_fact_classes(registry: Registry) -> dict[str, FactClasses]:
     """`FactClasses` for every declared fact, from every test the registry makes of it."""
     tests: dict[str, list[FactTest]] = {}
