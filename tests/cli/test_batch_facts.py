@@ -13,12 +13,6 @@ from warpolicy.cli.main import ExitCode, main
 PREFILL = ("--flag", "prefill_read_done=1")
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("WARPOLICY_CAPABILITIES", "WARPOLICY_PREFILL_READ_DONE", "WARPOLICY_FORCE_COARSE"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def run_cli(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -20,12 +20,6 @@ FLAG_ENVS = (
 )
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in FLAG_ENVS:
-        monkeypatch.delenv(name, raising=False)
-
-
 def run_cli(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -20,13 +20,6 @@ FLIP = (
 )
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith(("WARPOLICY_", "SGLANG_")):
-            monkeypatch.delenv(name)
-
-
 def run_cli(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -167,18 +167,24 @@ def platform_name(text: str) -> str:
     return text.strip().lower()
 
 
+def _assignment(option: str, item: str, expected: str = "") -> tuple[str, str]:
+    """``NAME=VALUE`` given to ``option`` as (name, value); `InputError` (one line) when either
+    part is missing (``expected`` says what an empty value should have been)."""
+    name, sep, value = item.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise InputError(f"{option} {item!r}: expected NAME=VALUE")
+    if not value.strip():
+        raise InputError(f"{option} {item!r}: empty value; expected NAME=VALUE{expected}")
+    return name, value
+
+
 def parse_flags(items: Iterable[str]) -> dict[str, bool]:
     flags: dict[str, bool] = {}
     for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise InputError(f"--flag {item!r}: expected NAME=VALUE")
-        if not value.strip():
-            raise InputError(
-                f"--flag {item!r}: empty value; expected NAME=VALUE with a boolean "
-                "(1/0, true/false, yes/no, on/off)"
-            )
+        name, value = _assignment(
+            "--flag", item, " with a boolean (1/0, true/false, yes/no, on/off)"
+        )
         flags[name] = parse_bool(value, f"--flag {name}")
     return flags
 
@@ -190,12 +196,7 @@ def batch_facts(items: Iterable[str], engines: Sequence[PolicyEngine]) -> dict[s
     value of the wrong type."""
     facts: dict[str, object] = {}
     for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise InputError(f"--fact {item!r}: expected NAME=VALUE")
-        if not value.strip():
-            raise InputError(f"--fact {item!r}: empty value; expected NAME=VALUE")
+        name, value = _assignment("--fact", item)
         declared = [e.registry.facts[name] for e in engines if name in e.registry.facts]
         if not declared:
             known = {n for e in engines for n in e.registry.facts}

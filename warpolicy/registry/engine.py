@@ -573,7 +573,7 @@ def _earlier_cell(below: _CompiledCells, here: _CompiledCells, spec: str) -> Opt
         for index, new_default in enumerate(row):
             old_rule, new_rule = old_rules[mode][index], new_rules[mode][index]
             old_default = old_table[mode][index]
-            for batch, labels in _joint_batches([r for r in (old_rule, new_rule) if r]):
+            for batch, labels in _joint_batches([r for r in (old_rule, new_rule) if r is not None]):
                 if batch is None:  # too many classes to enumerate
                     old = old_default if old_rule is None else old_rule.earliest
                     new = new_default if new_rule is None else new_rule.earliest
