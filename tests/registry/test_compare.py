@@ -519,14 +519,7 @@ def registry_pairs(draw) -> tuple[dict, dict]:
                 when["platform"] = "hip"
             if not when:
                 when["mode"] = "extend"
-            out.append(
-                {
-                    "id": f"g{i}",
-                    "when": when,
-                    "at_least": draw(st.sampled_from(POLICIES[1:])),
-                    "because": "x",
-                }
-            )
+            out.append(gate(f"g{i}", draw(st.sampled_from(POLICIES[1:])), **when))
         return out
 
     old: dict[str, Any] = {
@@ -846,14 +839,7 @@ def fact_registry_pairs(draw) -> tuple[dict, dict]:
             when: dict = {"mode": draw(st.sampled_from(["decode", "extend"]))}
             if facts:
                 when["facts"] = facts
-            out.append(
-                {
-                    "id": f"g{i}",
-                    "when": when,
-                    "at_least": draw(st.sampled_from(POLICIES[1:])),
-                    "because": "x",
-                }
-            )
+            out.append(gate(f"g{i}", draw(st.sampled_from(POLICIES[1:])), **when))
         return out
 
     def registry() -> dict:
