@@ -50,6 +50,7 @@ raises `SelfCheckError` instead of demoting a marker.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Mapping, Optional, Union
 
 import attrs
@@ -190,10 +191,10 @@ def resolve_cell(
     ``per_batch``: see `cell_policy`.
 
     Fails closed, loudly: an unknown backend or spec, or any error while compiling, gives every
-    answer ``none`` (the coarse barrier) with the error as ``failure``, one `RuntimeWarning` per
-    call and ``warpolicy_on_fallback`` (place ``compile``); an unknown name's warning says to
-    load the registry layer that declares it. Nothing raises but an `UnknownNameError` for the
-    mode itself and an `InputError` for a bad ``placement``.
+    answer ``none`` (the coarse barrier) with the error as ``failure`` and one `RuntimeWarning`
+    per call; an unknown name's warning says to load the registry layer that declares it.
+    Nothing raises but an `UnknownNameError` for the mode itself and an `InputError` for a bad
+    ``placement``.
     """
     mode = ForwardMode.parse(mode)
     try:
@@ -215,8 +216,10 @@ def resolve_cell(
                 "; a name your own registry file declares needs that file loaded: "
                 "PolicyEngine.load(['default', 'my_capabilities.yaml'])"
             )
-        Reporter(observers, f"{mode.label}:{backend}/{spec}").fallback(
-            "compile", exc, f"{failure}{hint}; every bucket uses the coarse barrier"
+        warnings.warn(
+            f"warpolicy {mode.label}: {failure}{hint}; every bucket uses the coarse barrier",
+            RuntimeWarning,
+            stacklevel=2,
         )
         return cell
     return cell_policy(
