@@ -17,7 +17,6 @@ import sys
 import tempfile
 
 import pytest
-
 from blocks import (
     ROOT,
     Block,
@@ -54,7 +53,7 @@ def _scratch(tmp: pathlib.Path) -> pathlib.Path:
     return work
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def session(doc: str) -> dict[str, dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="warpolicy-docs-") as tmp:
         work = _scratch(pathlib.Path(tmp))

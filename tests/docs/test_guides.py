@@ -13,12 +13,11 @@ import sys
 
 import pytest
 import yaml
+from blocks import documents
 
 import warpolicy
 from warpolicy.cli.common import ExitCode
 from warpolicy.registry.vocabulary import TABLE_MODES
-
-from blocks import documents
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -41,7 +40,9 @@ def yaml_blocks(text: str) -> list[dict]:
 
 
 def test_the_exit_code_table_lists_every_exit_code():
-    codes = {int(c) for c in re.findall(r"^\| `(\d+)` \|", section("cli.md", "## Exit codes"), re.M)}
+    codes = {
+        int(c) for c in re.findall(r"^\| `(\d+)` \|", section("cli.md", "## Exit codes"), re.M)
+    }
     assert codes == {int(c) for c in ExitCode}
 
 
