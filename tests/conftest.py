@@ -103,4 +103,3 @@ def pytest_runtest_makereport(item, call):
     ):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {NEEDS_TORCH}")
-
