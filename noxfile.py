@@ -34,7 +34,7 @@ TORCH = "torch==2.13.0"
 #: pluggy's oldest supported version (pyproject's floor) with the newest pytest that runs on it,
 #: and its newest
 PLUGGY = {
-    "oldest": ["pluggy==1.4.0", "pytest==8.1.2"],
+    "oldest": ["pluggy==1.3.0", "pytest==8.0.2"],
     "newest": ["pluggy==1.7.0"],
 }
 #: the tests that exercise pluggy itself: plugins, observers, hook specs, the fault matrix
