@@ -1,4 +1,4 @@
-"""What loading costs, for the decide benchmark (`warpolicy.bench.decide`) and the README.
+"""What loading costs, for the decide benchmark (`warpolicy.bench.decide`) and docs/registry.md.
 
 `measure_load` times the loader on a large registry and on the shapes an adversary would try:
 aliases that amplify a shared list, a long chain of composites, and a flood of unknown names.
