@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from warpolicy.registry.inputs import env_switch
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
@@ -68,7 +69,7 @@ _FAILED = StepState.FAILED
 def _profile_ranges(explicit: Optional[bool]) -> bool:
     if explicit is not None:
         return bool(explicit)
-    return os.environ.get(PROFILE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return env_switch(os.environ, PROFILE_ENV)
 
 
 def _record_function(name: str) -> Any:
@@ -311,7 +312,11 @@ class ReadDoneFence:
 class SchedulerBarrier:
     """The scheduler side: the schedule stream waits on the taken event, or on the whole
     forward stream (coarse) when there is none, when coarse is forced, or when the wait failed.
-    Either way the taken event is no longer awaited afterwards."""
+    Either way the taken event is no longer awaited afterwards.
+
+    ``apply`` is chosen once, at construction: the barrier itself, or, with profiler ranges
+    on, the same inside a ``warpolicy.barrier`` range.
+    """
 
     def __init__(
         self,
@@ -328,8 +333,12 @@ class SchedulerBarrier:
         self._observers = observers
         self._wait_event = platform.wait_event  # the platform's own bound calls
         self._wait_stream = platform.wait_stream
+        self.force_coarse = force_coarse
         self._ranges = _profile_ranges(profile_ranges)
-        self.force_coarse = force_coarse  # also sets _slow (forced or ranged: off the fast path)
+        #: ``apply(schedule_stream, forward_stream, read_done) -> "event" | "coarse"``
+        self.apply: Callable[[StreamHandle, StreamHandle, Optional[ReadDone]], str] = (
+            self._ranged if self._ranges else self._barrier
+        )
 
     @property
     def force_coarse(self) -> bool:
@@ -339,9 +348,8 @@ class SchedulerBarrier:
     @force_coarse.setter
     def force_coarse(self, value: bool) -> None:
         self._force_coarse = bool(value)
-        self._slow = self._force_coarse or self._ranges
 
-    def apply(
+    def _barrier(
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
@@ -349,26 +357,32 @@ class SchedulerBarrier:
     ) -> str:
         """Order ``schedule_stream`` after the forward's shared reads; returns ``"event"`` or
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
-        if read_done is not None and not self._slow:  # the common case
-            try:
-                self._wait_event(schedule_stream, read_done.event)
-            except Exception as exc:  # noqa: BLE001
-                return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
-            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
-                self._interrupted(schedule_stream, forward_stream, read_done)
-                raise
-            read_done.slot.taken = False
-            if self._observers.on_barrier:
-                self.reporter.barrier(
-                    read_done.source, read_done.slot.step, "event", read_done.policy.label
-                )
-            return "event"
-        if self._ranges:
-            with _record_function("warpolicy.barrier"):
-                return self._order(schedule_stream, forward_stream, read_done)
-        return self._order(schedule_stream, forward_stream, read_done)
+        if read_done is None or self._force_coarse:
+            return self._coarse_barrier(schedule_stream, forward_stream, read_done)
+        try:
+            self._wait_event(schedule_stream, read_done.event)
+        except Exception as exc:  # noqa: BLE001
+            return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+        except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+            self._interrupted(schedule_stream, forward_stream, read_done)
+            raise
+        read_done.slot.taken = False
+        if self._observers.on_barrier:
+            self.reporter.barrier(
+                read_done.source, read_done.slot.step, "event", read_done.policy.label
+            )
+        return "event"
 
-    def _order(
+    def _ranged(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        read_done: Optional[ReadDone],
+    ) -> str:
+        with _record_function("warpolicy.barrier"):
+            return self._barrier(schedule_stream, forward_stream, read_done)
+
+    def _coarse_barrier(
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
@@ -376,19 +390,6 @@ class SchedulerBarrier:
     ) -> str:
         # Every failure applies the safe (coarse) barrier *before* it is reported, so a warning
         # turned into an exception (``-W error``) can never leave the schedule stream unordered.
-        if read_done is not None and not self._force_coarse:
-            try:
-                self._wait_event(schedule_stream, read_done.event)
-            except Exception as exc:  # noqa: BLE001
-                return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
-            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
-                self._interrupted(schedule_stream, forward_stream, read_done)
-                raise
-            read_done.slot.taken = False
-            self.reporter.barrier(
-                read_done.source, read_done.slot.step, "event", read_done.policy.label
-            )
-            return "event"
         self._coarse(schedule_stream, forward_stream)
         if read_done is None:
             self.reporter.barrier(self.name, None, "coarse", "no read-done event")
