@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warpolicy.bench.command import render
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
@@ -590,10 +591,10 @@ def test_fence_bench_runs_on_the_simulated_platform():
         assert set(rows) == {"post_replay", "in_graph"}
         for row in rows.values():
             assert row["hooks_us_median"] > 0 and row["raw_us_median"] > 0 and row["ratio"] > 0
-    text = format_fence_bench(result, "text")
+    text = format_fence_bench(result)
     assert "overhead per step (in_graph)" in text and "indicative only" in text
     assert "fence's own cost per step (in_graph, C-builtin stand-in platform)" in text
-    assert json.loads(format_fence_bench(result, "json"))["iters"] == 20
+    assert json.loads(render(result, "json", format_fence_bench))["iters"] == 20
 
 
 def test_fence_bench_without_cuda_is_a_one_line_error():
