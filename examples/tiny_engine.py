@@ -27,25 +27,25 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
-from warpolicy.runtime.policy import fixed_policy
-from warpolicy.testing.tiny_model import (
-    TinyConfig,
-    TinyPagedModel,
-    TinyState,
-    TinyWeights,
-    TokenBatch,
-)
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers
 from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     GraphRunner,
     OverlapLoop,
     PrefillRunner,
     VerifyRunner,
+)
+from warpolicy.testing.tiny_model import (
+    TinyConfig,
+    TinyPagedModel,
+    TinyState,
+    TinyWeights,
+    TokenBatch,
 )
 
 # A small config with buckets that leave room for eager fallback in every mode.

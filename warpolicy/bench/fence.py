@@ -7,8 +7,9 @@ Measured side by side in one process:
   host waits first for the taken in-graph event, then for the whole replay; we report the
   medians and ``ratio = release / whole``.
 * **overhead**: host time per step of ``fence.before_replay + after_replay + take +
-  barrier.apply`` against the raw calls that do the same device work (``event.record(stream)``
-  + ``stream.wait_event(event)`` on torch; the simulated platform's own methods on ``sim``),
+  barrier.apply`` (the step token passed: one owner check per step) against the raw calls
+  that do the same device work (``event.record(stream)`` + ``stream.wait_event(event)`` on
+  torch; the simulated platform's own methods on ``sim``),
   for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait), with no observer
   plugin and with one no-op observer registered (called directly, as the runtime calls every
   observer: `warpolicy.runtime.observers`).
@@ -174,9 +175,9 @@ def _overhead(
         )
 
         def run() -> None:  # the forward stream is passed, as the raw path does
-            before(release, fwd)
-            after(release, fwd)
-            apply(sched, fwd, take())
+            step = before(release, fwd)  # the owner check, once per step
+            after(release, fwd, step)
+            apply(sched, fwd, take(step))
 
         return run
 
@@ -287,10 +288,10 @@ def _release(
     for i in range(replays + 3):
         platform.synchronize()
         t0 = time.perf_counter_ns()
-        fence.before_replay(release)
+        step = fence.before_replay(release)
         platform.replay(graph)
-        fence.after_replay(release)
-        read_done = fence.take()
+        fence.after_replay(release, step=step)
+        read_done = fence.take(step)
         if read_done is None:
             return {"skipped": "the in-graph publish failed (see the warning)"}, graph
         read_done.event.synchronize()

@@ -184,6 +184,9 @@ class GraphRunner:
         # waits for them first (so the scheduler's barrier on that step covers them)
         self._unsettled: tuple[StreamHandle, ...] = ()
         self._step_index = 0
+        self._fence_step = (
+            0  # the token of the fence's current step (`ReadDoneFence.before_replay`)
+        )
         self.last_step: Optional[StepInfo] = None
         # the WAR canary: buckets it demoted (None: the eager path), re-applied after a capture
         self._demoted: dict[Optional[int], str] = {}
@@ -579,15 +582,15 @@ class GraphRunner:
         """Whether the fence began the step: False when it raised (reported; the mailbox is
         empty and the step must publish nothing)."""
         try:
-            self.fence.before_replay(release)
+            self._fence_step = self.fence.before_replay(release)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
             self._publish_failed(exc)
             return False
         return True
 
     def _after_replay(self, release: BucketRelease) -> WarReadDonePolicy:
-        try:
-            self.fence.after_replay(release)
+        try:  # the step's token: the fence checked the owner thread in before_replay
+            self.fence.after_replay(release, step=self._fence_step)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
             return self._publish_failed(exc)
         return self.fence.published
