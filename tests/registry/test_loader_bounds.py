@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from warpolicy.bench.loader_cost import (
+from warpolicy.bench.decide import (
     alias_fanout,
     format_load_cost,
     measure_load,
