@@ -48,7 +48,7 @@ backends:
 
 
 def engine(environ=None, files=None) -> PolicyEngine:
-    return PolicyEngine.load(files, plugins=False, environ=dict(environ or {}))
+    return PolicyEngine.load(files, environ=dict(environ or {}))
 
 
 def fingerprint(environ=None, files=None, **facts) -> PolicyFingerprint:

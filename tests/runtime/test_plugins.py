@@ -379,7 +379,8 @@ def test_bad_fragment_results_name_the_plugin(warpolicy_pm, warpolicy_register, 
 
 
 def test_plugin_backend_becomes_queryable(warpolicy_pm, warpolicy_register):
-    from warpolicy.registry.engine import Context, PolicyEngine
+    from warpolicy.registry.decision import Context
+    from warpolicy.registry.engine import PolicyEngine
     from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 
     warpolicy_register(contributes(BACKEND_YAML.format(name="plugin_attn")), "onboard")

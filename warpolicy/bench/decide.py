@@ -212,7 +212,7 @@ def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     """Engine lookup vs anchor if-chain on the default registry (backend fa3, spec none), and
     the per-batch lookup with facts (`per_batch_runs`), every run interleaved with the others;
     ratios are medians of per-pass ratios."""
-    engine = PolicyEngine.load(files=None, plugins=False, environ={})
+    engine = PolicyEngine.load(environ={})
     compiled = engine.compile("fa3", "none", strict=True)
     lookup = compiled.per_step(eager=False, planted=True)  # resolved once, as a runner does
     anchor = AnchorRunner("none")

@@ -43,25 +43,14 @@ import attrs
 
 from warpolicy.errors import InputError, WarpolicyError
 from warpolicy.registry.compiled import BatchRule, CompiledPolicy
-from warpolicy.registry.decision import (  # noqa: F401 - the records are re-exported
-    AFTER_PREFIX,
-    BUILT_IN,
-    DECLARED_ID,
+from warpolicy.registry.decision import (
     FORCE_COARSE,
-    FORCE_COARSE_ID,
     IMPLICIT_SPEC,
-    ROUTE_PREFIX,
-    SOUND_DEMOTION_ID,
     BatchCase,
     Context,
     Decision,
-    Declaration,
-    Declared,
     Explanation,
-    FactValue,
     FlagValue,
-    GateCheck,
-    Reason,
 )
 from warpolicy.registry.evaluation import Evaluation
 from warpolicy.registry.facts import (
@@ -89,21 +78,7 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 
-__all__ = [
-    "BatchCase",
-    "BatchRule",
-    "CompiledPolicy",
-    "Context",
-    "Declaration",
-    "Decision",
-    "Explanation",
-    "FactValue",
-    "FlagValue",
-    "GateCheck",
-    "PolicyEngine",
-    "Reason",
-    "parse_bool",
-]
+__all__ = ["MAX_FACT_CASES", "PolicyEngine", "layer_label"]
 
 #: The most combinations of fact classes one cell enumerates; a cell that reads more facts than
 #: that ignores them (its policy for a batch that reports none, the later one) plus a warning.
@@ -157,7 +132,6 @@ class PolicyEngine:
         fragments: Sequence[Fragment] = (),
         blame: Optional[Blame] = None,
         environ: Optional[Mapping[str, str]] = None,
-        plugins: bool = False,
     ) -> PolicyEngine:
         """Build an engine from registry files (``files``, else ``WARPOLICY_CAPABILITIES``, else
         the packaged default) plus plugin ``fragments`` the caller collected, e.g.::
@@ -166,14 +140,9 @@ class PolicyEngine:
             PolicyEngine.load(files, fragments=collect_fragments(pm),
                               blame=functools.partial(blame_plugins, pm))
 
-        Raises `RegistryError` (every problem) or `UnreadableSourceError`. ``plugins=True`` is
-        refused: the engine does not reach for a plugin manager itself.
+        Raises `RegistryError` (every problem) or `UnreadableSourceError`. The engine never
+        reaches for a plugin manager itself: plugins' fragments come from the caller.
         """
-        if plugins:
-            raise InputError(
-                "PolicyEngine.load takes plugin fragments from its caller: pass "
-                "fragments=warpolicy.runtime.manager.collect_fragments(pm)"
-            )
         env = os.environ if environ is None else environ
         assembly = assemble_registry(files, fragments, blame=blame, environ=env)
         return cls(assembly.checked(), environ=env, layers=list(assembly.layers))
