@@ -527,6 +527,7 @@ def _measure(args: argparse.Namespace) -> Optional[Report]:
 #: ``warpolicy bench overlap --tp N``.
 VARIANT = Variant(
     selector="--tp",
+    title="tensor parallel",
     options=(
         option(
             "--tp",
