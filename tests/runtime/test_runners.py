@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, PrefillRunner, VerifyRunner, sound
 from warpolicy.testing import RecModel, sim_impl, sim_platform, sim_runtime
 
@@ -417,7 +417,7 @@ def test_observers_see_each_resolved_decision_with_its_reasons():
 
     rt = sim_runtime()
     rt.pm.register(Observer())
-    compiled = PolicyEngine.load(plugins=False, environ={}).compile("fa3")
+    compiled = PolicyEngine.load(environ={}).compile("fa3")
     runner, _, _ = make(rt.platform, compiled, buckets=(1, 2), observers=rt.observers)
     runner.capture()  # each bucket's decision and the eager one
     runner.policy_for(None)
