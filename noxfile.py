@@ -13,8 +13,9 @@ Sessions (``nox -l`` lists them; docs/development.md says what each covers):
   ``torch`` to a multi-GB CUDA build.
 * ``pluggy(oldest)``, ``pluggy(newest)`` (3.11, with torch): the plugin, observer, hook and
   fault-matrix tests, and the metrics plugin's own tests, under the oldest pluggy
-  ``pyproject.toml`` allows (with the newest pytest that runs on it) and the newest one; observers and platform claims are called exactly as the
-  installed pluggy calls them, and pluggy's versions differ in how they pass arguments.
+  ``pyproject.toml`` allows (with the newest pytest that runs on it) and the newest one;
+  observers and platform claims are called exactly as the installed pluggy calls them, and
+  pluggy's versions differ in how they pass arguments.
 
 ``.ci/run`` runs the suite with torch and the newest pluggy in its own venv first, so it asks
 nox for the other sessions only (``nox -s tests-3.10 tests-3.12 tests-3.13 "pluggy(oldest)"``).
