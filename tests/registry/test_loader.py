@@ -364,8 +364,8 @@ def test_unknown_keys_name_close_matches(text, expected):
         ),
         (
             "version: 1\nbackends: {a: {reads_end: {decode: 1}}}\n",
-            "backends.a.reads_end.decode: expected a policy (pre_replay, in_graph, post_replay, none), "
-            "got the integer 1",
+            "backends.a.reads_end.decode: expected a read end (nothing, pre_replay, in_graph, "
+            "post_replay, none), got the integer 1",
         ),
         (
             "version: 1\nbackends: {a: {latest_of: b}}\n",
