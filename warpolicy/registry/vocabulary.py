@@ -136,6 +136,17 @@ _MODE_ALIASES.update(
     }
 )
 
+#: The operator's kill switch (`warpolicy.registry.decision.FORCE_COARSE`) and its built-in
+#: environment names: set true, every decision is ``none``. No registry, layer or plugin can
+#: switch it off or invert these names (the loader refuses ``{not: NAME}`` for them).
+FORCE_COARSE_NAME = "force_coarse"
+FORCE_COARSE_ENV = ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER")
+
+#: The action fact a staged draft extend reports on its target verify: once it succeeded (and
+#: verify published), the step's speculative runtime skips the draft extend (its shared reads
+#: were copied into draft-owned buffers before verify) and releases at verify's event.
+DRAFT_EXTEND_STAGED = "draft_extend_staged"
+
 #: The modes a table covers by default: the ones where any backend can publish early.
 TABLE_MODES: tuple[ForwardMode, ...] = (
     ForwardMode.DECODE,

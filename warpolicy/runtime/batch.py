@@ -36,7 +36,8 @@ from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
 import attrs
 
-from warpolicy.registry.vocabulary import (
+from warpolicy.registry.vocabulary import (  # noqa: F401 - DRAFT_EXTEND_STAGED re-exported
+    DRAFT_EXTEND_STAGED,
     IN_GRAPH,
     NONE,
     POST_REPLAY,
@@ -48,9 +49,6 @@ from warpolicy.runtime.release import BucketRelease, ModePolicies, policy_answer
 
 #: The fact a runner reports itself: the query tokens the forward sees.
 NUM_QO_TOKENS = "num_qo_tokens"
-#: The action after which target verify is a speculative step's last shared reader (the draft
-#: extend reads staged, draft-owned copies): `SpecStep` then hands verify's event.
-DRAFT_EXTEND_STAGED = "draft_extend_staged"
 
 
 class FactRule(Protocol):
