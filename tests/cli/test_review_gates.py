@@ -134,8 +134,7 @@ def test_diff_fails_on_a_later_only_gate_that_reads_the_staging_action(capsys, t
     old.write_text(STAGED)
     new = tmp_path / "new.yaml"
     new.write_text(
-        STAGED
-        + "gates:\n  - id: unstaged-verify-late\n    when:\n      mode: target_verify\n"
+        STAGED + "gates:\n  - id: unstaged-verify-late\n    when:\n      mode: target_verify\n"
         "      facts: {draft_extend_staged: false}\n    at_least: post_replay\n"
         "    because: x\n"
     )

@@ -1118,10 +1118,15 @@ gates: %s
 def step_cells(old_text: str, new_text: str, spec: str) -> set[tuple[str, str, str, str]]:
     old, new = engines(old_text, new_text)
     found = diff_engines(old, new, cell_space([old.registry, new.registry]))
-    return {(c.old, c.new, c.change, c.when) for c in found.cells if (c.mode, c.spec) == (
-        "step",
-        spec,
-    )}
+    return {
+        (c.old, c.new, c.change, c.when)
+        for c in found.cells
+        if (c.mode, c.spec)
+        == (
+            "step",
+            spec,
+        )
+    }
 
 
 def test_a_draft_extend_that_stops_reading_nothing_is_a_later_step():
@@ -1134,8 +1139,12 @@ def test_a_draft_extend_that_stops_reading_nothing_is_a_later_step():
 
 
 def test_a_gate_that_makes_the_draft_extend_read_moves_the_step_later():
-    gate_text = "[{id: g, when: {mode: draft_extend, flags: {f: true}}, at_least: post_replay, because: x}]"
-    cells = step_cells(STEP_REGISTRY % ("nothing", "[]"), STEP_REGISTRY % ("nothing", gate_text), "tv")
+    gate_text = (
+        "[{id: g, when: {mode: draft_extend, flags: {f: true}}, at_least: post_replay, because: x}]"
+    )
+    cells = step_cells(
+        STEP_REGISTRY % ("nothing", "[]"), STEP_REGISTRY % ("nothing", gate_text), "tv"
+    )
     assert cells == {
         ("in_graph at target_verify", "post_replay at draft_extend", "later", "f=true")
     }

@@ -843,9 +843,7 @@ def test_nothing_is_a_read_end_never_a_gates_at_least():
     )
     registry = load_registry([Fragment("ok", ok)])
     assert registry.backend("b").reads_end[ForwardMode.DRAFT_EXTEND] is WarReadDonePolicy.NOTHING
-    msgs = messages(
-        "version: 1\ngates:\n  - {id: g, at_least: nothing, because: x}\n"
-    )
+    msgs = messages("version: 1\ngates:\n  - {id: g, at_least: nothing, because: x}\n")
     assert any(
         m.startswith("f0.yaml:3:") and "gates[0].at_least: 'nothing' is a read end" in m
         for m in msgs

@@ -78,7 +78,7 @@ def test_none_or_any_release_point_in_some_fact_set_is_a_reader(other):
     set says the mode reads no shared state."""
     for eager_answer in (other, P.NOTHING):
         policies = resolve_policies(
-            lambda mode, eager, planted: eager_answer if eager else other, DECODE
+            lambda mode, eager, planted, e=eager_answer: e if eager else other, DECODE
         )
         assert policies.reads_shared_state and not policies.reads_nothing
     assert resolve_policies(lambda *a: other, DECODE).reads_shared_state

@@ -657,9 +657,7 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
         value = FlagValue(FORCE_COARSE.name, True, f"default at {declared.origin}")
     # the built-in names are never inverted, whatever a layer or plugin declares (the loader
     # refuses that too; this holds for a registry built without it)
-    inverted = (declared.inverted if declared is not None else frozenset()) - set(
-        FORCE_COARSE.env
-    )
+    inverted = (declared.inverted if declared is not None else frozenset()) - set(FORCE_COARSE.env)
     for var in names:
         raw = environ.get(var, "")
         if not raw.strip():

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
 import attrs
 
-from warpolicy.registry.vocabulary import (  # noqa: F401 - DRAFT_EXTEND_STAGED re-exported
+from warpolicy.registry.vocabulary import (
     DRAFT_EXTEND_STAGED,
     IN_GRAPH,
     NONE,
