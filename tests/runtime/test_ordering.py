@@ -72,9 +72,7 @@ def test_either_every_wait_is_enqueued_or_the_host_waited(script):
     """Whatever fails, in any order, at most two faults: the waiter ends up ordered (every wait
     done) or a host synchronize completed, before anything propagates."""
     faults = [
-        None
-        if f is None
-        else (RuntimeError("x") if f == "error" else KeyboardInterrupt())
+        None if f is None else (RuntimeError("x") if f == "error" else KeyboardInterrupt())
         for f in script
     ]
     if sum(f is not None for f in faults) > 2:

@@ -536,14 +536,19 @@ def test_a_warm_up_that_raises_is_joined_before_anything_after_it(fault):
     platform = sim_platform()
     impl = sim_impl(platform)
     main = platform.current_stream()
-    with pytest.raises(fault):
+    reads = []
+
+    def engine_warm_up():
         with warm_up(platform) as side:
             assert platform.current_stream() is side and side is not main
-            read = impl.mark("warm-up read of a shared buffer")
+            reads.append(impl.mark("warm-up read of a shared buffer"))
             raise fault("the warm-up failed")
+
+    with pytest.raises(fault):
+        engine_warm_up()
     assert platform.current_stream() is main
     after = impl.mark("the coarse barrier's view: the current stream")
-    assert impl.happens_before(read, after)
+    assert impl.happens_before(reads[0], after)
     assert impl.log[-1] == ("synchronize",)
 
 
@@ -556,12 +561,17 @@ def test_without_the_helper_the_failed_warm_up_is_unordered():
     impl = sim_impl(platform)
     main, side = platform.current_stream(), platform.new_stream()
     platform.wait_stream(side, main)
-    with pytest.raises(RuntimeError):
+    reads = []
+
+    def engine_warm_up():
         with platform.stream(side):
-            read = impl.mark("warm-up read")
+            reads.append(impl.mark("warm-up read"))
             raise RuntimeError("the warm-up failed")
         platform.wait_stream(main, side)  # never reached
-    assert not impl.happens_before(read, impl.mark("after"))
+
+    with pytest.raises(RuntimeError):
+        engine_warm_up()
+    assert not impl.happens_before(reads[0], impl.mark("after"))
 
 
 def test_a_second_interrupt_in_the_warm_up_join_still_waits():
@@ -579,10 +589,14 @@ def test_a_second_interrupt_in_the_warm_up_join_still_waits():
         real(stream, other)
 
     platform.wait_stream = interrupted  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt, match="second"):
+
+    def engine_warm_up():
         with warm_up(platform):
             impl.mark("warm-up read")
             raise RuntimeError("first")
+
+    with pytest.raises(KeyboardInterrupt, match="second"):
+        engine_warm_up()
     assert ("synchronize",) in impl.log[-2:]
 
 
@@ -612,9 +626,14 @@ def test_capturing_waits_before_and_after_on_any_exit(fault):
         with capturing(platform):
             impl.log.append(("body",))
     else:
-        with pytest.raises(fault), capturing(platform):
-            impl.log.append(("body",))
-            raise fault("capture failed")
+
+        def engine_capture():
+            with capturing(platform):
+                impl.log.append(("body",))
+                raise fault("capture failed")
+
+        with pytest.raises(fault):
+            engine_capture()
     assert impl.log[start:] == [("synchronize",), ("body",), ("synchronize",)]
 
 
