@@ -651,3 +651,16 @@ def test_eager_release_before_any_capture_and_shutdown():
     fence.after_replay(release)
     shutdown(platform, fence)
     assert impl.log[-1] == ("synchronize",) and fence.take() is None
+
+
+def test_the_guides_warm_up_runs_as_written_on_sim():
+    """docs/integrating.md's warm-up block (the one on the simulated platform) runs as written."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "integrating.md").read_text()
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if 'open_runtime("sim")' in b
+    ]
+    assert "warm_up(rt.platform)" in block and "capturing(rt.platform)" in block
+    exec(compile(block, "docs/integrating.md", "exec"), {"__name__": "guide"})
