@@ -389,7 +389,7 @@ def test_a_second_interrupt_in_the_fallback_keeps_the_next_steps_ordered(policy)
             raise KeyboardInterrupt("a second interrupt in the fallback")
         real_wait(stream, other)
 
-    platform.wait_stream = second_fault  # type: ignore[method-assign]
+    platform.wait_stream = second_fault
     reads, writes = [], []  # (step, mark)
     for k in range(6):
         start = len(model.reads)

@@ -588,7 +588,7 @@ def test_a_second_interrupt_in_the_warm_up_join_still_waits():
             raise KeyboardInterrupt("second")
         real(stream, other)
 
-    platform.wait_stream = interrupted  # type: ignore[method-assign]
+    platform.wait_stream = interrupted
 
     def engine_warm_up():
         with warm_up(platform):

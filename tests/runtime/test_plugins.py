@@ -462,9 +462,7 @@ class _FailingEntryPoint:
 @pytest.mark.parametrize(
     "error", [GeneratorExit("gen"), _PluginBaseException("custom"), SystemExit(3)]
 )
-def test_a_plugin_raising_a_base_exception_at_import_is_one_line_exit_2(
-    monkeypatch, capsys, error
-):
+def test_a_plugin_raising_a_base_exception_at_import_is_one_line_exit_2(monkeypatch, capsys, error):
     """Issue 26 finding 9: 0.3.0 let GeneratorExit or a custom BaseException out of the import
     (a traceback, exit 1); now it is a broken plugin: one line naming it, exit 2."""
     from warpolicy.cli.main import ExitCode, main

@@ -136,6 +136,7 @@ _MODE_ALIASES.update(
     }
 )
 
+
 def platform_key(name: str) -> str:
     """How a platform name is compared everywhere (a gate's ``platform:``, a context, the
     CLI's ``--platform``): case-folded, so ``CUDA`` in a registry is ``cuda`` at runtime."""
