@@ -553,7 +553,7 @@ def diff_engines(
     specs are evaluated per kind (None: all); the rest are counted in `Diff.unlisted`.
     ``prune_gates``: when only global gates differ, evaluate only the columns and settings
     where a changed gate can match (the rest decide alike); False evaluates every one (the
-    baseline ``tests/registry/diff_scale.py`` times it against).
+    baseline ``python -m warpolicy.bench.diff_scale`` times it against).
     """
     a, b = _Side(old), _Side(new)
     ra, rb = old.registry, new.registry

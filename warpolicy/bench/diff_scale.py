@@ -3,7 +3,7 @@ platform, one gate changed. Times `diff_engines` as the review gates run it agai
 diff evaluating every setting (``prune_gates=False``), side by side in one process, and checks
 both find the same cells. Prints; asserts nothing about time.
 
-    PYTHONPATH=. python tests/registry/diff_scale.py [BACKENDS] [GATES]
+    python -m warpolicy.bench.diff_scale [BACKENDS] [GATES]
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def registry(backends: int, gates: int, changed: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> None:
-    backends, gates = (int(argv[0]), int(argv[1])) if len(argv) == 2 else (1000, 100)
+def run(backends: int = 1000, gates: int = 100) -> str:
+    """The line the benchmark prints (both timings, their ratio, whether the cells agree)."""
     old = PolicyEngine(load_registry([Fragment("old", registry(backends, gates, False))]), {})
     new = PolicyEngine(load_registry([Fragment("new", registry(backends, gates, True))]), {})
     space = cell_space([old.registry, new.registry])
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
         timings[prune] = time.perf_counter() - start
         found[prune] = sorted((c.backend, c.mode, c.spec, c.change) for c in diff.cells)
     same = "same cells" if found[True] == found[False] else "DIFFERENT CELLS"
-    print(
+    return (
         f"diff of {backends} backends x {gates} gates, one gate changed: every setting "
         f"{timings[False]:.2f} s, changed gates only {timings[True]:.2f} s "
         f"({timings[False] / max(timings[True], 1e-9):.0f}x), {len(found[True])} cells, {same}"
@@ -55,4 +55,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sizes = [int(a) for a in sys.argv[1:3]]
+    print(run(*sizes))
