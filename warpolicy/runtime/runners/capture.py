@@ -25,7 +25,7 @@ reader, no reader found, no external events) gives it the unplanted policy. Both
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import attrs
 
@@ -44,7 +44,13 @@ from warpolicy.runtime.owned_capture import (
 )
 from warpolicy.runtime.platforms import Platform, PoolHandle, StreamHandle
 from warpolicy.runtime.policy import RunnerPolicy
-from warpolicy.runtime.release import BucketRelease, ModePolicies
+from warpolicy.runtime.release import (
+    BucketFacts,
+    BucketRelease,
+    ModePolicies,
+    decide_classes,
+    with_classes,
+)
 from warpolicy.runtime.runners.protocols import CapturedBucket, ModelAdapter
 
 
@@ -76,8 +82,11 @@ class CaptureTransaction:
         keep_graphs: bool,
         outputs: dict[int, Any],
         plans: CellPlans = NO_PLANS,
+        class_policies: Optional[Mapping[str, ModePolicies]] = None,
     ) -> None:
         self.name = name
+        #: per buffer class, its policies: each bucket publishes one read-done per class
+        self.class_policies = dict(class_policies or {})
         self.platform = platform
         self.model = model
         self.fence = fence
@@ -117,7 +126,12 @@ class CaptureTransaction:
         finally:
             p.synchronize()  # what the captures enqueued (and the warm-up) is done
             self.unsettled = ()
-        return CaptureResult(captured, reports, capture.eager())
+        eager = capture.eager()
+        if self.class_policies:
+            eager = with_classes(
+                eager, decide_classes(self.class_policies, BucketFacts(None), self.name)
+            )
+        return CaptureResult(captured, reports, eager)
 
     def _warm_up(self) -> None:
         """One eager pass per bucket on a side stream (cuBLAS, the allocator), as torch asks.
@@ -161,8 +175,12 @@ class CaptureTransaction:
         graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
+        release = outcome.release
+        if self.class_policies:  # the same verified facts decide every class
+            classes = decide_classes(self.class_policies, outcome.facts, self.name)
+            release = with_classes(release, classes)
         captured = CapturedBucket(
-            bucket, graph, outcome.release, recorded=outcome.recorded, batch=outcome.batch
+            bucket, graph, release, recorded=outcome.recorded, batch=outcome.batch
         )
         return captured, outcome.report
 

@@ -146,6 +146,15 @@ class Mailbox(Protocol):
 
 
 @runtime_checkable
+class ClassMailbox(Protocol):
+    """A mailbox that also hands out one read-done per buffer class (`ReadDoneFence`)."""
+
+    def take_class(self, buffer_class: str) -> Optional[ReadDone]:
+        """This step's read-done of ``buffer_class`` once, then None (None: coarse)."""
+        ...
+
+
+@runtime_checkable
 class CanaryHost(Protocol):
     """A runner that can carry the WAR canary (`GraphRunner`, `SpecStep`): the overlap loop
     runs its check after the scheduler's writes, and measures release leads with its canary."""
