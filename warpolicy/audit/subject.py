@@ -59,6 +59,11 @@ class AuditSubject:
     post_step: Optional[PostStep] = None
     poison: Mapping[str, PoisonOverride] = attrs.field(factory=dict)
     extra_outputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_names)
+    #: per mode declared per buffer class (``declared`` is then their latest): the overlap
+    #: benchmark's per-class rows (`warpolicy.bench.overlap_classes`)
+    declared_classes: Mapping[ForwardMode, Mapping[str, WarReadDonePolicy]] = attrs.field(
+        factory=dict, converter=_modes
+    )
 
 
 def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:

@@ -25,7 +25,7 @@ Torch ops only (runs on CUDA, and on CPU under the simulated platform for tests)
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import attrs
 import torch
@@ -33,6 +33,7 @@ import torch
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.release import class_policy_fns
 from warpolicy.runtime.runners import DecodeRunner
 
 DECODE = ForwardMode.DECODE
@@ -221,6 +222,10 @@ class HybridDecode:
         else:
             raise ValueError(f"the hybrid decode writes no {buffer_class!r}")
 
+    def batch_of(self, step: int) -> torch.Tensor:
+        """The batch of ``step``: every request slot (the retired ones hold new requests)."""
+        return self._plan(step)["batch"]
+
     def write_classes(self) -> tuple[str, ...]:
         """The classes the scheduler writes, earliest read end first."""
         return ("metadata", "recurrent_state")
@@ -241,8 +246,6 @@ def subject(
 ) -> AuditSubject:
     """The `AuditSubject` of the hybrid decode, its runner deciding ``declared`` per class
     (default `DECLARED_CLASSES`; the cell is the latest class)."""
-    from warpolicy.runtime.release import class_policy_fns  # noqa: PLC0415 - keep imports flat
-
     cfg = config or HybridConfig()
     on_cuda = platform.name == "cuda"
     if not on_cuda and cfg == HybridConfig():
@@ -266,6 +269,7 @@ def subject(
         declared={DECODE: max(classes.values())},
         spec="none",
         extra_outputs=model.extra_outputs,
+        declared_classes={DECODE: classes},
     )
 
 
@@ -279,8 +283,6 @@ def decode_omits_recurrent(platform: Platform) -> AuditSubject:
     says): metadata in_graph only. Unsound: the audit and the canary must catch it."""
     return subject(platform, declared={"metadata": IN_GRAPH}, name="hybrid-decode-omits")
 
-
-WriteClass = Callable[[str, int], None]
 
 __all__ = [
     "BUFFER_CLASSES",

@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import statistics
 import warnings
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from warpolicy.bench.timing import (
     SCHED_KINDS,
@@ -227,10 +227,17 @@ class OverlapBench:
         self.mode = mode
         self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
 
-    def runner(self, policy: Any, name: str, model: Any = None) -> GraphRunner:
+    def runner(
+        self,
+        policy: Any,
+        name: str,
+        model: Any = None,
+        class_policies: Optional[Mapping[str, PolicyFn]] = None,
+    ) -> GraphRunner:
         """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
         policy function such as a consistency-guarded one); the row named ``derived`` plants
-        by the graph walk, every other row by the marker."""
+        by the graph walk, every other row by the marker. ``class_policies``: one read-done
+        per buffer class."""
         policy_fn = fixed(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
         runner = GraphRunner(
@@ -240,6 +247,7 @@ class OverlapBench:
             name=name,
             mode=self.mode,
             placement=placement,
+            class_policies=class_policies,
         )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
@@ -259,8 +267,14 @@ class OverlapBench:
         return outs
 
     def overlapped(
-        self, runner: Any, skip_barrier: bool
+        self,
+        runner: Any,
+        skip_barrier: bool,
+        class_writes: Optional[Callable[[int], Sequence[tuple[str, Callable[[], Any]]]]] = None,
     ) -> tuple[list[Any], dict[str, list[float]]]:
+        """One overlapped run. ``class_writes(k)``: the scheduler's writes for step ``k`` per
+        buffer class, earliest first (each after its own class's barrier; the bookkeeping
+        right after the first class's writes), instead of ``write_step`` after one barrier."""
         p, plan = self.platform, self.plan
         plan.reset()
         plan.write_step(0)
@@ -269,6 +283,18 @@ class OverlapBench:
         loop = OverlapLoop(runner, p, probe=probe, unsafe_skip_barrier=skip_barrier)
         outs = []
         for k in range(self.steps):
+            if class_writes is not None:
+                writes = list(class_writes(k + 1)) if k + 1 < self.steps else []
+                first = writes[0] if writes else ("", lambda: None)
+
+                def first_and_bookkeeping(write: Callable[[], Any] = first[1]) -> None:
+                    write()
+                    self.bookkeeping()
+
+                writes[:1] = [(first[0] or "metadata", first_and_bookkeeping)]
+                out = loop.step(plan.batch(k), None, class_writes=writes)
+                outs.append(snapshot(out))
+                continue
 
             def write_next(k: int = k) -> None:
                 if k + 1 < self.steps:

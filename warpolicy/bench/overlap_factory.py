@@ -33,7 +33,8 @@ from typing import Any, Callable, Optional, Sequence
 from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.bench.overlap import VARIANTS as OVERLAP_VARIANTS
-from warpolicy.bench.overlap import OverlapBench, format_measurement, write_trace
+from warpolicy.bench.overlap import OverlapBench, format_measurement, gap_closed, write_trace
+from warpolicy.bench.overlap_classes import ClassScheduled, class_targets, measure_classes
 from warpolicy.bench.timing import (
     SCHED_KINDS,
     CudaProbe,
@@ -81,6 +82,15 @@ class SubjectSchedule:
 
     def write_step(self, step: int) -> None:
         self._batches[step] = self.subject.make_batch(self.mode, step)
+
+    def write_class(self, step: int, buffer_class: str) -> None:
+        """The writes of one buffer class for ``step`` (a `ClassScheduled` model's); the batch
+        of ``step`` is known once its first class is written."""
+        model = self.subject.model
+        if not isinstance(model, ClassScheduled):
+            raise InputError(f"subject {self.subject.name!r}: its model writes no class")
+        model.write_class(buffer_class, step)
+        self._batches[step] = model.batch_of(step)
 
     def batch(self, step: int) -> Any:
         return self._batches[step]
@@ -208,6 +218,11 @@ def _measure(
     )
     ideal = bench.ideal_us()
     rows, traces, captures = bench.measure(VARIANTS, repeats)
+    declared = subject.declared_classes.get(mode, {})
+    if declared and isinstance(subject.model, ClassScheduled):
+        tokens = rows[0].get("tokens_per_step") if rows else None
+        rows += measure_classes(bench, schedule, subject.model, declared, repeats, tokens)
+        gap_closed(rows)
     writes_shared = schedule.writes_shared()  # after the last run's steps (the device is idle)
     by = {r["name"]: r for r in rows}
     for name in ("in_graph", "derived"):
@@ -227,7 +242,7 @@ def _measure(
         "ideal_release_us": ideal,
         "rows": rows,
         "capture": captures,
-        "targets": targets(rows),
+        "targets": {**targets(rows), **class_targets(rows)},
         "writes_shared": writes_shared,
         "notes": notes,
     }

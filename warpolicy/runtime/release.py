@@ -238,12 +238,14 @@ def decide_classes(
 
 def with_classes(release: BucketRelease, classes: Mapping[str, BucketRelease]) -> BucketRelease:
     """``release`` publishing ``classes`` too; a class release later than the bucket's (the
-    bucket's must be their latest) makes every class coarse: never an earlier release."""
+    bucket's must be their latest) makes the bucket and every class coarse: never an earlier
+    release."""
     if not classes:
         return release
     if any(c.policy > release.policy for c in classes.values()):
-        coarse = coarse_release(release.source, "a class decided later than its bucket")
-        classes = {name: coarse for name in classes}
+        why = "a buffer class decided later than its bucket: every class coarse"
+        coarse = BucketRelease(release.source, release.bucket, NONE, reason=why)
+        return attrs.evolve(coarse, classes={name: coarse for name in classes})
     return attrs.evolve(release, classes=dict(classes))
 
 

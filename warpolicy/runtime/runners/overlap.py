@@ -126,6 +126,9 @@ class OverlapLoop:
         self._whole_stream = False  # the last record failed: wait for the whole stream
         self.last_read_done: Optional[ReadDone] = None
         self.last_barrier: Optional[str] = None  # "event", "coarse" or "skipped" (unsafe)
+        #: per class of the last step's ``class_writes``: its barrier ("event", "coarse",
+        #: "skipped"), in order
+        self.last_class_barriers: tuple[tuple[str, str], ...] = ()
         self.steps = 0
         # the WAR canary: each runner's check (resolved once per runner), the loop's lead probe
         self._checks: dict[int, tuple[Runner, Optional[Callable[[], None]]]] = {}
@@ -240,13 +243,16 @@ class OverlapLoop:
         ]
         latest = self.last_read_done
         p = self.platform
+        barriers: list[str] = []
         if self.unsafe_skip_barrier:
             for read_done in [latest] + [rd for rd, _ in taken]:
                 if read_done is not None:
                     read_done.slot.taken = False  # nothing will wait on it
             self.last_barrier = "skipped"
+            barriers = ["skipped"] * len(taken)
         else:
             self.last_barrier = self._apply_barrier(fwd, taken[0][0])
+            barriers.append(self.last_barrier)
         if mark is not None and self._lead is not None:
             self._lead_released(self._lead, mark, runner)
         self._mark("released", self.schedule_stream)
@@ -254,7 +260,7 @@ class OverlapLoop:
             try:
                 for i, (read_done, write) in enumerate(taken):
                     if i and not self.unsafe_skip_barrier:
-                        self._apply_barrier(fwd, read_done)
+                        barriers.append(self._apply_barrier(fwd, read_done))
                     write()
                 if not self.unsafe_skip_barrier:
                     self._apply_barrier(fwd, latest)
@@ -264,6 +270,9 @@ class OverlapLoop:
                     check()
             finally:
                 self._record_writes()
+                self.last_class_barriers = tuple(
+                    (name, barrier) for (name, _), barrier in zip(class_writes, barriers)
+                )
         self._mark("written", self.schedule_stream)
         self.steps += 1
         if self._lead is not None and self._lead.wants_poll:
