@@ -64,6 +64,13 @@ class AuditSubject:
     declared_classes: Mapping[ForwardMode, Mapping[str, WarReadDonePolicy]] = attrs.field(
         factory=dict, converter=_modes
     )
+    #: the buffer class of each shared buffer (one not listed: ``metadata``); the per-class
+    #: audit poisons a class's buffers at that class's read-done
+    buffer_classes: Mapping[str, str] = attrs.field(factory=dict, converter=_names)
+
+    def class_of(self, buffer: str) -> str:
+        """The buffer class of shared buffer ``buffer``."""
+        return str(self.buffer_classes.get(buffer, "metadata"))
 
 
 def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:

@@ -270,6 +270,7 @@ def subject(
         spec="none",
         extra_outputs=model.extra_outputs,
         declared_classes={DECODE: classes},
+        buffer_classes=BUFFER_CLASSES,
     )
 
 

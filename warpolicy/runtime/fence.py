@@ -248,14 +248,23 @@ class ReadDoneFence:
             read_done.slot.step = self._step
             self._mailbox = read_done
             self._published = IN_GRAPH
+            if release.classes:
+                self._publish_latest_classes(release)
             if self._observers.on_publish:
                 self.reporter.publish(self.name, self._step, IN_GRAPH, read_done.event)
             return
         self._publish_step(release, stream)
-        if release.classes and self._mailbox is not None:  # the classes of the latest release
-            for name, class_release in release.classes.items():
-                if class_release.policy is release.policy:
-                    self._classes[name] = self._mailbox
+        if release.classes:
+            self._publish_latest_classes(release)
+
+    def _publish_latest_classes(self, release: BucketRelease) -> None:
+        """The classes whose reads end last share the step's own read-done (none if it
+        published nothing)."""
+        if self._mailbox is None:
+            return
+        for name, class_release in release.classes.items():
+            if class_release.policy is release.policy:
+                self._classes[name] = self._mailbox
 
     def _publish_classes(self, release: BucketRelease) -> None:
         """This step's read-done of every class released earlier than the step's latest (its
