@@ -32,6 +32,7 @@ import torch
 
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.release import class_policy_fns
 from warpolicy.runtime.runners import DecodeRunner
@@ -183,6 +184,13 @@ class HybridDecode:
             x = x + torch.relu(x @ self.w_up[layer]) @ self.w_down[layer] * 0.1
         s["out"].copy_(x)
         return s["out"]
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec:
+        """Every shared buffer as the step's inputs (saved before it, put back for the replay,
+        the live contents restored after): the recurrent state too, which both the step and
+        the scheduler write, so only the output is compared (the scheduler's writes of new
+        requests' slots after a sound release must not read as a difference)."""
+        return CanarySpec(inputs=self.shared_buffers)
 
     # -- the scheduler --------------------------------------------------------------------------
 

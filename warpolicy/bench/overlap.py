@@ -621,10 +621,11 @@ def format_overlap(result: dict, fmt: str = "text") -> str:
 def format_measurement(result: dict) -> list[str]:
     """The lines of one measured model: the ideal release, a row per variant, what each capture
     did, the targets (``result``: ``ideal_release_us``, ``rows``, ``capture``, ``targets``)."""
+    width = max([12] + [len(r["name"]) for r in result["rows"]])
     lines = [
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
-        f"{'variant':12s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
+        f"{'variant':{width}s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
         f"{'tokens/s':>10s} {'gap closed':>10s} {'corrupted':>10s}  note",
     ]
     for r in result["rows"]:
@@ -637,8 +638,11 @@ def format_measurement(result: dict) -> list[str]:
             note = f"release - in_graph marker = {r['release_minus_marker_us']:+.1f} us"
         if r["resolved"] != r["policy"]:
             note += f" (capture demoted {r['policy']} to {r['resolved']})"
+        if "classes" in r:  # a per-class row (warpolicy.bench.overlap_classes)
+            declared = ", ".join(f"{c} {p}" for c, p in r["classes"].items())
+            note = f"{r['events']} read-done ({declared}); {note}".rstrip("; ")
         lines.append(
-            f"{r['name']:12s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
+            f"{r['name']:{width}s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
             f"{r['idle_gap_us']:9.1f} {rate:>10s} {gap:>10s} "
             f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
         )
