@@ -34,7 +34,7 @@ from warpolicy.audit.subject import AuditSubject
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.platforms import Platform
-from warpolicy.runtime.release import class_policy_fns
+from warpolicy.runtime.release import ReadDone, class_policy_fns
 from warpolicy.runtime.runners import DecodeRunner
 
 DECODE = ForwardMode.DECODE
@@ -216,8 +216,11 @@ class HybridDecode:
             self._plans[step] = plan
         return plan
 
-    def write_class(self, buffer_class: str, step: int) -> None:
-        """The scheduler's writes of one class for step ``step`` (on the current stream)."""
+    def write_class(
+        self, buffer_class: str, step: int, read_done: Optional[ReadDone] = None
+    ) -> None:
+        """The scheduler's writes of one class for step ``step`` (on the current stream; it
+        frees nothing, so ``read_done`` goes unused)."""
         plan = self._plan(step)
         if step == 0:
             return  # the first batch runs on the state the model was built with

@@ -113,6 +113,10 @@ class PrepOnly(ModelView):
         return None
 
 
+#: ``(step, in_flight) -> [(class, write), ...]``: a step's writes per buffer class
+ClassWrites = Callable[[int, Callable[[], Any]], Sequence[tuple[str, Callable[[], Any]]]]
+
+
 class Schedule(Protocol):
     """The scheduler side of a benchmark: what it writes before each step, on the current
     stream (the schedule stream in the overlapped run), and the step's batch."""
@@ -270,11 +274,12 @@ class OverlapBench:
         self,
         runner: Any,
         skip_barrier: bool,
-        class_writes: Optional[Callable[[int], Sequence[tuple[str, Callable[[], Any]]]]] = None,
+        class_writes: Optional[ClassWrites] = None,
     ) -> tuple[list[Any], dict[str, list[float]]]:
-        """One overlapped run. ``class_writes(k)``: the scheduler's writes for step ``k`` per
-        buffer class, earliest first (each after its own class's barrier; the bookkeeping
-        right after the first class's writes), instead of ``write_step`` after one barrier."""
+        """One overlapped run. ``class_writes(k, in_flight)``: the scheduler's writes for step
+        ``k`` per buffer class, earliest first (each after its own class's barrier; the
+        bookkeeping right after the first class's writes), instead of ``write_step`` after one
+        barrier; ``in_flight()`` is the latest read-done of the step in flight."""
         p, plan = self.platform, self.plan
         plan.reset()
         plan.write_step(0)
@@ -284,7 +289,11 @@ class OverlapBench:
         outs = []
         for k in range(self.steps):
             if class_writes is not None:
-                writes = list(class_writes(k + 1)) if k + 1 < self.steps else []
+                writes = (
+                    list(class_writes(k + 1, lambda: loop.last_read_done))
+                    if k + 1 < self.steps
+                    else []
+                )
                 first = writes[0] if writes else ("", lambda: None)
 
                 def first_and_bookkeeping(write: Callable[[], Any] = first[1]) -> None:

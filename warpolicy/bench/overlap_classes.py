@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime
 
 from warpolicy.bench.overlap import median, same, step_metrics
 from warpolicy.registry.vocabulary import WarReadDonePolicy
-from warpolicy.runtime.release import class_policy_fns
+from warpolicy.runtime.lifetimes import LifetimeStats
+from warpolicy.runtime.release import ReadDone, class_policy_fns
 
 
 @runtime_checkable
@@ -36,13 +37,38 @@ class ClassScheduled(Protocol):
         """The classes the scheduler writes, earliest read end first."""
         ...
 
-    def write_class(self, buffer_class: str, step: int) -> None:
-        """The scheduler's writes of ``buffer_class`` for ``step``, on the current stream."""
+    def write_class(
+        self, buffer_class: str, step: int, read_done: Optional[ReadDone] = None
+    ) -> None:
+        """The scheduler's writes of ``buffer_class`` for ``step``, on the current stream;
+        ``read_done``: the latest read-done of the step in flight (what deferred frees of the
+        resources it reads wait for), None when unknown."""
         ...
 
     def batch_of(self, step: int) -> Any:
         """The batch of ``step`` (after its writes)."""
         ...
+
+
+@runtime_checkable
+class ReportsLifetimes(Protocol):
+    """A model whose scheduler defers frees (`warpolicy.runtime.lifetimes`): what they held."""
+
+    def lifetime_stats(self) -> Mapping[str, LifetimeStats]:
+        """Per kind of resource, what its deferred frees held (now and at most) and did."""
+        ...
+
+
+def lifetime_notes(model: Any) -> list[str]:
+    """One line per kind of deferred free a `ReportsLifetimes` model reports (none else)."""
+    if not isinstance(model, ReportsLifetimes):
+        return []
+    return [
+        f"deferred frees ({kind}): peak {s.peak_items} items of {s.peak_steps} steps held "
+        f"(steps in flight: 2), {s.waits} event waits, {s.coarse} coarse, {s.unknown} held "
+        "to a coarse point"
+        for kind, s in model.lifetime_stats().items()
+    ]
 
 
 #: (row name, per-class policies, one read-done per class, sound)
@@ -79,8 +105,10 @@ def measure_classes(
     rows = []
     order = list(model.write_classes())
 
-    def writes(step: int) -> Sequence[tuple[str, Callable[[], Any]]]:
-        return [(c, _writer(schedule, c, step)) for c in order]
+    def writes(
+        step: int, in_flight: Callable[[], Optional[ReadDone]]
+    ) -> Sequence[tuple[str, Callable[[], Any]]]:
+        return [(c, _writer(schedule, c, step, in_flight)) for c in order]
 
     for name, classes, per_class, is_sound in class_variants(declared):
         cell, per = class_policy_fns(classes)
@@ -111,8 +139,10 @@ def measure_classes(
     return rows
 
 
-def _writer(schedule: Any, buffer_class: str, step: int) -> Callable[[], Any]:
-    return lambda: schedule.write_class(step, buffer_class)
+def _writer(
+    schedule: Any, buffer_class: str, step: int, in_flight: Callable[[], Optional[ReadDone]]
+) -> Callable[[], Any]:
+    return lambda: schedule.write_class(step, buffer_class, in_flight())
 
 
 def class_targets(rows: Sequence[dict]) -> dict[str, bool]:
@@ -133,7 +163,9 @@ def class_targets(rows: Sequence[dict]) -> dict[str, bool]:
 __all__ = [
     "ClassScheduled",
     "ClassVariant",
+    "ReportsLifetimes",
     "class_targets",
     "class_variants",
+    "lifetime_notes",
     "measure_classes",
 ]

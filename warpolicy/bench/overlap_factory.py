@@ -34,7 +34,12 @@ from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.bench.overlap import VARIANTS as OVERLAP_VARIANTS
 from warpolicy.bench.overlap import OverlapBench, format_measurement, gap_closed, write_trace
-from warpolicy.bench.overlap_classes import ClassScheduled, class_targets, measure_classes
+from warpolicy.bench.overlap_classes import (
+    ClassScheduled,
+    class_targets,
+    lifetime_notes,
+    measure_classes,
+)
 from warpolicy.bench.timing import (
     SCHED_KINDS,
     CudaProbe,
@@ -83,13 +88,13 @@ class SubjectSchedule:
     def write_step(self, step: int) -> None:
         self._batches[step] = self.subject.make_batch(self.mode, step)
 
-    def write_class(self, step: int, buffer_class: str) -> None:
-        """The writes of one buffer class for ``step`` (a `ClassScheduled` model's); the batch
-        of ``step`` is known once its first class is written."""
+    def write_class(self, step: int, buffer_class: str, read_done: Any = None) -> None:
+        """The writes of one buffer class for ``step`` (a `ClassScheduled` model's; ``read_done``
+        the step in flight's latest); the batch of ``step`` is known once a class is written."""
         model = self.subject.model
         if not isinstance(model, ClassScheduled):
             raise InputError(f"subject {self.subject.name!r}: its model writes no class")
-        model.write_class(buffer_class, step)
+        model.write_class(buffer_class, step, read_done)
         self._batches[step] = model.batch_of(step)
 
     def batch(self, step: int) -> Any:
@@ -227,7 +232,7 @@ def _measure(
     by = {r["name"]: r for r in rows}
     for name in ("in_graph", "derived"):
         by[name]["release_minus_ideal_us"] = by[name]["hold_us"] - ideal
-    notes = []
+    notes = lifetime_notes(subject.model)
     if not writes_shared:
         notes.append(
             "make_batch wrote no shared buffer: the scheduler's writes race nothing here, so the "

@@ -66,7 +66,8 @@ class LifetimeStats:
 class _Group(Generic[T]):
     step: int
     items: list[T]
-    event: Optional[EventHandle]  # None: unknown, held until settle()
+    event: Optional[EventHandle]  # None: unknown, held until settle() (unless ordered)
+    ordered: bool = False  # the writer is already ordered after the readers
 
 
 class DeferredFrees(Generic[T]):
@@ -90,19 +91,26 @@ class DeferredFrees(Generic[T]):
         self._step = 0
 
     def free(
-        self, items: Iterable[T], read_done: Optional[ReadDone], step: Optional[int] = None
+        self,
+        items: Iterable[T],
+        read_done: Optional[ReadDone],
+        step: Optional[int] = None,
+        *,
+        ordered: bool = False,
     ) -> None:
         """Free ``items``, which the step whose read-done is ``read_done`` (and no later step)
         may still read. ``read_done`` None: unknown (that step published nothing), so the items
-        stay held until `settle`. ``step`` numbers the group (default: one more than the last)."""
+        stay held until `settle`, unless ``ordered``: the scheduler frees them on the stream
+        the readers ran on (or after a host wait), so any later write there is ordered.
+        ``step`` numbers the group (default: one more than the last)."""
         group = list(items)
         self._step = self._step + 1 if step is None else int(step)
         if not group:
             return
         event = read_done.event if read_done is not None else None
-        if event is None:
+        if event is None and not ordered:
             self.stats.unknown += 1
-        self._groups.append(_Group(self._step, group, event))
+        self._groups.append(_Group(self._step, group, event, ordered and event is None))
         self._count()
 
     def reclaim(self, stream: StreamHandle, before_step: Optional[int] = None) -> list[T]:
@@ -118,7 +126,8 @@ class DeferredFrees(Generic[T]):
             while pending:
                 group = pending[0]
                 late = before_step is not None and group.step >= before_step
-                if group.event is not None and not late and self._order(stream, group):
+                usable = not late and (group.ordered or group.event is not None)
+                if usable and (group.ordered or self._order(stream, group)):
                     out.extend(group.items)
                 else:
                     kept.append(group)

@@ -60,7 +60,7 @@ class Ref:
     true_test: bool = False
 
 
-Value = Union[Flag, Fact, SpecAlgorithm, Backend, Gate]
+Value = Union[BufferClass, Flag, Fact, SpecAlgorithm, Backend, Gate]
 
 
 @attrs.frozen

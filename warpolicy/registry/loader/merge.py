@@ -22,6 +22,7 @@ from warpolicy.registry.loader.entries import Entry, Parsed, Ref
 from warpolicy.registry.model import (
     BUILT_IN_CLASSES,
     Backend,
+    BufferClass,
     Fact,
     Flag,
     Gate,
@@ -291,7 +292,11 @@ class Merger:
                 if isinstance(e.value, Backend)
             }
             registry = Registry(
-                buffer_classes={n: e.value for n, e in self.tables["buffer class"].items()},
+                buffer_classes={
+                    n: e.value
+                    for n, e in self.tables["buffer class"].items()
+                    if isinstance(e.value, BufferClass)
+                },
                 flags={n: e.value for n, e in self.tables["flag"].items()},
                 facts={n: e.value for n, e in self.tables["fact"].items()},
                 spec_algorithms={n: e.value for n, e in self.tables["spec algorithm"].items()},

@@ -65,7 +65,7 @@ def deferred_frees(
         step = h.begin_step()
         h.guard(functools.partial(runner.run, [0] * size))
         read_done = h.guard(runner.fence.take)
-        h.guard(lambda rd=read_done, s=step: frees.free([s], rd, step=s))
+        h.guard(functools.partial(frees.free, [step], read_done, step=step))
         if read_done is not None:
             read_done.discard()  # no barrier: only the deferred free orders the reuse
         h.phase("wait")
