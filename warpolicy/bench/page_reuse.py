@@ -43,6 +43,10 @@ DECLARED_CLASSES: Mapping[str, WarReadDonePolicy] = {
     "kv_pages": POST_REPLAY,
 }
 
+#: Pinned rows for the new requests' page tables: one per step, more than a run's steps (a
+#: reused row first waits for everything).
+STAGING_ROWS = 512
+
 #: Which class each shared buffer belongs to.
 BUFFER_CLASSES: Mapping[str, str] = {"req_to_token": "metadata", "kv": "kv_pages"}
 
@@ -107,7 +111,11 @@ class PageReuseDecode:
         self.req_to_token.copy_(self._slots(self._initial_pages))
         self._buckets: dict[int, dict[str, torch.Tensor]] = {}
         self._values: dict[int, torch.Tensor] = {}
-        self._staged: list[torch.Tensor] = []  # pinned page lists until the run ends
+        # the new requests' page tables, written by the host into pinned rows (one per step of
+        # a run, never reused within it) and copied to the device on the schedule stream
+        self._staging = torch.zeros(STAGING_ROWS, cfg.new_per_step, cfg.ctx, dtype=torch.int64)
+        if self.device.type == "cuda":
+            self._staging = self._staging.pin_memory()
         self.frees: DeferredFrees[int] = DeferredFrees(platform, "kv page frees")
         self._reset_pages()
 
@@ -124,7 +132,6 @@ class PageReuseDecode:
         self.row_pages = [list(p) for p in self._initial_pages]
         self.free_pages = list(range(cfg.batch * cfg.pages_per_request, cfg.pages))
         self.frees.settle()
-        self._staged.clear()
 
     def _allocate(self, count: int, step: int, stream: Any) -> list[int]:
         """``count`` pages for step ``step``: every group freed before this step is reclaimed
@@ -234,11 +241,11 @@ class PageReuseDecode:
         pages = self._allocate(len(freed), step, stream)
         for i, r in enumerate(rows):
             self.row_pages[r] = pages[i * cfg.pages_per_request : (i + 1) * cfg.pages_per_request]
-        host = self._slots([self.row_pages[r] for r in rows])
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        self._staged.append(host)  # kept until the run ends: the copy reads it later
-        slots = host.to(self.device, non_blocking=True)
+        if step % STAGING_ROWS == 0:  # a row is reused: wait until its copy is done
+            self.platform.synchronize()
+        staged = self._staging[step % STAGING_ROWS]
+        staged.copy_(self._slots([self.row_pages[r] for r in rows]))
+        slots = staged.to(self.device, non_blocking=True)
         first = step * cfg.new_per_step
         rows_t = (torch.arange(cfg.new_per_step, device=self.device) + first) % cfg.batch
         self.req_to_token.index_copy_(0, rows_t, slots)
