@@ -281,11 +281,11 @@ class Evaluation:
                     )
                 line += f"; {self.facts.describe(after.action)}"
             chain.append(line + ("" if via == "own" else f" ({via})"))
-        reads = frozenset().union(*(entry.reads for entry in lineage))
+        reads = frozenset().union(*(entry.reads_classes for entry in lineage))
         unsaid = sorted(reads - covered) if cls is None else sorted({cls} & reads - covered)
         if unsaid:  # read, but no declaration says where those reads end: unknown
             origin = str(lineage[0].origin)
-            declarations.append(Declaration(name, NONE, origin, "reads", None, None))
+            declarations.append(Declaration(name, NONE, origin, "reads_classes", None, None))
             chain.append(
                 f"{name} reads {', '.join(unsaid)} but declares no read end for it in "
                 f"{mode.label}: none"

@@ -389,7 +389,7 @@ class Backend:
     )
     #: buffer classes this backend's kernels read (inherited): a declaration that does not say
     #: where one of them ends is none for that class (unknown), and validate refuses it
-    reads: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
+    reads_classes: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
 
     def declared_classes(self, mode: ForwardMode) -> Mapping[str, WarReadDonePolicy]:
         """This backend's own declaration of ``mode`` per buffer class (empty: undeclared)."""
@@ -650,7 +650,7 @@ def registry_problems(registry: Registry) -> list[Problem]:
             )
     known_classes = registry.buffer_classes
     for backend in backends.values():
-        named = set(backend.reads)
+        named = set(backend.reads_classes)
         for classes in backend.reads_end_classes.values():
             named |= set(classes)
         for name in sorted(named - set(known_classes)):
@@ -805,7 +805,7 @@ def class_problems(registry: Registry) -> list[Problem]:
     """Declarations that do not say where every class a backend runs reads ends, one located
     problem each (the loader refuses them; call it on a registry `registry_problems` accepts):
 
-    * a backend (or one it inherits) lists a class in ``reads`` that its declaration of a mode
+    * a backend (or one it inherits) lists a class in ``reads_classes`` that its declaration of a mode
       does not name: its kernels read that class and nothing says where those reads end
       (a hybrid model's linear-attention layers that keep the base declaration);
     * a wrapper (``latest_of``, ``per_mode``, ``routes``) with its own declaration of a mode
@@ -824,7 +824,7 @@ def class_problems(registry: Registry) -> list[Problem]:
 
     for backend in registry.backends.values():
         lineage = registry.lineage(backend.name)
-        reads = frozenset().union(*(entry.reads for entry in lineage))
+        reads = frozenset().union(*(entry.reads_classes for entry in lineage))
         for mode in ForwardMode:
             own = own_classes(lineage, mode)
             if own is None:
@@ -835,7 +835,7 @@ def class_problems(registry: Registry) -> list[Problem]:
             if missing:
                 add(
                     origin,
-                    f"{where}: {backend.name} reads {', '.join(missing)} (reads:), but its "
+                    f"{where}: {backend.name} reads {', '.join(missing)} (reads_classes), but its "
                     f"declaration ({_classes_text(own)}) does not say where those reads end; "
                     "declare {CLASS: policy} for every class it reads",
                 )
@@ -904,7 +904,7 @@ def declared_tree(
         return cached
     lineage = registry.lineage(name)
     out = dict(own_classes(lineage, mode) or {})
-    reads = frozenset().union(*(entry.reads for entry in lineage))
+    reads = frozenset().union(*(entry.reads_classes for entry in lineage))
     for missing in reads - set(out):
         out[missing] = WarReadDonePolicy.NONE
     for entry in lineage:

@@ -170,7 +170,7 @@ BACKEND_KEYS: tuple[Key, ...] = (
         "latest of its classes, and a class the mode does not name is none.",
     ),
     Key(
-        "reads",
+        "reads_classes",
         NAME_LIST,
         "Buffer classes this backend's kernels read (inherited): every declared mode must say "
         "where each ends ({CLASS: policy}); e.g. recurrent_state for linear-attention layers.",

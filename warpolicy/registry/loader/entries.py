@@ -280,7 +280,7 @@ class EntryBuilder:
             for m, p in reads_end.items()
             if p.value.classes is not None
         }
-        reads = frozenset(r.value for r in f.get("reads", list) or [])
+        reads = frozenset(r.value for r in f.get("reads_classes", list) or [])
         after = {
             m: After(p.value.after.value, p.value.otherwise)
             for m, p in reads_end.items()
@@ -315,7 +315,7 @@ class EntryBuilder:
             reads_end_after=after,
             routes=route,
             reads_end_classes=classes,
-            reads=reads,
+            reads_classes=reads,
         )
         return Entry(
             "backend",
@@ -351,8 +351,9 @@ class EntryBuilder:
             for name, located in (declared.value.classes or {}).items():
                 where = f"{path}.reads_end.{mode.label}"
                 refs.append(Ref("buffer class", name, located.origin, where))
-        for read in f.get("reads", list) or []:
-            refs.append(Ref("buffer class", read.value, read.origin, f"{path}.reads"))
+        for read in f.get("reads_classes", list) or []:
+            where = f"{path}.reads_classes"
+            refs.append(Ref("buffer class", read.value, read.origin, where))
         return refs
 
     def routes(self, node: Node, path: str) -> Optional[tuple[Route, list[Ref]]]:
