@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.runtime.lifetimes import DeferredFrees, StagingRing
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import ClassMarkModel, sim_impl, sim_platform
 
