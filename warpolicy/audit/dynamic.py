@@ -42,7 +42,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 
+from warpolicy.audit.class_poisons import class_poisons
 from warpolicy.audit.poison import (
+    Poison,
     first_mismatch,
     poison_set,
     snapshot_outputs,
@@ -171,7 +173,7 @@ class _Harness:
         poison leaves some element unchanged."""
         self.platform.synchronize()
         self.state = self._clone()
-        sets = {n: poison_set(self.subject.poison.get(n), self.state[n]) for n in self.shared}
+        sets = {n: self._poisons(n) for n in self.shared}
         count = max((len(p) for p in sets.values()), default=0)
         self.rounds = [] if count else [("nothing", {})]  # no shared buffer: one plain step
         for k in range(count):
@@ -190,6 +192,14 @@ class _Harness:
                         f"under {label}: late reads of those are not checked there"
                     )
         return notes
+
+    def _poisons(self, name: str) -> tuple[Poison, ...]:
+        """The subject's override for buffer ``name``, else, for a subject that names its
+        buffers' classes, the poisons that fit the buffer's class, else the defaults."""
+        override = self.subject.poison.get(name)
+        if override is None and self.subject.buffer_classes:
+            return class_poisons(self.subject.class_of(name), self.state[name])
+        return poison_set(override, self.state[name])
 
     def step(self, batch: Any) -> Any:
         """One step as the engine runs it, on the forward stream."""
