@@ -17,7 +17,9 @@ from warpolicy.errors import InputError
 from warpolicy.registry.decision import Decision
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
+    NOTHING,
     POST_REPLAY,
+    PRE_REPLAY,
     ForwardMode,
     Placement,
     WarReadDonePolicy,
@@ -71,7 +73,12 @@ RunnerPolicy = Union[PolicyTable, PolicyFn]
 def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
     """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is
     at least ``POST_REPLAY`` (never ``PRE_REPLAY``: that is only sound for snapshotting
-    backends). The engine already does this; a hand-written policy callable might not."""
+    backends). The engine already does this; a hand-written policy callable might not.
+
+    ``NOTHING`` (the forward reads no scheduler-shared state) publishes at ``PRE_REPLAY``: the
+    fence only ever sees release points."""
+    if policy is NOTHING:
+        return PRE_REPLAY
     if policy == IN_GRAPH and (eager or not planted):
         return POST_REPLAY
     return policy
@@ -85,7 +92,8 @@ def fixed_policy(policy: Union[WarReadDonePolicy, str]) -> PolicyFn:
     answer = policy
 
     def lookup(mode: ForwardMode, eager: bool = False, planted: bool = True) -> WarReadDonePolicy:
-        return sound(answer, eager, planted)
+        # ``nothing`` is an answer the runtime must see as is (a phase that reads nothing)
+        return answer if answer is NOTHING else sound(answer, eager, planted)
 
     lookup.__name__ = f"fixed_{answer.label}"
     return lookup
