@@ -161,7 +161,6 @@ WRAPPERS = """\
     "wrapper",
     [
         "latest_of: [fa3, lin]",
-        "per_mode: {extend: fa3, target_verify: lin}",  # decode not delegated: any child runs
         "routes: {fact: route, children: {a: fa3, b: lin}, pinned: true}",
     ],
 )
@@ -173,6 +172,11 @@ def test_a_wrapper_declaring_only_its_primary_child_is_refused(wrapper):
     assert len(found) == 1, found
     assert "backends.wrapped.reads_end.decode: wrapped runs lin for decode" in found[0]
     assert found[0].startswith("f.yaml:")
+
+
+def test_a_per_mode_wrapper_declares_only_modes_no_child_runs():
+    text = WRAPPERS + "  wrapped: {per_mode: {extend: lin}, reads_end: {decode: in_graph}}\n"
+    assert problems(text) == []
 
 
 def test_a_wrapper_declaring_the_latest_of_every_child_is_accepted():

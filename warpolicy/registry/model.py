@@ -811,7 +811,8 @@ def class_problems(registry: Registry) -> list[Problem]:
     * a wrapper (``latest_of``, ``per_mode``, ``routes``) with its own declaration of a mode
       that is earlier, for some class, than a child that runs in that mode, or that does not
       name a class such a child reads (a composite declaring only its primary child's read
-      end). In a mode a per-mode wrapper does not delegate, any of its children may run.
+      end). A per-mode wrapper declares only modes it does not delegate, where no child
+      runs, so it cannot under-declare (the shape rules keep the two apart).
 
     The engine is sound without this check (it takes the latest of everything and an
     undeclared class that is read is none); the check keeps declarations honest for review.
@@ -867,19 +868,16 @@ def own_classes(
     return out
 
 
-def running_children(
-    backend: Backend, mode: ForwardMode, *, undelegated: bool = True
-) -> tuple[str, ...]:
-    """The children of a wrapper that may run in ``mode``; in a mode a per-mode wrapper does
-    not delegate, every child (``undelegated``) or none (the engine's view: its own
-    declaration holds)."""
+def running_children(backend: Backend, mode: ForwardMode) -> tuple[str, ...]:
+    """The children of a wrapper that may run in ``mode``, as the engine evaluates it: every
+    child of a composite, a per-mode wrapper's delegate (none in a mode it does not delegate:
+    its own declaration holds there), every child a router may route to (its default child in
+    a mode it does not route)."""
     if backend.latest_of:
         return backend.latest_of
     if backend.per_mode:
         delegate = backend.per_mode.get(mode)
-        if delegate is not None:
-            return (delegate,)
-        return tuple(dict.fromkeys(backend.per_mode.values())) if undelegated else ()
+        return (delegate,) if delegate is not None else ()
     route = backend.routes
     if route is not None:
         if route.routed(mode):
@@ -908,7 +906,7 @@ def declared_tree(
     for missing in reads - set(out):
         out[missing] = WarReadDonePolicy.NONE
     for entry in lineage:
-        for child in running_children(entry, mode, undelegated=False):
+        for child in running_children(entry, mode):
             for cls, policy in declared_tree(registry, child, mode, memo).items():
                 out[cls] = max(policy, out.get(cls, policy))
     memo[key] = out
@@ -917,3 +915,20 @@ def declared_tree(
 
 def _classes_text(classes: Mapping[str, WarReadDonePolicy]) -> str:
     return ", ".join(f"{n}: {p.label}" for n, p in sorted(classes.items()))
+
+
+def names_a_class(registry: Registry, name: str, mode: ForwardMode) -> bool:
+    """Whether ``name``'s declaration of ``mode`` says anything per buffer class: a class map
+    or ``reads_classes`` along its lineage or in a child that runs in ``mode``."""
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for entry in registry.lineage(current):
+            if entry.reads_classes or mode in entry.reads_end_classes:
+                return True
+            stack.extend(running_children(entry, mode))
+    return False
