@@ -281,3 +281,23 @@ def test_the_cell_is_never_earlier_than_any_class_or_child(classes, other):
         per = decide_class(eng, "hybrid", name)
         floor = max(policy, other) if name == "metadata" else policy
         assert per >= floor and per <= cell
+
+
+def test_diff_fails_on_a_class_made_earlier_while_the_cell_stays():
+    from warpolicy.registry.cells import cell_space
+    from warpolicy.registry.compare import diff_engines
+
+    def lin(metadata: str) -> str:
+        return (
+            "lin:\n  reads_classes: [recurrent_state]\n"
+            f"  reads_end: {{decode: {{metadata: {metadata}, recurrent_state: post_replay}}}}\n"
+        )
+
+    old, new = engine(lin("post_replay")), engine(lin("in_graph"))
+    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    assert found.needs_audit
+    changed = {(c.backend, c.mode, c.old, c.new, c.change) for c in found.cells}
+    assert ("lin", "decode:metadata", "post_replay", "in_graph", "earlier") in changed
+    assert not any(c.mode == "decode" for c in found.cells)  # the cell did not move
+    back = diff_engines(new, old, cell_space([old.registry, new.registry]))
+    assert {c.change for c in back.cells} == {"later"}
