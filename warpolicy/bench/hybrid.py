@@ -125,6 +125,11 @@ class HybridDecode:
         }
 
     @property
+    def buffer_classes(self) -> Mapping[str, str]:
+        """Which class each shared buffer belongs to (the class self-check walks by it)."""
+        return BUFFER_CLASSES
+
+    @property
     def extra_outputs(self) -> Mapping[str, torch.Tensor]:
         """The recurrent state the step updates (compared by the audit besides the output)."""
         return {"state": self.state}

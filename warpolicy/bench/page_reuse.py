@@ -159,6 +159,11 @@ class PageReuseDecode:
         return {"req_to_token": self.req_to_token, "kv": self.kv}
 
     @property
+    def buffer_classes(self) -> Mapping[str, str]:
+        """Which class each shared buffer belongs to (the class self-check walks by it)."""
+        return BUFFER_CLASSES
+
+    @property
     def extra_outputs(self) -> Mapping[str, torch.Tensor]:
         return {}
 
