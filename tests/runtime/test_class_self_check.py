@@ -102,13 +102,13 @@ def test_error_mode_raises_on_a_refuted_class():
         r.capture()
 
 
-def test_without_a_walk_the_class_is_kept_and_said_once():
+def test_without_a_walk_the_class_is_kept_as_the_bucket_check_is():
     r = runner(Hybrid(CLASSES), graph_model=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r.capture()
     assert classes_of(r) == HYBRID
-    assert sum("class self-check" in str(w.message) for w in caught) == 1
+    assert caught == []  # the simulated platform has no raw graph: nothing is lost
 
 
 def test_a_failed_walk_probe_makes_the_class_coarse():
