@@ -76,12 +76,17 @@ def overlapped(platform, model, runner, steps, per_class):
     return outs
 
 
-def fresh(platform, classes, per_class, canary=None, seed=0):
+def fresh(platform, classes, per_class, canary=None, seed=0, self_check="warn"):
     device = platform.device if platform.name == "cuda" else "cpu"
     model = HybridDecode(attrs.evolve(CFG, seed=seed), device)
     cell, per = class_policy_fns(classes)
     runner = DecodeRunner(
-        model, cell, platform, class_policies=per if per_class else None, canary=canary
+        model,
+        cell,
+        platform,
+        class_policies=per if per_class else None,
+        canary=canary,
+        self_check=self_check,
     )
     runner.capture()
     return model, runner
@@ -106,7 +111,8 @@ def test_omitting_the_recurrent_class_corrupts_and_the_canary_catches_it(platfor
     raced = caught = 0
     for trial in range(TRIALS):
         # the independent oracle: the same trial without the canary against a sequential run
-        model, runner = fresh(platform, {"metadata": IN_GRAPH}, False, seed=trial)
+        # the self-check off: with it on, the walk sees the recurrent reads and demotes it
+        model, runner = fresh(platform, {"metadata": IN_GRAPH}, False, seed=trial, self_check="off")
         state = {n: t.clone() for n, t in model.shared_buffers.items()}
         ref = sequential(platform, model, runner, STEPS)
         for n, t in model.shared_buffers.items():
@@ -114,7 +120,9 @@ def test_omitting_the_recurrent_class_corrupts_and_the_canary_catches_it(platfor
         outs = overlapped(platform, model, runner, STEPS, per_class=False)
         raced += any(not torch.equal(a, b) for a, b in zip(outs, ref))
         canary = Canary(platform, CanaryConfig(rate=1.0, seed=trial))
-        model, runner = fresh(platform, {"metadata": IN_GRAPH}, False, canary=canary, seed=trial)
+        model, runner = fresh(
+            platform, {"metadata": IN_GRAPH}, False, canary=canary, seed=trial, self_check="off"
+        )
         overlapped(platform, model, runner, STEPS, per_class=False)
         caught += canary.stats["violations"] > 0 and bool(runner.demoted)
     print(
@@ -123,3 +131,18 @@ def test_omitting_the_recurrent_class_corrupts_and_the_canary_catches_it(platfor
     )
     assert raced == TRIALS
     assert caught == TRIALS
+
+
+def test_with_the_self_check_on_the_omitted_class_is_demoted_at_capture(platform):
+    import warnings
+
+    from warpolicy.registry.vocabulary import POST_REPLAY
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the demotion warning is the point
+        _model, runner = fresh(platform, {"metadata": IN_GRAPH}, False)
+    policies = {cb.policy for cb in runner.captured.values()}
+    print(
+        f"[hybrid cuda] omitted recurrent_state with the self-check on: {sorted(p.label for p in policies)}"
+    )
+    assert policies == {POST_REPLAY}

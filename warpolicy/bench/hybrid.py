@@ -259,9 +259,11 @@ def subject(
     *,
     declared: Optional[Mapping[str, WarReadDonePolicy]] = None,
     name: str = "hybrid-decode",
+    self_check: str = "warn",
 ) -> AuditSubject:
     """The `AuditSubject` of the hybrid decode, its runner deciding ``declared`` per class
-    (default `DECLARED_CLASSES`; the cell is the latest class)."""
+    (default `DECLARED_CLASSES`; the cell is the latest class) with the marker self-check
+    ``self_check``."""
     cfg = config or HybridConfig()
     on_cuda = platform.name == "cuda"
     if not on_cuda and cfg == HybridConfig():
@@ -273,7 +275,13 @@ def subject(
 
     def runner(m: Any) -> DecodeRunner:
         return DecodeRunner(
-            m, cell, platform, f"{name}:decode", keep_graphs=True, class_policies=per_class
+            m,
+            cell,
+            platform,
+            f"{name}:decode",
+            keep_graphs=True,
+            class_policies=per_class,
+            self_check=self_check,
         )
 
     return AuditSubject(
@@ -297,8 +305,12 @@ def decode(platform: Platform) -> AuditSubject:
 
 def decode_omits_recurrent(platform: Platform) -> AuditSubject:
     """The same decode declared without its recurrent state (what keeping the base declaration
-    says): metadata in_graph only. Unsound: the audit and the canary must catch it."""
-    return subject(platform, declared={"metadata": IN_GRAPH}, name="hybrid-decode-omits")
+    says): metadata in_graph only, with the marker self-check off (with it on, a walk that sees
+    the recurrent reads after the marker demotes the declaration first). Unsound: the audit's
+    trials and the canary must catch it."""
+    return subject(
+        platform, declared={"metadata": IN_GRAPH}, name="hybrid-decode-omits", self_check="off"
+    )
 
 
 __all__ = [

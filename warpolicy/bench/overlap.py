@@ -231,11 +231,12 @@ class OverlapBench:
         name: str,
         model: Any = None,
         class_policies: Optional[Mapping[str, PolicyFn]] = None,
+        self_check: str = "warn",
     ) -> GraphRunner:
         """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
         policy function such as a consistency-guarded one); the row named ``derived`` plants
         by the graph walk, every other row by the marker. ``class_policies``: one read-done
-        per buffer class."""
+        per buffer class; ``self_check``: the runner's marker self-check."""
         policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
         runner = GraphRunner(
@@ -246,6 +247,7 @@ class OverlapBench:
             mode=self.mode,
             placement=placement,
             class_policies=class_policies,
+            self_check=self_check,
         )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")

@@ -11,8 +11,9 @@ one step) gets three more kinds of row beside the single-GPU variants:
 * ``single_event``: the same declaration as one read-done, the latest class (what an engine
   with one barrier gets): every write after it;
 * ``omit:CLASS``, for each class whose reads end last: the declaration without it (what
-  keeping a base declaration says), one read-done, run and flagged unsound: its corrupted
-  count shows the race the class's declaration prevents.
+  keeping a base declaration says), one read-done, run with the marker self-check off and
+  flagged unsound: its corrupted count shows the race the class's declaration prevents (with
+  the self-check on, a walk that sees the class's late reads demotes it first).
 
 Rows use the same columns as every other variant (hold: launch to the *first* barrier's
 release; gap closed against the ``coarse`` and ``no_barrier`` rows of the same run).
@@ -112,7 +113,12 @@ def measure_classes(
 
     for name, classes, per_class, is_sound in class_variants(declared):
         cell, per = class_policy_fns(classes)
-        runner = bench.runner(cell, name, class_policies=per if per_class else None)
+        runner = bench.runner(
+            cell,
+            name,
+            class_policies=per if per_class else None,
+            self_check="warn" if is_sound else "off",  # an unsound row shows its race
+        )
         per_run, corrupted = [], 0
         for _ in range(repeats):
             ref = bench.reference(runner)
