@@ -301,3 +301,32 @@ def test_diff_fails_on_a_class_made_earlier_while_the_cell_stays():
     assert not any(c.mode == "decode" for c in found.cells)  # the cell did not move
     back = diff_engines(new, old, cell_space([old.registry, new.registry]))
     assert {c.change for c in back.cells} == {"later"}
+
+
+def test_explain_and_table_show_each_class():
+    from warpolicy.registry.report import format_explanation, format_table
+
+    eng = engine(WRAPPERS + "  hybrid: {latest_of: [fa3, lin]}\n")
+    exp = eng.explain(Context("hybrid", DECODE, "none"))
+    assert [(n, d.policy) for n, d in exp.classes] == [
+        ("metadata", IN_GRAPH),
+        ("recurrent_state", POST_REPLAY),
+    ]
+    text = format_explanation(exp)
+    assert "class metadata: in_graph" in text and "class recurrent_state: post_replay" in text
+    assert '"recurrent_state"' in format_explanation(exp, "json")
+    assert eng.explain(Context("fa3", DECODE, "none")).classes == ()  # no class named
+    rows = eng.table(["fa3", "hybrid"], ["none"], [DECODE])
+    table = format_table(rows, "text", eng.class_table(rows))
+    assert "metadata in_graph, recurrent_state post_replay" in table
+    assert table.splitlines()[0].split()[-1] == "classes"
+
+
+def test_compile_classes_gives_a_runner_its_class_policies():
+    eng = engine(WRAPPERS + "  hybrid: {latest_of: [fa3, lin]}\n")
+    per = eng.compile_classes("hybrid")
+    assert set(per) == {"metadata", "recurrent_state"}
+    assert per["metadata"](DECODE, False, True) is IN_GRAPH
+    assert per["metadata"](DECODE, False, False) is POST_REPLAY  # sound demotion: no node
+    assert per["recurrent_state"](EXTEND, False, True) is NONE  # undeclared mode
+    assert eng.compile_classes("fa3") == {}
