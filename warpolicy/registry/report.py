@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence
 
 from warpolicy.registry.cells import CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
-from warpolicy.registry.engine import Decision, Explanation, GateCheck
+from warpolicy.registry.decision import Decision, Explanation, GateCheck
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 
 #: Every output format a command may offer.

@@ -258,9 +258,10 @@ class ReadDoneFence:
         """
         if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
+        if release.classes:  # per-class read-dones: their own (slower) path
+            self._after_replay_classes(release, stream)
+            return
         read_done = release.read_done  # in_graph: the bucket's own record, built once
-        if release.classes:  # the classes released earlier than the step's latest
-            self._publish_classes(release)
         if self._state is _READY:  # the common cases: in_graph, then post_replay
             if read_done is None and release.policy is POST_REPLAY:
                 try:
@@ -273,18 +274,21 @@ class ReadDoneFence:
                 read_done.slot.step = self._step
                 self._mailbox = read_done
                 policy = self._published = read_done.policy
-                if release.classes:
-                    self._publish_latest_classes(release)
                 if self._observers.on_publish:
                     self.reporter.publish(self.name, self._step, policy, read_done.event)
                 return
+        self._publish_step(release, stream)
+
+    def _after_replay_classes(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
+        """`after_replay` of a release with buffer classes: the classes released earlier than
+        the step's latest, the step's own publish, then the latest classes (which share it)."""
+        self._publish_classes(release)
         failed = self._state is _FAILED
         self._publish_step(release, stream)
-        if release.classes:
-            if failed or (release.policy is not NONE and self._mailbox is None):
-                self._classes = {}  # something in this step failed: no class either
-            else:
-                self._publish_latest_classes(release)
+        if failed or (release.policy is not NONE and self._mailbox is None):
+            self._classes = {}  # something in this step failed: no class either
+        else:
+            self._publish_latest_classes(release)
 
     def _publish_latest_classes(self, release: BucketRelease) -> None:
         """The classes whose reads end last share the step's own read-done (none if it

@@ -303,6 +303,5 @@ __all__ = [
     "decide_bucket",
     "demote_release",
     "resolve_policies",
-    "sound",
     "with_classes",
 ]
