@@ -569,7 +569,7 @@ def test_configure_moves_the_metrics_to_another_registry():
 
 
 def test_the_removed_sampling_switch_is_named_once(monkeypatch, caplog):
-    monkeypatch.setenv(warpolicy_metrics.REMOVED_SAMPLE_ENV, "8")
+    monkeypatch.setenv("WARPOLICY_METRICS_SAMPLE_EVERY", "8")
     with caplog.at_level("WARNING", logger="warpolicy"):
         warpolicy_metrics.configure(CollectorRegistry())
     assert [r.getMessage() for r in caplog.records if "no longer read" in r.getMessage()]

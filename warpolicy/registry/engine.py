@@ -41,6 +41,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
+from warpolicy import environment
 from warpolicy.errors import InputError, WarpolicyError
 from warpolicy.registry.compiled import BatchRule, CompiledPolicy
 from warpolicy.registry.decision import (  # noqa: F401 - the records are re-exported
@@ -139,7 +140,7 @@ class PolicyEngine:
         layers: Optional[Sequence[Source]] = None,
     ) -> None:
         self.registry = registry
-        env = os.environ if environ is None else environ
+        env = environment.PROCESS if environ is None else environ
         self._environ: Mapping[str, str] = dict(env)
         self._flag_values = _resolve_flags(registry, env)
         self._fact_classes = registry_fact_classes(registry)
@@ -174,7 +175,7 @@ class PolicyEngine:
                 "PolicyEngine.load takes plugin fragments from its caller: pass "
                 "fragments=warpolicy.runtime.manager.collect_fragments(pm)"
             )
-        env = os.environ if environ is None else environ
+        env = environment.PROCESS if environ is None else environ
         assembly = assemble_registry(files, fragments, blame=blame, environ=env)
         return cls(assembly.checked(), environ=env, layers=list(assembly.layers))
 
@@ -644,7 +645,7 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
         value = FlagValue(FORCE_COARSE.name, True, f"default at {declared.origin}")
     inverted = declared.inverted if declared is not None else frozenset()
     for var in names:
-        raw = environ.get(var, "")
+        raw = environment.lookup(var, environ)
         if not raw.strip():
             continue
         try:
@@ -667,7 +668,7 @@ def _flag_from_env(flag: Flag, environ: Mapping[str, str]) -> FlagValue:
     """The first set, non-empty name wins (WARPOLICY_* come first); an inverted alias sets the
     flag to the opposite of its value."""
     for var in flag.env:
-        raw = environ.get(var, "")
+        raw = environment.lookup(var, environ)
         if raw.strip():
             on = parse_bool(raw, var) != (var in flag.inverted)
             return FlagValue(flag.name, on, f"env {var}" + _inverted(var, flag.inverted))

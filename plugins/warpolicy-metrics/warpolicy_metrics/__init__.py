@@ -43,7 +43,6 @@ fire on the scheduler's thread; one scheduler thread per process is expected.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
@@ -54,6 +53,7 @@ from prometheus_client import start_http_server as _prometheus_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from warpolicy import environment
 from warpolicy_metrics import flushing
 from warpolicy_metrics.vocabulary import (
     FALLBACK_PLACES,
@@ -76,7 +76,6 @@ log = logging.getLogger("warpolicy")
 _Key = TypeVar("_Key")  # a raw per-step count key (publishes and barriers differ)
 
 #: Read no more (0.2 sampled the release lead itself; the runtime samples it now).
-REMOVED_SAMPLE_ENV = "WARPOLICY_METRICS_SAMPLE_EVERY"
 
 #: Histogram buckets of the release lead: 1 us .. 50 ms (a decode forward is 1-50 ms).
 LEAD_BUCKETS = (
@@ -184,7 +183,9 @@ class WarpolicyMetrics:
         self.identity = identity_labels(identity, _ALL_LABELS)
         self._id = tuple(self.identity.values())
         self.multiprocess = (
-            flushing.multiprocess_from(os.environ) if multiprocess is None else bool(multiprocess)
+            flushing.multiprocess_from(environment.PROCESS)
+            if multiprocess is None
+            else bool(multiprocess)
         )
         if not flush_interval > 0:
             raise ValueError(
@@ -481,11 +482,11 @@ def _configure_locked(
     flush_interval: float,
 ) -> WarpolicyMetrics:
     global _ACTIVE
-    if REMOVED_SAMPLE_ENV in os.environ:
+    if environment.METRICS_SAMPLE_EVERY.is_set():
         log.warning(
             "warpolicy-metrics: %s is no longer read; the release lead comes from the runtime's "
             "sampling (warpolicy_on_release_lead)",
-            REMOVED_SAMPLE_ENV,
+            environment.METRICS_SAMPLE_EVERY.name,
         )
     identity_labels(identity, _ALL_LABELS)  # a bad identity leaves the active metrics alone
     if _ACTIVE is not None:
