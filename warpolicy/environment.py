@@ -106,13 +106,13 @@ FORCE_COARSE = declare(
     "value that is not a boolean counts as on (fail closed). Built into the engine: no registry "
     "or plugin can remove it.",
     default="off",
-    read_by="warpolicy.registry.engine",
+    read_by="warpolicy.registry.decision",
 )
 SGLANG_FORCE_COARSE = declare(
     "SGLANG_FORCE_COARSE_WAR_BARRIER",
     "SGLang's spelling of `WARPOLICY_FORCE_COARSE`, honoured the same way.",
     default="off",
-    read_by="warpolicy.registry.engine",
+    read_by="warpolicy.registry.decision",
 )
 
 # -- plugins -----------------------------------------------------------------------------------
@@ -191,7 +191,8 @@ CANARY_SEED = declare(
 
 SGLANG_DIR = declare(
     "WARPOLICY_SGLANG_DIR",
-    "Directory of the SGLang kernel files the conformance suite and `audit --kernels` load "
+    "Directory of the pinned SGLang kernel files the conformance suite and its audit "
+    "subjects load "
     "(`scripts/fetch-sglang-kernels` fills it).",
     default="`.sglang` at the top of the source tree",
     read_by="warpolicy.conformance.wheels",

@@ -266,9 +266,19 @@ def context(args: argparse.Namespace, engine: PolicyEngine) -> Context:
 # -- the plugin manager and the engine -------------------------------------------------------
 
 
+_AUTOLOAD = [True]  # this command loads entry-point plugins (not --disable-plugin-autoload)
+
+
+def set_plugin_autoload(on: bool) -> None:
+    """Whether `plugin_manager` loads the installed plugins for the command now running
+    (``warpolicy --disable-plugin-autoload`` sets it off; `main` sets it on every command)."""
+    _AUTOLOAD[0] = on
+
+
 def plugin_manager() -> pluggy.PluginManager:
-    """The process's plugin manager, built once by the composition root."""
-    return manager.get_plugin_manager()
+    """The process's plugin manager, built once by the composition root (without the
+    entry-point plugins under ``--disable-plugin-autoload``)."""
+    return manager.get_plugin_manager(load_entry_points=_AUTOLOAD[0])
 
 
 def engine(

@@ -6,6 +6,7 @@ import argparse
 
 from warpolicy.cli import common
 from warpolicy.cli.common import ExitCode
+from warpolicy.cli.layout import add_wide, output_width
 from warpolicy.registry.report import format_decision, format_explanation, format_table
 from warpolicy.registry.vocabulary import TABLE_MODES
 
@@ -17,6 +18,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("explain", help="every input the decision considered")
     common.add_context_args(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_explain)
 
     default_modes = ", ".join(m.label for m in TABLE_MODES)
@@ -32,6 +34,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     common.add_registry_args(p)
     common.add_format(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_table)
 
 
@@ -45,7 +48,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     engine = common.engine(args.capabilities)
     explanation = engine.explain(common.context(args, engine))
-    common.out(format_explanation(explanation, args.format))
+    common.out(format_explanation(explanation, args.format, width=output_width(args.wide)))
     return ExitCode.OK
 
 
@@ -56,5 +59,5 @@ def cmd_table(args: argparse.Namespace) -> int:
     rows = engine.table(
         args.backend, args.spec, args.mode, flags, batch_facts=given, **common.facts(args)
     )
-    common.out(format_table(rows, args.format))
+    common.out(format_table(rows, args.format, width=output_width(args.wide)))
     return ExitCode.OK

@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Optional, Union
 
 import attrs
 
+from warpolicy import environment
 from warpolicy.registry.model import Flag, Gate, Origin, SpecAlgorithm
 from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
 
@@ -36,7 +37,7 @@ ROUTE_PREFIX = "route:"
 FORCE_COARSE = Flag(
     "force_coarse",
     False,
-    ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER"),
+    (environment.FORCE_COARSE.name, environment.SGLANG_FORCE_COARSE.name),
     doc="Always use the coarse barrier; built into the engine.",
     origin=Origin(BUILT_IN),
 )
