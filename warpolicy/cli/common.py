@@ -148,11 +148,11 @@ def add_batch_fact_args(p: argparse.ArgumentParser, *, what: str) -> None:
 
 
 def add_context_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", required=True, help="attention backend name")
+    p.add_argument("--backend", required=True, help="attention backend name, any case")
     p.add_argument(
         "--mode", required=True, help="forward mode (decode, extend, target_verify, ...)"
     )
-    p.add_argument("--spec", default="none", help="speculative algorithm (default: none)")
+    p.add_argument("--spec", default="none", help="speculative algorithm, any case (default: none)")
     add_flag_args(p)
     add_batch_fact_args(p, what="the batch reports it (default: every fact not reported)")
     add_registry_args(p)
@@ -278,7 +278,9 @@ def set_plugin_autoload(on: bool) -> None:
 def plugin_manager() -> pluggy.PluginManager:
     """The process's plugin manager, built once by the composition root (without the
     entry-point plugins under ``--disable-plugin-autoload``)."""
-    return manager.get_plugin_manager(load_entry_points=_AUTOLOAD[0])
+    if _AUTOLOAD[0]:
+        return manager.get_plugin_manager()
+    return manager.get_plugin_manager(load_entry_points=False)
 
 
 def engine(

@@ -161,6 +161,7 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Registry.sources": COSMETIC,
     "Registry.facts": CONTAINER,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
+    "Registry._folded": COSMETIC,  # a cache of case-folded names
 }
 
 
