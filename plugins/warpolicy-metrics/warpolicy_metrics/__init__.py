@@ -29,6 +29,9 @@ Series (every one also carries the engine's identity labels given to `configure`
 * ``warpolicy_resolved_policy{runner, mode, graph, policy}``: one series per policy, 1 for the
   policy the runner resolved at capture and 0 for the others; ``graph`` is ``captured`` or
   ``eager``. Several buckets of one runner: the latest (most conservative) of them.
+* ``warpolicy_build_info{version, metrics_version, python, platform}``: always 1; what runs
+  (warpolicy's version, this plugin's, the interpreter's) and where (``platform``: the
+  machine, e.g. ``linux-x86_64``), to join with the other series or spot a mixed fleet.
 
 Label values are identifiers from fixed vocabularies (`warpolicy_metrics.vocabulary`) or names
 the engine chose, made identifier-like; never free text.
@@ -43,6 +46,8 @@ fire on the scheduler's thread; one scheduler thread per process is expected.
 from __future__ import annotations
 
 import logging
+import sys
+import sysconfig
 import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
@@ -53,6 +58,7 @@ from prometheus_client import start_http_server as _prometheus_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+import warpolicy
 from warpolicy import environment
 from warpolicy_metrics import flushing
 from warpolicy_metrics.vocabulary import (
@@ -126,6 +132,12 @@ RELEASE_LEAD = (
     "Sampled: how long before the end of the forward the scheduler was released.",
     ("runner", "mode", "bucket"),
 )
+BUILD_INFO = (
+    "warpolicy_build_info",
+    "Always 1: the warpolicy version, this plugin's version, the Python version and the "
+    "machine platform of this process.",
+    ("version", "metrics_version", "python", "platform"),
+)
 RESOLVED = (
     "warpolicy_resolved_policy",
     "1 for the policy a runner resolved at capture per mode and graph (the latest of its "
@@ -142,6 +154,7 @@ FAMILIES = (
     "warpolicy_violations_total",
     "warpolicy_release_lead_seconds",
     "warpolicy_resolved_policy",
+    "warpolicy_build_info",
 )
 
 _ALL_LABELS = frozenset(
@@ -154,6 +167,7 @@ _ALL_LABELS = frozenset(
         VIOLATIONS,
         RELEASE_LEAD,
         RESOLVED,
+        BUILD_INFO,
     )
     for label in labels
 ) | {"le", "quantile", "pid"}
@@ -210,6 +224,10 @@ class WarpolicyMetrics:
         self.resolved = Gauge(
             *RESOLVED[:2], names + RESOLVED[2], multiprocess_mode="max", registry=None
         )
+        self.build_info = Gauge(
+            *BUILD_INFO[:2], names + BUILD_INFO[2], multiprocess_mode="max", registry=None
+        )
+        self.build_info.labels(*self._id, *build_labels()).set(1)
         self._resolved_max: dict[tuple[str, str, str], int] = {}
         self._runners_seen: set[str] = set()
         self._lock = threading.Lock()
@@ -247,6 +265,7 @@ class WarpolicyMetrics:
             self.violations,
             self.release_lead,
             self.resolved,
+            self.build_info,
         )
 
     def unregister(self) -> None:
@@ -446,9 +465,19 @@ class WarpolicyMetrics:
         for component, places in FALLBACK_PLACES.items():
             if component == "canary":  # only where a canary runs: at its first count
                 continue
-            owner = "" if component == "overlap_loop" else runner
             for place in sorted(places):
-                self.fallbacks.labels(*self._id, owner, component, place)
+                self.fallbacks.labels(*self._id, runner, component, place)
+
+
+def build_labels() -> tuple[str, str, str, str]:
+    """`BUILD_INFO`'s values: warpolicy's version, this plugin's, Python's, the machine."""
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    return (
+        ident(warpolicy.__version__),
+        ident(__version__),
+        ident(python),
+        ident(sysconfig.get_platform()),
+    )
 
 
 # -- the module as a plugin (entry point) ----------------------------------------------------------
