@@ -302,7 +302,11 @@ def test_build_info_says_what_runs_where():
 
     registry = CollectorRegistry()
     WarpolicyMetrics(registry, identity={"tp_rank": 3})
-    info = {labels: v for (name, labels), v in scrape(registry).items() if name == "warpolicy_build_info"}
+    info = {
+        labels: v
+        for (name, labels), v in scrape(registry).items()
+        if name == "warpolicy_build_info"
+    }
     assert info == {
         frozenset(
             {
