@@ -639,7 +639,7 @@ def test_every_family_and_label_value_is_documented():
     from warpolicy_metrics import vocabulary
 
     readme = (PLUGIN_ROOT / "README.md").read_text(encoding="utf-8")
-    top = (PLUGIN_ROOT.parents[1] / "README.md").read_text(encoding="utf-8")
+    top = (PLUGIN_ROOT.parents[1] / "docs" / "operators.md").read_text(encoding="utf-8")
     for family in warpolicy_metrics.FAMILIES:
         assert f"`{family}`" in readme and f"`{family}`" in top, family
     values = (
