@@ -7,6 +7,7 @@ import argparse
 from warpolicy.audit import format_audit, run_audit
 from warpolicy.cli import common
 from warpolicy.cli.progress import add_quiet, progress_for
+from warpolicy.registry.report import DATA_FORMATS
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +49,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="with --synthetic: where the read-done node goes (default: as declared; "
         "derived: after the last shared reader found in the captured graph)",
     )
-    p.add_argument("--format", choices=common.DATA_FORMATS, default="text")
+    p.add_argument("--format", choices=DATA_FORMATS, default="text")
     add_quiet(p)
 
     p.set_defaults(handler=cmd_audit)
