@@ -149,3 +149,17 @@ def test_none_reads_the_process_environment(monkeypatch):
     assert environment.NVTX.get() == "yes" and environment.NVTX.is_set()
     monkeypatch.delenv("WARPOLICY_NVTX")
     assert environment.NVTX.get() == "" and not environment.NVTX.is_set()
+
+
+def test_overridden_sets_for_the_block_and_puts_back(monkeypatch):
+    import os
+
+    var = environment.PYTHONWARNINGS
+    monkeypatch.delenv(var.name, raising=False)
+    with var.overridden("ignore"):
+        assert os.environ[var.name] == "ignore" == var.get()
+    assert not var.is_set()
+    monkeypatch.setenv(var.name, "default")
+    with pytest.raises(RuntimeError), var.overridden("error"):
+        raise RuntimeError
+    assert var.get() == "default"

@@ -13,8 +13,9 @@ Depends on nothing in the package, so every layer (and the plugins) may import i
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 import attrs
 
@@ -59,6 +60,20 @@ class Variable:
     def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
         """Present in ``environ`` at all (even empty), the test prometheus_client makes."""
         return self.name in (PROCESS if environ is None else environ)
+
+    @contextlib.contextmanager
+    def overridden(self, value: str) -> Iterator[None]:
+        """Set the variable in this process's environment (so processes it starts inherit it)
+        for the ``with`` block, then put back what was there (unset stays unset)."""
+        before = os.environ.get(self.name)
+        os.environ[self.name] = value
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = before
 
 
 _DECLARED: dict[str, Variable] = {}
@@ -269,6 +284,14 @@ LOCAL_RANK = declare(
     "LOCAL_RANK",
     "Set by torchrun: the device this rank uses.",
     default="the rank",
+    read_by="warpolicy.bench.overlap_tp",
+    owner="external",
+)
+PYTHONWARNINGS = declare(
+    "PYTHONWARNINGS",
+    "Python's warning filters: `bench overlap --tp` adds one for the ranks it spawns (torch's "
+    "NumPy warning at import), keeping yours.",
+    default="Python's default filters",
     read_by="warpolicy.bench.overlap_tp",
     owner="external",
 )
