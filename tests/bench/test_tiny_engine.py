@@ -188,12 +188,13 @@ def _barriers(registry) -> dict[tuple[str, str], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = generate_latest(registry).decode()
-    out: Counter = Counter()
+    out: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "warpolicy_barriers_total":
-                out[(sample.labels["runner"], sample.labels["kind"])] += sample.value
-    return dict(out)
+                key = (sample.labels["runner"], sample.labels["kind"])
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def _mostly_coarse(barriers: dict[tuple[str, str], float]) -> dict[str, bool]:

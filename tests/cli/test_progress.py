@@ -21,12 +21,13 @@ def test_lines_without_a_terminal():
         "warpolicy audit", stream=stream, terminal=False, clock=lambda: next(clock)
     )
     progress.note("building the subjects")
+    assert stream.getvalue() == ""  # said once it is over: a failure in it stays one line
     progress.planned(2)
     for label, outcome in (("fa3 decode", "safe"), ("fa3 extend", "unsafe")):
         progress.started(label)
         progress.finished(label, outcome)
     assert stream.getvalue().splitlines() == [
-        "warpolicy audit: building the subjects",
+        "warpolicy audit: building the subjects (0.5 s)",
         "warpolicy audit: [1/2] fa3 decode: safe (0.5 s)",
         "warpolicy audit: [2/2] fa3 extend: unsafe (0.5 s)",
     ]
@@ -107,3 +108,33 @@ def test_the_audit_command_prints_progress_on_stderr_only(capsys):
     main([*argv, "--quiet"])
     quiet_out, quiet_err = capsys.readouterr()
     assert quiet_err == "" and json.loads(quiet_out)["entries"] == json.loads(out)["entries"]
+
+
+@pytest.mark.parametrize(
+    "argv, rows_of",
+    [
+        (["overlap", "--steps", "12"], lambda doc: [r["name"] for r in doc["rows"]]),
+        (
+            ["overlap", "--steps", "12", "--factory", "overlap_subjects:writer"],
+            lambda doc: [f"{s['name']} {r['name']}" for s in doc["subjects"] for r in s["rows"]],
+        ),
+        (
+            ["canary", "--steps", "12"],
+            lambda doc: [
+                f"{m['model']} {part}" for m in doc["models"] for part in ("cost", "release lead")
+            ],
+        ),
+    ],
+)
+def test_a_benchmark_reports_each_variant_on_stderr(capsys, argv, rows_of):
+    pytest.importorskip("torch")
+    code = main(["bench", *argv, "--device", "sim", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    items = [line for line in err.splitlines() if "] " in line]
+    labels = [line.split("] ", 1)[1].rsplit(": ", 1)[0] for line in items]
+    assert labels == rows_of(json.loads(out))
+    assert all(line.startswith(f"warpolicy bench {argv[0]}: [") for line in items)
+    assert main(["bench", *argv, "--device", "sim", "--format", "json", "-q"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert quiet_err == "" and json.loads(quiet_out).keys() == json.loads(out).keys()

@@ -1,9 +1,10 @@
 """Progress of a long command on stderr (stdout carries only the result).
 
 Without a terminal (a log, a pipe, CI) each finished item is one line, ``warpolicy audit:
-[3/12] fa3 decode: SAFE (2.1 s)``, and each slow phase one line. On a terminal, a bar is
-redrawn in place while an item runs and the same finished line stays when it ends. ``--quiet``
-prints nothing.
+[3/12] fa3 decode: safe (2.1 s)``, and a slow phase one line once it is over (``... (12.0 s)``),
+so a command that fails during it still says only its one error line. On a terminal, a slow
+phase is said when it begins, a bar is redrawn in place while an item runs, and the same
+finished line stays when it ends. ``--quiet`` prints nothing.
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ class StderrProgress:
         self.done = 0
         self._since: dict[str, float] = {}
         self._drawn = False  # a bar is on the terminal's current line
+        self._phase: Optional[tuple[str, float]] = None  # a slow phase not said yet (no terminal)
 
     def planned(self, total: Optional[int]) -> None:
         self.total = total
 
     def started(self, label: str) -> None:
+        self._phase_over()
         self._since[label] = self._clock()
         if self._is_terminal():
             self._draw(f"{self._bar()} {self._count(self.done + 1)}{label} ...")
@@ -72,7 +75,18 @@ class StderrProgress:
         self._line(f"{self.command}: {self._count(self.done)}{label}: {outcome}{took}")
 
     def note(self, text: str) -> None:
-        self._line(f"{self.command}: {text}")
+        self._phase_over()
+        if self._is_terminal():
+            self._line(f"{self.command}: {text} ...")
+        else:
+            self._phase = (text, self._clock())
+
+    def _phase_over(self) -> None:
+        """Say the slow phase that just ended, with how long it took (no terminal)."""
+        if self._phase is not None:
+            text, began = self._phase
+            self._phase = None
+            self._line(f"{self.command}: {text} ({self._clock() - began:.1f} s)")
 
     # -- output ------------------------------------------------------------------------------
 
