@@ -126,20 +126,23 @@ def parse_modes(
 
 
 def parse_synthetic(text: str) -> list[str]:
-    """``NAME``, ``NAME,NAME`` or ``all`` -> synthetic backend names (unknown names raise)."""
+    """``NAME``, ``NAME,NAME`` or ``all`` -> synthetic backend names, matched ignoring case as
+    every backend name is (unknown names raise)."""
     from warpolicy.audit.synthetic import synthetic_names  # noqa: PLC0415 - deferred: imports torch
 
     known = synthetic_names()
+    folded = {n.casefold(): n for n in known}
     names: list[str] = []
-    for name in (n.strip() for n in str(text).split(",")):
-        if not name:
+    for given in (n.strip() for n in str(text).split(",")):
+        if not given:
             continue
-        if name == ALL:
+        name = folded.get(given.casefold())
+        if given.casefold() == ALL:
             names += [n for n in known if n not in names]
-        elif name in known:
+        elif name is not None:
             names += [name] if name not in names else []
         else:
-            raise UnknownNameError("synthetic backend", name, known + [ALL])
+            raise UnknownNameError("synthetic backend", given, known + [ALL])
     if not names:
         raise InputError("--synthetic needs a name (or 'all')")
     return names
