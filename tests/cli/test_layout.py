@@ -43,14 +43,16 @@ def test_wide_and_no_terminal_keep_one_line_per_row(capsys, monkeypatch):
     assert not any(line.startswith("    because:") for line in wide.splitlines())
 
 
-def test_explain_fits_80_columns_and_says_the_same_words(capsys, monkeypatch):
-    argv = ("explain", "--backend", "fa3", "--mode", "decode")
+@pytest.mark.parametrize("command", ["explain", "query"])
+def test_explain_and_query_fit_80_columns_and_say_the_same_words(capsys, monkeypatch, command):
+    argv = (command, "--backend", "fa3", "--mode", "extend", "--flag", "prefill_read_done=1")
     wide = run(capsys, *argv, "--wide")
     monkeypatch.setenv("COLUMNS", "80")
     fitted = run(capsys, *argv)
     assert max(len(line) for line in wide.splitlines()) > 80
     assert max(len(line) for line in fitted.splitlines()) <= 80
     assert fitted.split() == wide.split()
+    assert fitted.splitlines()[0] == wide.splitlines()[0]  # the policy, alone on the first line
 
 
 @pytest.mark.parametrize(

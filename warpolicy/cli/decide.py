@@ -14,6 +14,7 @@ from warpolicy.registry.vocabulary import TABLE_MODES
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("query", help="the policy for one backend, mode and spec algorithm")
     common.add_context_args(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_query)
 
     p = sub.add_parser("explain", help="every input the decision considered")
@@ -41,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_query(args: argparse.Namespace) -> int:
     engine = common.engine(args.capabilities)
     decision = engine.decision(common.context(args, engine))
-    common.out(format_decision(decision, args.format))
+    common.out(format_decision(decision, args.format, width=output_width(args.wide)))
     return ExitCode.OK
 
 

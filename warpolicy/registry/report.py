@@ -114,8 +114,9 @@ def fit_lines(lines: Sequence[str], width: Optional[int]) -> list[str]:
 # -- query, table ------------------------------------------------------------------------------
 
 
-def format_decision(decision: Decision, fmt: str = "text") -> str:
-    """The policy first (text: the first word), then the reasons that moved it."""
+def format_decision(decision: Decision, fmt: str = "text", *, width: Optional[int] = None) -> str:
+    """The policy first (text: the first word), then the reasons that moved it (``width``:
+    long text lines wrapped, `fit_lines`)."""
     if fmt == "json":
         return json_document(decision.to_json())
     ctx = decision.context
@@ -133,7 +134,7 @@ def format_decision(decision: Decision, fmt: str = "text") -> str:
     lines += [
         f"  {r.id}: {r.message}" + (f" [{r.origin}]" if r.origin else "") for r in decision.reasons
     ]
-    return "\n".join(lines)
+    return "\n".join(fit_lines(lines, width))
 
 
 def format_table(
