@@ -41,7 +41,9 @@ def yaml_blocks(text: str) -> list[dict]:
 
 
 def test_the_exit_code_table_lists_every_exit_code():
-    codes = {int(c) for c in re.findall(r"^\| `(\d+)` \|", section("cli.md", "## Exit codes"), re.M)}
+    codes = {
+        int(c) for c in re.findall(r"^\| `(\d+)` \|", section("cli.md", "## Exit codes"), re.M)
+    }
     assert codes == {int(c) for c in ExitCode}
 
 
