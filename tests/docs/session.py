@@ -78,7 +78,7 @@ def main(doc: str, result_path: str) -> int:
             elif block.language in PYTHON:
                 # the line numbers of a traceback are the document's
                 code = compile("\n" * block.line + block.text, block.where, "exec")
-                exec(code, namespace)  # noqa: S102 - running the document's own code is the test
+                exec(code, namespace)
             else:
                 run_shell(block.language, block.text)
         except BaseException:  # noqa: BLE001 - reported per block; the session ends here
