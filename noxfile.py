@@ -7,20 +7,24 @@ Sessions (``nox -l`` lists them; docs/development.md says what each covers):
   extra and **no torch**, the whole suite. The registry, the engine, the CLI, the loader's
   hostile-input tests and the docs' torch-free blocks run; every test that needs torch skips,
   saying so (a module that cannot import torch is a skipped module, never a collection error).
-* ``torch-3.11``: the same with torch (``TORCH``) installed first: the whole suite, the runtime
+* ``torch`` (3.11): the same with torch (``TORCH``) installed first: the whole suite, the runtime
   included. CI has a CPU wheel for one interpreter only; elsewhere point pip at PyTorch's CPU
   index first (``PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu``) or pip resolves
   ``torch`` to a multi-GB CUDA build.
-* ``pluggy-oldest``, ``pluggy-newest`` (3.11, with torch): the plugin, observer, hook and
-  fault-matrix tests under the oldest pluggy ``pyproject.toml`` allows (with the newest pytest
-  that runs on it) and the newest one; observers and platform claims are called exactly as the
-  installed pluggy calls them, and pluggy's versions differ in how they pass arguments.
+* ``pluggy(oldest)``, ``pluggy(newest)`` (3.11, with torch): the plugin, observer, hook and
+  fault-matrix tests, and the metrics plugin's own tests, under the oldest pluggy
+  ``pyproject.toml`` allows (with the newest pytest that runs on it) and the newest one;
+  observers and platform claims are called exactly as the installed pluggy calls them, and
+  pluggy's versions differ in how they pass arguments.
 
 ``.ci/run`` runs the suite with torch and the newest pluggy in its own venv first, so it asks
-nox for the other sessions only (``nox -s tests-3.10 tests-3.12 tests-3.13 pluggy-oldest``).
+nox for the other sessions only (``nox -s tests-3.10 tests-3.12 tests-3.13 "pluggy(oldest)"``).
 """
 
 from __future__ import annotations
+
+import pathlib
+import shutil
 
 import nox
 
@@ -80,3 +84,14 @@ def pluggy(session: nox.Session, pluggy: str) -> None:
         "python", "-c", "import pluggy, pytest; print(pluggy.__version__, pytest.__version__)"
     )
     session.run("python", *PYTEST, *(session.posargs or PLUGGY_TESTS))
+    if session.posargs:
+        return
+    # the metrics plugin's own tests (they live with it), installed like any plugin; `pytest`
+    # from its directory, so its source stays off sys.path and the installed copy is tested
+    plugin = pathlib.Path("plugins/warpolicy-metrics")
+    session.install("--no-deps", f"./{plugin}")
+    shutil.rmtree(plugin / "build", ignore_errors=True)
+    for metadata in plugin.glob("*.egg-info"):
+        shutil.rmtree(metadata)
+    with session.chdir(plugin):
+        session.run("pytest", "-q", "-p", "no:cacheprovider")

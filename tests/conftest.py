@@ -1,6 +1,7 @@
-"""Fixtures shared across test modules: a fresh plugin manager per test, inline plugins that
-are always unregistered, and both YAML composers of the loader; and the suite's hypothesis
-profile."""
+"""Fixtures shared across test modules: the ones the package ships for testing plugins and
+backends (`warpolicy.testing.fixtures`: ``warpolicy_pm``, a fresh plugin manager per test;
+``warpolicy_register``, inline plugins that are always unregistered; ``warpolicy_sim``), both
+YAML composers of the loader, one torch thread; and the suite's hypothesis profile."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import settings
 
 from warpolicy.registry.loader import reading
-from warpolicy.runtime.manager import new_plugin_manager
+
+pytest_plugins = ["warpolicy.testing.fixtures"]
 
 # No property test has a wall-clock deadline: a deadline is a timed assert, and a loaded CI
 # machine would fail it for nothing. A failure prints the blob that reproduces it.
@@ -33,27 +35,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def pm():
-    """A fresh plugin manager (built-ins only, no entry points, empty environment)."""
-    return new_plugin_manager(load_entry_points=False, environ={})
-
-
-@pytest.fixture
-def register(pm):
-    """Register inline plugins on ``pm``; every one is unregistered after the test."""
-    added = []
-
-    def add(plugin, name=None):
-        pm.register(plugin, name=name)
-        added.append(plugin)
-        return plugin
-
-    yield add
-    for plugin in added:
-        pm.unregister(plugin)
 
 
 @pytest.fixture(params=["libyaml", "python"])

@@ -11,7 +11,8 @@ from warpolicy.audit import Verdict, audit_mode, run_audit
 from warpolicy.audit.synthetic import make_synthetic, synthetic_backend, synthetic_names
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.errors import InputError, UnknownNameError
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.testing import sim_impl, sim_platform

@@ -27,10 +27,10 @@ def _toy(seen: list):
         "a toy",
         (option("--size", default=3, type=int), option("--shared-only", default="s")),
         (
-            Variant("--alt", (option("--alt", default=False, action="store_true"),
+            Variant("--alt", "the alternative", (option("--alt", default=False, action="store_true"),
                               option("--alt-knob", default=7, type=int)),
                     frozenset({"size"}), measure("alt"), refusal="belongs elsewhere"),
-            Variant(None, (option("--plain-knob", default=1.5, type=float),),
+            Variant(None, "the plain one", (option("--plain-knob", default=1.5, type=float),),
                     frozenset({"size", "shared_only"}), measure("plain")),
         ),
     )  # fmt: skip

@@ -708,41 +708,6 @@ def test_explain_markdown_for_pull_requests(capsys, tmp_path):
 # -- bench wiring: simulated device, observer plugins, --tp and --spec-step -------------------------
 
 
-@pytest.fixture
-def metrics_importable(monkeypatch):
-    pytest.importorskip("prometheus_client")
-    monkeypatch.syspath_prepend(os.path.join(REPO, "plugins", "warpolicy-metrics"))
-
-
-def test_bench_fence_on_sim_times_the_metrics_and_nvtx_observers(capsys, metrics_importable):
-    pytest.importorskip("torch")  # the benchmark runs the runtime
-    code, out, err = run_cli(
-        capsys,
-        "bench",
-        "fence",
-        "--device",
-        "sim",
-        "--iterations",
-        "60",
-        "--metrics",
-        "--nvtx",
-        "--format",
-        "json",
-    )
-    assert code == ExitCode.OK, err
-    doc = json.loads(out)
-    assert doc["platform"] == "sim" and doc["schema_version"] == 1
-    for row in doc["overhead"]["per_policy"].values():
-        assert set(row["plugins"]) == {"metrics", "nvtx"}
-        noop = row["with_observer_us_median"]
-        for plugin in row["plugins"].values():
-            assert plugin["extra_over_noop_us"] == pytest.approx(plugin["us_median"] - noop)
-    code, out, _ = run_cli(
-        capsys, "bench", "fence", "--device", "sim", "--iterations", "60", "--metrics"
-    )
-    assert code == ExitCode.OK and "with metrics:" in out and "over the no-op observer" in out
-
-
 def test_bench_fence_metrics_without_the_plugin_is_one_line(capsys, monkeypatch):
     pytest.importorskip("torch")  # the benchmark runs the runtime
     import sys

@@ -13,7 +13,7 @@ from warpolicy.conformance.adapters import MUTANTS, make_adapter
 from warpolicy.conformance.factories import SPECS, default_engine
 from warpolicy.conformance.loader import KernelsUnavailable
 from warpolicy.conformance.paged import DECODE, VERIFY, PagedConfig, PagedState
-from warpolicy.registry.engine import Context
+from warpolicy.registry.decision import Context
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, Placement
 from warpolicy.testing import sim_platform
 

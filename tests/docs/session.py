@@ -1,9 +1,10 @@
 """Run one document's code blocks as one session: ``python session.py DOC RESULT_JSON``.
 
-Run by `test_code_blocks.py` in a fresh interpreter whose working directory is the session's
-scratch directory: the `python` blocks share one namespace, in order, with the shell blocks
-between them; the first block that fails ends the session (later blocks are "not reached").
-Writes ``{where: {"ok": bool, "error": str}}`` for every block it ran."""
+Run by `test_code_blocks.py` (with ``tests/`` on ``PYTHONPATH``) in a fresh interpreter whose
+working directory is the session's scratch directory: the `python` blocks share one namespace,
+in order, with the shell blocks between them; the first block that fails ends the session
+(later blocks are "not reached"). Writes ``{where: {"ok": bool, "error": str}}`` for every
+block it ran."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import traceback
 
-from blocks import PYTHON, ROOT, blocks_of, console_commands
+from doc_blocks import PYTHON, ROOT, blocks_of, console_commands
 
 SHELL_TIMEOUT_S = 300
 

@@ -17,7 +17,8 @@ import sys
 import tempfile
 
 import pytest
-from blocks import (
+
+from doc_blocks import (
     ROOT,
     Block,
     MarkError,
@@ -61,8 +62,8 @@ def session(doc: str) -> dict[str, dict[str, object]]:
         if "WARPOLICY_SGLANG_DIR" in os.environ:  # where the kernel files are, not a setting
             env["WARPOLICY_SGLANG_DIR"] = os.environ["WARPOLICY_SGLANG_DIR"]
         env["PATH"] = f"{work.parent / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env["PYTHONPATH"] = os.pathsep.join(  # the repository, and tests/ for doc_blocks
+            [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         env["COLUMNS"] = "250"  # wide enough for every table the docs show
         result = pathlib.Path(tmp) / "result.json"

@@ -13,11 +13,12 @@ import sys
 
 import pytest
 import yaml
-from blocks import documents
 
 import warpolicy
 from warpolicy.cli.common import ExitCode
 from warpolicy.registry.vocabulary import TABLE_MODES
+
+from doc_blocks import documents
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -103,7 +103,7 @@ def platform():
 
 @pytest.fixture
 def engine():
-    return PolicyEngine.load(plugins=False, environ={})
+    return PolicyEngine.load(environ={})
 
 
 def state():

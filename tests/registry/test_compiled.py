@@ -7,7 +7,8 @@ import pytest
 
 from warpolicy.registry import engine as engine_mod
 from warpolicy.registry.compiled import CompiledPolicy
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.model import Backend, Conditions, Fact, FactTest, Gate, Registry
 from warpolicy.registry.vocabulary import FactType
 from warpolicy.registry.vocabulary import ForwardMode as M

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import Fragment, default_registry_path, load_registry
 from warpolicy.registry.model import Conditions, Registry
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy

@@ -7,12 +7,9 @@ import warnings
 import pytest
 
 from warpolicy.errors import InputError, RegistryError, UnknownNameError
-from warpolicy.registry.decision import FORCE_COARSE_ID, SOUND_DEMOTION_ID
-from warpolicy.registry.engine import (
-    CompiledPolicy,
-    Context,
-    PolicyEngine,
-)
+from warpolicy.registry.compiled import CompiledPolicy
+from warpolicy.registry.decision import FORCE_COARSE_ID, SOUND_DEMOTION_ID, Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.inputs import parse_bool
 from warpolicy.registry.model import (
     Backend,

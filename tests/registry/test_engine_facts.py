@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from warpolicy.errors import InputError, RegistryError, UnknownNameError
-from warpolicy.registry.decision import AFTER_PREFIX
-from warpolicy.registry.engine import BatchCase, Context, PolicyEngine
+from warpolicy.registry.decision import AFTER_PREFIX, BatchCase, Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.model import (
     After,
     Backend,

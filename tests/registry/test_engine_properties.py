@@ -8,7 +8,8 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.model import (
     After,
     Backend,

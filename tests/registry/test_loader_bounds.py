@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from warpolicy.bench.loader_cost import (
+from warpolicy.bench.decide import (
     alias_fanout,
     format_load_cost,
     measure_load,
@@ -290,7 +290,7 @@ class TestAssembly:
         assert PolicyEngine.load([str(mine)], environ={}).registry == ok.checked()
 
     def test_engine_load_does_not_collect_plugins_itself(self):
-        with pytest.raises(InputError, match="collect_fragments"):
+        with pytest.raises(TypeError, match="plugins"):  # no such switch: fragments only
             PolicyEngine.load(plugins=True, environ={})
 
     def test_env_flag_problems(self):

@@ -48,7 +48,7 @@ backends:
 
 
 def engine(environ=None, files=None) -> PolicyEngine:
-    return PolicyEngine.load(files, plugins=False, environ=dict(environ or {}))
+    return PolicyEngine.load(files, environ=dict(environ or {}))
 
 
 def fingerprint(environ=None, files=None, **facts) -> PolicyFingerprint:
@@ -326,7 +326,7 @@ class TestNoPeers:
             dist.destroy_process_group()
 
     def test_a_failing_check_is_coarse_with_one_warning_and_tells_observers(
-        self, monkeypatch, pm, register
+        self, monkeypatch, warpolicy_pm, warpolicy_register
     ):
         class Stub:
             group = None
@@ -350,12 +350,14 @@ class TestNoPeers:
             def warpolicy_on_fallback(self, where, error):
                 seen.append((where, error))
 
-        register(Observer())
+        warpolicy_register(Observer())
         monkeypatch.setattr(wd, "_distributed", lambda: Stub())
         monkeypatch.setattr(wd, "_gather_and_compare", broken)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = check_consistency(fingerprint(), where="runner:decode", observers=pm.observers)
+            result = check_consistency(
+                fingerprint(), where="runner:decode", observers=warpolicy_pm.observers
+            )
         assert result.coarse and "store timed out" in (result.error or "")
         assert len(caught) == 1 and "coarse barrier" in str(caught[0].message)
         assert str(caught[0].message).startswith("warpolicy runner:decode: ")

@@ -10,7 +10,6 @@ import pytest
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime import hookspecs
 from warpolicy.runtime.hookspecs import hookimpl
-from warpolicy.runtime.manager import new_plugin_manager
 from warpolicy.runtime.observers import Reporter
 
 SPECS = {
@@ -29,11 +28,6 @@ OBSERVERS = {
 }
 FRAGMENTS = {"warpolicy_capabilities"}
 ACTIONS = {"warpolicy_batch_action"}
-
-
-@pytest.fixture
-def pm():
-    return new_plugin_manager(load_entry_points=False, environ={})
 
 
 def test_the_hooks_are_exactly_fragments_platform_observers_and_the_action_hook():
@@ -69,14 +63,14 @@ def test_no_hook_is_firstresult(name):
     assert not SPECS[name].warpolicy_spec.get("firstresult")
 
 
-def test_every_builtin_answers_the_platform_hook_for_its_devices_only(pm):
-    answers = pm.hook.warpolicy_platform(device="sim")
+def test_every_builtin_answers_the_platform_hook_for_its_devices_only(warpolicy_pm):
+    answers = warpolicy_pm.hook.warpolicy_platform(device="sim")
     assert [type(a).__name__ for a in answers] == ["SimPlatform"]
-    assert pm.hook.warpolicy_platform(device="tpu") == []
-    assert pm.hook.warpolicy_platform(device="cpu") == []
+    assert warpolicy_pm.hook.warpolicy_platform(device="tpu") == []
+    assert warpolicy_pm.hook.warpolicy_platform(device="cpu") == []
 
 
-def test_observer_hooks_reach_every_plugin(pm):
+def test_observer_hooks_reach_every_plugin(warpolicy_pm):
     calls = []
 
     class A:
@@ -90,17 +84,17 @@ def test_observer_hooks_reach_every_plugin(pm):
             calls.append(("B", where))
 
     a, b = A(), B()
-    pm.register(a)
-    pm.register(b)
+    warpolicy_pm.register(a)
+    warpolicy_pm.register(b)
     try:
-        assert pm.hook.warpolicy_on_decision(decision="d", where="engine") == []
+        assert warpolicy_pm.hook.warpolicy_on_decision(decision="d", where="engine") == []
     finally:
-        pm.unregister(a)
-        pm.unregister(b)
+        warpolicy_pm.unregister(a)
+        warpolicy_pm.unregister(b)
     assert sorted(calls) == [("A", "d", "engine"), ("B", "engine")]
 
 
-def test_the_reporter_tells_violation_and_release_lead_observers(pm):
+def test_the_reporter_tells_violation_and_release_lead_observers(warpolicy_pm):
     seen: list[tuple] = []
 
     class Watch:
@@ -112,8 +106,8 @@ def test_the_reporter_tells_violation_and_release_lead_observers(pm):
         def warpolicy_on_release_lead(self, runner, bucket, lead_us):
             seen.append(("lead", runner, bucket, lead_us))
 
-    pm.register(Watch(), name="watch")
-    reporter = Reporter(pm.observers, "runner 'decode'")
+    warpolicy_pm.register(Watch(), name="watch")
+    reporter = Reporter(warpolicy_pm.observers, "runner 'decode'")
     reporter.violation("decode", "fa3", ForwardMode.DECODE, "none", 8, 3, "out[0]: 1 != 2")
     reporter.release_lead("decode", ForwardMode.DECODE, 8, 3, 12.5)
     assert seen == [

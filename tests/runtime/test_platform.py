@@ -30,8 +30,8 @@ from warpolicy.testing import sim_platform
 torch = pytest.importorskip("torch")
 
 
-def for_device(device, pm):
-    return open_platform(pm, device)
+def for_device(device, warpolicy_pm):
+    return open_platform(warpolicy_pm, device)
 
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
@@ -51,20 +51,20 @@ def test_device_type(device, kind):
 
 
 @no_cuda
-def test_default_device_is_the_simulated_one_without_cuda(pm):
-    p = for_device(None, pm)
+def test_default_device_is_the_simulated_one_without_cuda(warpolicy_pm):
+    p = for_device(None, warpolicy_pm)
     assert p.name == "sim" and p.device == "sim"
 
 
 @no_cuda
-def test_cuda_without_cuda_is_a_user_error(pm):
+def test_cuda_without_cuda_is_a_user_error(warpolicy_pm):
     with pytest.raises(CudaUnavailableError, match="CUDA"):
-        for_device("cuda:0", pm)
+        for_device("cuda:0", warpolicy_pm)
 
 
-def test_unknown_device_type(pm):
+def test_unknown_device_type(warpolicy_pm):
     with pytest.raises(UnknownNameError, match="tpu"):
-        for_device("tpu", pm)
+        for_device("tpu", warpolicy_pm)
 
 
 def test_disabled_sim_leaves_no_platform():
@@ -90,9 +90,9 @@ class MiniPlugin:
         return Mini(device=device) if device_type(device) == self.kind else None
 
 
-def test_the_claim_is_asked_once_and_its_methods_are_bound(pm, register):
-    plugin = register(MiniPlugin())
-    p = for_device("Mini:3", pm)
+def test_the_claim_is_asked_once_and_its_methods_are_bound(warpolicy_pm, warpolicy_register):
+    plugin = warpolicy_register(MiniPlugin())
+    p = for_device("Mini:3", warpolicy_pm)
     assert plugin.asked == ["mini:3"] and p.name == "mini" and isinstance(p.impl, Mini)
     assert isinstance(p.impl, PlatformImpl)
     for op in ("record", "wait_event", "wait_stream", "replay", "is_capturing"):
@@ -104,45 +104,47 @@ def test_the_claim_is_asked_once_and_its_methods_are_bound(pm, register):
     assert p.log.of("record") == [("record", ev.id, 0, False)]
 
 
-def test_the_facade_carries_no_plugin_manager(pm):
-    assert not hasattr(for_device("sim", pm), "pm")
+def test_the_facade_carries_no_plugin_manager(warpolicy_pm):
+    assert not hasattr(for_device("sim", warpolicy_pm), "warpolicy_pm")
 
 
-def test_a_later_plugin_does_not_change_a_built_platform(pm, register):
-    p = for_device("sim", pm)
-    register(MiniPlugin(kind="sim"))  # would conflict if asked again
+def test_a_later_plugin_does_not_change_a_built_platform(warpolicy_pm, warpolicy_register):
+    p = for_device("sim", warpolicy_pm)
+    warpolicy_register(MiniPlugin(kind="sim"))  # would conflict if asked again
     p.create_event()
     assert len(p.log) == 1
     with pytest.raises(PluginError):
-        for_device("sim", pm)
+        for_device("sim", warpolicy_pm)
 
 
 @pytest.mark.parametrize("order", ["a-first", "b-first"])
-def test_two_claims_are_one_line_naming_both_plugins_whatever_the_order(pm, order):
+def test_two_claims_are_one_line_naming_both_plugins_whatever_the_order(warpolicy_pm, order):
     a, b = MiniPlugin(), MiniPlugin()
     for plugin, name in (
         [(a, "alpha"), (b, "beta")] if order == "a-first" else [(b, "beta"), (a, "alpha")]
     ):
-        pm.register(plugin, name=name)
+        warpolicy_pm.register(plugin, name=name)
     with pytest.raises(PluginError) as info:
-        for_device("mini", pm)
+        for_device("mini", warpolicy_pm)
     text = str(info.value)
     assert "\n" not in text
     assert text.startswith("plugin 'alpha'") and "plugin 'beta'" in text and "'mini'" in text
 
 
-def test_a_raising_claim_names_the_plugin(pm, register):
+def test_a_raising_claim_names_the_plugin(warpolicy_pm, warpolicy_register):
     class Broken:
         @hookimpl
         def warpolicy_platform(self, device):
             raise KeyError("boom")
 
-    register(Broken(), name="broken")
+    warpolicy_register(Broken(), name="broken")
     with pytest.raises(PluginError, match=r"plugin 'broken'.*raised KeyError"):
-        for_device("sim", pm)
+        for_device("sim", warpolicy_pm)
 
 
-def test_an_incomplete_implementation_is_refused_with_what_it_lacks(pm, register):
+def test_an_incomplete_implementation_is_refused_with_what_it_lacks(
+    warpolicy_pm, warpolicy_register
+):
     class Half:
         name, device, external_events_supported = "half", "half", False
 
@@ -154,9 +156,9 @@ def test_an_incomplete_implementation_is_refused_with_what_it_lacks(pm, register
         def warpolicy_platform(self, device):
             return Half() if device == "half" else None
 
-    register(HalfPlugin(), name="half")
+    warpolicy_register(HalfPlugin(), name="half")
     with pytest.raises(PluginError, match=r"plugin 'half'.*without create_event, wait_event"):
-        for_device("half", pm)
+        for_device("half", warpolicy_pm)
 
 
 def test_handles_the_implementation_returns_none_for_are_errors():
@@ -186,7 +188,9 @@ def test_capture_and_capture_callable_reach_the_implementation():
         ("record", "not callable", "without record"),
     ],
 )
-def test_a_claim_is_checked_by_type_not_by_presence(pm, register, attribute, value, problem):
+def test_a_claim_is_checked_by_type_not_by_presence(
+    warpolicy_pm, warpolicy_register, attribute, value, problem
+):
     class Liar(Mini):
         def __init__(self):
             super().__init__()
@@ -197,9 +201,9 @@ def test_a_claim_is_checked_by_type_not_by_presence(pm, register, attribute, val
         def warpolicy_platform(self, device):
             return Liar() if device == "liar" else None
 
-    register(LiarPlugin(), name="liar")
+    warpolicy_register(LiarPlugin(), name="liar")
     with pytest.raises(PluginError, match=r"plugin 'liar'.*not a platform implementation") as info:
-        for_device("liar", pm)
+        for_device("liar", warpolicy_pm)
     assert problem in str(info.value) and "\n" not in str(info.value)
 
 
@@ -224,7 +228,7 @@ def test_a_partial_graph_walker_is_refused():
     assert any("partial graph walker" in p for p in implementation_problems(Half()))
 
 
-def test_the_claim_calls_each_plugin_as_pluggy_does(pm, register):
+def test_the_claim_calls_each_plugin_as_pluggy_does(warpolicy_pm, warpolicy_register):
     """An implementation's parameter with a default gets what the installed pluggy passes."""
     got = []
 
@@ -233,10 +237,10 @@ def test_the_claim_calls_each_plugin_as_pluggy_does(pm, register):
         def warpolicy_platform(self, device="nothing-passed"):
             got.append(device)
 
-    register(Defaulted(), name="defaulted")
-    pm.hook.warpolicy_platform(device="sim")
+    warpolicy_register(Defaulted(), name="defaulted")
+    warpolicy_pm.hook.warpolicy_platform(device="sim")
     pluggy_passes = got.pop()
-    for_device("sim", pm)
+    for_device("sim", warpolicy_pm)
     assert got == [pluggy_passes]
 
 
@@ -248,7 +252,7 @@ def test_one_alias_list_for_the_simulated_platform(device, simulated):
     assert is_simulated(device) is simulated
 
 
-def test_log_is_only_for_the_simulated_platform(pm, register):
+def test_log_is_only_for_the_simulated_platform(warpolicy_pm, warpolicy_register):
     class Quiet(Mini):
         def __init__(self):
             super().__init__()
@@ -259,16 +263,16 @@ def test_log_is_only_for_the_simulated_platform(pm, register):
         def warpolicy_platform(self, device):
             return Quiet() if device == "quiet" else None
 
-    register(QuietPlugin())
+    warpolicy_register(QuietPlugin())
     with pytest.raises(NotImplementedError, match="does not record"):
-        _ = for_device("quiet", pm).log
+        _ = for_device("quiet", warpolicy_pm).log
 
 
-def test_announces_once_per_platform(pm, caplog, monkeypatch):
+def test_announces_once_per_platform(warpolicy_pm, caplog, monkeypatch):
     monkeypatch.setattr(facade_mod, "_ANNOUNCED", set())
     with caplog.at_level(logging.INFO, logger="warpolicy"):
-        for_device("sim", pm)
-        for_device("sim", pm)
+        for_device("sim", warpolicy_pm)
+        for_device("sim", warpolicy_pm)
     lines = [r.getMessage() for r in caplog.records if "in-graph read-done" in r.getMessage()]
     assert lines == ["warpolicy: platform 'sim' on device sim: in-graph read-done simulated"]
 

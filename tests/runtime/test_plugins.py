@@ -45,13 +45,13 @@ def contributes(value):
     return Plugin()
 
 
-def test_builtins_are_ordinary_named_plugins(pm):
+def test_builtins_are_ordinary_named_plugins(warpolicy_pm):
     import warpolicy.runtime.platforms.cuda
     from warpolicy.runtime.platforms.sim import SimPlugin
 
-    assert pm.get_plugin("cuda") is warpolicy.runtime.platforms.cuda
-    assert isinstance(pm.get_plugin("sim"), SimPlugin)
-    assert pm.get_plugin("fake") is None  # "fake" is a device alias, not a plugin name
+    assert warpolicy_pm.get_plugin("cuda") is warpolicy.runtime.platforms.cuda
+    assert isinstance(warpolicy_pm.get_plugin("sim"), SimPlugin)
+    assert warpolicy_pm.get_plugin("fake") is None  # "fake" is a device alias, not a plugin name
 
 
 def test_disable_blocks_builtins_by_name():
@@ -72,8 +72,8 @@ def test_trace_hooks_writes_hook_calls_to_stderr(capsys):
     assert "warpolicy_platform" in capsys.readouterr().err
 
 
-def test_no_trace_by_default(capsys, pm):
-    pm.hook.warpolicy_platform(device="sim")
+def test_no_trace_by_default(capsys, warpolicy_pm):
+    warpolicy_pm.hook.warpolicy_platform(device="sim")
     assert capsys.readouterr().err == ""
 
 
@@ -88,8 +88,8 @@ def test_default_manager_is_cached_until_reset():
         reset_plugin_manager()
 
 
-def test_describe_plugins_lists_builtins_with_hooks(pm):
-    rows = describe_plugins(pm)
+def test_describe_plugins_lists_builtins_with_hooks(warpolicy_pm):
+    rows = describe_plugins(warpolicy_pm)
     assert [r["name"] for r in rows] == sorted(r["name"] for r in rows)
     sim = next(r for r in rows if r["name"] == "sim")
     assert sim["source"] == "builtin" and sim["version"] == warpolicy.__version__
@@ -97,9 +97,9 @@ def test_describe_plugins_lists_builtins_with_hooks(pm):
     assert set(sim) >= {"name", "version", "source", "hooks"}
 
 
-def test_describe_hand_registered_plugin(pm, register):
-    register(contributes(None), "inline")
-    row = next(r for r in describe_plugins(pm) if r["name"] == "inline")
+def test_describe_hand_registered_plugin(warpolicy_pm, warpolicy_register):
+    warpolicy_register(contributes(None), "inline")
+    row = next(r for r in describe_plugins(warpolicy_pm) if r["name"] == "inline")
     assert row["source"] == "registered" and row["hooks"] == ["warpolicy_capabilities"]
 
 
@@ -124,24 +124,24 @@ def test_typo_hook_is_a_plugin_error():
 
 
 @pytest.mark.parametrize("hook", hookspecs.REMOVED_PLATFORM_HOOKS)
-def test_a_plugin_with_a_removed_platform_hook_is_refused_naming_the_new_one(pm, hook):
+def test_a_plugin_with_a_removed_platform_hook_is_refused_naming_the_new_one(warpolicy_pm, hook):
     plugin = type("Old", (), {hook: hookimpl(lambda self, device: None)})()
     with pytest.raises(PluginError) as info:
-        pm.register(plugin, name="old")
+        warpolicy_pm.register(plugin, name="old")
     text = str(info.value)
     assert "\n" not in text and text.startswith("plugin 'old'") and hook in text
     assert "warpolicy_platform(device)" in text and "WARPOLICY_DISABLE_PLUGINS=old" in text
-    assert pm.get_plugin("old") is None
+    assert warpolicy_pm.get_plugin("old") is None
 
 
-def test_a_blocked_old_plugin_is_not_refused(pm):
+def test_a_blocked_old_plugin_is_not_refused(warpolicy_pm):
     class Old:
         @hookimpl
         def warpolicy_create_event(self, device, external):
             return None
 
-    pm.set_blocked("old")
-    assert pm.register(Old(), name="old") is None
+    warpolicy_pm.set_blocked("old")
+    assert warpolicy_pm.register(Old(), name="old") is None
 
 
 # -- observers: pluggy's own calls, one per implementation ---------------------------------------
@@ -160,27 +160,27 @@ class Seen:
         self.calls.append(("barrier", kind, runner))
 
 
-def test_without_observers_every_tuple_is_empty(pm):
-    obs = observers_of(pm)
+def test_without_observers_every_tuple_is_empty(warpolicy_pm):
+    obs = observers_of(warpolicy_pm)
     assert (obs.on_decision, obs.on_publish, obs.on_barrier, obs.on_fallback) == ((), (), (), ())
-    assert obs is pm.observers
+    assert obs is warpolicy_pm.observers
 
 
-def test_observer_calls_follow_register_and_unregister(pm):
-    obs = observers_of(pm)
+def test_observer_calls_follow_register_and_unregister(warpolicy_pm):
+    obs = observers_of(warpolicy_pm)
     seen = Seen()
-    pm.register(seen, name="seen")
+    warpolicy_pm.register(seen, name="seen")
     assert len(obs.on_publish) == 1 and len(obs.on_barrier) == 1 and obs.on_fallback == ()
     reporter = Reporter(obs, "test")
     reporter.publish("decode", 3, "p", "ev")
     reporter.barrier("decode", 3, "event", "in_graph")
     assert seen.calls == [("publish", "decode", 3, "p", "ev"), ("barrier", "event", "decode")]
     assert obs.on_barrier[0].plugin == "seen"
-    pm.unregister(name="seen")
+    warpolicy_pm.unregister(name="seen")
     assert obs.on_publish == () and obs.on_barrier == ()
 
 
-def test_observers_are_called_in_pluggys_order(pm):
+def test_observers_are_called_in_pluggys_order(warpolicy_pm):
     order = []
 
     def observer(tag, **opts):
@@ -191,25 +191,25 @@ def test_observers_are_called_in_pluggys_order(pm):
 
         return O()
 
-    pm.register(observer("first-registered"))
-    pm.register(observer("last-registered"))
-    pm.register(observer("trylast", trylast=True))
+    warpolicy_pm.register(observer("first-registered"))
+    warpolicy_pm.register(observer("last-registered"))
+    warpolicy_pm.register(observer("trylast", trylast=True))
     with pytest.warns(RuntimeWarning, match="x failed"):
-        Reporter(observers_of(pm), "test").fallback("x", RuntimeError())
+        Reporter(observers_of(warpolicy_pm), "test").fallback("x", RuntimeError())
     pluggy_order = []
     order, pluggy_order = pluggy_order, order
-    pm.hook.warpolicy_on_fallback(where="x", error=RuntimeError())
+    warpolicy_pm.hook.warpolicy_on_fallback(where="x", error=RuntimeError())
     assert pluggy_order == order == ["last-registered", "first-registered", "trylast"]
 
 
-def test_monitoring_sees_every_observer_call_and_wrappers_wrap_them_all(pm):
+def test_monitoring_sees_every_observer_call_and_wrappers_wrap_them_all(warpolicy_pm):
     seen = Seen()
-    pm.register(seen)
+    warpolicy_pm.register(seen)
     monitored = []
-    undo = pm.add_hookcall_monitoring(
+    undo = warpolicy_pm.add_hookcall_monitoring(
         lambda name, impls, kwargs: monitored.append(name), lambda *a: None
     )
-    reporter = Reporter(observers_of(pm), "test")
+    reporter = Reporter(observers_of(warpolicy_pm), "test")
     reporter.publish("decode", 1, "p", None)
     undo()
     assert monitored == ["warpolicy_on_publish"]
@@ -221,8 +221,10 @@ def test_monitoring_sees_every_observer_call_and_wrappers_wrap_them_all(pm):
             seen.calls.append("wrapped")
             return result
 
-    pm.register(Wrapper(), name="wrapper")
-    assert len(observers_of(pm).on_publish) == 1  # the whole hook, once: the wrapper wraps it
+    warpolicy_pm.register(Wrapper(), name="wrapper")
+    assert (
+        len(observers_of(warpolicy_pm).on_publish) == 1
+    )  # the whole hook, once: the wrapper wraps it
     reporter.publish("decode", 2, "p", None)
     assert seen.calls == [
         ("publish", "decode", 1, "p", None),
@@ -310,21 +312,23 @@ def test_the_composition_root_builds_everything_once():
 # -- fragments -------------------------------------------------------------------------------------
 
 
-def test_fragments_are_sorted_by_plugin_name_not_registration_order(pm, register):
-    register(contributes("version: 1\nflags: {}\n"), "zeta")
-    register(contributes({"version": 1, "flags": {}}), "alpha")
-    names = [f.name for f in collect_fragments(pm)]
+def test_fragments_are_sorted_by_plugin_name_not_registration_order(
+    warpolicy_pm, warpolicy_register
+):
+    warpolicy_register(contributes("version: 1\nflags: {}\n"), "zeta")
+    warpolicy_register(contributes({"version": 1, "flags": {}}), "alpha")
+    names = [f.name for f in collect_fragments(warpolicy_pm)]
     assert names == ["plugin:alpha", "plugin:zeta"]
 
 
-def test_fragment_kinds_path_text_mapping_and_lists(pm, register, tmp_path):
+def test_fragment_kinds_path_text_mapping_and_lists(warpolicy_pm, warpolicy_register, tmp_path):
     path = tmp_path / "frag.yaml"
     path.write_text(BACKEND_YAML.format(name="from_file"))
-    register(
+    warpolicy_register(
         contributes([path, BACKEND_YAML.format(name="from_text"), {"version": 1, "flags": {}}]),
         "multi",
     )
-    frags = collect_fragments(pm)
+    frags = collect_fragments(warpolicy_pm)
     assert all(isinstance(f, Fragment) for f in frags)
     assert [f.name for f in frags] == [
         f"plugin:multi[0]:{path}",
@@ -335,23 +339,23 @@ def test_fragment_kinds_path_text_mapping_and_lists(pm, register, tmp_path):
     assert frags[2].data == {"version": 1, "flags": {}}
 
 
-def test_a_str_is_yaml_text_never_a_file_name(pm, register, tmp_path):
+def test_a_str_is_yaml_text_never_a_file_name(warpolicy_pm, warpolicy_register, tmp_path):
     path = tmp_path / "frag.yaml"
     path.write_text(BACKEND_YAML.format(name="x"))
-    register(contributes(str(path)), "s")
-    (frag,) = collect_fragments(pm)
+    warpolicy_register(contributes(str(path)), "s")
+    (frag,) = collect_fragments(warpolicy_pm)
     assert frag.data == str(path)
 
 
-def test_no_result_contributes_nothing(pm, register):
-    register(contributes(None), "quiet")
-    assert collect_fragments(pm) == []
+def test_no_result_contributes_nothing(warpolicy_pm, warpolicy_register):
+    warpolicy_register(contributes(None), "quiet")
+    assert collect_fragments(warpolicy_pm) == []
 
 
-def test_invalid_yaml_is_one_plugin_error_line(pm, register):
-    register(contributes("backends: [unclosed\n"), "broken")
+def test_invalid_yaml_is_one_plugin_error_line(warpolicy_pm, warpolicy_register):
+    warpolicy_register(contributes("backends: [unclosed\n"), "broken")
     with pytest.raises(PluginError) as info:
-        collect_fragments(pm)
+        collect_fragments(warpolicy_pm)
     text = str(info.value)
     assert "\n" not in text
     assert (
@@ -367,19 +371,20 @@ def test_invalid_yaml_is_one_plugin_error_line(pm, register):
         (lambda: (_ for _ in ()).throw(ValueError("boom")), "raised ValueError: boom"),
     ],
 )
-def test_bad_fragment_results_name_the_plugin(pm, register, value, match):
-    register(contributes(value), "bad")
+def test_bad_fragment_results_name_the_plugin(warpolicy_pm, warpolicy_register, value, match):
+    warpolicy_register(contributes(value), "bad")
     with pytest.raises(PluginError, match=match) as info:
-        collect_fragments(pm)
+        collect_fragments(warpolicy_pm)
     assert info.value.plugin == "bad"
 
 
-def test_plugin_backend_becomes_queryable(pm, register):
-    from warpolicy.registry.engine import Context, PolicyEngine
+def test_plugin_backend_becomes_queryable(warpolicy_pm, warpolicy_register):
+    from warpolicy.registry.decision import Context
+    from warpolicy.registry.engine import PolicyEngine
     from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 
-    register(contributes(BACKEND_YAML.format(name="plugin_attn")), "onboard")
-    engine = PolicyEngine.load(fragments=collect_fragments(pm), environ={})
+    warpolicy_register(contributes(BACKEND_YAML.format(name="plugin_attn")), "onboard")
+    engine = PolicyEngine.load(fragments=collect_fragments(warpolicy_pm), environ={})
     ctx = Context(
         backend="plugin_attn",
         mode=ForwardMode.DECODE,
@@ -422,22 +427,24 @@ def test_invalid_fragment_problems_name_the_plugin_and_how_to_disable_it():
     assert "nosuchbase" in text and "WARPOLICY_DISABLE_PLUGINS=badfrag" in text
 
 
-def test_non_utf8_fragment_file_is_one_plugin_error_line(pm, register, tmp_path):
+def test_non_utf8_fragment_file_is_one_plugin_error_line(
+    warpolicy_pm, warpolicy_register, tmp_path
+):
     path = tmp_path / "latin1.yaml"
     path.write_bytes(b"version: 1\n# caf\xe9\n")
-    register(contributes(lambda: path), "latin")
+    warpolicy_register(contributes(lambda: path), "latin")
     with pytest.raises(PluginError) as info:  # was a UnicodeDecodeError traceback
-        collect_fragments(pm)
+        collect_fragments(warpolicy_pm)
     text = str(info.value)
     assert "\n" not in text and "'latin'" in text and "not UTF-8" in text
 
 
-def test_a_capabilities_wrapper_is_not_taken_for_a_fragment(pm, register):
+def test_a_capabilities_wrapper_is_not_taken_for_a_fragment(warpolicy_pm, warpolicy_register):
     class Wrapper:
         @hookimpl(wrapper=True)
         def warpolicy_capabilities(self):
             return (yield)
 
-    register(Wrapper(), "wrapper")
-    register(contributes({"version": 1, "flags": {}}), "plain")
-    assert [f.name for f in collect_fragments(pm)] == ["plugin:plain"]
+    warpolicy_register(Wrapper(), "wrapper")
+    warpolicy_register(contributes({"version": 1, "flags": {}}), "plain")
+    assert [f.name for f in collect_fragments(warpolicy_pm)] == ["plugin:plain"]

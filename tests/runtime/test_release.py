@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.observers import NO_OBSERVERS, Reporter
+from warpolicy.runtime.policy import sound
 from warpolicy.runtime.release import (
     BucketFacts,
     BucketRelease,
     ModePolicies,
     decide_bucket,
     resolve_policies,
-    sound,
 )
 
 DECODE = ForwardMode.DECODE

@@ -457,7 +457,7 @@ def test_engine_compiled_policy_drives_derived_placement():
 
 
 def test_explain_marks_a_derived_decision():
-    from warpolicy.registry.engine import Context
+    from warpolicy.registry.decision import Context
     from warpolicy.registry.report import format_explanation
     from warpolicy.registry.vocabulary import ForwardMode as M
 

@@ -417,7 +417,7 @@ def test_observers_see_each_resolved_decision_with_its_reasons():
 
     rt = sim_runtime()
     rt.pm.register(Observer())
-    compiled = PolicyEngine.load(plugins=False, environ={}).compile("fa3")
+    compiled = PolicyEngine.load(environ={}).compile("fa3")
     runner, _, _ = make(rt.platform, compiled, buckets=(1, 2), observers=rt.observers)
     runner.capture()  # each bucket's decision and the eager one
     runner.policy_for(None)

@@ -164,15 +164,15 @@ def test_without_external_events():
         platform.create_event(external=True)
 
 
-def test_sim_and_its_alias_fake_are_claimed_but_cpu_is_not(pm):
-    assert open_platform(pm, "sim").name == "sim"
-    assert open_platform(pm, "FAKE").name == "sim"
+def test_sim_and_its_alias_fake_are_claimed_but_cpu_is_not(warpolicy_pm):
+    assert open_platform(warpolicy_pm, "sim").name == "sim"
+    assert open_platform(warpolicy_pm, "FAKE").name == "sim"
     with pytest.raises(UnknownNameError, match="cpu"):
-        open_platform(pm, "cpu")
+        open_platform(warpolicy_pm, "cpu")
 
 
-def test_each_claim_is_a_fresh_platform_with_its_own_log(pm):
-    a, b = open_platform(pm, "sim"), open_platform(pm, "sim")
+def test_each_claim_is_a_fresh_platform_with_its_own_log(warpolicy_pm):
+    a, b = open_platform(warpolicy_pm, "sim"), open_platform(warpolicy_pm, "sim")
     a.create_event()
     assert len(a.log) == 1 and len(b.log) == 0
 

@@ -61,7 +61,8 @@ from warpolicy.audit.report import SAFE, UNSAFE, Verdict
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.errors import InputError, UnknownNameError
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.model import Backend, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,

@@ -38,6 +38,8 @@ class Option:
     flags: tuple[str, ...]
     default: Any = None
     settings: Mapping[str, Any] = attrs.field(factory=dict)
+    #: the ``--help`` section it is listed in (None: the subcommand's own options)
+    section: Optional[str] = None
 
     def add(self, parser: Any, default: Any) -> argparse.Action:
         """Add it to ``parser`` (a parser or an argument group) with ``default``."""
@@ -96,8 +98,14 @@ class Benchmark:
     torch: bool = True
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
+        sections: dict[str, Any] = {}
         for one in self.options:
-            one.add(parser, one.default)
+            target: Any = parser
+            if one.section is not None:
+                if one.section not in sections:
+                    sections[one.section] = parser.add_argument_group(one.section)
+                target = sections[one.section]
+            one.add(target, one.default)
 
 
 @attrs.frozen(eq=False)  # compared and hashed by identity: one declaration, one variant
@@ -106,6 +114,8 @@ class Variant:
 
     #: the flag of the option that selects it (None: the default variant)
     selector: Optional[str]
+    #: what it measures, for ``--help`` (its options' section)
+    title: str
     #: its own options (the selecting one first)
     options: tuple[Option, ...]
     #: the dests of the subcommand's shared options it reads
@@ -128,7 +138,10 @@ def variants(
         dest = _dest(one)
         declared.append((one, frozenset(m for m in members if dest in m.reads)))
     for member in members:
-        declared += [(one, frozenset({member})) for one in member.options]
+        section = f"{member.title} ({member.selector or 'the default'})"
+        declared += [
+            (attrs.evolve(one, section=section), frozenset({member})) for one in member.options
+        ]
 
     def measure(args: argparse.Namespace) -> Optional[Report]:
         given = {_dest(one): one for one, _ in declared if hasattr(args, _dest(one))}

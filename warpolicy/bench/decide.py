@@ -6,8 +6,10 @@ spec algorithm's capability method, backend attributes and the runner's planted 
 on every step (docs/ARCHITECTURE.md, "Benchmarks"). The per-batch row times
 `CompiledPolicy.per_batch` on DeepSeek-V4 with each step's batch facts (query-token count,
 sparse-prefill snapshot) beside the same baseline and beside the anchor's per-batch chain
-(SGLang 0.5.23's prefill read-end resolution and main's staging gate written out). Run it with
-``warpolicy bench decide``.
+(SGLang 0.5.23's prefill read-end resolution and main's staging gate written out). It also
+times loading: a large registry (and a full table over it), and the shapes an adversary would
+try (`measure_load`: aliases that amplify a shared list, a long chain of composites, a flood of
+unknown names; each generated in memory). Run it with ``warpolicy bench decide``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Callable, Optional, Sequence
 from warpolicy.bench.command import Benchmark, Report, option
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.inputs import positive_int_argument
-from warpolicy.registry.loader import Fragment, load_registry
+from warpolicy.registry.loader import Fragment, load_registry, validate_sources
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -210,7 +212,7 @@ def bench_lookup(iterations: int = 200_000, repeats: int = 7) -> dict:
     """Engine lookup vs anchor if-chain on the default registry (backend fa3, spec none), and
     the per-batch lookup with facts (`per_batch_runs`), every run interleaved with the others;
     ratios are medians of per-pass ratios."""
-    engine = PolicyEngine.load(files=None, plugins=False, environ={})
+    engine = PolicyEngine.load(environ={})
     compiled = engine.compile("fa3", "none", strict=True)
     lookup = compiled.per_step(eager=False, planted=True)  # resolved once, as a runner does
     anchor = AnchorRunner("none")
@@ -273,37 +275,103 @@ def per_batch_runs(
     }
 
 
-def synthetic_registry_yaml(backends: int = 1000, gates: int = 100) -> str:
-    """A large registry text: ``backends`` backends over a base, ``gates`` global gates."""
+# -- loading: a large registry, and the shapes an adversary would try ------------------------------
+
+
+def large_registry(backends: int = 1000, gates: int = 100) -> str:
+    """``backends`` backends over an abstract base and ``gates`` global gates."""
     lines = [
         "version: 1",
         "flags:",
         "  f0: {default: false, env: [BENCH_SYNTHETIC_F0], doc: a flag}",
         "spec_algorithms:",
-        "  none: {capabilities: {prefill_read_done: true, target_verify_read_done: false},"
-        " doc: plain}",
-        "  dflash: {family: dflash, capabilities: {prefill_read_done: true,"
-        " target_verify_read_done: true}, doc: dflash}",
+        "  none: {capabilities: {prefill_read_done: true}, doc: plain}",
         "backends:",
-        "  base: {abstract: true, reads_end: {decode: in_graph, target_verify: in_graph},"
-        " doc: base}",
+        "  base: {abstract: true, reads_end: {decode: in_graph}, doc: base}",
     ]
-    for i in range(backends):
-        extra = ", reads_end: {extend: pre_replay}" if i % 7 == 0 else ""
-        lines.append(f"  be{i}: {{inherits: base{extra}, doc: synthetic backend {i}}}")
+    lines += [
+        f"  be{i}: {{inherits: base, reads_end: {{extend: pre_replay}}, doc: backend {i}}}"
+        for i in range(backends)
+    ]
     lines.append("gates:")
-    for i in range(gates):
-        mode = ("decode", "extend", "target_verify")[i % 3]
-        lines.append(
-            f"  - {{id: gate-{i}, when: {{mode: {mode}, backend: be{i * 7 % backends},"
-            f" flags: {{f0: true}}}}, at_least: post_replay, because: synthetic gate}}"
-        )
+    lines += [
+        f"  - {{id: gate-{i}, when: {{mode: decode, backend: be{i % backends}, "
+        f"flags: {{f0: true}}}}, at_least: post_replay, because: synthetic}}"
+        for i in range(gates)
+    ]
     return "\n".join(lines) + "\n"
+
+
+def alias_fanout(width: int, copies: int) -> str:
+    """One ``latest_of`` list of ``width`` children aliased into ``copies`` composites."""
+    lines = ["version: 1", "backends:"]
+    lines += [f"  b{i}: {{reads_end: {{decode: in_graph}}}}" for i in range(width)]
+    lines.append("  c0: {latest_of: &kids [" + ", ".join(f"b{i}" for i in range(width)) + "]}")
+    lines += [f"  c{i}: {{latest_of: *kids}}" for i in range(1, copies)]
+    return "\n".join(lines) + "\n"
+
+
+def shared_gate_list(gates: int, backends: int) -> str:
+    """One list of ``gates`` gates aliased into the ``gates:`` of ``backends`` backends."""
+    lines = ["version: 1", "backends:", "  b0:", "    gates: &shared"]
+    lines += [
+        f"      - {{id: g{i}, when: {{mode: decode}}, at_least: none, because: x}}"
+        for i in range(gates)
+    ]
+    lines += [f"  b{i}: {{gates: *shared}}" for i in range(1, backends)]
+    return "\n".join(lines) + "\n"
+
+
+def composite_chain(length: int) -> str:
+    """``length`` composites, each the latest of the previous one."""
+    lines = ["version: 1", "backends:", "  c0: {reads_end: {decode: in_graph}}"]
+    lines += [f"  c{i}: {{latest_of: [c{i - 1}]}}" for i in range(1, length)]
+    return "\n".join(lines) + "\n"
+
+
+def unknown_names(backends: int, unknown: int) -> str:
+    """``backends`` backends, and ``unknown`` composites naming backends that do not exist."""
+    lines = ["version: 1", "backends:"]
+    lines += [f"  known_backend_{i}: {{}}" for i in range(backends)]
+    lines += [f"  w{i}: {{latest_of: [missing_backend_{i}]}}" for i in range(unknown)]
+    return "\n".join(lines) + "\n"
+
+
+def _median_s(text: str, repeats: int) -> tuple[float, int]:
+    times, problems = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        problems = len(validate_sources([Fragment("bench.yaml", text)]))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), problems
+
+
+def measure_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> dict[str, dict]:
+    """Seconds to load (and validate) each case, with its size and problem count.
+
+    Keys: ``large`` (``backends`` backends, ``gates`` gates), ``alias_fanout`` and
+    ``shared_gates`` (refused: they expand past `MAX_NODES`), ``alias_within_limit`` (a shared
+    list below the limit, loaded), ``composite_chain`` and ``unknown_names``.
+    """
+    cases: dict[str, Callable[[], str]] = {
+        "large": lambda: large_registry(backends, gates),
+        "alias_fanout": lambda: alias_fanout(1000, 1000),
+        "shared_gates": lambda: shared_gate_list(100, 1000),
+        "alias_within_limit": lambda: alias_fanout(100, 1000),
+        "composite_chain": lambda: composite_chain(backends),
+        "unknown_names": lambda: unknown_names(backends, 5000),
+    }
+    out = {}
+    for name, make in cases.items():
+        text = make()
+        seconds, problems = _median_s(text, repeats)
+        out[name] = {"seconds": round(seconds, 4), "bytes": len(text), "problems": problems}
+    return out
 
 
 def bench_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> dict:
     """Time loading + validating a synthetic registry, and a full table over it."""
-    text = synthetic_registry_yaml(backends, gates)
+    text = large_registry(backends, gates)
     load_s = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -323,13 +391,25 @@ def bench_load(backends: int = 1000, gates: int = 100, repeats: int = 3) -> dict
 
 
 def run_decide_bench(iterations: int = 200_000, repeats: int = 7) -> dict:
+    """The lookup rows, the large registry's load and table (``load``) and every loading case
+    once (``load_cases``, `measure_load`)."""
     result = bench_lookup(iterations, repeats)
     result["load"] = bench_load()
+    result["load_cases"] = measure_load(repeats=1)
     return result
 
 
 def _show_ratio(value: Optional[float]) -> str:
     return f"{value:8.3f}" if value is not None else "     n/a"
+
+
+def format_load_cost(result: dict[str, dict]) -> str:
+    """One line per case, for the decide benchmark's text output."""
+    return "\n".join(
+        f"  load {name:<20} {r['seconds'] * 1000:9.1f} ms  {r['bytes']:>9} bytes"
+        f"  {r['problems']:>5} problem(s)"
+        for name, r in result.items()
+    )
 
 
 def format_decide(result: dict) -> str:
@@ -358,6 +438,8 @@ def format_decide(result: dict) -> str:
         f"{load['load_s']:.3f} s",
         f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
     ]
+    if "load_cases" in result:
+        lines.append(format_load_cost(result["load_cases"]))
     return "\n".join(lines)
 
 

@@ -49,7 +49,8 @@ from warpolicy import environment
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.conformance.loader import KernelsUnavailable, SGLangKernels, load_kernels
 from warpolicy.errors import CudaUnavailableError
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import default_registry_path
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.platforms import Platform

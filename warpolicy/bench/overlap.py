@@ -622,6 +622,7 @@ def _measure(args: argparse.Namespace) -> Report:
 #: ``warpolicy bench overlap`` without a variant's selector: the synthetic decode model.
 VARIANT = Variant(
     selector=None,
+    title="the synthetic decode model",
     options=(
         option(
             "--window-us",

@@ -267,6 +267,7 @@ def _measure(args: argparse.Namespace) -> Report:
 #: ``warpolicy bench overlap --factory MODULE:CALLABLE``.
 VARIANT = Variant(
     selector="--factory",
+    title="your own model",
     options=(
         option(
             "--factory",

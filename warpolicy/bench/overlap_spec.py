@@ -262,6 +262,7 @@ def _measure(args: argparse.Namespace) -> Report:
 #: ``warpolicy bench overlap --spec-step``.
 VARIANT = Variant(
     selector="--spec-step",
+    title="speculative steps",
     options=(
         option(
             "--spec-step",

@@ -41,6 +41,7 @@ import attrs
 
 from warpolicy import environment
 from warpolicy.bench.command import Report, Variant, option, targets_line
+from warpolicy.bench.overlap import ROWS as OVERLAP_ROWS
 from warpolicy.bench.overlap import (
     OverlapBench,
     SchedulePlan,
@@ -62,9 +63,6 @@ from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import (
-    IN_GRAPH,
-    NONE,
-    POST_REPLAY,
     ForwardMode,
     WarReadDonePolicy,
 )
@@ -73,12 +71,11 @@ from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
 from warpolicy.runtime.policy import fixed_policy
 
-#: (name, policy, sound for this model, skip the barrier entirely)
-ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
-    ("coarse", NONE, True, False),
-    ("post_replay", POST_REPLAY, True, False),
-    ("in_graph", IN_GRAPH, True, False),
-    ("no_barrier", NONE, False, True),  # the unsafe upper bound
+#: The single-GPU benchmark's rows (name, policy, sound for this model, skip the barrier
+#: entirely) but ``derived`` and ``pre_replay``: the marker's in_graph, post_replay, and the
+#: coarse and unsafe bounds.
+ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = tuple(
+    row for row in OVERLAP_ROWS if row[0] in ("coarse", "post_replay", "in_graph", "no_barrier")
 )
 SIM_DEVICES = SIM_DEVICE_TYPES  # the one alias list
 TORCHRUN_VARS = (environment.RANK, environment.WORLD_SIZE)
@@ -521,6 +518,7 @@ def _measure(args: argparse.Namespace) -> Optional[Report]:
 #: ``warpolicy bench overlap --tp N``.
 VARIANT = Variant(
     selector="--tp",
+    title="tensor parallel",
     options=(
         option(
             "--tp",

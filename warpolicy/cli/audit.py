@@ -16,7 +16,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     target.add_argument(
         "--factory",
         metavar="MODULE:CALLABLE",
-        help="callable returning the audit target (see README)",
+        help="callable returning the audit target (see docs/audit.md)",
     )
     target.add_argument(
         "--synthetic", metavar="NAME", help="a built-in synthetic backend ('all' for every one)"

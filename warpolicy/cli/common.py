@@ -2,7 +2,7 @@
 engine a command reads, and the plugin manager (built once per process at the composition root,
 `warpolicy.runtime.manager.get_plugin_manager`).
 
-One rule for exit codes (README, "Exit codes"): 0 the command did what was asked and found
+One rule for exit codes (docs/cli.md, "Exit codes"): 0 the command did what was asked and found
 nothing wrong; 1 it ran and its check failed (validate found problems, diff found a change it
 was told to fail on, audit found an UNSAFE declaration); 2 it could not run as asked (bad
 arguments, an unknown name, a registry that cannot be read, or, for a command that needs one

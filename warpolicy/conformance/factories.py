@@ -40,7 +40,8 @@ from warpolicy.audit.subject import AuditSubject
 from warpolicy.conformance.adapters import MUTANTS, make_adapter
 from warpolicy.conformance.loader import KernelsUnavailable, SGLangKernels, load_kernels
 from warpolicy.conformance.paged import DECODE, VERIFY, PagedConfig, PagedState
-from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.decision import Context
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import default_registry_path
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.runners import DecodeRunner, VerifyRunner

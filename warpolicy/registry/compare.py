@@ -43,8 +43,8 @@ from warpolicy.registry.cells import (
     reach,
     summarize,
 )
-from warpolicy.registry.decision import FORCE_COARSE
-from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
+from warpolicy.registry.decision import FORCE_COARSE, Decision
+from warpolicy.registry.engine import PolicyEngine, layer_label
 from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
 from warpolicy.registry.model import Flag, Registry

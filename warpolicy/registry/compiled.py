@@ -294,25 +294,29 @@ class CompiledPolicy:
         ``fn(mode, facts=None) -> policy``; a mode that reads no fact costs one dict index, one
         that does a classification per fact it reads and a tuple index."""
         index = _fact_index(eager, planted)
-        entries: dict[object, object] = {m: row[index] for m, row in self._table.items()}
-        for mode, rules in self._rules.items():
-            rule = rules[index]
+        table: dict[object, WarReadDonePolicy] = {m: row[index] for m, row in self._table.items()}
+        rules: dict[object, _Rule] = {}
+        for mode, cell_rules in self._rules.items():
+            rule = cell_rules[index]
             if rule is not None:
-                entries[mode] = rule.fast
+                rules[mode] = rule.fast
 
-        # The lookups are bound as defaults: locals are read faster than closure cells, which
-        # is a third of this function's cost on the per-step path (`warpolicy bench decide`).
+        # The lookups are bound as defaults (locals are read faster than closure cells), and a
+        # mode is tested with ``in`` and read with ``[]`` (operators, no method call): together
+        # most of this function's cost on the per-step path (`warpolicy bench decide`).
         def step(
             mode: ForwardMode,
             facts: Optional[Mapping[str, object]] = None,
-            _get: Callable[[object, object], object] = entries.get,
-            _policy: type = WarReadDonePolicy,
+            _rules: dict[object, _Rule] = rules,
+            _table: dict[object, WarReadDonePolicy] = table,
             _none: WarReadDonePolicy = NONE,
         ) -> WarReadDonePolicy:
-            entry = _get(mode, _none)
-            if type(entry) is _policy:
-                return entry  # type: ignore[return-value]
-            return entry(facts)  # type: ignore[operator]
+            if mode in _rules:
+                return _rules[mode](facts)
+            try:
+                return _table[mode]
+            except KeyError:  # not a mode of the table: the coarse barrier
+                return _none
 
         return step
 

@@ -44,25 +44,14 @@ import attrs
 from warpolicy import environment
 from warpolicy.errors import InputError, UnknownNameError, WarpolicyError
 from warpolicy.registry.compiled import BatchRule, CompiledPolicy
-from warpolicy.registry.decision import (  # noqa: F401 - the records are re-exported
-    AFTER_PREFIX,
-    BUILT_IN,
-    DECLARED_ID,
+from warpolicy.registry.decision import (
     FORCE_COARSE,
-    FORCE_COARSE_ID,
     IMPLICIT_SPEC,
-    ROUTE_PREFIX,
-    SOUND_DEMOTION_ID,
     BatchCase,
     Context,
     Decision,
-    Declaration,
-    Declared,
     Explanation,
-    FactValue,
     FlagValue,
-    GateCheck,
-    Reason,
 )
 from warpolicy.registry.evaluation import Evaluation
 from warpolicy.registry.facts import (
@@ -90,21 +79,7 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 
-__all__ = [
-    "BatchCase",
-    "BatchRule",
-    "CompiledPolicy",
-    "Context",
-    "Declaration",
-    "Decision",
-    "Explanation",
-    "FactValue",
-    "FlagValue",
-    "GateCheck",
-    "PolicyEngine",
-    "Reason",
-    "parse_bool",
-]
+__all__ = ["MAX_FACT_CASES", "PolicyEngine", "layer_label"]
 
 #: The most combinations of fact classes one cell enumerates; a cell that reads more facts than
 #: that ignores them (its policy for a batch that reports none, the later one) plus a warning.
@@ -158,7 +133,6 @@ class PolicyEngine:
         fragments: Sequence[Fragment] = (),
         blame: Optional[Blame] = None,
         environ: Optional[Mapping[str, str]] = None,
-        plugins: bool = False,
     ) -> PolicyEngine:
         """Build an engine from registry files (``files``, else ``WARPOLICY_CAPABILITIES``, else
         the packaged default) plus plugin ``fragments`` the caller collected, e.g.::
@@ -167,14 +141,9 @@ class PolicyEngine:
             PolicyEngine.load(files, fragments=collect_fragments(pm),
                               blame=functools.partial(blame_plugins, pm))
 
-        Raises `RegistryError` (every problem) or `UnreadableSourceError`. ``plugins=True`` is
-        refused: the engine does not reach for a plugin manager itself.
+        Raises `RegistryError` (every problem) or `UnreadableSourceError`. The engine never
+        reaches for a plugin manager itself: plugins' fragments come from the caller.
         """
-        if plugins:
-            raise InputError(
-                "PolicyEngine.load takes plugin fragments from its caller: pass "
-                "fragments=warpolicy.runtime.manager.collect_fragments(pm)"
-            )
         env = environment.PROCESS if environ is None else environ
         assembly = assemble_registry(files, fragments, blame=blame, environ=env)
         return cls(assembly.checked(), environ=env, layers=list(assembly.layers))
@@ -264,7 +233,9 @@ class PolicyEngine:
         try:
             return self.decision(ctx).policy
         except Exception as exc:  # noqa: BLE001 - fail closed on anything
-            self._warn_once(f"decide({ctx.backend!r}, {ctx.mode.label!r}, {ctx.spec!r})", exc)
+            self._warn_once(
+                _failed(f"decide({ctx.backend!r}, {ctx.mode.label!r}, {ctx.spec!r})", exc)
+            )
             return NONE
 
     def cases(self, ctx: Context) -> tuple[BatchCase, ...]:
@@ -322,7 +293,7 @@ class PolicyEngine:
         except Exception as exc:
             if strict:
                 raise
-            self._warn_once(f"compile({backend!r}, {spec!r})", exc)
+            self._warn_once(_failed(f"compile({backend!r}, {spec!r})", exc))
             return CompiledPolicy(backend, spec, {m: (NONE,) * 4 for m in ForwardMode})
         self._warn_earlier_layers(backend, spec, flags, platform, external_events)
         return compiled
@@ -456,11 +427,13 @@ class PolicyEngine:
                     cells = self._enumerate(ctx, read, {}) if read else None
                     if read and cells is None:
                         self._warn_once(
-                            f"compile({backend!r}, {spec!r}) {mode.label}",
-                            InputError(
-                                f"the cell reads more per-batch facts than {MAX_FACT_CASES} "
-                                "combinations of their classes; it ignores them"
-                            ),
+                            _failed(
+                                f"compile({backend!r}, {spec!r}) {mode.label}",
+                                InputError(
+                                    f"the cell reads more per-batch facts than {MAX_FACT_CASES} "
+                                    "combinations of their classes; it ignores them"
+                                ),
+                            )
                         )
                     row_rules.append(
                         None if cells is None else BatchRule(*cells, _batch_cases(*cells))
@@ -509,22 +482,15 @@ class PolicyEngine:
                 if below is not None and here is not None:
                     cell = _earlier_cell(below, here, spec)
                     if cell is not None:
-                        self._warn_layer(label, f"{backend} {cell}")
+                        self._warn_once(
+                            f"layer {label}",
+                            f"layer {label} makes a cell earlier than the layers below it: "
+                            f"{backend} {cell}; audit it or disable the plugin",
+                            stacklevel=4,
+                        )
                 below = here
         except Exception as exc:  # noqa: BLE001 - a report, never a reason to fail
-            self._warn_once("layer report", exc)
-
-    def _warn_layer(self, label: str, cell: str) -> None:
-        key = f"layer {label}"
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warnings.warn(
-            f"warpolicy: layer {label} makes a cell earlier than the layers below it: "
-            f"{cell}; audit it or disable the plugin",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+            self._warn_once(_failed("layer report", exc))
 
     def placement(self, backend: str, mode: ForwardMode) -> Placement:
         """Where a runner plants the in-graph node for ``backend`` in ``mode``: the first
@@ -567,12 +533,19 @@ class PolicyEngine:
             stack.extend((c, False) for c in children if c not in memo)
         return memo[backend]
 
-    def _warn_once(self, where: str, exc: BaseException) -> None:
-        key = f"{where}: {type(exc).__name__}: {exc}"
+    def _warn_once(self, key: str, message: Optional[str] = None, stacklevel: int = 3) -> None:
+        """The engine's one warn-once helper: warn ``warpolicy: <message>`` (default: ``<key>;
+        using the coarse barrier``) the first time ``key`` occurs."""
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(f"warpolicy: {key}; using the coarse barrier", RuntimeWarning, stacklevel=3)
+        text = message if message is not None else f"{key}; using the coarse barrier"
+        warnings.warn(f"warpolicy: {text}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def _failed(where: str, exc: BaseException) -> str:
+    """The key (and message) of a failure absorbed by the coarse barrier."""
+    return f"{where}: {type(exc).__name__}: {exc}"
 
 
 def _batch_cases(

@@ -13,7 +13,7 @@ from typing import Collection, Mapping, Optional, Sequence
 
 from warpolicy.registry.cells import CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
-from warpolicy.registry.engine import Decision, Explanation, GateCheck
+from warpolicy.registry.decision import Decision, Explanation, GateCheck
 
 #: Every output format a command may offer.
 FORMATS = ("text", "json", "markdown")

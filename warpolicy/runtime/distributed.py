@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 
 from warpolicy.errors import WarpolicyError
-from warpolicy.registry.engine import Context, Decision, PolicyEngine, Reason
+from warpolicy.registry.decision import Context, Decision, Reason
+from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.model import Registry
 from warpolicy.registry.vocabulary import NONE, ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter

@@ -30,7 +30,7 @@ import logging
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, cast
+from typing import Any, Callable, Mapping, Optional, Sequence, cast
 
 import attrs
 import pluggy
@@ -487,12 +487,3 @@ def describe_plugins(pm: pluggy.PluginManager) -> list[dict]:
             }
         )
     return rows
-
-
-def hook_names(pm: pluggy.PluginManager) -> list[str]:
-    """All ``warpolicy_*`` hook names with a spec (for docs and the CLI)."""
-    return sorted(name for name in dir(pm.hook) if name.startswith("warpolicy_"))
-
-
-def plugin_names(pm: pluggy.PluginManager) -> Iterable[str]:
-    return sorted(name for name, plugin in pm.list_name_plugin() if plugin is not None)

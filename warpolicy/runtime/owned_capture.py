@@ -234,8 +234,9 @@ def resolve_cell(
 class CaptureReport:
     """What the capture of one bucket did about its release point.
 
-    ``walked``: a graph walk ran (derived placement, or the marker self-check); ``ok``: it
-    succeeded and, for the self-check, found no late reader (None when no walk ran);
+    ``walked``: a graph walk ran (derived placement, or the marker self-check); ``ok``: the plant
+    or check was confirmed (True), or refuted or doubted (False, also when the walk could not run:
+    ``walked=False, ok=False``); None when no plant or check was attempted;
     ``walk_ms``: what the walk cost, 0 when none ran; ``detail``: one line (the plant or check
     described, or why it failed or was skipped); ``policy``: what the bucket publishes.
     """

@@ -222,5 +222,4 @@ __all__ = [
     "decide_bucket",
     "demote_release",
     "resolve_policies",
-    "sound",
 ]

@@ -13,6 +13,7 @@ import logging
 
 import pytest
 
+import warpolicy_example
 from warpolicy import ForwardMode, WarReadDonePolicy
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.runtime.manager import (
@@ -43,6 +44,18 @@ def run(rt, policy: WarReadDonePolicy, steps: int, name: str = "decode") -> Over
     for _ in range(steps):
         loop.step([1.0, 2.0], write_next=lambda: None)
     return loop
+
+
+def test_the_plugin_registers_its_hooks_on_a_manager(warpolicy_pm):
+    warpolicy_pm.register(warpolicy_example.plugin, name="example")
+    hooks = sorted(c.name for c in warpolicy_pm.get_hookcallers(warpolicy_example.plugin) or [])
+    assert hooks == [
+        "warpolicy_capabilities",
+        "warpolicy_on_barrier",
+        "warpolicy_on_demotion",
+        "warpolicy_on_fallback",
+        "warpolicy_on_publish",
+    ]
 
 
 # -- the fragment ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ The runtime's observer hooks pass one-line texts (``where="fence 'decode':after_
 ``reason="no read-done event"``, a demotion's whole sentence). A label holding such text makes a
 series per wording and breaks every dashboard when a message changes, so each text is mapped
 here to a short identifier from a fixed set; what does not map is counted as ``other`` (never
-dropped). ``tests/plugins`` drives every failure path of the runtime on the simulated platform
+dropped). The plugin's tests (``tests/``) drive every failure path of the runtime on the simulated platform
 and scans the runtime's source, and fails when something it emits maps to ``other``: a new place
 or reason in the runtime must be added here.
 

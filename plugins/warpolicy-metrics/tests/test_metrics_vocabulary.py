@@ -13,25 +13,21 @@ from __future__ import annotations
 import ast
 import itertools
 import pathlib
-import sys
 import warnings
 
 import pytest
 
 pytest.importorskip("prometheus_client")
 
-PLUGIN_ROOT = pathlib.Path(__file__).resolve().parents[2] / "plugins" / "warpolicy-metrics"
-if str(PLUGIN_ROOT) not in sys.path:
-    sys.path.insert(0, str(PLUGIN_ROOT))
 
-import warpolicy  # noqa: E402
-from warpolicy.runtime.graphwalk import Graph, Node, NodeKind  # noqa: E402
-from warpolicy.runtime.hookspecs import hookimpl  # noqa: E402
-from warpolicy.runtime.policy import fixed_policy  # noqa: E402
-from warpolicy.runtime.runners import DecodeRunner, OverlapLoop  # noqa: E402
-from warpolicy.testing import FAULT_MODES, OPERATIONS, RecModel, sim_impl, sim_runtime  # noqa: E402
-from warpolicy_metrics import vocabulary  # noqa: E402
-from warpolicy_metrics.vocabulary import (  # noqa: E402
+import warpolicy
+from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
+from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.policy import fixed_policy
+from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
+from warpolicy.testing import FAULT_MODES, OPERATIONS, RecModel, sim_impl, sim_runtime
+from warpolicy_metrics import vocabulary
+from warpolicy_metrics.vocabulary import (
     OTHER,
     barrier_reason,
     demotion_reason,

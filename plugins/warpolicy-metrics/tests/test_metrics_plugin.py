@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import pathlib
-import sys
 import warnings
 
 import pytest
@@ -18,11 +17,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-PLUGIN_ROOT = pathlib.Path(__file__).resolve().parents[2] / "plugins" / "warpolicy-metrics"
-if str(PLUGIN_ROOT) not in sys.path:  # the plugin's source tree, as an editable install puts it
-    sys.path.insert(0, str(PLUGIN_ROOT))
-
-import metrics_scenario  # noqa: E402
+PLUGIN_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 import warpolicy_metrics  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
@@ -38,6 +33,8 @@ from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop  # noqa: E402
 from warpolicy.testing import RecModel, sim_impl, sim_platform, sim_runtime  # noqa: E402
 from warpolicy_metrics import WarpolicyMetrics  # noqa: E402
+
+import metrics_scenario  # noqa: E402
 
 Samples = dict[tuple[str, frozenset], float]
 

@@ -1,6 +1,7 @@
 """The fenced code blocks of README.md and docs/*.md, with the marks docs/README.md documents.
 
-Read by `test_code_blocks.py`; `session.py` runs one file's blocks as one session."""
+Read by `tests/docs/test_code_blocks.py`; `tests/docs/session.py` runs one file's blocks as
+one session."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Optional
 
 import attrs
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: languages whose blocks run; every other language (yaml, toml, text, json, ...) is shown only
 PYTHON = frozenset({"python", "py"})

@@ -22,9 +22,7 @@ from warpolicy.runtime.manager import (
 )
 from warpolicy.runtime.release import BucketRelease
 
-TRACE_SRC = (
-    pathlib.Path(__file__).resolve().parents[2] / "plugins" / "warpolicy-trace" / "warpolicy_trace"
-)
+TRACE_SRC = pathlib.Path(__file__).resolve().parents[1] / "warpolicy_trace"
 
 
 def add_distribution(

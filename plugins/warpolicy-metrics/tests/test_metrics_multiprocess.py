@@ -24,16 +24,12 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-PLUGIN_ROOT = REPO / "plugins" / "warpolicy-metrics"
-if str(PLUGIN_ROOT) not in sys.path:
-    sys.path.insert(0, str(PLUGIN_ROOT))
-
-import metrics_scenario  # noqa: E402
 
 import warpolicy_metrics  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH  # noqa: E402
 from warpolicy_metrics import WarpolicyMetrics  # noqa: E402
+
+import metrics_scenario  # noqa: E402
 
 WORKER_TIMEOUT = 300  # seconds: a hung worker fails the test instead of hanging the suite
 
@@ -49,9 +45,8 @@ def samples_of(text: str) -> dict[tuple[str, frozenset], float]:
 def start_worker(rank: int, mode: str, directory: pathlib.Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"}
     env["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(PLUGIN_ROOT), str(HERE), env.get("PYTHONPATH", "")]
-    )
+    # the scenario's directory is the script's own; warpolicy and the plugin are installed (or
+    # on the PYTHONPATH this process was given)
     env["PYTHONWARNINGS"] = "ignore"  # torch's NumPy warning on the CPU wheel
     return subprocess.Popen(
         [sys.executable, str(HERE / "metrics_scenario.py"), str(rank), mode],
