@@ -10,9 +10,16 @@ from typing import Callable, Mapping, Optional, Union
 
 import attrs
 
-from warpolicy import environment
 from warpolicy.registry.model import Flag, Gate, Origin, SpecAlgorithm
-from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import (
+    FORCE_COARSE_ENV,
+    FORCE_COARSE_NAME,
+    FactType,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+    platform_key,
+)
 
 BUILT_IN = "built-in (warpolicy.registry.engine)"
 
@@ -35,9 +42,9 @@ ROUTE_PREFIX = "route:"
 #: The operator's kill switch. Built in: it works with any registry, and a registry or plugin can
 #: add environment names to it (by declaring the flag) but never remove these.
 FORCE_COARSE = Flag(
-    "force_coarse",
+    FORCE_COARSE_NAME,
     False,
-    (environment.FORCE_COARSE.name, environment.SGLANG_FORCE_COARSE.name),
+    FORCE_COARSE_ENV,
     doc="Always use the coarse barrier; built into the engine.",
     origin=Origin(BUILT_IN),
 )
@@ -69,7 +76,7 @@ class Context:
     mode: ForwardMode = attrs.field(converter=_mode)
     spec: str = "none"
     flags: Mapping[str, Union[bool, str]] = attrs.field(factory=dict, converter=_flag_dict)
-    platform: str = "cuda"
+    platform: str = attrs.field(default="cuda", converter=platform_key)
     external_events: bool = True
     eager: bool = False
     planted: bool = True
