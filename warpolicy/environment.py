@@ -121,13 +121,13 @@ FORCE_COARSE = declare(
     "value that is not a boolean counts as on (fail closed). Built into the engine: no registry "
     "or plugin can remove it.",
     default="off",
-    read_by="warpolicy.registry.decision",
+    read_by="warpolicy.registry.vocabulary",
 )
 SGLANG_FORCE_COARSE = declare(
     "SGLANG_FORCE_COARSE_WAR_BARRIER",
     "SGLang's spelling of `WARPOLICY_FORCE_COARSE`, honoured the same way.",
     default="off",
-    read_by="warpolicy.registry.decision",
+    read_by="warpolicy.registry.vocabulary",
 )
 
 # -- plugins -----------------------------------------------------------------------------------
