@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from warpolicy.audit.dynamic import SIMULATED, audit_mode
+from warpolicy.audit.dynamic import SIMULATED, audit_classes, audit_mode
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
@@ -89,6 +89,7 @@ def run_audit(
         entry = audit_mode(subject, mode, trials, stall_us, static=static)
         progress.finished(label, entry.verdict.label)
         entries.append(entry)
+        entries += audit_classes(subject, mode, trials, stall_us)
     return AuditReport(
         tuple(entries),
         device=describe_device(platform),

@@ -13,7 +13,7 @@ Nothing in the package imports it (an import-linter contract checks that).
 Importing `warpolicy.testing` does not import torch (`RecModel` imports it when built).
 """
 
-from warpolicy.testing.models import RecModel
+from warpolicy.testing.models import ClassMarkModel, RecModel
 from warpolicy.testing.race import SimRace
 from warpolicy.testing.sim import (
     FAULT_MODES,
@@ -32,6 +32,7 @@ __all__ = [
     "Fault",
     "FaultySimPlatform",
     "InjectedFault",
+    "ClassMarkModel",
     "RecModel",
     "SimRace",
     "sim_impl",
