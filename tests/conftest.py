@@ -5,6 +5,8 @@ YAML composers of the loader, one torch thread; and the suite's hypothesis profi
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from hypothesis import settings
 
@@ -43,3 +45,42 @@ def composer(request, monkeypatch):
     elif reading.C_LOADER is None:
         pytest.skip("PyYAML built without libyaml")
     return request.param
+
+
+# -- without torch (nox's tests-3.x sessions, `pip install ".[test]"` alone) -------------------
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+NEEDS_TORCH = "needs torch, which is not installed (install a torch wheel first; README)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Without torch, a test module that cannot import it is skipped with that reason, not a
+    collection error; with torch installed, an import error stays an error."""
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        not HAS_TORCH
+        and report.failed
+        and isinstance(collector, pytest.Module)
+        and "No module named 'torch'" in str(report.longrepr)
+    ):
+        report.outcome = "skipped"
+        report.longrepr = (str(collector.path), 0, f"Skipped: {NEEDS_TORCH}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Without torch, a test that fails by importing it (a deferred import in the code under
+    test) is skipped with that reason; any other failure stays a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    error = call.excinfo.value if call.excinfo is not None else None
+    if (
+        not HAS_TORCH
+        and report.failed
+        and isinstance(error, ModuleNotFoundError)
+        and (error.name or "").split(".")[0] == "torch"
+    ):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {NEEDS_TORCH}")

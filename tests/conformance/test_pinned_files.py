@@ -20,6 +20,7 @@ import zipfile
 import attrs
 import pytest
 
+from warpolicy import environment
 from warpolicy.conformance import loader, wheels
 from warpolicy.conformance.loader import KERNEL_FILES, KernelsUnavailable, check_source
 
@@ -65,8 +66,8 @@ class TestPins:
         assert "\n" not in reason
 
     def test_the_folder_follows_the_environment(self, tmp_path):
-        assert wheels.kernel_dir({wheels.DIR_ENV: str(tmp_path)}) == tmp_path
-        assert wheels.kernel_dir({wheels.DIR_ENV: "  "}) == ROOT / ".sglang"
+        assert wheels.kernel_dir({environment.SGLANG_DIR.name: str(tmp_path)}) == tmp_path
+        assert wheels.kernel_dir({environment.SGLANG_DIR.name: "  "}) == ROOT / ".sglang"
         assert wheels.kernel_dir({}) == ROOT / ".sglang"
 
     def test_loading_absent_files_is_one_line(self, tmp_path):
@@ -107,6 +108,7 @@ class TestPinnedFiles:
             loader.load_kernels(tmp_path / "k")
 
     def test_without_triton_the_loader_says_so(self, monkeypatch):
+        pytest.importorskip("torch")  # the loader asks for torch before triton
         real = importlib.util.find_spec
         monkeypatch.setattr(
             importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name)

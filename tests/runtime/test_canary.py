@@ -2,7 +2,7 @@
 race caught and demoted for the rest of the process, the hooks, NVTX and the log line, failing
 closed on its own failures, and the engine-facing session.
 
-Races are seeded by `canary_support.SimRace` (the scheduler's next writes land at the step's
+Races are seeded by `warpolicy.testing.SimRace` (the scheduler's next writes land at the step's
 release point); "corrupted" is judged against an independent reference: the same steps run
 with no race and no canary.
 """
@@ -15,7 +15,7 @@ import types
 
 import pytest
 import torch
-from canary_support import SLOTS, NamedFixed, SimRace, TableModel
+from canary_support import SLOTS, NamedFixed, TableModel
 
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
 from warpolicy.runtime import nvtx as wnvtx
@@ -39,7 +39,7 @@ from warpolicy.runtime.runners import (
     SpecStep,
     VerifyRunner,
 )
-from warpolicy.testing import RecModel, sim_impl, sim_runtime
+from warpolicy.testing import RecModel, SimRace, sim_impl, sim_runtime
 
 DECODE = ForwardMode.DECODE
 BATCHES = ([1.0, 2.0], [3.0, 4.0, 5.0], [6.0], [7.0, 8.0, 9.0, 10.0], [1.5, 2.5])

@@ -170,11 +170,23 @@ class TestResolve:
         cell = resolve_cell(PolicyEngine.load(), "triton", "decode", platform=rt.platform)
         assert cell.policies.planted is not P.IN_GRAPH
 
-    def test_an_unknown_backend_is_coarse_saying_why(self):
+    def test_an_unknown_backend_is_coarse_saying_why_loudly(self):
+        """Issue 27 item 8: a backend declared in a layer the engine did not load used to give
+        every bucket `none` without a word; now one warning names it and says to load the
+        layer."""
         rt = sim_runtime()
-        cell = resolve_cell(PolicyEngine.load(), "no_such_backend", DECODE, platform=rt.platform)
+        with pytest.warns(RuntimeWarning, match=r"unknown backend 'no_such_backend'.*file loaded"):
+            cell = resolve_cell(
+                PolicyEngine.load(), "no_such_backend", DECODE, platform=rt.platform
+            )
         assert {cell.policies.planted, cell.policies.unplanted, cell.policies.eager} == {P.NONE}
         assert "no_such_backend" in cell.failure
+
+    def test_a_known_backend_resolves_without_a_warning(self):
+        """The control: the warning is for the failure only (warnings are errors here)."""
+        rt = sim_runtime()
+        cell = resolve_cell(PolicyEngine.load(), "triton", DECODE, platform=rt.platform)
+        assert cell.failure is None and cell.policies.planted is P.IN_GRAPH
 
     def test_an_unknown_mode_or_placement_is_an_error_at_once(self):
         rt = sim_runtime()
@@ -660,7 +672,9 @@ def test_the_guides_warm_up_runs_as_written_on_sim():
 
     text = (pathlib.Path(__file__).parents[2] / "docs" / "integrating.md").read_text()
     (block,) = [
-        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if 'open_runtime("sim")' in b
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, re.S)
+        if 'open_runtime("sim")' in b and "warm_up(rt.platform)" in b
     ]
     assert "warm_up(rt.platform)" in block and "capturing(rt.platform)" in block
     exec(compile(block, "docs/integrating.md", "exec"), {"__name__": "guide"})

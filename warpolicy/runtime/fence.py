@@ -35,9 +35,9 @@ checks when called without it).
 from __future__ import annotations
 
 import enum
-import os
 from typing import Any, Callable, Optional
 
+from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
 from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
@@ -46,10 +46,6 @@ from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import EventHandle, Platform, StreamHandle
 from warpolicy.runtime.release import BucketRelease, ReadDone
 from warpolicy.runtime.ring import EventRing, RingExhaustedError, RingSlot
-
-#: Set to 1 to wrap publishes and barriers in torch profiler ranges (``warpolicy.publish``,
-#: ``warpolicy.barrier``); off by default because the range costs more than the fence itself.
-PROFILE_ENV = "WARPOLICY_PROFILE_RANGES"
 
 
 class FenceError(RuntimeError):
@@ -73,7 +69,8 @@ _FAILED = StepState.FAILED
 def _profile_ranges(explicit: Optional[bool]) -> bool:
     if explicit is not None:
         return bool(explicit)
-    return env_switch(os.environ, PROFILE_ENV)
+    # WARPOLICY_PROFILE_RANGES: torch profiler ranges around publishes and barriers (costly)
+    return env_switch(None, environment.PROFILE_RANGES)
 
 
 def _record_function(name: str) -> Any:

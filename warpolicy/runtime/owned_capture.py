@@ -65,11 +65,12 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import warnings
 from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import attrs
 
-from warpolicy.errors import InputError, WarpolicyError
+from warpolicy.errors import InputError, UnknownNameError, WarpolicyError
 from warpolicy.registry.decision import Context, Decision, Reason
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement, WarReadDonePolicy
@@ -205,9 +206,11 @@ def resolve_cell(
     registry ``engine`` holds, resolved once (call it at capture, never per step);
     ``per_batch``: see `cell_policy`.
 
-    Fails closed: an unknown backend or spec, or any error while compiling, gives every answer
-    ``none`` (the coarse barrier) with the error as ``failure``; nothing raises but an
-    `UnknownNameError` for the mode itself and an `InputError` for a bad ``placement``.
+    Fails closed, loudly: an unknown backend or spec, or any error while compiling, gives every
+    answer ``none`` (the coarse barrier) with the error as ``failure`` and one `RuntimeWarning`
+    per call; an unknown name's warning says to load the registry layer that declares it.
+    Nothing raises but an `UnknownNameError` for the mode itself and an `InputError` for a bad
+    ``placement``.
     """
     mode = ForwardMode.parse(mode)
     try:
@@ -222,7 +225,19 @@ def resolve_cell(
     except Exception as exc:  # noqa: BLE001 - fail closed: coarse, saying why
         failure = f"compiling the policy of {backend!r} (spec {spec!r}) failed: {exc}"
         where = parse_placement(placement) if placement is not None else Placement.MARKER
-        return CellPolicy(mode, ModePolicies.coarse(mode, failure, exc), where)
+        cell = CellPolicy(mode, ModePolicies.coarse(mode, failure, exc), where)
+        hint = ""
+        if isinstance(exc, UnknownNameError):
+            hint = (
+                "; a name your own registry file declares needs that file loaded: "
+                "PolicyEngine.load(['default', 'my_capabilities.yaml'])"
+            )
+        warnings.warn(
+            f"warpolicy {mode.label}: {failure}{hint}; every bucket uses the coarse barrier",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return cell
     return cell_policy(
         compiled, mode, placement=placement, per_batch=per_batch, observers=observers
     )

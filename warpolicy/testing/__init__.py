@@ -5,6 +5,8 @@ Nothing in the package imports it (an import-linter contract checks that).
 * `sim_platform`, `sim_impl`, `sim_runtime`, `FaultySimPlatform`: the simulated platform with
   fault injection (`warpolicy.testing.sim`);
 * `RecModel`: a recording model adapter (`warpolicy.testing.models`);
+* `SimRace`: the scheduler's next writes racing a step on the simulated platform
+  (`warpolicy.testing.race`), for testing a canary spec on the CPU;
 * pytest fixtures: ``pytest_plugins = ["warpolicy.testing.fixtures"]``;
 * `warpolicy.testing.faults`: the fault-injection matrix.
 
@@ -12,6 +14,7 @@ Importing `warpolicy.testing` does not import torch (`RecModel` imports it when 
 """
 
 from warpolicy.testing.models import ClassMarkModel, RecModel
+from warpolicy.testing.race import SimRace
 from warpolicy.testing.sim import (
     FAULT_MODES,
     OPERATIONS,
@@ -31,6 +34,7 @@ __all__ = [
     "InjectedFault",
     "ClassMarkModel",
     "RecModel",
+    "SimRace",
     "sim_impl",
     "sim_platform",
     "sim_runtime",

@@ -38,11 +38,14 @@ Graph semantics, modelled on CUDA:
   graph exec: a replay starts after the previous replay of the same graph has finished (its
   stream's clock merges the end of that replay). So a wait on an in-graph event bound to a later
   launch of the same graph on another stream only over-waits, as on the H200.
-* ``replay`` logs ``("replay", id)`` and then fires the planted nodes. A graph captured with
+* ``replay`` logs ``("replay", id)`` and then runs the graph's work. A graph captured with
   ``capture_callable`` re-runs its body at each replay on the launching stream
   (``is_capturing()`` True, ``replaying`` True), so a planted record fires at its place in the
   body; other records in the body made no node and are skipped. A graph captured with the
-  context-manager form fires its planted nodes right after the replay entry.
+  context-manager form replays what the body recorded (`warpolicy.runtime.platforms.tape`):
+  every torch call again, its results copied into the tensors the capture produced, and the
+  planted records at their places between them; reading a tensor's value on the host inside
+  that body raises, as on CUDA.
 
 Graph walk (derived placement and the marker self-check): the simulated platform has no real
 graph to read, so it walks a hand-made `warpolicy.runtime.graphwalk.Graph` that ``graph_model(graph)``
@@ -75,6 +78,7 @@ from warpolicy.runtime.graphwalk import (
 from warpolicy.runtime.graphwalk.plant import SharedBuffers, check_walked, ranges_of
 from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.platforms.base import is_simulated
+from warpolicy.runtime.platforms.tape import Tape
 
 #: Entries the call log keeps by default (about 10 MB of tuples); older ones are dropped.
 DEFAULT_LOG_CAP = 100_000
@@ -124,6 +128,7 @@ class SimGraph:
     fn: Optional[Callable[[], Any]] = None
     replays: int = 0
     derived: list[SimEvent] = attrs.Factory(list)  # derived nodes: fire after the whole body
+    tape: Optional[Tape] = None  # the context-manager form's recorded work
     instantiated: bool = False
     #: the clock at the end of the latest replay: the next launch starts after it
     done_clock: Optional[Clock] = None
@@ -322,6 +327,8 @@ class SimPlatform:
     def _record_in_capture(self, graph: SimGraph, event: SimEvent, stream: SimStream) -> None:
         if event.external:
             graph.planted.append(event)
+            if graph.tape is not None:
+                graph.tape.planted(event)
         else:
             event.invalid = True  # CUDA: no node, and the event errors when used later
         self.log.emit(("record", event.id, stream.id, True))
@@ -385,7 +392,14 @@ class SimPlatform:
     def capture(
         self, graph: SimGraph, stream: Optional[SimStream] = None, pool: Optional[SimPool] = None
     ) -> contextlib.AbstractContextManager[SimGraph]:
-        return self._capture(graph, stream)
+        return self._capture_recorded(graph, stream)
+
+    @contextlib.contextmanager
+    def _capture_recorded(self, graph: SimGraph, stream: Optional[SimStream]) -> Iterator[SimGraph]:
+        with self._capture(graph, stream):
+            graph.tape = Tape()
+            with graph.tape.recording():
+                yield graph
 
     def capture_callable(
         self,
@@ -409,6 +423,7 @@ class SimPlatform:
         graph.instantiated = False
         graph.captured = False
         graph.fn = None
+        graph.tape = None
         graph.done_clock = None
         self.log.emit(("capture_begin", graph.id))
         self._capturing = graph
@@ -431,7 +446,13 @@ class SimPlatform:
         launch = self._streams[-1]
         if graph.done_clock is not None:  # serialized after the previous launch of this graph
             _merge(launch.clock, graph.done_clock)
-        if graph.fn is None:
+        if graph.tape is not None:
+            self._replaying = graph
+            try:
+                graph.tape.replay(lambda event: self._fire_in_replay(graph, event, launch))
+            finally:
+                self._replaying = None
+        elif graph.fn is None:
             for event in graph.planted:
                 self._fire_in_replay(graph, event, launch)
         else:
