@@ -9,7 +9,10 @@ the scheduler rewrites a freed row for step N+1 while step N, which still reads 
 
 Each step goes through `OverlapLoop.step`: launch on the forward stream, barrier on the
 schedule stream right after the launch, then the next step's table writes on the schedule
-stream. Every step's logits are compared with a sequential reference (no overlap).
+stream. Every step's logits are compared with a sequential reference (no overlap). The runners
+and the loop share the runtime's observers, so an observer plugin (warpolicy-metrics:
+``warpolicy_read_done_publishes_total``, ``warpolicy_barriers_total``) sees every publish and
+every barrier, per runner.
 
     PYTHONPATH=. python examples/tiny_engine.py                   # CUDA if present, else fake
     PYTHONPATH=. python examples/tiny_engine.py --device fake --steps 40
@@ -157,6 +160,7 @@ class TinyEngine:
             platform, observers = runtime.platform, runtime.observers
         self.cfg = cfg
         self.platform = platform
+        self.observers = observers  # the runners' and the overlap loop's: metrics see both
         self.device = _tensor_device(self.platform, device)
         weights = TinyWeights(cfg, self.device)
         self.state = TinyState(cfg, self.device)
@@ -214,7 +218,13 @@ class TinyEngine:
                 if on_step is not None:
                     on_step(k, runner)
         else:
-            loop = OverlapLoop(None, p, force_coarse, unsafe_skip_barrier=unsafe_skip_barrier)
+            loop = OverlapLoop(
+                None,
+                p,
+                force_coarse,
+                observers=self.observers,  # barriers reach the metrics (warpolicy_barriers_total)
+                unsafe_skip_barrier=unsafe_skip_barrier,
+            )
             if schedule:
                 self.apply_writes(schedule[0])  # the first step's writes, before the loop
             for k, step in enumerate(schedule):

@@ -11,6 +11,8 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 
+from warpolicy import environment
+
 
 class WarpolicyError(Exception):
     """Base of every error that is the user's input, not our bug."""
@@ -94,7 +96,10 @@ class PluginError(WarpolicyError):
         where = f"plugin {self.plugin!r}"
         if self.entry_point:
             where += f" (entry point {self.entry_point})"
-        return f"{where}: {self.message}; disable it with WARPOLICY_DISABLE_PLUGINS={self.plugin}"
+        return (
+            f"{where}: {self.message}; disable it with "
+            f"{environment.DISABLE_PLUGINS.name}={self.plugin}"
+        )
 
 
 class CudaUnavailableError(WarpolicyError):

@@ -85,6 +85,9 @@ def test_parse_modes():
 def test_parse_synthetic_all_and_lists():
     assert parse_synthetic("all") == synthetic_names()
     assert parse_synthetic("late_swa_read,in_graph,late_swa_read") == ["late_swa_read", "in_graph"]
+    # backend names are matched ignoring case, everywhere
+    assert parse_synthetic("Late_SWA_Read,IN_GRAPH") == ["late_swa_read", "in_graph"]
+    assert parse_synthetic("ALL") == synthetic_names()
 
 
 def test_modes_filter_limits_entries():

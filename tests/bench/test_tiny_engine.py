@@ -164,3 +164,64 @@ def test_tiny_config_buckets_are_per_mode():
     assert tuple(model.bucket_sizes(ForwardMode.TARGET_VERIFY)) == cfg.verify_buckets
     assert tuple(model.bucket_sizes(ForwardMode.MIXED)) == ()
     assert list(model.shared_buffers) == ["req_to_token"]
+
+
+# -- what an operator sees: the metrics of the example's loop -------------------------------------
+
+
+def _metrics_plugin():
+    """warpolicy_metrics from its source tree (plugins/warpolicy-metrics), as installed."""
+    pytest.importorskip("prometheus_client")
+    if "warpolicy_metrics" not in sys.modules:
+        root = EXAMPLE.parents[1] / "plugins" / "warpolicy-metrics" / "warpolicy_metrics"
+        spec = importlib.util.spec_from_file_location(
+            "warpolicy_metrics", root / "__init__.py", submodule_search_locations=[str(root)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["warpolicy_metrics"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["warpolicy_metrics"]
+
+
+def _barriers(registry) -> dict[tuple[str, str], float]:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(registry).decode()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "warpolicy_barriers_total":
+                key = (sample.labels["runner"], sample.labels["kind"])
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def _mostly_coarse(barriers: dict[tuple[str, str], float]) -> dict[str, bool]:
+    """The documented alert, per runner: coarse barriers / all barriers > 0.5."""
+    runners = {runner for runner, _ in barriers}
+    return {
+        r: barriers.get((r, "coarse"), 0) / sum(v for (x, _), v in barriers.items() if x == r) > 0.5
+        for r in runners
+    }
+
+
+@pytest.mark.parametrize("force_coarse", [False, True])
+def test_the_loops_barriers_reach_the_metrics_and_the_alert_can_fire(schedule, force_coarse):
+    from prometheus_client import CollectorRegistry
+
+    from warpolicy.testing import sim_runtime
+
+    metrics = _metrics_plugin()
+    registry = CollectorRegistry()
+    rt = sim_runtime()
+    rt.pm.register(metrics.WarpolicyMetrics(registry))
+    engine = te.TinyEngine(fixed_policy("in_graph"), platform=rt.platform, observers=rt.observers)
+    engine.capture()
+    engine.run(schedule, force_coarse=force_coarse)
+    barriers = _barriers(registry)
+    assert sum(barriers.values()) == len(schedule)  # one barrier per step, none lost
+    assert {runner for runner, _ in barriers} == {r.name for r in engine.runners.values()}
+    assert "" not in {runner for runner, _ in barriers}
+    fired = _mostly_coarse(barriers)
+    assert fired and all(fired.values()) == force_coarse and any(fired.values()) == force_coarse

@@ -4,6 +4,7 @@ the unpacked tree; these checks keep the configuration honest between those runs
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 
@@ -73,17 +74,36 @@ def test_classifiers_say_python_versions_and_typed():
     assert not any(c.startswith("License ::") for c in classifiers)  # the expression says it
 
 
-def test_project_urls_name_files_of_this_repository_or_documented_placeholders():
-    releasing = (ROOT / "docs" / "releasing.md").read_text(encoding="utf-8")
+def test_project_urls_and_the_schema_id_name_one_repository_and_its_files():
+    """Every URL is the canonical repository or a file of it; no placeholder is left."""
+    from warpolicy.registry.schema import REPOSITORY, SCHEMA_PATH, registry_json_schema
+
     urls = PROJECT["urls"]
-    assert urls
+    assert {"Homepage", "Repository", "Documentation", "Changelog"} <= set(urls)
+    assert urls["Homepage"] == urls["Repository"] == REPOSITORY
     for label, url in urls.items():
-        assert url.startswith("https://"), (label, url)
-        if "OWNER" in url:
-            assert "OWNER" in releasing, f"{label}: placeholder not documented in releasing.md"
+        assert url == REPOSITORY or url.startswith(REPOSITORY + "/"), (label, url)
         path = url.split("/blob/main/", 1)[1] if "/blob/main/" in url else None
         if path is not None:
             assert (ROOT / path).exists(), (label, path)
+    owner, name = REPOSITORY.removeprefix("https://github.com/").split("/")
+    schema_id = registry_json_schema()["$id"]
+    assert schema_id == f"https://raw.githubusercontent.com/{owner}/{name}/main/{SCHEMA_PATH}"
+    assert (ROOT / SCHEMA_PATH).is_file()
+    assert json.loads((ROOT / SCHEMA_PATH).read_text())["$id"] == schema_id
+
+
+def test_no_placeholder_names_the_projects_home():
+    """``OWNER``, ``<owner>`` or a made-up domain would reach users as a broken link."""
+    texts = [
+        ROOT / "pyproject.toml",
+        ROOT / "warpolicy" / "capabilities.schema.json",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
+    texts += [ROOT / "README.md", *sorted((ROOT / "plugins").glob("*/README.md"))]
+    stale = re.compile(r"github\.com/(OWNER|<owner>)/|warpolicy\.dev\b")
+    found = {str(p.relative_to(ROOT)) for p in texts if stale.search(p.read_text(encoding="utf-8"))}
+    assert found == set()
 
 
 def test_the_test_extra_carries_pre_commit():

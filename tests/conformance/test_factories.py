@@ -7,8 +7,8 @@ import attrs
 import pytest
 import torch
 
+from warpolicy import environment
 from warpolicy.cli.main import main
-from warpolicy.conformance import wheels
 from warpolicy.conformance.adapters import MUTANTS, make_adapter
 from warpolicy.conformance.factories import SPECS, default_engine
 from warpolicy.conformance.loader import KernelsUnavailable
@@ -125,7 +125,7 @@ class TestFactories:
 
     def test_absent_files_name_the_script(self, monkeypatch, tmp_path, capsys):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-        monkeypatch.setenv(wheels.DIR_ENV, str(tmp_path))
+        monkeypatch.setenv(environment.SGLANG_DIR.name, str(tmp_path))
         code = main(
             ["audit", "--factory", "warpolicy.conformance.factories:mutants", "--device", "fake"]
         )

@@ -20,6 +20,7 @@ import zipfile
 import attrs
 import pytest
 
+from warpolicy import environment
 from warpolicy.conformance import loader, wheels
 from warpolicy.conformance.loader import KERNEL_FILES, KernelsUnavailable, check_source
 
@@ -65,8 +66,8 @@ class TestPins:
         assert "\n" not in reason
 
     def test_the_folder_follows_the_environment(self, tmp_path):
-        assert wheels.kernel_dir({wheels.DIR_ENV: str(tmp_path)}) == tmp_path
-        assert wheels.kernel_dir({wheels.DIR_ENV: "  "}) == ROOT / ".sglang"
+        assert wheels.kernel_dir({environment.SGLANG_DIR.name: str(tmp_path)}) == tmp_path
+        assert wheels.kernel_dir({environment.SGLANG_DIR.name: "  "}) == ROOT / ".sglang"
         assert wheels.kernel_dir({}) == ROOT / ".sglang"
 
     def test_loading_absent_files_is_one_line(self, tmp_path):

@@ -135,7 +135,7 @@ def test_a_failing_clock_is_reported_and_never_stops_a_step():
     with pytest.warns(RuntimeWarning, match="release leads are off"):
         for _ in range(3):
             loop.step([1.0], None)
-    assert leads.fallbacks == ["overlap loop:release_lead"] and loop._lead.enabled is False
+    assert leads.fallbacks == ["overlap loop 'decode':release_lead"] and loop._lead.enabled is False
 
 
 def test_off_without_a_lead_rate():

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warpolicy import environment
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runtime import nvtx as wnvtx
 from warpolicy.runtime.hookspecs import hookimpl
@@ -85,13 +86,13 @@ def run(plugin, policy="in_graph", steps=3, extra=(), **loop_kw):
 
 @pytest.mark.parametrize("value", [None, "", "0", "false", "off"])
 def test_off_registers_nothing(value, nvtx):
-    environ = {} if value is None else {wnvtx.ENV: value}
+    environ = {} if value is None else {environment.NVTX.name: value}
     assert wnvtx.nvtx_plugin_if_enabled(environ) is None
     assert nvtx.calls == []
 
 
 def test_on_with_nvtx_gives_the_plugin(nvtx):
-    plugin = wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "1"})
+    plugin = wnvtx.nvtx_plugin_if_enabled({environment.NVTX.name: "1"})
     assert isinstance(plugin, wnvtx.NvtxPlugin) and plugin.enabled
     assert nvtx.calls == [("mark", "warpolicy: NVTX ranges on")]
 
@@ -99,7 +100,7 @@ def test_on_with_nvtx_gives_the_plugin(nvtx):
 def test_on_without_nvtx_is_one_log_line_and_no_plugin(nvtx, caplog):
     nvtx.fail_mark = True  # what a CPU-only torch's stub does
     with caplog.at_level("WARNING", logger="warpolicy"):
-        assert wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "yes"}) is None
+        assert wnvtx.nvtx_plugin_if_enabled({environment.NVTX.name: "yes"}) is None
     (line,) = [r.getMessage() for r in caplog.records]
     assert "WARPOLICY_NVTX is set but NVTX is unavailable" in line and "\n" not in line
 
@@ -109,12 +110,12 @@ def test_on_with_the_cpu_torch_stub_is_no_plugin(caplog):
     if torch.cuda.is_available():
         pytest.skip("a CUDA build has real NVTX")
     with caplog.at_level("WARNING", logger="warpolicy"):
-        assert wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "1"}) is None
+        assert wnvtx.nvtx_plugin_if_enabled({environment.NVTX.name: "1"}) is None
 
 
 def test_a_non_boolean_value_is_off_with_one_log_line(nvtx, caplog):
     with caplog.at_level("WARNING", logger="warpolicy"):
-        assert wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "maybe"}) is None
+        assert wnvtx.nvtx_plugin_if_enabled({environment.NVTX.name: "maybe"}) is None
     (line,) = [r.getMessage() for r in caplog.records]
     assert "WARPOLICY_NVTX='maybe' is not a boolean" in line and nvtx.calls == []
 
@@ -124,14 +125,15 @@ def test_the_plugin_manager_registers_the_nvtx_observer_when_asked(nvtx):
 
     off = new_plugin_manager(load_entry_points=False, environ={})
     assert off.get_plugin("nvtx") is None and not observers_of(off).on_publish
-    pm = new_plugin_manager(load_entry_points=False, environ={wnvtx.ENV: "1"})
+    pm = new_plugin_manager(load_entry_points=False, environ={environment.NVTX.name: "1"})
     plugin = pm.get_plugin("nvtx")
     assert isinstance(plugin, wnvtx.NvtxPlugin)
     assert pm.sources["nvtx"].source == "builtin"
     assert any(r["name"] == "nvtx" and r["status"] == "active" for r in describe_plugins(pm))
     assert observers_of(pm).on_publish  # the fence sees it as an observer
     blocked = new_plugin_manager(
-        load_entry_points=False, environ={wnvtx.ENV: "1", "WARPOLICY_DISABLE_PLUGINS": "nvtx"}
+        load_entry_points=False,
+        environ={environment.NVTX.name: "1", "WARPOLICY_DISABLE_PLUGINS": "nvtx"},
     )
     assert blocked.get_plugin("nvtx") is None
 
@@ -264,7 +266,7 @@ def test_real_nvtx_binding_on_a_gpu():
     from warpolicy.runtime.manager import open_runtime
     from warpolicy.runtime.release import BucketRelease
 
-    plugin = wnvtx.nvtx_plugin_if_enabled({wnvtx.ENV: "1"})
+    plugin = wnvtx.nvtx_plugin_if_enabled({environment.NVTX.name: "1"})
     assert plugin is not None
     rt = open_runtime("cuda", load_entry_points=False, environ={})
     platform = rt.platform

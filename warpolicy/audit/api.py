@@ -16,6 +16,7 @@ from warpolicy.audit.dynamic import SIMULATED, audit_classes, audit_mode
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
+from warpolicy.progress import NO_PROGRESS, Progress
 from warpolicy.registry.inputs import parse_positive_int
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.manager import open_runtime
@@ -37,6 +38,7 @@ def run_audit(
     static: bool = True,
     allow_inconclusive: bool = False,
     placement: Optional[str] = None,
+    progress: Progress = NO_PROGRESS,
 ) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
@@ -46,6 +48,8 @@ def run_audit(
     ``allow_inconclusive`` lets INCONCLUSIVE entries pass the report's exit code (a failed
     audit still does not). ``placement`` (``declared``, ``marker`` or ``derived``; synthetic
     backends only) forces where the read-done node goes (see `warpolicy.audit.synthetic`).
+    ``progress`` hears of the subjects being built and of each (backend, mode) as it starts and
+    ends (`warpolicy.progress`; the CLI prints it on stderr).
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
@@ -66,16 +70,26 @@ def run_audit(
     if platform is None:
         platform = _platform(device)
     if make is not None:
+        progress.note(f"building the subjects of {factory} (kernels may compile)")
         subjects = call_factory(make, factory or "", platform)
     else:
         from warpolicy.audit.synthetic import make_synthetic  # noqa: PLC0415 - deferred: imports torch
 
         subjects = [make_synthetic(n, platform=platform, placement=placement) for n in names]
+    plan = [
+        (subject, mode)
+        for subject in subjects
+        for mode in (mode_list if mode_list is not None else list(subject.runners))
+    ]
+    progress.planned(len(plan))
     entries: list[AuditEntry] = []
-    for subject in subjects:
-        for mode in mode_list if mode_list is not None else list(subject.runners):
-            entries.append(audit_mode(subject, mode, trials, stall_us, static=static))
-            entries += audit_classes(subject, mode, trials, stall_us)
+    for subject, mode in plan:
+        label = f"{subject.name} {mode.label}"
+        progress.started(label)
+        entry = audit_mode(subject, mode, trials, stall_us, static=static)
+        progress.finished(label, entry.verdict.label)
+        entries.append(entry)
+        entries += audit_classes(subject, mode, trials, stall_us)
     return AuditReport(
         tuple(entries),
         device=describe_device(platform),
@@ -113,20 +127,23 @@ def parse_modes(
 
 
 def parse_synthetic(text: str) -> list[str]:
-    """``NAME``, ``NAME,NAME`` or ``all`` -> synthetic backend names (unknown names raise)."""
+    """``NAME``, ``NAME,NAME`` or ``all`` -> synthetic backend names, matched ignoring case as
+    every backend name is (unknown names raise)."""
     from warpolicy.audit.synthetic import synthetic_names  # noqa: PLC0415 - deferred: imports torch
 
     known = synthetic_names()
+    folded = {n.casefold(): n for n in known}
     names: list[str] = []
-    for name in (n.strip() for n in str(text).split(",")):
-        if not name:
+    for given in (n.strip() for n in str(text).split(",")):
+        if not given:
             continue
-        if name == ALL:
+        name = folded.get(given.casefold())
+        if given.casefold() == ALL:
             names += [n for n in known if n not in names]
-        elif name in known:
+        elif name is not None:
             names += [name] if name not in names else []
         else:
-            raise UnknownNameError("synthetic backend", name, known + [ALL])
+            raise UnknownNameError("synthetic backend", given, known + [ALL])
     if not names:
         raise InputError("--synthetic needs a name (or 'all')")
     return names

@@ -56,6 +56,7 @@ from warpolicy.bench.rig import (
 )
 from warpolicy.bench.timing import SCHED_KINDS
 from warpolicy.errors import InputError
+from warpolicy.progress import NO_PROGRESS, Progress
 from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
@@ -251,8 +252,10 @@ def run_canary_bench(
     sched_kind: str = "copy",
     sched_us: float = 300.0,
     pm: Any = None,
+    progress: Progress = NO_PROGRESS,
 ) -> dict:
     """Run the cost and release-lead rows; return the result dict (`format_canary`).
+    ``progress`` hears of the factory's set-up and of each model's cost and lead rows.
 
     ``factory``: ``MODULE:CALLABLE`` of an audit factory (each subject it returns is a model
     of its own, its ``make_batch`` the scheduler: `warpolicy.bench.overlap_factory.
@@ -277,6 +280,7 @@ def run_canary_bench(
     models: list[tuple[str, Any, Any]] = []
     if factory is not None:
         tol = Tolerance(atol=tolerance) if tolerance else None
+        progress.note(f"building the subjects of {factory} (kernels may compile)")
         for subject in call_factory(resolve_factory(factory), factory, platform):
             mode = ForwardMode.DECODE
             if mode not in subject.runners:
@@ -288,14 +292,20 @@ def run_canary_bench(
         models.append(_synthetic(rig, steps, layers, batch, hidden, layer_us))
     bookkeeping = rig.bookkeeping(sched_kind, sched_us, hidden)
     results = []
+    progress.planned(2 * len(models))
     for name, model, schedule in models:
         bench = _Bench(platform, model, schedule, bookkeeping, steps, warmup, rig.probe)
+        progress.started(f"{name} cost")
         cost = _cost_rows(bench, repeats)
+        progress.finished(f"{name} cost", f"{len(cost)} rates, {repeats} run(s) each")
+        progress.started(f"{name} release lead")
+        lead = _lead_rows(bench, lead_rate)
+        progress.finished(f"{name} release lead", f"{len(lead)} policies")
         results.append(
             {
                 "model": name,
                 "cost": cost,
-                "lead": _lead_rows(bench, lead_rate),
+                "lead": lead,
                 "targets": _targets(cost),
             }
         )
@@ -404,6 +414,7 @@ def _measure(args: argparse.Namespace) -> Report:
         tolerance=args.tolerance,
         sched_kind=args.sched_kind,
         sched_us=args.sched_us,
+        progress=args.progress,
     )
     return Report(result, format_canary)
 

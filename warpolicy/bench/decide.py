@@ -283,7 +283,7 @@ def large_registry(backends: int = 1000, gates: int = 100) -> str:
     lines = [
         "version: 1",
         "flags:",
-        "  f0: {default: false, env: [WARPOLICY_F0], doc: a flag}",
+        "  f0: {default: false, env: [BENCH_SYNTHETIC_F0], doc: a flag}",
         "spec_algorithms:",
         "  none: {capabilities: {prefill_read_done: true}, doc: plain}",
         "backends:",

@@ -39,13 +39,13 @@ simulated platform through Triton's interpreter).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Optional
 
 import attrs
 import torch
 import torch.nn.functional as F
 
+from warpolicy import environment
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.conformance.loader import KernelsUnavailable, SGLangKernels, load_kernels
 from warpolicy.errors import CudaUnavailableError
@@ -348,7 +348,7 @@ def subject(
     Missing or altered kernel files: `KernelsUnavailable` (one line naming the fetch script).
     """
     on_cuda = platform.name == "cuda"
-    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if not on_cuda and environment.TRITON_INTERPRET.get() != "1":
         raise CudaUnavailableError(
             "the Llama-shaped decode runs SGLang's Triton kernels on a CUDA device; on platform "
             f"{platform.name!r} only through Triton's interpreter (TRITON_INTERPRET=1, tiny "

@@ -58,6 +58,7 @@ from warpolicy.bench.rig import (
 )
 from warpolicy.bench.timing import calibrate_rows
 from warpolicy.errors import InputError
+from warpolicy.progress import NO_PROGRESS, Progress
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -338,13 +339,20 @@ class OverlapBench:
         return median([t["launched"][k] - t["launch"][k] for k in ks])
 
     def measure(
-        self, variants: Sequence[tuple[str, WarReadDonePolicy, bool, bool]], repeats: int
+        self,
+        variants: Sequence[tuple[str, WarReadDonePolicy, bool, bool]],
+        repeats: int,
+        progress: Progress = NO_PROGRESS,
+        subject: str = "",
     ) -> tuple[list[dict], dict, dict]:
         """Every variant ``repeats`` times: (rows, the first run's marks per variant, what each
-        capture did)."""
+        capture did). ``progress`` hears of each variant (labelled ``subject`` and its name)
+        as it starts, and its step time when it ends: the first capture compiles kernels."""
         rows, traces, captures = [], {}, {}
         tokens: Optional[float] = None
         for name, policy, is_sound, skip in variants:
+            label = f"{subject} {name}".strip()
+            progress.started(label)
             runner = self.runner(policy, name)
             if tokens is None:
                 tokens = self.tokens_per_step(runner)
@@ -371,6 +379,7 @@ class OverlapBench:
                 tokens_per_s=tokens / step_s if step_s > 0 else None,
             )
             rows.append(row)
+            progress.finished(label, f"{row['step_us']:.1f} us/step, {corrupted} corrupted")
         gap_closed(rows)
         return rows, traces, captures
 
@@ -391,8 +400,10 @@ def run_overlap_bench(
     pm: Any = None,
     sched_kind: str = "copy",
     model_name: str = "in_graph",
+    progress: Progress = NO_PROGRESS,
 ) -> dict:
     """Run every variant ``repeats`` times; return the result dict (see `format_overlap`).
+    ``progress`` hears of each variant as it runs (`warpolicy.progress`).
 
     ``window_us`` puts that much work before the prep's read inside the graph (widens the race
     window: the setting where an early release pays off most). ``trace`` writes a Chrome/Perfetto JSON
@@ -439,7 +450,8 @@ def run_overlap_bench(
         (name, policy, is_sound and not (rebuild and name == "in_graph"), skip)
         for name, policy, is_sound, skip in ROWS
     ]
-    rows, traces, captures = bench.measure(variants, repeats)
+    progress.planned(len(variants))
+    rows, traces, captures = bench.measure(variants, repeats, progress)
     by = {r["name"]: r for r in rows}
     ig = by["in_graph"]
     ig["release_minus_ideal_us"] = ig["hold_us"] - ideal
@@ -643,6 +655,7 @@ def _measure(args: argparse.Namespace) -> Report:
         window_us=args.window_us,
         device=args.device,
         model_name=args.model,
+        progress=args.progress,
     )
     return Report(result, format_overlap)
 

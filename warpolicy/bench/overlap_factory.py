@@ -44,6 +44,7 @@ from warpolicy.bench.overlap_classes import (
 )
 from warpolicy.bench.rig import check_sched_kind, device_name, open_rig, rig_of, torch_version
 from warpolicy.errors import InputError
+from warpolicy.progress import NO_PROGRESS, Progress
 from warpolicy.registry.inputs import parse_positive_int
 from warpolicy.registry.vocabulary import PRE_REPLAY, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.platforms import Platform
@@ -130,8 +131,10 @@ def run_factory_overlap(
     trace: Optional[str] = None,
     platform: Optional[Platform] = None,
     pm: Any = None,
+    progress: Progress = NO_PROGRESS,
 ) -> dict:
     """Benchmark every subject the factory returns; the result dict (`format_factory_overlap`).
+    ``progress`` hears of the factory's set-up and of each (subject, variant) as it runs.
 
     ``device``: ``cuda`` (default) or ``sim`` (the simulated platform: host times, numbers
     meaningless, for tests and demos). ``platform`` (tests) is handed to the factory as is.
@@ -146,13 +149,15 @@ def run_factory_overlap(
         open_rig(device, "bench overlap --factory", pm=pm) if platform is None else rig_of(platform)
     )
     platform = rig.platform
+    progress.note(f"building the subjects of {factory} (kernels may compile)")
     subjects = call_factory(make, factory, platform)
+    progress.planned(len(subjects) * len(ROWS))
     warmup = min(warmup, max(steps - 2, 0))
     bookkeeping = rig.bookkeeping(sched_kind, sched_us, SCHED_HIDDEN)
     measured, traces = [], {}
     for subject in subjects:
         one, marks = _measure_subject(
-            subject, platform, bookkeeping, steps, repeats, warmup, rig.probe
+            subject, platform, bookkeeping, steps, repeats, warmup, rig.probe, progress
         )
         measured.append(one)
         traces.update({f"{subject.name}:{name}": t for name, t in marks.items()})
@@ -184,6 +189,7 @@ def _measure_subject(
     repeats: int,
     warmup: int,
     probe_factory: Callable[[], Any],
+    progress: Progress = NO_PROGRESS,
 ) -> tuple[dict, dict]:
     mode = subject_mode(subject)
     buckets = [int(b) for b in subject.model.bucket_sizes(mode)]
@@ -197,7 +203,7 @@ def _measure_subject(
         platform, subject.model, schedule, bookkeeping, steps, warmup, probe_factory, mode
     )
     ideal = bench.ideal_us()
-    rows, traces, captures = bench.measure(ROWS, repeats)
+    rows, traces, captures = bench.measure(ROWS, repeats, progress, subject.name)
     declared = subject.declared_classes.get(mode, {})
     if declared and isinstance(subject.model, ClassScheduled):
         tokens = rows[0].get("tokens_per_step") if rows else None
@@ -273,6 +279,7 @@ def _measure(args: argparse.Namespace) -> Report:
         device=args.device,
         sched_kind=args.sched_kind,
         trace=args.trace,
+        progress=args.progress,
     )
     return Report(result, format_factory_overlap)
 

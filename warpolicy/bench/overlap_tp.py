@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import socket
 import tempfile
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import attrs
 
+from warpolicy import environment
 from warpolicy.bench.command import Report, Variant, option, targets_line
 from warpolicy.bench.overlap import ROWS as OVERLAP_ROWS
 from warpolicy.bench.overlap import (
@@ -78,7 +78,7 @@ ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = tuple(
     row for row in OVERLAP_ROWS if row[0] in ("coarse", "post_replay", "in_graph", "no_barrier")
 )
 SIM_DEVICES = SIM_DEVICE_TYPES  # the one alias list
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
+TORCHRUN_VARS = (environment.RANK, environment.WORLD_SIZE)
 
 
 def _positive(instance: Any, attribute: Any, value: Any) -> None:
@@ -188,7 +188,7 @@ def _lookup(policy: Any, mode: ForwardMode) -> WarReadDonePolicy:
 
 
 def _rank_environ(rank: int, config: TpConfig) -> dict[str, str]:
-    env = dict(os.environ)
+    env = dict(environment.PROCESS)
     if config.mismatch_rank == rank:
         name, value = config.mismatch_env.split("=", 1)
         env[name.strip()] = value
@@ -388,15 +388,9 @@ WORKER_WARNINGS = "ignore:Failed to initialize NumPy:UserWarning"
 @contextlib.contextmanager
 def _quiet_workers() -> Iterator[None]:
     """``PYTHONWARNINGS`` for the ranks' interpreters (they inherit this environment)."""
-    before = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, WORKER_WARNINGS]))
-    try:
+    before = environment.PYTHONWARNINGS.get()
+    with environment.PYTHONWARNINGS.overridden(",".join(filter(None, [before, WORKER_WARNINGS]))):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONWARNINGS", None)
-        else:
-            os.environ["PYTHONWARNINGS"] = before
 
 
 def _spawned(rank: int, world_size: int, config: dict, init_method: str, outdir: str) -> None:
@@ -419,8 +413,8 @@ def run_overlap_tp(
     `TpConfig` fields.
     """
     cfg = TpConfig(**config)
-    if all(v in os.environ for v in TORCHRUN_VARS):
-        world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    if all(v.is_set() for v in TORCHRUN_VARS):
+        world, rank = int(environment.WORLD_SIZE.get()), int(environment.RANK.get())
         if tp not in (1, world):
             raise InputError(f"overlap --tp {tp}: torchrun started {world} ranks")
         result = run_rank(
@@ -428,7 +422,7 @@ def run_overlap_tp(
             world,
             cfg,
             init_method="env://",
-            local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+            local_rank=int(environment.LOCAL_RANK.get() or rank),
         )
         return result if rank == 0 else None
     if tp <= 0:

@@ -6,6 +6,7 @@ import argparse
 
 from warpolicy.audit import format_audit, run_audit
 from warpolicy.cli import common
+from warpolicy.cli.progress import add_quiet, progress_for
 from warpolicy.registry.report import DATA_FORMATS
 
 
@@ -49,6 +50,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "derived: after the last shared reader found in the captured graph)",
     )
     p.add_argument("--format", choices=DATA_FORMATS, default="text")
+    add_quiet(p)
 
     p.set_defaults(handler=cmd_audit)
 
@@ -65,6 +67,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         device=args.device,
         allow_inconclusive=args.allow_inconclusive,
         placement=args.placement,
+        progress=progress_for("warpolicy audit", args.quiet),
         **extra,
     )
     common.out(format_audit(report, args.format))

@@ -14,6 +14,7 @@ from warpolicy.bench import canary, decide, fence, overlap_command
 from warpolicy.bench.command import Benchmark
 from warpolicy.cli import common
 from warpolicy.cli.common import ExitCode
+from warpolicy.cli.progress import add_quiet, progress_for
 from warpolicy.registry.report import DATA_FORMATS
 
 #: The subcommands, in the order ``warpolicy bench --help`` lists them.
@@ -33,12 +34,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         b = commands.add_parser(benchmark.name, help=benchmark.help)
         benchmark.add_options(b)
         b.add_argument("--format", choices=DATA_FORMATS, default="text")
+        add_quiet(b)
         b.set_defaults(handler=functools.partial(cmd_bench, benchmark))
 
 
 def cmd_bench(benchmark: Benchmark, args: argparse.Namespace) -> int:
     if benchmark.torch:
         common.quiet_torch()
+    # what a long benchmark reports as it goes (stderr; the measure functions pass it on)
+    args.progress = progress_for(f"warpolicy bench {benchmark.name}", args.quiet)
     report = benchmark.measure(args)
     if report is not None:  # None: a torchrun rank other than 0 prints nothing
         common.out(report.render(args.format))

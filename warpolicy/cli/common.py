@@ -131,11 +131,11 @@ def add_batch_fact_args(p: argparse.ArgumentParser, *, what: str) -> None:
 
 
 def add_context_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", required=True, help="attention backend name")
+    p.add_argument("--backend", required=True, help="attention backend name, any case")
     p.add_argument(
         "--mode", required=True, help="forward mode (decode, extend, target_verify, ...)"
     )
-    p.add_argument("--spec", default="none", help="speculative algorithm (default: none)")
+    p.add_argument("--spec", default="none", help="speculative algorithm, any case (default: none)")
     add_flag_args(p)
     add_batch_fact_args(p, what="the batch reports it (default: every fact not reported)")
     add_registry_args(p)
@@ -249,9 +249,21 @@ def context(args: argparse.Namespace, engine: PolicyEngine) -> Context:
 # -- the plugin manager and the engine -------------------------------------------------------
 
 
+_AUTOLOAD = [True]  # this command loads entry-point plugins (not --disable-plugin-autoload)
+
+
+def set_plugin_autoload(on: bool) -> None:
+    """Whether `plugin_manager` loads the installed plugins for the command now running
+    (``warpolicy --disable-plugin-autoload`` sets it off; `main` sets it on every command)."""
+    _AUTOLOAD[0] = on
+
+
 def plugin_manager() -> pluggy.PluginManager:
-    """The process's plugin manager, built once by the composition root."""
-    return manager.get_plugin_manager()
+    """The process's plugin manager, built once by the composition root (without the
+    entry-point plugins under ``--disable-plugin-autoload``)."""
+    if _AUTOLOAD[0]:
+        return manager.get_plugin_manager()
+    return manager.get_plugin_manager(load_entry_points=False)
 
 
 def engine(

@@ -6,6 +6,7 @@ import argparse
 
 from warpolicy.cli import common
 from warpolicy.cli.common import ExitCode
+from warpolicy.cli.layout import add_wide, output_width
 from warpolicy.registry.report import format_decision, format_explanation, format_table
 from warpolicy.registry.vocabulary import TABLE_MODES
 
@@ -13,10 +14,12 @@ from warpolicy.registry.vocabulary import TABLE_MODES
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("query", help="the policy for one backend, mode and spec algorithm")
     common.add_context_args(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_query)
 
     p = sub.add_parser("explain", help="every input the decision considered")
     common.add_context_args(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_explain)
 
     default_modes = ", ".join(m.label for m in TABLE_MODES)
@@ -32,20 +35,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     common.add_registry_args(p)
     common.add_format(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_table)
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     engine = common.engine(args.capabilities)
     decision = engine.decision(common.context(args, engine))
-    common.out(format_decision(decision, args.format))
+    common.out(format_decision(decision, args.format, width=output_width(args.wide)))
     return ExitCode.OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     engine = common.engine(args.capabilities)
     explanation = engine.explain(common.context(args, engine))
-    common.out(format_explanation(explanation, args.format))
+    common.out(format_explanation(explanation, args.format, width=output_width(args.wide)))
     return ExitCode.OK
 
 
@@ -57,5 +61,5 @@ def cmd_table(args: argparse.Namespace) -> int:
         args.backend, args.spec, args.mode, flags, batch_facts=given, **common.facts(args)
     )
     classes = engine.class_table(rows, flags, batch_facts=given, **common.facts(args))
-    common.out(format_table(rows, args.format, classes))
+    common.out(format_table(rows, args.format, classes, width=output_width(args.wide)))
     return ExitCode.OK

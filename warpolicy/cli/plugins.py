@@ -8,6 +8,7 @@ import argparse
 
 from warpolicy.cli import common
 from warpolicy.cli.common import ExitCode
+from warpolicy.cli.failure import Failure
 from warpolicy.errors import PluginError
 from warpolicy.registry.compare import LayerChange, earlier_layers
 from warpolicy.registry.loader import Fragment, fragment_plugin, registry_sources, validate_sources
@@ -45,6 +46,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             row["status"] = "broken"
             row["error"] = broken[row["name"]]
     common.out(format_plugins(rows, args.format, layers))
-    for message in broken.values():
-        common.err(f"warpolicy: {message}")
+    for name, message in broken.items():  # with --format json, one JSON error object each
+        failure = Failure(
+            "plugin",
+            "warpolicy plugins",
+            ExitCode.USAGE,
+            f"warpolicy: {message}",
+            message,
+            location={"plugin": name},
+        )
+        common.err(failure.render(args.format == "json"))
     return ExitCode.USAGE if broken else ExitCode.OK

@@ -30,11 +30,11 @@ kernels`` first; a missing file is one line at the CLI, exit 2)::
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Mapping, Optional
 
 import torch
 
+from warpolicy import environment
 from warpolicy.audit.poison import PoisonSpec
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.conformance.adapters import MUTANTS, make_adapter
@@ -63,7 +63,7 @@ def check_platform(platform: Any) -> bool:
     loaded: a kernel loaded compiled stays compiled in this process), else `KernelsUnavailable`."""
     if platform.name == "cuda":
         return True
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if environment.TRITON_INTERPRET.get() != "1":
         raise KernelsUnavailable(
             f"SGLang's Triton kernels need a CUDA device; on platform {platform.name!r} set "
             "TRITON_INTERPRET=1 (Triton's CPU interpreter: slow; needs numpy < 2)"

@@ -19,16 +19,15 @@ Pure Python and no torch: the CPU tests and the script import it.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Mapping, Optional
 
 import attrs
 
+from warpolicy import environment
+
 #: The folder the fetch script fills, relative to the repository root.
 DEFAULT_DIR_NAME = ".sglang"
-#: Environment variable naming another folder.
-DIR_ENV = "WARPOLICY_SGLANG_DIR"
 #: The one line every "files absent" message ends with.
 FETCH_HINT = "run scripts/fetch-sglang-kernels (pip downloads the pinned SGLang wheels)"
 
@@ -123,8 +122,7 @@ def repository_root() -> Path:
 
 def kernel_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
     """``$WARPOLICY_SGLANG_DIR`` when set (and not blank), else ``<repository>/.sglang``."""
-    env = os.environ if environ is None else environ
-    given = (env.get(DIR_ENV) or "").strip()
+    given = environment.SGLANG_DIR.get(environ).strip()
     return Path(given).expanduser() if given else repository_root() / DEFAULT_DIR_NAME
 
 
@@ -167,7 +165,6 @@ def absent_reason(root: Optional[Path] = None) -> Optional[str]:
 
 __all__ = [
     "DEFAULT_DIR_NAME",
-    "DIR_ENV",
     "FETCH_HINT",
     "SGLANG_0_5_10",
     "SGLANG_0_5_23",

@@ -182,6 +182,7 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "BufferClass.origin": COSMETIC,
     "BufferClass.built_in": COSMETIC,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
+    "Registry._folded": COSMETIC,  # a cache of case-folded names
 }
 
 

@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
+from warpolicy import environment
 from warpolicy.errors import InputError, UnknownNameError, WarpolicyError
 from warpolicy.registry.compiled import BatchRule, CompiledPolicy
 from warpolicy.registry.decision import (
@@ -121,7 +122,7 @@ class PolicyEngine:
         layers: Optional[Sequence[Source]] = None,
     ) -> None:
         self.registry = registry
-        env = os.environ if environ is None else environ
+        env = environment.PROCESS if environ is None else environ
         self._environ: Mapping[str, str] = dict(env)
         self._flag_values = _resolve_flags(registry, env)
         self._fact_classes = registry_fact_classes(registry)
@@ -150,7 +151,7 @@ class PolicyEngine:
         Raises `RegistryError` (every problem) or `UnreadableSourceError`. The engine never
         reaches for a plugin manager itself: plugins' fragments come from the caller.
         """
-        env = os.environ if environ is None else environ
+        env = environment.PROCESS if environ is None else environ
         assembly = assemble_registry(files, fragments, blame=blame, environ=env)
         return cls(assembly.checked(), environ=env, layers=list(assembly.layers))
 
@@ -183,9 +184,28 @@ class PolicyEngine:
         default ``--spec none`` must still work. The implicit ``none`` declares no
         capabilities, so every capability gate treats it conservatively.
         """
-        if name == IMPLICIT_SPEC.name and name not in self.registry.spec_algorithms:
+        implicit = IMPLICIT_SPEC.name not in self.registry.spec_algorithms
+        if implicit and self._spec_name(name) == IMPLICIT_SPEC.name:
             return IMPLICIT_SPEC
         return self.registry.spec(name)
+
+    def _spec_name(self, name: str) -> str:
+        """The registry's spelling of a spec algorithm, matched ignoring case; the implicit
+        ``none`` where the registry omits it; ``name`` itself when unknown (`spec` raises)."""
+        try:
+            return self.registry.spec_name(name)
+        except UnknownNameError:
+            folded = str(name).strip().casefold()
+            return IMPLICIT_SPEC.name if folded == IMPLICIT_SPEC.name else name
+
+    def _named(self, ctx: Context) -> Context:
+        """``ctx`` with the registry's spelling of its backend and spec algorithm (names are
+        matched ignoring case, as ``--platform`` is); unknown names raise `UnknownNameError`."""
+        backend = self.registry.backend_name(ctx.backend)
+        spec = self._spec_name(ctx.spec)
+        if (backend, spec) == (ctx.backend, ctx.spec):
+            return ctx
+        return attrs.evolve(ctx, backend=backend, spec=spec)
 
     def spec_names(self) -> list[str]:
         """Every spec algorithm a table covers (the implicit ``none`` included)."""
@@ -197,6 +217,7 @@ class PolicyEngine:
         """Evaluate ``ctx`` and keep everything considered, with the cell's per-batch cases
         (how the policy varies with the facts ``ctx`` leaves unreported). Raises on unknown
         names and on per-batch facts the registry does not declare or of the wrong type."""
+        ctx = self._named(ctx)
         evaluation = self._evaluation(ctx)
         explanation = evaluation.explain(ctx.backend)
         cases = self._cases(ctx, evaluation.facts_read[ctx.backend], {})
@@ -214,6 +235,7 @@ class PolicyEngine:
     def decision(self, ctx: Context) -> Decision:
         """The policy and the reasons that moved it (no per-batch cases; `explain` and `table`
         add them). Raises on unknown names."""
+        ctx = self._named(ctx)
         return self._evaluation(ctx).explain(ctx.backend).decision
 
     def decide(self, ctx: Context) -> WarReadDonePolicy:
@@ -230,6 +252,7 @@ class PolicyEngine:
         """How the policy of ``ctx``'s cell varies with the per-batch facts ``ctx`` leaves
         unreported: one `BatchCase` per combination of fact classes, merged where a fact does
         not matter; empty when the cell reads no such fact. Raises like `decision`."""
+        ctx = self._named(ctx)
         evaluation = self._evaluation(ctx)
         evaluation.explain(ctx.backend)
         return self._cases(ctx, evaluation.facts_read[ctx.backend], {})
@@ -373,6 +396,8 @@ class PolicyEngine:
         compiled cells earlier than the layers below it is named in one warning.
         """
         try:
+            backend = self.registry.backend_name(backend)
+            spec = self._spec_name(spec)
             table, rules = self._compiled(backend, spec, flags, platform, external_events)
             declared = self.registry.facts
 
@@ -424,11 +449,13 @@ class PolicyEngine:
         table over a registry of shared composites costs one visit per backend per column.
         ``buffer_class``: where that class's reads end instead of the cell's (`classes`).
         """
-        backend_names = list(backends) if backends else self.registry.concrete_backends()
-        spec_names = list(specs) if specs else self.spec_names()
+        backend_names = (
+            [self.registry.backend_name(b) for b in backends]
+            if backends
+            else self.registry.concrete_backends()
+        )
+        spec_names = [self._spec_name(s) for s in specs] if specs else self.spec_names()
         mode_list = [ForwardMode.parse(m) for m in modes] if modes else list(TABLE_MODES)
-        for name in backend_names:
-            self.registry.backend(name)
         for name in spec_names:
             self.spec(name)
         found: dict[tuple[str, ForwardMode, str], Decision] = {}
@@ -619,6 +646,7 @@ class PolicyEngine:
         else, for a composite (or a router, over the children it may run in the mode), derived
         only when every child is derived; else marker."""
         mode = ForwardMode.parse(mode)
+        backend = self.registry.backend_name(backend)
         memo: dict[str, Placement] = {}
         open_nodes: set[str] = set()
         stack: list[tuple[str, bool]] = [(backend, False)]
@@ -767,7 +795,7 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
     # refuses that too; this holds for a registry built without it)
     inverted = (declared.inverted if declared is not None else frozenset()) - set(FORCE_COARSE.env)
     for var in names:
-        raw = environ.get(var, "")
+        raw = environment.lookup(var, environ)
         if not raw.strip():
             continue
         try:
@@ -790,7 +818,7 @@ def _flag_from_env(flag: Flag, environ: Mapping[str, str]) -> FlagValue:
     """The first set, non-empty name wins (WARPOLICY_* come first); an inverted alias sets the
     flag to the opposite of its value."""
     for var in flag.env:
-        raw = environ.get(var, "")
+        raw = environment.lookup(var, environ)
         if raw.strip():
             on = parse_bool(raw, var) != (var in flag.inverted)
             return FlagValue(flag.name, on, f"env {var}" + _inverted(var, flag.inverted))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Mapping
+from typing import Mapping, Optional
 
+from warpolicy.environment import Variable
 from warpolicy.errors import InputError
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -33,15 +34,16 @@ def parse_bool(text: object, what: str) -> bool:
     raise InputError(f"{what}={text!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
-def env_switch(environ: Mapping[str, str], name: str) -> bool:
-    """An opt-in switch from the environment (tracing, NVTX ranges): `parse_bool` words; unset
-    or empty is off. A value that is not a boolean is off too, with one log line naming it: a
-    diagnostics switch must never stop the process that reads it."""
-    raw = environ.get(name, "")
+def env_switch(environ: Optional[Mapping[str, str]], variable: Variable) -> bool:
+    """An opt-in switch from the environment (tracing, NVTX ranges, profiler ranges; ``environ``
+    None: the process's): `parse_bool` words; unset or empty is off. A value that is not a
+    boolean is off too, with one log line naming it: a diagnostics switch must never stop the
+    process that reads it."""
+    raw = variable.get(environ)
     if not raw.strip():
         return False
     try:
-        return parse_bool(raw, name)
+        return parse_bool(raw, variable.name)
     except InputError as exc:
         logging.getLogger("warpolicy").warning("warpolicy: %s; treated as off", exc)
         return False

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 from types import MappingProxyType
-from typing import Callable, Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import attrs
 
@@ -576,23 +576,42 @@ class Registry:
     _lineages: dict[str, tuple[Backend, ...]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False
     )
+    #: case-folded name -> the registry's spelling, per kind ("backend", "spec"), built once
+    _folded: dict[str, dict[str, str]] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         problems = registry_problems(self)
         if problems:
             raise RegistryError(problems)
 
+    def backend_name(self, name: str) -> str:
+        """The registry's spelling of backend ``name``, matched ignoring case (``FA3`` is
+        ``fa3``, as ``--platform CUDA`` is ``cuda``); `UnknownNameError` when none matches.
+        Validation refuses two backends equal under folding, so the match is unique."""
+        if name in self.backends:
+            return name
+        return self._fold("backend", self.backends, name)
+
+    def spec_name(self, name: str) -> str:
+        """The registry's spelling of spec algorithm ``name``, matched ignoring case."""
+        if name in self.spec_algorithms:
+            return name
+        return self._fold("spec algorithm", self.spec_algorithms, name)
+
+    def _fold(self, kind: str, names: Mapping[str, object], name: str) -> str:
+        folded = self._folded.get(kind)
+        if folded is None:
+            folded = self._folded[kind] = {n.casefold(): n for n in names}
+        found = folded.get(str(name).strip().casefold())
+        if found is None:
+            raise UnknownNameError(kind, name, names)
+        return found
+
     def backend(self, name: str) -> Backend:
-        try:
-            return self.backends[name]
-        except KeyError:
-            raise UnknownNameError("backend", name, self.backends) from None
+        return self.backends[self.backend_name(name)]
 
     def spec(self, name: str) -> SpecAlgorithm:
-        try:
-            return self.spec_algorithms[name]
-        except KeyError:
-            raise UnknownNameError("spec algorithm", name, self.spec_algorithms) from None
+        return self.spec_algorithms[self.spec_name(name)]
 
     def flag(self, name: str) -> Flag:
         try:
@@ -659,6 +678,8 @@ def registry_problems(registry: Registry) -> list[Problem]:
                 f"backends.{backend.name}.routes.default: {route.default!r} is not one of its "
                 f"children's labels ({', '.join(sorted(route.children))})",
             )
+    found += _folding_clashes("backends", "backend", backends)
+    found += _folding_clashes("spec_algorithms", "spec algorithm", registry.spec_algorithms)
     known_classes = registry.buffer_classes
     for backend in backends.values():
         named = set(backend.reads_classes)
@@ -686,6 +707,29 @@ def registry_problems(registry: Registry) -> list[Problem]:
             if env_owner.setdefault(var, flag.name) != flag.name or flag.env.count(var) > 1:
                 add(flag.origin, f"flags.{flag.name}.env: {var} sets more than one flag value")
     found += fact_problems(registry)
+    return found
+
+
+def _folding_clashes(
+    section: str, kind: str, entries: Mapping[str, Union[Backend, SpecAlgorithm]]
+) -> list[Problem]:
+    """Names are matched ignoring case (`Registry.backend_name`): two that fold to the same
+    name would make a lookup ambiguous. Each later one is a problem at its own place."""
+    first: dict[str, Union[Backend, SpecAlgorithm]] = {}
+    found = []
+    for name, entry in entries.items():
+        other = first.setdefault(name.casefold(), entry)
+        if other is not entry:
+            origin = entry.origin
+            found.append(
+                Problem(
+                    origin.file,
+                    origin.line,
+                    origin.col,
+                    f"{section}.{name}: the same {kind} as {other.name!r} ({other.origin}) "
+                    f"when case is ignored; {kind} names are matched ignoring case: rename one",
+                )
+            )
     return found
 
 

@@ -8,7 +8,8 @@ Output is ASCII apart from what registry files themselves contain.
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional, Sequence
+import textwrap
+from typing import Collection, Mapping, Optional, Sequence
 
 from warpolicy.registry.cells import CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
@@ -32,15 +33,28 @@ def _md(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+#: Detail values a fitted text table leaves out of its continuation lines (nothing to say).
+EMPTY_CELLS = frozenset({"-", ""})
+#: How far a continuation line is indented under its row or line.
+HANG = "    "
+
+
 def render_table(
     header: Sequence[str],
     rows: Sequence[Sequence[object]],
     fmt: str = "text",
     records: Optional[Sequence[Mapping[str, object]]] = None,
     extra: Optional[Mapping[str, object]] = None,
+    *,
+    width: Optional[int] = None,
+    quiet: Collection[str] = EMPTY_CELLS,
 ) -> str:
     """``rows`` under ``header`` as an aligned text grid, a markdown table, or a JSON document
-    ``{"schema_version", **extra, "rows": records}`` (records default to dicts of the header)."""
+    ``{"schema_version", **extra, "rows": records}`` (records default to dicts of the header).
+
+    ``width`` (text only; None: no limit) fits the grid to a terminal: when the whole grid is
+    wider, the leading columns that fit stay the grid and each row's other cells follow it on
+    indented ``name: value`` lines wrapped to ``width`` (values in ``quiet`` are left out)."""
     if fmt == "json":
         if records is None:
             records = [dict(zip(header, row)) for row in rows]
@@ -51,17 +65,59 @@ def render_table(
         return "\n".join(lines)
     cells = [[str(x) for x in r] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *cells)]
-    fmt_line = "  ".join(f"{{:<{w}}}" for w in widths)
-    lines = [fmt_line.format(*header), fmt_line.format(*("-" * w for w in widths))]
-    lines += [fmt_line.format(*r) for r in cells]
+    shown = _columns_that_fit(widths, width)
+    fmt_line = "  ".join(f"{{:<{w}}}" for w in widths[:shown])
+    lines = [fmt_line.format(*header[:shown]), fmt_line.format(*("-" * w for w in widths[:shown]))]
+    for row in cells:
+        lines.append(fmt_line.format(*row[:shown]))
+        for name, value in zip(header[shown:], row[shown:]):
+            if value not in quiet:
+                lines += fit_lines([f"{HANG}{name}: {value}"], width)
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _columns_that_fit(widths: Sequence[int], width: Optional[int]) -> int:
+    """How many leading columns the grid keeps: all without a limit or when they fit, else as
+    many as fit (at least one)."""
+    if width is None:
+        return len(widths)
+    used = -2
+    for count, column in enumerate(widths):
+        used += column + 2
+        if used > width:
+            return max(count, 1)
+    return len(widths)
+
+
+def fit_lines(lines: Sequence[str], width: Optional[int]) -> list[str]:
+    """``lines`` wrapped to ``width`` columns (None: as they are): a long line breaks at
+    blanks, its continuation indented `HANG` deeper than the line; a word longer than the width
+    (a path) stays whole."""
+    if width is None:
+        return list(lines)
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip(" "))]
+        out += textwrap.wrap(
+            line.strip(),
+            width=width,
+            initial_indent=lead,
+            subsequent_indent=lead + HANG,
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [line]
+    return out
 
 
 # -- query, table ------------------------------------------------------------------------------
 
 
-def format_decision(decision: Decision, fmt: str = "text") -> str:
-    """The policy first (text: the first word), then the reasons that moved it."""
+def format_decision(decision: Decision, fmt: str = "text", *, width: Optional[int] = None) -> str:
+    """The policy first (text: the first word), then the reasons that moved it (``width``:
+    long text lines wrapped, `fit_lines`)."""
     if fmt == "json":
         return json_document(decision.to_json())
     ctx = decision.context
@@ -79,7 +135,7 @@ def format_decision(decision: Decision, fmt: str = "text") -> str:
     lines += [
         f"  {r.id}: {r.message}" + (f" [{r.origin}]" if r.origin else "") for r in decision.reasons
     ]
-    return "\n".join(lines)
+    return "\n".join(fit_lines(lines, width))
 
 
 def format_table(
@@ -88,6 +144,8 @@ def format_table(
     classes: Optional[
         Mapping[tuple[str, ForwardMode, str], Mapping[str, WarReadDonePolicy]]
     ] = None,
+    *,
+    width: Optional[int] = None,
 ) -> str:
     """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration.
 
@@ -97,7 +155,8 @@ def format_table(
     cut at `MAX_CELL`; JSON: ``per_batch``, every case whole). The column appears only when
     some cell varies. ``classes`` (`PolicyEngine.class_table`): where each buffer class's reads
     end, for the rows whose backend declares classes (the ``classes`` column, JSON
-    ``classes``), shown only when some row has them."""
+    ``classes``), shown only when some row has them. ``width`` fits the text to a terminal
+    (`render_table`); the reasons of a row that only has its declaration are then left out."""
     varies = any(d.cases for d in decisions)
     classes = classes or {}
     classed = any(_key(d) in classes for d in decisions)
@@ -132,14 +191,17 @@ def format_table(
         if per_class:
             record["classes"] = {n: p.label for n, p in per_class.items()}
         records.append(record)
-    table = render_table(header, rows, fmt, records)
+    quiet = EMPTY_CELLS | {"declared"}
+    table = render_table(header, rows, fmt, records, width=width, quiet=quiet)
     if varies and fmt != "json":
         note = (
             "* varies per batch: the policy shown is for a batch that reports none of the "
             "per-batch facts (--fact NAME=VALUE gives one); 'per batch' lists every case (cut at "
             f"{MAX_CELL} characters: explain or --format json give them whole)"
         )
-        table += "\n\n" + (f"_{note}_" if fmt == "markdown" else note)
+        table += "\n\n" + (
+            f"_{note}_" if fmt == "markdown" else "\n".join(fit_lines([note], width))
+        )
     return table
 
 
@@ -178,14 +240,15 @@ def _gate_mark(check: GateCheck) -> str:
     return "raised" if check.raised else ("matched, no effect" if check.matched else "skipped")
 
 
-def format_explanation(exp: Explanation, fmt: str = "text") -> str:
+def format_explanation(exp: Explanation, fmt: str = "text", *, width: Optional[int] = None) -> str:
     """Every input considered: context, flags, spec, every declaration and child that took part,
-    every gate, the built-ins, the result. A child shared by several parents is shown once."""
+    every gate, the built-ins, the result. A child shared by several parents is shown once.
+    ``width`` wraps the text's long lines to a terminal (`fit_lines`)."""
     if fmt == "json":
         return json_document(exp.to_json())
     if fmt == "markdown":
         return _explanation_markdown(exp)
-    return "\n".join(_explanation_text(exp, "", set()))
+    return "\n".join(fit_lines(_explanation_text(exp, "", set()), width))
 
 
 def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str]:

@@ -333,7 +333,14 @@ def keys_by_name(section: str) -> dict[str, Key]:
 
 # -- JSON Schema -----------------------------------------------------------------------------
 
-_SCHEMA_ID = "https://warpolicy.dev/schema/capabilities-v1.json"
+#: The project's canonical repository (pyproject.toml's [project.urls] say the same).
+REPOSITORY = "https://github.com/warpolicy/warpolicy"
+#: Where the schema lives: the file this package ships, on the repository's main branch.
+SCHEMA_PATH = "warpolicy/capabilities.schema.json"
+_SCHEMA_ID = (
+    REPOSITORY.replace("https://github.com/", "https://raw.githubusercontent.com/")
+    + f"/main/{SCHEMA_PATH}"
+)
 
 
 def _policy_enum() -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 
+from warpolicy import environment
 from warpolicy.errors import UnknownNameError
 
 
@@ -147,7 +148,7 @@ def platform_key(name: str) -> str:
 #: environment names: set true, every decision is ``none``. No registry, layer or plugin can
 #: switch it off or invert these names (the loader refuses ``{not: NAME}`` for them).
 FORCE_COARSE_NAME = "force_coarse"
-FORCE_COARSE_ENV = ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER")
+FORCE_COARSE_ENV = (environment.FORCE_COARSE.name, environment.SGLANG_FORCE_COARSE.name)
 
 #: The action fact a staged draft extend reports on its target verify: once it succeeded (and
 #: verify published), the step's speculative runtime skips the draft extend (its shared reads

@@ -35,9 +35,9 @@ checks when called without it).
 from __future__ import annotations
 
 import enum
-import os
 from typing import Any, Callable, Optional
 
+from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
 from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
@@ -46,10 +46,6 @@ from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import EventHandle, Platform, StreamHandle
 from warpolicy.runtime.release import BucketRelease, ReadDone
 from warpolicy.runtime.ring import EventRing, RingExhaustedError, RingSlot
-
-#: Set to 1 to wrap publishes and barriers in torch profiler ranges (``warpolicy.publish``,
-#: ``warpolicy.barrier``); off by default because the range costs more than the fence itself.
-PROFILE_ENV = "WARPOLICY_PROFILE_RANGES"
 
 
 class FenceError(RuntimeError):
@@ -73,7 +69,8 @@ _FAILED = StepState.FAILED
 def _profile_ranges(explicit: Optional[bool]) -> bool:
     if explicit is not None:
         return bool(explicit)
-    return env_switch(os.environ, PROFILE_ENV)
+    # WARPOLICY_PROFILE_RANGES: torch profiler ranges around publishes and barriers (costly)
+    return env_switch(None, environment.PROFILE_RANGES)
 
 
 def _record_function(name: str) -> Any:
@@ -258,9 +255,10 @@ class ReadDoneFence:
         """
         if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
+        if release.classes:  # per-class read-dones: their own (slower) path
+            self._after_replay_classes(release, stream)
+            return
         read_done = release.read_done  # in_graph: the bucket's own record, built once
-        if release.classes:  # the classes released earlier than the step's latest
-            self._publish_classes(release)
         if self._state is _READY:  # the common cases: in_graph, then post_replay
             if read_done is None and release.policy is POST_REPLAY:
                 try:
@@ -273,18 +271,21 @@ class ReadDoneFence:
                 read_done.slot.step = self._step
                 self._mailbox = read_done
                 policy = self._published = read_done.policy
-                if release.classes:
-                    self._publish_latest_classes(release)
                 if self._observers.on_publish:
                     self.reporter.publish(self.name, self._step, policy, read_done.event)
                 return
+        self._publish_step(release, stream)
+
+    def _after_replay_classes(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
+        """`after_replay` of a release with buffer classes: the classes released earlier than
+        the step's latest, the step's own publish, then the latest classes (which share it)."""
+        self._publish_classes(release)
         failed = self._state is _FAILED
         self._publish_step(release, stream)
-        if release.classes:
-            if failed or (release.policy is not NONE and self._mailbox is None):
-                self._classes = {}  # something in this step failed: no class either
-            else:
-                self._publish_latest_classes(release)
+        if failed or (release.policy is not NONE and self._mailbox is None):
+            self._classes = {}  # something in this step failed: no class either
+        else:
+            self._publish_latest_classes(release)
 
     def _publish_latest_classes(self, release: BucketRelease) -> None:
         """The classes whose reads end last share the step's own read-done (none if it

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import os
 import sys
 import threading
 import types
@@ -36,9 +35,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence, cast
 import attrs
 import pluggy
 
-from warpolicy import __version__
+from warpolicy import __version__, environment
 from warpolicy.errors import CudaUnavailableError, PluginError, Problem, UnknownNameError
-from warpolicy.registry.inputs import env_switch
+from warpolicy.registry.inputs import env_switch, parse_bool
 from warpolicy.registry.loader import Fragment, FragmentError, fragment_plugin, plugin_fragments
 from warpolicy.runtime import hookspecs
 from warpolicy.runtime.markers import PROJECT
@@ -57,8 +56,6 @@ from warpolicy.runtime.platforms.sim import SimPlugin
 log = logging.getLogger("warpolicy")
 
 GROUP = "warpolicy"
-DISABLE_ENV = "WARPOLICY_DISABLE_PLUGINS"
-TRACE_ENV = "WARPOLICY_TRACE_HOOKS"
 
 
 @attrs.frozen
@@ -138,22 +135,33 @@ def _builtin_version() -> str:
 
 
 def _disabled(environ: Mapping[str, str]) -> list[str]:
-    raw = environ.get(DISABLE_ENV, "")
+    raw = environment.DISABLE_PLUGINS.get(environ)
     return [name.strip() for name in raw.split(",") if name.strip()]
 
 
+def autoload_disabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """``WARPOLICY_DISABLE_PLUGIN_AUTOLOAD`` says no entry-point plugin loads (as pytest's
+    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``). Unset or blank: autoload. A value that is not a
+    boolean is an `InputError` naming the variable: which plugins run is not guessed."""
+    raw = environment.DISABLE_PLUGIN_AUTOLOAD.get(environ)
+    return bool(raw.strip()) and parse_bool(raw, environment.DISABLE_PLUGIN_AUTOLOAD.name)
+
+
 def new_plugin_manager(
-    *, load_entry_points: bool = True, environ: Mapping[str, str] = os.environ
+    *, load_entry_points: bool = True, environ: Mapping[str, str] = environment.PROCESS
 ) -> WarpolicyPluginManager:
     """A fresh manager: hookspecs, built-ins, then (optionally) the ``warpolicy`` entry points.
 
-    Raises `PluginError` naming the plugin and its entry point when one fails to import or
-    register; the message says how to disable it.
+    Entry points load when ``load_entry_points`` is true and ``WARPOLICY_DISABLE_PLUGIN_AUTOLOAD``
+    in ``environ`` does not say otherwise (`autoload_disabled`). Raises `PluginError` naming the
+    plugin and its entry point when one fails to import or register; the message says how to
+    disable it.
     """
+    load_entry_points = load_entry_points and not autoload_disabled(environ)
     pm = WarpolicyPluginManager()
     for name in _disabled(environ):
         pm.set_blocked(name)
-    if env_switch(environ, TRACE_ENV):
+    if env_switch(environ, environment.TRACE_HOOKS):
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
     _register_builtins(pm)
@@ -275,18 +283,22 @@ def _check_pending(pm: WarpolicyPluginManager) -> None:
 
 
 _DEFAULT: Optional[WarpolicyPluginManager] = None
+_DEFAULT_AUTOLOAD = True  # what _DEFAULT was built with
 _LOCK = threading.Lock()
 
 
-def get_plugin_manager() -> WarpolicyPluginManager:
-    """The CLI's process-wide manager (built on first use from ``os.environ``).
+def get_plugin_manager(*, load_entry_points: bool = True) -> WarpolicyPluginManager:
+    """The CLI's process-wide manager (built on first use from the process environment;
+    ``load_entry_points`` False, as ``warpolicy --disable-plugin-autoload`` asks, builds one
+    without the entry-point plugins in place of a manager that has them).
 
     The runtime never looks it up: runners, fences and platforms receive what they need from
     the composition root (`open_runtime`)."""
-    global _DEFAULT
+    global _DEFAULT, _DEFAULT_AUTOLOAD
     with _LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = new_plugin_manager()
+        if _DEFAULT is None or load_entry_points != _DEFAULT_AUTOLOAD:
+            _DEFAULT = new_plugin_manager(load_entry_points=load_entry_points)
+            _DEFAULT_AUTOLOAD = load_entry_points
         return _DEFAULT
 
 
@@ -388,7 +400,7 @@ def open_runtime(
     *,
     pm: Optional[WarpolicyPluginManager] = None,
     load_entry_points: bool = True,
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] = environment.PROCESS,
 ) -> Runtime:
     """Build the plugin manager (unless given), the platform for ``device`` and the observers,
     once. ``load_entry_points`` and ``environ`` are `new_plugin_manager`'s."""

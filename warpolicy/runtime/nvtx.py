@@ -29,12 +29,11 @@ import logging
 import threading
 from typing import Any, Mapping, Optional, Protocol
 
+from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
 from warpolicy.runtime.markers import hookimpl
 
 log = logging.getLogger("warpolicy")
-
-ENV = "WARPOLICY_NVTX"
 
 
 class NvtxApi(Protocol):
@@ -156,7 +155,7 @@ def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> Optional[NvtxPlugin]:
     Asked for but unusable (no torch, a torch without NVTX): None and one log line, so a
     profiling switch never stops an engine.
     """
-    if not env_switch(environ, ENV):
+    if not env_switch(environ, environment.NVTX):
         return None
     try:
         nvtx = load_nvtx()
@@ -164,7 +163,7 @@ def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> Optional[NvtxPlugin]:
     except Exception as exc:  # noqa: BLE001 - ImportError, or the stub's RuntimeError
         log.warning(
             "warpolicy: %s is set but NVTX is unavailable (%s: %s); no ranges",
-            ENV,
+            environment.NVTX.name,
             type(exc).__name__,
             exc,
         )

@@ -49,7 +49,9 @@ EXPECTED: dict[tuple[str, frozenset], float] = {
     _key(BARRIERS, runner="decode", kind="coarse", reason="forced"): 1,
     _key(BARRIERS, runner="verify", kind="coarse", reason="no_event"): 1,
     _key(BARRIERS, runner="draft", kind="event", reason="post_replay"): 1,
-    _key("warpolicy_fallbacks_total", runner="", component="overlap_loop", place="record"): FAULTY,
+    _key(
+        "warpolicy_fallbacks_total", runner="decode", component="overlap_loop", place="record"
+    ): FAULTY,
     _key("warpolicy_demotions_total", runner="draft", bucket="1", reason="late_reader"): 1,
     _key(
         "warpolicy_violations_total",

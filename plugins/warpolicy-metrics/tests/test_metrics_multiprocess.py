@@ -107,7 +107,7 @@ def test_every_series_survives_the_multiprocess_collector(multiproc_dir):
     assert wrong == {}
     # the write-event record that raised is counted for every rank, under fixed labels
     record = ("warpolicy_fallbacks_total", frozenset({("component", "overlap_loop"),
-              ("place", "record"), ("runner", "")}))  # fmt: skip
+              ("place", "record"), ("runner", "decode")}))  # fmt: skip
     assert [got[with_identity(record, rank)] for rank in workers] == [metrics_scenario.FAULTY] * 2
 
 

@@ -234,7 +234,7 @@ def test_a_failing_write_event_record_increments_the_fallback_counter():
     assert fault.fired == 3
     samples = scrape(registry)
     assert nonzero(samples, "warpolicy_fallbacks_total") == {
-        frozenset({("runner", ""), ("component", "overlap_loop"), ("place", "record")}): 3
+        frozenset({("runner", "decode"), ("component", "overlap_loop"), ("place", "record")}): 3
     }
     assert loop.last_barrier == "event"  # the barrier itself was not affected
 
@@ -247,7 +247,7 @@ def test_failing_waits_count_fallbacks_and_a_coarse_barrier_for_the_runner():
     samples = scrape(registry)
     # the step's two waits failed: the forward's wait for the last writes, and the barrier's
     assert nonzero(samples, "warpolicy_fallbacks_total") == {
-        frozenset({("runner", ""), ("component", "overlap_loop"), ("place", "wait")}): 1,
+        frozenset({("runner", "decode"), ("component", "overlap_loop"), ("place", "wait")}): 1,
         frozenset({("runner", "decode"), ("component", "barrier"), ("place", "wait_event")}): 1,
     }
     assert (
@@ -266,10 +266,55 @@ def test_every_fallback_series_of_a_runner_starts_at_zero():
         for (name, labels), v in scrape(registry).items()
         if name == "warpolicy_fallbacks_total" and v == 0
     }
-    assert ("", "overlap_loop", "record") in zeros
+    assert ("decode", "overlap_loop", "record") in zeros
     assert ("decode", "fence", "after_replay") in zeros
     assert ("decode", "barrier", "wait_event") in zeros
-    assert all(runner in ("", "decode") for runner, _, _ in zeros)
+    assert all(runner == "decode" for runner, _, _ in zeros)  # no runner="" series
+
+
+def test_a_loop_failure_is_labelled_with_the_runner_it_was_stepping():
+    """One loop, two runners: a record that fails while the second runner steps is counted
+    for that runner, not the loop's first one nor runner=""."""
+    registry, rt, loop = run_loop("in_graph", 1)
+    other = DecodeRunner(
+        RecModel(), fixed_policy("post_replay"), rt.platform, name="prefill", observers=rt.observers
+    )
+    other.capture()
+    armed: list[bool] = []
+    sim_impl(rt.platform).inject("record", when=lambda: armed.pop() if armed else False)
+    with pytest.warns(RuntimeWarning, match="recording the writes failed"):
+        loop.step([1.0], lambda: armed.append(True), runner=other)
+        loop.step([1.0], lambda: armed.append(True))
+    assert nonzero(scrape(registry), "warpolicy_fallbacks_total") == {
+        frozenset({("runner", "prefill"), ("component", "overlap_loop"), ("place", "record")}): 1,
+        frozenset({("runner", "decode"), ("component", "overlap_loop"), ("place", "record")}): 1,
+    }
+
+
+def test_build_info_says_what_runs_where():
+    import platform as host
+    import sysconfig
+
+    import warpolicy
+
+    registry = CollectorRegistry()
+    WarpolicyMetrics(registry, identity={"tp_rank": 3})
+    info = {
+        labels: v
+        for (name, labels), v in scrape(registry).items()
+        if name == "warpolicy_build_info"
+    }
+    assert info == {
+        frozenset(
+            {
+                ("tp_rank", "3"),
+                ("version", warpolicy.__version__),
+                ("metrics_version", warpolicy_metrics.__version__),
+                ("python", host.python_version()),
+                ("platform", sysconfig.get_platform()),
+            }
+        ): 1.0
+    }
 
 
 class RaisingObserver:
@@ -566,7 +611,7 @@ def test_configure_moves_the_metrics_to_another_registry():
 
 
 def test_the_removed_sampling_switch_is_named_once(monkeypatch, caplog):
-    monkeypatch.setenv(warpolicy_metrics.REMOVED_SAMPLE_ENV, "8")
+    monkeypatch.setenv("WARPOLICY_METRICS_SAMPLE_EVERY", "8")
     with caplog.at_level("WARNING", logger="warpolicy"):
         warpolicy_metrics.configure(CollectorRegistry())
     assert [r.getMessage() for r in caplog.records if "no longer read" in r.getMessage()]

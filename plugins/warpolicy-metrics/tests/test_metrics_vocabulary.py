@@ -234,7 +234,13 @@ class TestMapping:
             ("fence 'decode':after_replay", ("decode", "fence", "after_replay")),
             ("barrier 'scheduler':wait_event", ("scheduler", "barrier", "wait_event")),
             ("decode runner:policy", ("decode", "runner", "policy")),
-            ("overlap loop:record", ("", "overlap_loop", "record")),
+            ("overlap loop:record", ("", "overlap_loop", "record")),  # a loop with no runner yet
+            ("overlap loop 'decode':record", ("decode", "overlap_loop", "record")),
+            ("overlap loop 'a:b':wait", ("a:b", "overlap_loop", "wait")),
+            (
+                "overlap loop 'decode':warpolicy_on_barrier:x",
+                ("decode", "overlap_loop", "observer"),
+            ),
             ("runner:decode:consistency", ("decode", "consistency", "consistency")),
             ("policy:consistency", ("", "consistency", "consistency")),
             ("fence 'a:b':ring", ("a:b", "fence", "ring")),

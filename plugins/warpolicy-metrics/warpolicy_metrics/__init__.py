@@ -29,6 +29,9 @@ Series (every one also carries the engine's identity labels given to `configure`
 * ``warpolicy_resolved_policy{runner, mode, graph, policy}``: one series per policy, 1 for the
   policy the runner resolved at capture and 0 for the others; ``graph`` is ``captured`` or
   ``eager``. Several buckets of one runner: the latest (most conservative) of them.
+* ``warpolicy_build_info{version, metrics_version, python, platform}``: always 1; what runs
+  (warpolicy's version, this plugin's, the interpreter's) and where (``platform``: the
+  machine, e.g. ``linux-x86_64``), to join with the other series or spot a mixed fleet.
 
 Label values are identifiers from fixed vocabularies (`warpolicy_metrics.vocabulary`) or names
 the engine chose, made identifier-like; never free text.
@@ -43,7 +46,8 @@ fire on the scheduler's thread; one scheduler thread per process is expected.
 from __future__ import annotations
 
 import logging
-import os
+import sys
+import sysconfig
 import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
@@ -54,6 +58,8 @@ from prometheus_client import start_http_server as _prometheus_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+import warpolicy
+from warpolicy import environment
 from warpolicy_metrics import flushing
 from warpolicy_metrics.vocabulary import (
     FALLBACK_PLACES,
@@ -76,7 +82,6 @@ log = logging.getLogger("warpolicy")
 _Key = TypeVar("_Key")  # a raw per-step count key (publishes and barriers differ)
 
 #: Read no more (0.2 sampled the release lead itself; the runtime samples it now).
-REMOVED_SAMPLE_ENV = "WARPOLICY_METRICS_SAMPLE_EVERY"
 
 #: Histogram buckets of the release lead: 1 us .. 50 ms (a decode forward is 1-50 ms).
 LEAD_BUCKETS = (
@@ -127,6 +132,12 @@ RELEASE_LEAD = (
     "Sampled: how long before the end of the forward the scheduler was released.",
     ("runner", "mode", "bucket"),
 )
+BUILD_INFO = (
+    "warpolicy_build_info",
+    "Always 1: the warpolicy version, this plugin's version, the Python version and the "
+    "machine platform of this process.",
+    ("version", "metrics_version", "python", "platform"),
+)
 RESOLVED = (
     "warpolicy_resolved_policy",
     "1 for the policy a runner resolved at capture per mode and graph (the latest of its "
@@ -143,6 +154,7 @@ FAMILIES = (
     "warpolicy_violations_total",
     "warpolicy_release_lead_seconds",
     "warpolicy_resolved_policy",
+    "warpolicy_build_info",
 )
 
 _ALL_LABELS = frozenset(
@@ -155,6 +167,7 @@ _ALL_LABELS = frozenset(
         VIOLATIONS,
         RELEASE_LEAD,
         RESOLVED,
+        BUILD_INFO,
     )
     for label in labels
 ) | {"le", "quantile", "pid"}
@@ -184,7 +197,9 @@ class WarpolicyMetrics:
         self.identity = identity_labels(identity, _ALL_LABELS)
         self._id = tuple(self.identity.values())
         self.multiprocess = (
-            flushing.multiprocess_from(os.environ) if multiprocess is None else bool(multiprocess)
+            flushing.multiprocess_from(environment.PROCESS)
+            if multiprocess is None
+            else bool(multiprocess)
         )
         if not flush_interval > 0:
             raise ValueError(
@@ -209,6 +224,10 @@ class WarpolicyMetrics:
         self.resolved = Gauge(
             *RESOLVED[:2], names + RESOLVED[2], multiprocess_mode="max", registry=None
         )
+        self.build_info = Gauge(
+            *BUILD_INFO[:2], names + BUILD_INFO[2], multiprocess_mode="max", registry=None
+        )
+        self.build_info.labels(*self._id, *build_labels()).set(1)
         self._resolved_max: dict[tuple[str, str, str], int] = {}
         self._runners_seen: set[str] = set()
         self._lock = threading.Lock()
@@ -246,6 +265,7 @@ class WarpolicyMetrics:
             self.violations,
             self.release_lead,
             self.resolved,
+            self.build_info,
         )
 
     def unregister(self) -> None:
@@ -445,9 +465,19 @@ class WarpolicyMetrics:
         for component, places in FALLBACK_PLACES.items():
             if component == "canary":  # only where a canary runs: at its first count
                 continue
-            owner = "" if component == "overlap_loop" else runner
             for place in sorted(places):
-                self.fallbacks.labels(*self._id, owner, component, place)
+                self.fallbacks.labels(*self._id, runner, component, place)
+
+
+def build_labels() -> tuple[str, str, str, str]:
+    """`BUILD_INFO`'s values: warpolicy's version, this plugin's, Python's, the machine."""
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    return (
+        ident(warpolicy.__version__),
+        ident(__version__),
+        ident(python),
+        ident(sysconfig.get_platform()),
+    )
 
 
 # -- the module as a plugin (entry point) ----------------------------------------------------------
@@ -481,11 +511,11 @@ def _configure_locked(
     flush_interval: float,
 ) -> WarpolicyMetrics:
     global _ACTIVE
-    if REMOVED_SAMPLE_ENV in os.environ:
+    if environment.METRICS_SAMPLE_EVERY.is_set():
         log.warning(
             "warpolicy-metrics: %s is no longer read; the release lead comes from the runtime's "
             "sampling (warpolicy_on_release_lead)",
-            REMOVED_SAMPLE_ENV,
+            environment.METRICS_SAMPLE_EVERY.name,
         )
     identity_labels(identity, _ALL_LABELS)  # a bad identity leaves the active metrics alone
     if _ACTIVE is not None:

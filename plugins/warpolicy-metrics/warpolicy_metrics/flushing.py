@@ -24,17 +24,19 @@ import threading
 import weakref
 from typing import Callable, Mapping, Protocol
 
+from warpolicy import environment
+
 log = logging.getLogger("warpolicy")
 
 #: Where prometheus_client looks for its multi-process directory (the lower-case name is its
 #: deprecated spelling, still honoured).
-MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+MULTIPROC_ENV = (environment.PROMETHEUS_MULTIPROC_DIR, environment.PROMETHEUS_MULTIPROC_DIR_LEGACY)
 
 
 def multiprocess_from(environ: Mapping[str, str]) -> bool:
     """True when prometheus_client runs in multi-process mode in this environment (the test it
     makes itself when it is imported)."""
-    return any(name in environ for name in MULTIPROC_ENV)
+    return any(var.is_set(environ) for var in MULTIPROC_ENV)
 
 
 class Flushable(Protocol):

@@ -102,7 +102,7 @@ def fallback_labels(where: str) -> tuple[str, str, str]:
     """``warpolicy_on_fallback``'s ``where`` -> (runner, component, place).
 
     ``where`` is ``"<who>:<place>"`` (``"fence 'decode':after_replay"``, ``"decode runner:policy"``,
-    ``"overlap loop:record"``, ``"runner:decode:consistency"``, ``"canary 'decode':check"``) or,
+    ``"overlap loop 'decode':record"``, ``"runner:decode:consistency"``, ``"canary 'decode':check"``) or,
     for an observer that raised,
     ``"<who>:<hook>:<plugin>"``. ``runner`` is ``""`` where the component names none.
     """
@@ -132,7 +132,9 @@ def _component(who: str) -> tuple[str, str]:
             return component, ident(who[len(prefix) : -1])
     if who.endswith(" runner"):
         return "runner", ident(who[: -len(" runner")])
-    if who == "overlap loop":
+    if who.startswith("overlap loop '") and who.endswith("'"):  # the runner it was stepping
+        return "overlap_loop", ident(who[len("overlap loop '") : -1])
+    if who == "overlap loop":  # a loop that has not stepped a runner yet
         return "overlap_loop", ""
     if who == "warm-up":
         return "warm_up", ""

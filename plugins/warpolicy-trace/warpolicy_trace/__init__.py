@@ -18,12 +18,11 @@ from typing import Any, Optional
 
 import pluggy
 
+from warpolicy import environment
+
 __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker("warpolicy")
-
-FILE_ENV = "WARPOLICY_TRACE_FILE"
-MAX_ENV = "WARPOLICY_TRACE_MAX_EVENTS"
 
 
 def _label(value: Any) -> str:
@@ -110,7 +109,7 @@ class Tracer:
 
 def _max_events() -> int:
     try:
-        return max(1, int(os.environ.get(MAX_ENV, "200000")))
+        return max(1, int(environment.TRACE_MAX_EVENTS.get() or "200000"))
     except ValueError:
         return 200_000
 
@@ -126,7 +125,7 @@ def events() -> list[dict]:
 def flush(path: Optional[str] = None) -> Optional[str]:
     """Write the trace to ``path`` or ``$WARPOLICY_TRACE_FILE``; returns the path written, or
     None when there is no path."""
-    target = path or os.environ.get(FILE_ENV)
+    target = path or environment.TRACE_FILE.get()
     if not target:
         return None
     return TRACER.write(target)

@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import attrs
 
+from warpolicy import environment
 from warpolicy.errors import InputError, Problem, RegistryError, UnreadableSourceError
 from warpolicy.registry.inputs import parse_bool
 from warpolicy.registry.loader import reading
@@ -41,7 +42,6 @@ from warpolicy.registry.model import Registry, registry_warnings
 __all__ = [
     "DEFAULT",
     "DEFAULT_TOKENS",
-    "ENV_VAR",
     "MAX_BYTES",
     "MAX_DEPTH",
     "MAX_NODES",
@@ -66,7 +66,6 @@ __all__ = [
 #: must be given as ``./default``.
 DEFAULT = "default"
 DEFAULT_TOKENS = frozenset({DEFAULT, ":default:"})
-ENV_VAR = "WARPOLICY_CAPABILITIES"
 
 Source = Union[str, os.PathLike, Fragment]
 #: Rewrites problems located in plugin fragments (e.g. `warpolicy.runtime.manager.blame_plugins`
@@ -80,7 +79,7 @@ def default_registry_path() -> pathlib.Path:
 
 
 def registry_sources(
-    files: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.environ
+    files: Optional[Sequence[str]] = None, environ: Mapping[str, str] = environment.PROCESS
 ) -> list[Union[str, pathlib.Path]]:
     """The registry files to load, in layering order.
 
@@ -91,7 +90,7 @@ def registry_sources(
     if files:
         chosen: list[str] = [str(f) for f in files]
     else:
-        chosen = [p for p in environ.get(ENV_VAR, "").split(os.pathsep) if p.strip()]
+        chosen = [p for p in environment.CAPABILITIES.get(environ).split(os.pathsep) if p.strip()]
     if not chosen:
         return [default_registry_path()]
     return [default_registry_path() if f.strip() in DEFAULT_TOKENS else f for f in chosen]
@@ -128,7 +127,7 @@ def assemble_registry(
     fragments: Sequence[Fragment] = (),
     *,
     blame: Optional[Blame] = None,
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] = environment.PROCESS,
 ) -> Assembly:
     """Load the registry in use: `registry_sources` (``files``, else the environment, else the
     default), then ``fragments`` (collected by the caller, e.g. with
@@ -186,10 +185,11 @@ def env_flag_problems(registry: Registry, environ: Mapping[str, str]) -> list[Pr
     found = []
     for flag in registry.flags.values():
         for var in flag.env:
-            if not environ.get(var, "").strip():
+            raw = environment.lookup(var, environ)
+            if not raw.strip():
                 continue  # unset, empty or blank: the engine reads it as unset too
             try:
-                parse_bool(environ[var], var)
+                parse_bool(raw, var)
             except InputError as exc:
                 origin = flag.origin
                 found.append(

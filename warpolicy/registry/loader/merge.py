@@ -38,6 +38,8 @@ from warpolicy.registry.vocabulary import FactType
 MAX_SUGGESTION_WORK = 50_000
 
 _ADDED, _REPLACED, _REJECTED = "added", "replaced", "rejected"
+#: Entry kinds whose names are matched ignoring case (two that fold alike are refused).
+FOLDED_KINDS = ("backend", "spec algorithm")
 
 
 class _Suggestions:
@@ -79,6 +81,8 @@ class Merger:
         }
         self.broken: set[tuple[str, str]] = set()  # (kind, name) of entries with problems
         self.orphan_refs: list[Ref] = []
+        #: per kind whose names are looked up ignoring case: folded name -> the first spelling
+        self.folded: dict[str, dict[str, str]] = {kind: {} for kind in FOLDED_KINDS}
 
     def at(self, origin: Origin, path: str, message: str) -> None:
         self.problems.append(Problem(origin.file, origin.line, origin.col, f"{path}: {message}"))
@@ -106,6 +110,8 @@ class Merger:
         table = self.tables[entry.kind]
         old = table.get(entry.name)
         what = "gate id" if entry.kind == "gate" else entry.kind
+        if old is None and self._clashes(entry, what):
+            return _REJECTED
         if old is None:
             if entry.override and (entry.kind, entry.name) not in self.broken:
                 self.at(
@@ -129,6 +135,25 @@ class Merger:
             entry.origin, entry.path, f"{what} {entry.name!r} already defined at {old.origin}{hint}"
         )
         return _REJECTED
+
+    def _clashes(self, entry: Entry, what: str) -> bool:
+        """A new backend or spec algorithm whose name equals an earlier one's when case is
+        ignored (lookups ignore case: `Registry.backend_name`): reported at the new one."""
+        folded = self.folded.get(entry.kind)
+        if folded is None:
+            return False
+        first = folded.setdefault(entry.name.casefold(), entry.name)
+        if first == entry.name:
+            return False
+        self.at(
+            entry.origin,
+            entry.path,
+            f"{what} {entry.name!r} is {what} {first!r} (defined at "
+            f"{self.tables[entry.kind][first].origin}) when case is ignored, as every lookup "
+            f"ignores it; spell it {first!r} (override: true replaces it) or rename it",
+        )
+        self.broken.add((entry.kind, entry.name))  # no second "unknown" for its references
+        return True
 
     # -- checks on the merged entries --
 

@@ -45,12 +45,12 @@ import collections
 import itertools
 import logging
 import math
-import os
 import threading
 from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
+from warpolicy import environment
 from warpolicy.errors import InputError, WarpolicyError
 from warpolicy.registry.vocabulary import NONE, ForwardMode
 from warpolicy.runtime.canary.compare import Difference, first_difference, flatten_outputs
@@ -72,12 +72,6 @@ log = logging.getLogger("warpolicy")
 
 #: The default byte budget of one sample (see the module docstring for what it holds).
 DEFAULT_MAX_BYTES = 256 << 20
-
-RATE_ENV = "WARPOLICY_CANARY_RATE"
-BUDGET_ENV = "WARPOLICY_CANARY_BUDGET"
-MAX_BYTES_ENV = "WARPOLICY_CANARY_MAX_BYTES"
-LEAD_RATE_ENV = "WARPOLICY_CANARY_LEAD_RATE"
-SEED_ENV = "WARPOLICY_CANARY_SEED"
 
 #: Violations a canary keeps for inspection (`Canary.violations`).
 KEEP_VIOLATIONS = 100
@@ -125,24 +119,25 @@ class CanaryConfig:
     seed: Optional[int] = attrs.field(default=None, validator=_count(0))
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> CanaryConfig:
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> CanaryConfig:
         """The configuration the ``WARPOLICY_CANARY_*`` variables give: ``_RATE`` (``0.001``
         or ``1/1000``), ``_BUDGET``, ``_MAX_BYTES``, ``_LEAD_RATE``, ``_SEED``; unset ones keep
-        their defaults. A bad value is an `InputError` naming the variable (one line)."""
+        their defaults (``environ`` None: the process environment). A bad value is an `InputError`
+        naming the variable (one line)."""
         values: dict[str, Any] = {}
         for env, field, parse in (
-            (RATE_ENV, "rate", _parse_rate),
-            (BUDGET_ENV, "budget", _parse_int),
-            (MAX_BYTES_ENV, "max_bytes", _parse_int),
-            (LEAD_RATE_ENV, "lead_rate", _parse_rate),
-            (SEED_ENV, "seed", _parse_int),
+            (environment.CANARY_RATE, "rate", _parse_rate),
+            (environment.CANARY_BUDGET, "budget", _parse_int),
+            (environment.CANARY_MAX_BYTES, "max_bytes", _parse_int),
+            (environment.CANARY_LEAD_RATE, "lead_rate", _parse_rate),
+            (environment.CANARY_SEED, "seed", _parse_int),
         ):
-            raw = environ.get(env, "").strip()
+            raw = env.get(environ).strip()
             if raw:
                 try:
                     values[field] = parse(raw)
                 except ValueError:
-                    raise InputError(f"{env}={raw!r} is not a valid {field}") from None
+                    raise InputError(f"{env.name}={raw!r} is not a valid {field}") from None
         try:
             return cls(**values)
         except InputError as exc:
@@ -713,12 +708,7 @@ class CanarySession:
 
 
 __all__ = [
-    "BUDGET_ENV",
     "DEFAULT_MAX_BYTES",
-    "LEAD_RATE_ENV",
-    "MAX_BYTES_ENV",
-    "RATE_ENV",
-    "SEED_ENV",
     "Canary",
     "CanaryCell",
     "CanaryConfig",

@@ -117,7 +117,12 @@ class OverlapLoop:
             schedule_stream if schedule_stream is not None else platform.new_stream()
         )
         self.barrier = SchedulerBarrier(platform, force_coarse=force_coarse, observers=observers)
-        self.reporter = Reporter(observers, "overlap loop")
+        # the loop's failures are reported as its current runner's ("overlap loop 'decode'"),
+        # so the metrics label them with the runner; one reporter per runner, made once
+        self._observers = observers
+        self._reporters: dict[int, tuple[Optional[Runner], Reporter]] = {}
+        self._reporting = runner
+        self.reporter = self._reporter_of(runner)
         self.probe = probe
         self.unsafe_skip_barrier = bool(unsafe_skip_barrier)
         # a ring, not one re-recorded event: several steps can be in flight (docs/background.md §2)
@@ -140,6 +145,16 @@ class OverlapLoop:
         self._lead: Optional[ReleaseLeadProbe] = (
             canary.lead_probe(self.reporter) if canary is not None else None
         )
+
+    def _reporter_of(self, runner: Optional[Runner]) -> Reporter:
+        """The reporter of the loop's failures while ``runner`` steps (made once per runner)."""
+        cached = self._reporters.get(id(runner))
+        if cached is not None and cached[0] is runner:
+            return cached[1]
+        who = "overlap loop" if runner is None else f"overlap loop {runner.name!r}"
+        reporter = Reporter(self._observers, who)
+        self._reporters[id(runner)] = (runner, reporter)
+        return reporter
 
     def _check_of(self, runner: Runner) -> Optional[Callable[[], None]]:
         """The runner's canary check, or None (no canary): resolved once per runner."""
@@ -178,6 +193,9 @@ class OverlapLoop:
             check = self._check_of(runner)
         if runner is None:
             raise TypeError("OverlapLoop.step needs a runner (none given to the loop)")
+        if runner is not self._reporting:  # another runner steps: its failures are its own
+            self._reporting = runner
+            self.reporter = self._reporter_of(runner)
         p = self.platform
         lead = self._lead
         mark: Optional[LeadMark] = None

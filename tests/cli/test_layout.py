@@ -1,0 +1,89 @@
+"""``table`` and ``explain`` fit the terminal: ``COLUMNS=80`` gives no line over 80 columns and
+loses no row or reason; ``--wide`` and output without a terminal keep one line per row; JSON
+does not change with the width."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from warpolicy.cli import layout
+from warpolicy.cli.main import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_table_fits_80_columns_and_keeps_every_row(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    text = run(capsys, "table")
+    assert max(len(line) for line in text.splitlines()) <= 80
+    rows = json.loads(run(capsys, "table", "--format", "json"))["rows"]
+    grid = {tuple(line.split()[:4]) for line in text.splitlines() if not line.startswith(" ")}
+    for row in rows:  # every cell is still a row of the grid, its policy marked as before
+        policy = row["policy"] + ("*" if row.get("per_batch") else "")
+        assert (row["backend"], row["mode"], row["spec"], policy) in grid
+    reasons = [",".join(r["reasons"][1:]) for r in rows if len(r["reasons"]) > 1]
+    assert reasons and all(f"because: {why}" in text for why in reasons)
+
+
+def test_wide_and_no_terminal_keep_one_line_per_row(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    wide = run(capsys, "table", "--wide")
+    monkeypatch.delenv("COLUMNS")
+    piped = run(capsys, "table")  # capsys is not a terminal: nothing to fit
+    assert wide == piped
+    assert max(len(line) for line in wide.splitlines()) > 80
+    assert not any(line.startswith("    because:") for line in wide.splitlines())
+
+
+@pytest.mark.parametrize("command", ["explain", "query"])
+def test_explain_and_query_fit_80_columns_and_say_the_same_words(capsys, monkeypatch, command):
+    argv = (command, "--backend", "fa3", "--mode", "extend", "--flag", "prefill_read_done=1")
+    wide = run(capsys, *argv, "--wide")
+    monkeypatch.setenv("COLUMNS", "80")
+    fitted = run(capsys, *argv)
+    assert max(len(line) for line in wide.splitlines()) > 80
+    assert max(len(line) for line in fitted.splitlines()) <= 80
+    assert fitted.split() == wide.split()
+    assert fitted.splitlines()[0] == wide.splitlines()[0]  # the policy, alone on the first line
+
+
+@pytest.mark.parametrize(
+    "command", [("table",), ("explain", "--backend", "fa3", "--mode", "extend")]
+)
+def test_json_does_not_change_with_the_width(capsys, monkeypatch, command):
+    monkeypatch.setenv("COLUMNS", "40")
+    narrow = run(capsys, *command, "--format", "json")
+    monkeypatch.delenv("COLUMNS")
+    assert run(capsys, *command, "--format", "json") == narrow
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return 99
+
+
+def test_output_width(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert layout.output_width() == 100
+    assert layout.output_width(wide=True) is None
+    for junk in ("0", "-3", "wide", ""):
+        monkeypatch.setenv("COLUMNS", junk)
+        monkeypatch.setattr("sys.stdout", io.StringIO())
+        assert layout.output_width() is None, junk
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setattr("sys.stdout", Terminal())
+    monkeypatch.setattr(
+        layout.os, "get_terminal_size", lambda fd: __import__("os").terminal_size((123, 40))
+    )
+    assert layout.output_width() == 123
