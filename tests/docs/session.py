@@ -18,6 +18,8 @@ import traceback
 from doc_blocks import PYTHON, ROOT, blocks_of, console_commands
 
 SHELL_TIMEOUT_S = 300
+#: a console command's expected exit status, when not 0: a trailing ``# exit N``
+_EXIT = re.compile(r"#\s*exit (?P<code>\d+)\s*$")
 
 
 def _normalized(lines: list[str]) -> list[str]:
@@ -49,6 +51,8 @@ def run_shell(language: str, text: str) -> None:
             raise AssertionError(f"exit {done.returncode}\n{done.stdout}{done.stderr}")
         return
     for command, shown in console_commands(text):
+        expected_exit = _EXIT.search(command)
+        want = int(expected_exit["code"]) if expected_exit else 0
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", command],
             capture_output=True,
@@ -56,8 +60,11 @@ def run_shell(language: str, text: str) -> None:
             timeout=SHELL_TIMEOUT_S,
             check=False,
         )
-        if done.returncode != 0:
-            raise AssertionError(f"$ {command}\nexit {done.returncode}\n{done.stdout}{done.stderr}")
+        if done.returncode != want:
+            raise AssertionError(
+                f"$ {command}\nexit {done.returncode} (the document expects {want})\n"
+                f"{done.stdout}{done.stderr}"
+            )
         expected = _normalized(shown)
         if expected and _normalized(done.stdout.split("\n")) != expected:
             raise AssertionError(

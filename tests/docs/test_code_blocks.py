@@ -182,3 +182,7 @@ def test_a_failing_block_fails_its_test(tmp_path: pathlib.Path) -> None:
     results = session.__wrapped__(rel)
     assert results[f"{rel}:1"]["ok"] is True
     assert results[f"{rel}:5"]["ok"] is False
+    doc.write_text("```console\n$ false  # exit 1\n$ true  # exit 1\n```\n", encoding="utf-8")
+    results = session.__wrapped__(rel)
+    assert results[f"{rel}:1"]["ok"] is False  # true exited 0 where the document says 1
+    assert "the document expects 1" in str(results[f"{rel}:1"]["error"])
