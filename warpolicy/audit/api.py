@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import attrs
+
 from warpolicy.audit.dynamic import SIMULATED, audit_mode
+from warpolicy.audit.isolation import IsolatedJob, audit_isolated
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
@@ -37,6 +40,7 @@ def run_audit(
     static: bool = True,
     allow_inconclusive: bool = False,
     placement: Optional[str] = None,
+    isolate: Optional[bool] = None,
 ) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
@@ -46,6 +50,9 @@ def run_audit(
     ``allow_inconclusive`` lets INCONCLUSIVE entries pass the report's exit code (a failed
     audit still does not). ``placement`` (``declared``, ``marker`` or ``derived``; synthetic
     backends only) forces where the read-done node goes (see `warpolicy.audit.synthetic`).
+    ``isolate`` runs the subjects in a child process so a device fault (a device-side assert
+    poisons the whole CUDA context) fails only the subject that met it
+    (`warpolicy.audit.isolation`); None: on CUDA, never on a given ``platform``.
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
@@ -63,18 +70,19 @@ def run_audit(
         from warpolicy.audit.synthetic import parse_placement  # noqa: PLC0415 - deferred: imports torch
 
         parse_placement(placement)  # one line for a bad value, before any GPU work
+    source = SubjectSource(factory, tuple(names), placement)
+    auditor = ModeAuditor(None if mode_list is None else tuple(mode_list), trials, stall_us, static)
+    if isolate is None:
+        isolate = platform is None and device_type(device or "cuda") == "cuda"
     if platform is None:
         platform = _platform(device)
-    if make is not None:
-        subjects = call_factory(make, factory or "", platform)
-    else:
-        from warpolicy.audit.synthetic import make_synthetic  # noqa: PLC0415 - deferred: imports torch
-
-        subjects = [make_synthetic(n, platform=platform, placement=placement) for n in names]
     entries: list[AuditEntry] = []
-    for subject in subjects:
-        for mode in mode_list if mode_list is not None else list(subject.runners):
-            entries.append(audit_mode(subject, mode, trials, stall_us, static=static))
+    if isolate:
+        job = IsolatedJob(device if device is not None else "cuda", source, auditor, _platform)
+        entries = audit_isolated(job)
+    else:
+        for subject in source(platform):
+            entries += auditor(subject)
     return AuditReport(
         tuple(entries),
         device=describe_device(platform),
@@ -82,6 +90,43 @@ def run_audit(
         stall_us=stall_us,
         allow_inconclusive=bool(allow_inconclusive),
     )
+
+
+@attrs.frozen
+class SubjectSource:
+    """Where the subjects come from (picklable: an isolated child rebuilds them from it)."""
+
+    factory: Optional[str] = None  # MODULE:CALLABLE
+    synthetic: tuple[str, ...] = ()
+    placement: Optional[str] = None
+
+    def __call__(self, platform: Any) -> list[AuditSubject]:
+        if self.factory is not None:
+            return call_factory(resolve_factory(self.factory), self.factory, platform)
+        from warpolicy.audit.synthetic import make_synthetic  # noqa: PLC0415 - deferred: imports torch
+
+        return [
+            make_synthetic(n, platform=platform, placement=self.placement) for n in self.synthetic
+        ]
+
+
+@attrs.frozen
+class ModeAuditor:
+    """Audits every chosen mode of one subject (picklable, like `SubjectSource`)."""
+
+    modes: Optional[tuple[ForwardMode, ...]]  # None: every mode the subject has a runner for
+    trials: int
+    stall_us: float
+    static: bool = True
+
+    def modes_of(self, subject: AuditSubject) -> tuple[ForwardMode, ...]:
+        return self.modes if self.modes is not None else tuple(subject.runners)
+
+    def __call__(self, subject: AuditSubject) -> list[AuditEntry]:
+        return [
+            audit_mode(subject, mode, self.trials, self.stall_us, static=self.static)
+            for mode in self.modes_of(subject)
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +264,8 @@ def describe_device(platform: Any) -> str:
 
 __all__: Sequence[str] = (
     "ALL",
+    "ModeAuditor",
+    "SubjectSource",
     "call_factory",
     "describe_device",
     "parse_modes",

@@ -47,6 +47,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="with --synthetic: where the read-done node goes (default: as declared; "
         "derived: after the last shared reader found in the captured graph)",
     )
+    p.add_argument(
+        "--isolation",
+        choices=("auto", "process", "off"),
+        default="auto",
+        help="process: audit the subjects in a child process, so a device fault (a "
+        "device-side assert loses the whole CUDA context) fails only the subject that met it; "
+        "auto (default): process on CUDA, off on the simulated platform",
+    )
     p.add_argument("--format", choices=common.DATA_FORMATS, default="text")
 
     p.set_defaults(handler=cmd_audit)
@@ -64,6 +72,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         device=args.device,
         allow_inconclusive=args.allow_inconclusive,
         placement=args.placement,
+        isolate={"auto": None, "process": True, "off": False}[args.isolation],
         **extra,
     )
     common.out(format_audit(report, args.format))
