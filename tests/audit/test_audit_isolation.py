@@ -143,7 +143,7 @@ def test_the_cli_isolates_on_request(capsys):
 
     code = main(
         ["audit", "--synthetic", "in_graph", "--device", "sim", "--modes", "decode"]
-        + ["--trials", "1", "--isolation", "process"]
+        + ["--trials", "2", "--isolation", "process"]
     )
     assert code == 0, capsys.readouterr().out
     assert "in_graph" in capsys.readouterr().out
