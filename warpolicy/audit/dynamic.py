@@ -38,7 +38,7 @@ trials. INCONCLUSIVE with the reasons otherwise.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import attrs
 
@@ -220,8 +220,7 @@ class _Harness:
         out = self.step(batch)
         read_done = self.runner.fence.take()  # right after the launch, like the scheduler
         self.barrier.apply(self.schedule, self.forward, read_done)
-        with self.platform.stream(self.schedule):
-            self._poison()
+        scheduler_writes(self.platform, self.schedule, self.shared, self.poisoned)
         self.platform.synchronize()
         return snapshot_outputs(out, self.written), self.published(read_done)
 
@@ -259,6 +258,32 @@ class _Harness:
             for name, tensor in {**self.written, **self.shared}.items():
                 tensor.copy_(source[name])
         self.platform.synchronize()
+
+
+def scheduler_writes(
+    platform: Any, schedule: Any, targets: Mapping[str, Any], values: Mapping[str, Any]
+) -> None:
+    """The scheduler's writes after its barrier: ``targets[name].copy_(values[name])``.
+
+    A device buffer is written on the ``schedule`` stream, which the barrier made wait. A
+    host-visible buffer (pinned host memory a graph copies from, as vLLM's input slots and
+    TensorRT-LLM's staging buffers are) is written by the host, so on CUDA the host first waits
+    for the schedule stream (the barrier's event, or the whole forward stream): a host write
+    issued at once would land before any release, a race of the audit's own making."""
+    device = [n for n, t in targets.items() if not _host_side(platform, t)]
+    host = [n for n in targets if n not in device]
+    with platform.stream(schedule):
+        for name in device:
+            targets[name].copy_(values[name])
+    if host:
+        if platform.name == "cuda":
+            schedule.synchronize()  # the host-side barrier of a host-visible buffer
+        for name in host:
+            targets[name].copy_(values[name])
+
+
+def _host_side(platform: Any, tensor: Any) -> bool:
+    return platform.name == "cuda" and tensor.device.type == "cpu"
 
 
 @contextlib.contextmanager
