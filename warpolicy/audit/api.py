@@ -75,10 +75,10 @@ def run_audit(
     if isolate is None:
         isolate = platform is None and device_type(device or "cuda") == "cuda"
     if platform is None:
-        platform = _platform(device)
+        platform = platform_for(device)
     entries: list[AuditEntry] = []
     if isolate:
-        job = IsolatedJob(device if device is not None else "cuda", source, auditor, _platform)
+        job = IsolatedJob(device if device is not None else "cuda", source, auditor, platform_for)
         entries = audit_isolated(job)
     else:
         for subject in source(platform):
@@ -236,7 +236,7 @@ def _non_negative(value: Any, what: str) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def _platform(device: Any) -> Platform:
+def platform_for(device: Any) -> Platform:
     """The audit's own composition root: a plugin manager and the platform for ``device``."""
     wanted = device if device is not None else "cuda"
     if device_type(wanted) == "cuda" and not cuda_available():
@@ -268,6 +268,7 @@ __all__: Sequence[str] = (
     "SubjectSource",
     "call_factory",
     "describe_device",
+    "platform_for",
     "parse_modes",
     "parse_synthetic",
     "resolve_factory",
