@@ -223,7 +223,7 @@ def make_subject(
     declared = engine.decide(Context(fixture.name, fixture.mode))
     widen = widener if widener is not None else RaceWidener()
     build = functools.partial(_runner, fixture, policy, platform, label, widen)
-    post_step = getattr(model, "post_step", None) if fixture.post_step else None
+    post_step = model.post_step if fixture.post_step else None
     subject = AuditSubject(
         name=label,
         model=model,

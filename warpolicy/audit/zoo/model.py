@@ -160,6 +160,10 @@ class ZooModel:
         """Where the KV write lands."""
         return s.loc
 
+    def post_step(self, mode: ForwardMode, batch: Any, out: torch.Tensor) -> torch.Tensor:
+        """Eager work after the replay (only for a fixture with ``post_step=True``)."""
+        return out
+
     # -- CanaryAdapter -------------------------------------------------------------------------
 
     def canary_spec(self, mode: ForwardMode, bucket: int, batch: object) -> CanarySpec:
