@@ -40,7 +40,7 @@ def run_audit(
     static: bool = True,
     allow_inconclusive: bool = False,
     placement: Optional[str] = None,
-    isolate: Optional[bool] = None,
+    isolate: bool = False,
 ) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
@@ -52,7 +52,8 @@ def run_audit(
     backends only) forces where the read-done node goes (see `warpolicy.audit.synthetic`).
     ``isolate`` runs the subjects in a child process so a device fault (a device-side assert
     poisons the whole CUDA context) fails only the subject that met it
-    (`warpolicy.audit.isolation`); None: on CUDA, never on a given ``platform``.
+    (`warpolicy.audit.isolation`); ``warpolicy audit`` does so on CUDA by default
+    (``--isolation``). It needs ``device`` (the child opens its own platform), not ``platform``.
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
@@ -72,8 +73,8 @@ def run_audit(
         parse_placement(placement)  # one line for a bad value, before any GPU work
     source = SubjectSource(factory, tuple(names), placement)
     auditor = ModeAuditor(None if mode_list is None else tuple(mode_list), trials, stall_us, static)
-    if isolate is None:
-        isolate = platform is None and device_type(device or "cuda") == "cuda"
+    if isolate and platform is not None:
+        raise InputError("isolate=True opens the platform in a child process: give device=")
     if platform is None:
         platform = platform_for(device)
     entries: list[AuditEntry] = []

@@ -96,7 +96,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         device=args.device,
         allow_inconclusive=args.allow_inconclusive,
         placement=args.placement,
-        isolate={"auto": None, "process": True, "off": False}[args.isolation],
+        isolate=_isolate(args),
         **extra,
     )
     common.out(format_audit(report, args.format))
@@ -116,3 +116,12 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     report = run_zoo(platform, fixtures, args.trials, widener, device=describe_device(platform))
     common.out(format_zoo(report, args.format))
     return report.exit_code
+
+
+def _isolate(args: argparse.Namespace) -> bool:
+    """``--isolation``: auto isolates on CUDA (the default device), never on the simulated one."""
+    if args.isolation != "auto":
+        return bool(args.isolation == "process")
+    from warpolicy.runtime.platforms import device_type  # noqa: PLC0415 - deferred: keeps the CLI's import light
+
+    return device_type(args.device or "cuda") == "cuda"

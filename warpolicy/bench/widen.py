@@ -1,0 +1,88 @@
+"""What the race widener costs per step: nothing when off, its spin when on.
+
+``python -m warpolicy.bench.widen [--device sim|cuda] [--steps 300] [--repeat 5] [--us 50]``
+builds three decode runners on the same zoo model in one process: one never given a widener
+(the baseline), one built through `RaceWidener.resolve` with the widener off (what every
+runner does by default: the environment variable unset), and (CUDA only) one with the
+widener on. It runs their steps interleaved, ``repeat`` rounds of ``steps`` each, and prints
+the median microseconds per step and each one's ratio to the baseline. Off, the widener hands
+back the model itself, so the ratio is the noise of two identical runners.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from warpolicy.audit.api import platform_for
+from warpolicy.audit.zoo.fixture import declares, make_subject, zoo_fixture
+from warpolicy.registry.vocabulary import POST_REPLAY, ForwardMode
+from warpolicy.runtime.runners.widen import RaceWidener
+
+
+def _runner(platform: Any, widener: Optional[RaceWidener]) -> tuple[Any, Any]:
+    """A captured decode runner on a fresh zoo model and its batch (a post_replay fixed
+    declaration: every step publishes)."""
+    import attrs  # noqa: PLC0415 - deferred: only the benchmark needs it here
+
+    fixture = attrs.evolve(
+        zoo_fixture("wrapper_one_child"),
+        declares=declares(ForwardMode.DECODE, POST_REPLAY, POST_REPLAY),
+    )
+    built = make_subject(fixture, False, platform)
+    model = built.model if widener is None else widener.wrap(built.model, platform)
+    runner = fixture.runner(model, built.policy, platform, "bench", self_check="off")
+    runner.capture()
+    return runner, built.model.make_batch(ForwardMode.DECODE, 1)
+
+
+def _time(platform: Any, runner: Any, batch: Any, steps: int) -> float:
+    platform.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        runner.run(batch)
+        read_done = runner.fence.take()
+        if read_done is not None:
+            read_done.discard()
+    platform.synchronize()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def measure(device: str, steps: int, repeat: int, us: float) -> list[tuple[str, float]]:
+    """Median microseconds per step of each runner (the baseline first)."""
+    platform = platform_for(device)
+    runners = {
+        "no widener (baseline)": _runner(platform, None),
+        "widener off (resolved)": _runner(platform, RaceWidener.resolve(environ={})),
+    }
+    if platform.name == "cuda":
+        runners[f"widener on ({us:g} us)"] = _runner(platform, RaceWidener(us))
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for runner, batch in runners.values():
+        _time(platform, runner, batch, 10)  # warm
+    for _ in range(repeat):
+        for name, (runner, batch) in runners.items():
+            times[name].append(_time(platform, runner, batch, steps))
+    return [(name, statistics.median(t)) for name, t in times.items()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m warpolicy.bench.widen", description=__doc__)
+    p.add_argument("--device", default="sim")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--us", type=float, default=50.0)
+    args = p.parse_args(argv)
+    rows = measure(args.device, args.steps, args.repeat, args.us)
+    base = rows[0][1]
+    print(f"race widener cost per step on {args.device} ({args.steps} steps x {args.repeat}):")
+    for name, value in rows:
+        print(f"  {name:<26} {value:9.1f} us/step   ratio {value / base:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
