@@ -52,6 +52,9 @@ def test_widened_zoo_detects_every_buggy_variant_and_passes_every_fixed_one(plat
         assert row.as_expected, where
         assert row.seconds < 30.0, where
     assert report.summary().startswith("buggy detected 8/8, fixed flagged 0/8")
+    named = [o for r in report.rows for o in r.entry.static.offenders]
+    print("[zoo cuda readers]", *sorted({o.label for o in named}), sep="\n  ")
+    assert named and all(o.site.count(".py:") == 1 for o in named), named
 
 
 def test_unwidened_zoo_table_and_no_false_alarm(platform):

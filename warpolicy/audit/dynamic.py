@@ -57,6 +57,7 @@ from warpolicy.audit.report import (
     Mismatch,
     StaticResult,
 )
+from warpolicy.audit.sites import refutation_with_sites, sited_model, static_with_sites
 from warpolicy.audit.static import audit_static_buckets, self_check_refutation
 from warpolicy.audit.subject import (
     DEFAULT_STALL_US,
@@ -372,7 +373,8 @@ def _audit_mode(
 ) -> AuditEntry:
     stall = make_stall(subject.platform, stall_us)
     model = stalled_model(subject.model, stall) if stall is not None else subject.model
-    runner = builder(model)
+    sited = sited_model(model, subject.platform)  # names late readers by file:line (CUDA)
+    runner = builder(sited if sited is not None else model)
     runner.capture()
     harness = _Harness(subject, mode, runner, stall_us)
     try:
@@ -389,6 +391,9 @@ def _audit_mode(
         else StaticResult(INCONCLUSIVE, reason="static audit skipped")
     )
     refuted = self_check_refutation(runner, harness.shared, declared, out.policy)
+    if sited is not None:
+        static_result = static_with_sites(static_result, sited.sites)
+        refuted = refutation_with_sites(refuted, sited.sites)
     return AuditEntry(
         subject.name, mode, subject.spec, declared, out.policy, dynamic, static_result, refuted
     )
