@@ -165,3 +165,17 @@ def test_regression_the_sentinel_mapping_is_unsafe_where_the_03_poisons_crashed_
     old = audit_mode(then, fixture.mode, 2, 0.0)
     assert old.dynamic.failed and "index" in old.dynamic.reason.lower()
     assert old.verdict is Verdict.INCONCLUSIVE
+
+
+def test_plain_warpolicy_audit_finds_every_buggy_variant_through_the_factory():
+    from warpolicy.audit import run_audit
+
+    report = run_audit(
+        factory="warpolicy.audit.zoo:zoo_subjects", trials=2, platform=sim_platform()
+    )
+    verdicts = {e.backend: e.verdict for e in report.entries}
+    assert len(verdicts) == 2 * len(FIXTURES)
+    assert all(
+        v is (Verdict.UNSAFE if n.endswith(":buggy") else Verdict.SAFE) for n, v in verdicts.items()
+    )
+    assert report.exit_code == EXIT_UNSAFE

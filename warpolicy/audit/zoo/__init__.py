@@ -38,6 +38,7 @@ from warpolicy.audit.zoo.fixture import (
     fixture_names,
     make_subject,
     zoo_fixture,
+    zoo_subjects,
 )
 from warpolicy.audit.zoo.run import (
     ZooReport,
@@ -63,4 +64,5 @@ __all__ = [
     "run_variant",
     "run_zoo",
     "zoo_fixture",
+    "zoo_subjects",
 ]

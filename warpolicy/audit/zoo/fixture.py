@@ -248,3 +248,15 @@ def _runner(
 ) -> Any:
     kw: dict[str, Any] = {"keep_graphs": True, "self_check": "off", **extra}
     return fixture.runner(widener.wrap(model, platform), policy, platform, label, **kw)
+
+
+def zoo_subjects(platform: Any) -> list[AuditSubject]:
+    """Every variant of every fixture as an audit subject, buggy first (a factory:
+    ``warpolicy audit --factory warpolicy.audit.zoo:zoo_subjects``; the race widener from
+    ``WARPOLICY_WIDEN_RACE_US``)."""
+    widener = RaceWidener.resolve()
+    return [
+        make_subject(f, buggy, platform, widener).subject
+        for f in FIXTURES
+        for buggy in (True, False)
+    ]
