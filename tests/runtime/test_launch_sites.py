@@ -80,3 +80,22 @@ def test_frames_inside_torch_are_skipped():
         f_back=user,
     )
     assert LaunchRecorder(lambda: 0).site("mm", inside) == LaunchSite("mm", "/srv/engine.py", 42)
+
+
+def test_self_check_and_derived_plant_name_readers_by_file_and_line():
+    from warpolicy.runtime.graphwalk.analysis import Reader
+    from warpolicy.runtime.graphwalk.model import NodeKind
+    from warpolicy.runtime.graphwalk.plant import DerivedPlant, SelfCheck
+
+    late = Reader(12, NodeKind.KERNEL, "indexSelectLargeIndex", ("full_to_swa",))
+    sites = {12: LaunchSite("index_select", "/srv/zoo/sglang.py", 95)}
+    check = SelfCheck(3, (late,), 4, 40, 1.0, 0.1)
+    assert check.describe(8, sites) == (
+        "bucket 8: shared reader(s) after the read-done node: "
+        "indexSelectLargeIndex (sglang.py:95) (#12) reads full_to_swa"
+    )
+    assert "indexSelectLargeIndex (#12)" in check.describe(8)  # no sites: the kernel alone
+    plant = DerivedPlant((late,), (late,), 40, 1.0, 0.5, 0.2)
+    assert plant.describe(sites).startswith(
+        "derived read-done node after indexSelectLargeIndex (sglang.py:95) #12"
+    )
