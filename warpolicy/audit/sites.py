@@ -42,8 +42,14 @@ class SitedModel(ModelView):
             self.sites[bucket] = {}
         recorder = LaunchRecorder(self.count)
         recorder.sites = self.sites.setdefault(bucket, {})
-        with recorder:
+        try:
+            recorder.__enter__()
+        except Exception:  # noqa: BLE001 - no hooks: no sites, the capture goes on
             return body()
+        try:
+            return body()
+        finally:
+            recorder.__exit__(None, None, None)
 
     def graph_prep(self, bucket: int) -> None:
         self._recorded(bucket, True, lambda: self.model.graph_prep(bucket))

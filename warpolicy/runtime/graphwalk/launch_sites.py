@@ -76,6 +76,7 @@ class LaunchRecorder:
         self.count = count
         self.sites: dict[int, LaunchSite] = {}
         self.launches = 0
+        self.failures = 0  # sites lost to an exception in the hooks
         self._undo: list[Callable[[], None]] = []
         skipped = [_package_dir(n) for n in ("torch", "triton")]
         self._skip = tuple(p for p in skipped if p) + (__file__,)
@@ -101,6 +102,14 @@ class LaunchRecorder:
             return
         for index in range(before, after):
             self.sites.setdefault(index, found)  # an inner launch (Triton in an op) came first
+
+    def safely(self, op: str, before: Optional[int], frame: Any) -> None:
+        """`record` with the count after the launch; a failure costs the site, never the
+        capture (the hooks run inside the engine's capture)."""
+        try:
+            self.record(op, before, self.count(), frame)
+        except Exception:  # noqa: BLE001 - a site is a nicety; the capture must go on
+            self.failures += 1
 
     # -- installing the hooks -----------------------------------------------------------------
 
@@ -129,7 +138,7 @@ class LaunchRecorder:
             def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 before = recorder.count()
                 out = func(*args, **(kwargs or {}))
-                recorder.record(_op_name(func), before, recorder.count(), sys._getframe(1))
+                recorder.safely(_op_name(func), before, sys._getframe(1))
                 return out
 
         mode = _Sites()
@@ -151,8 +160,7 @@ class LaunchRecorder:
 
         def leave(metadata: Any) -> None:
             before = pending.pop() if pending else None
-            name = _triton_name(metadata)
-            self.record(name, before, self.count(), sys._getframe(1))
+            self.safely(_triton_name(metadata), before, sys._getframe(1))
 
         for attribute, hook in (("launch_enter_hook", enter), ("launch_exit_hook", leave)):
             chain = getattr(runtime, attribute, None)
@@ -181,17 +189,33 @@ def _triton_name(metadata: Any) -> str:
 
 def node_counter() -> NodeCounter:
     """On CUDA: the node count of the graph the current stream captures (None when it does
-    not). Raises `BindingsMissingError` without cuda-bindings."""
+    not, or when the driver cannot say: a recorder must never break a capture). Raises
+    `BindingsMissingError` without cuda-bindings."""
     import torch  # noqa: PLC0415 - deferred: the graph walk imports without torch
 
     driver = cuda.driver_module()
     active = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    # cuda-bindings 13 answers (status, id, graph, ...) from the plain name; 12.x needs _v2
+    names = [n for n in _CAPTURE_INFO if hasattr(driver, n)]
+    broken: list[str] = []
 
     def count() -> Optional[int]:
-        stream = driver.CUstream(int(torch.cuda.current_stream().cuda_stream))
-        info = cuda.call(driver, "cuStreamGetCaptureInfo", stream)
-        if info[0] != active:
+        if broken or not names:
             return None
-        return int(cuda.call(driver, "cuGraphGetNodes", info[2])[-1])
+        try:
+            stream = driver.CUstream(int(torch.cuda.current_stream().cuda_stream))
+            info = cuda.call(driver, names[0], stream)
+            if len(info) < 3:  # an old answer without the graph: try the next name once
+                names.pop(0)
+                return count()
+            if info[0] != active:
+                return None
+            return int(cuda.call(driver, "cuGraphGetNodes", info[2])[-1])
+        except Exception as exc:  # noqa: BLE001 - no sites, never a failed capture
+            broken.append(f"{type(exc).__name__}: {exc}")
+            return None
 
     return count
+
+
+_CAPTURE_INFO = ("cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v2")
