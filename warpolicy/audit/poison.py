@@ -42,7 +42,8 @@ for comparison and for the positive controls that show what it misses.
 
 A live range too wide for the arithmetic (most of int64) flips each live value's lowest bit,
 stepping back inside ``[lo, hi]`` at either end. A buffer whose live entries all hold one value
-``c`` has no other value in its range: it becomes ``c + 1`` (``c - 1`` at the dtype's maximum).
+``c`` has no other value in its range: it becomes ``c - 1`` when ``c > 0`` (still an index
+wherever ``c`` was one), else ``c + 1``.
 
 `unchanged_elements` counts the live elements a (possibly user-supplied) poison leaves equal
 (sentinels kept in place are not live); the audit refuses a SAFE verdict when that count is not
@@ -101,10 +102,12 @@ def _int_range(live: Any) -> Optional[tuple[int, int, int]]:
 
 
 def _single_value(wide: Any, c: int, dtype: Any) -> Any:
-    """Every live element equals ``c``: ``c + 1`` (``c - 1`` when ``c`` is the dtype's maximum)."""
+    """Every live element equals ``c``: ``c - 1`` when ``c > 0`` (an index below a valid one
+    is valid too), else ``c + 1`` (``c - 1`` at the dtype's maximum)."""
     import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
-    return torch.full_like(wide, c + 1 if c < torch.iinfo(dtype).max else c - 1)
+    moved = c - 1 if c > 0 or c >= torch.iinfo(dtype).max else c + 1
+    return torch.full_like(wide, moved)
 
 
 def _flip_low_bit(wide: Any, lo: int, hi: int) -> Any:
