@@ -179,3 +179,40 @@ def test_plain_warpolicy_audit_finds_every_buggy_variant_through_the_factory():
         v is (Verdict.UNSAFE if n.endswith(":buggy") else Verdict.SAFE) for n, v in verdicts.items()
     )
     assert report.exit_code == EXIT_UNSAFE
+
+
+EXITING_MODEL = """
+import os
+
+from warpolicy.audit.zoo.sglang import RequestPoolReuse
+
+
+class ExitsWhenBuggy(RequestPoolReuse):
+    def forward(self, bucket):
+        if self.buggy:
+            os._exit(9)  # what losing the device looks like from outside
+        return super().forward(bucket)
+"""
+
+
+def test_isolated_zoo_a_lost_variant_fails_alone(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "zoo_exiting.py").write_text(EXITING_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        from zoo_exiting import ExitsWhenBuggy
+
+        exiting = attrs.evolve(zoo_fixture("req_pool_reuse"), name="exits", model=ExitsWhenBuggy)
+        report = run_zoo(sim_platform(), [exiting, zoo_fixture("wrapper_one_child")], isolate=True)
+    finally:
+        sys.modules.pop("zoo_exiting", None)
+    rows = [(r.fixture.name, r.variant, r.failed, r.detected_by) for r in report.rows]
+    assert rows == [
+        ("exits", "buggy", True, ()),
+        ("exits", "fixed", False, ()),
+        ("wrapper_one_child", "buggy", False, ("dynamic", "canary")),
+        ("wrapper_one_child", "fixed", False, ()),
+    ]
+    assert "status 9" in report.rows[0].entry.dynamic.reason
+    assert report.exit_code == EXIT_INCONCLUSIVE

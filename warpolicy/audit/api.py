@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import attrs
 
 from warpolicy.audit.dynamic import SIMULATED, audit_mode
-from warpolicy.audit.isolation import IsolatedJob, audit_isolated
+from warpolicy.audit.isolation import IsolatedJob, audit_isolated, lost_entries
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
@@ -122,6 +122,15 @@ class ModeAuditor:
 
     def modes_of(self, subject: AuditSubject) -> tuple[ForwardMode, ...]:
         return self.modes if self.modes is not None else tuple(subject.runners)
+
+    def describe(self, subject: AuditSubject) -> tuple[str, tuple[ForwardMode, ...], str]:
+        return subject.name, self.modes_of(subject), subject.spec
+
+    def lost(
+        self, described: tuple[str, tuple[ForwardMode, ...], str], why: str
+    ) -> list[AuditEntry]:
+        name, modes, spec = described
+        return lost_entries(name, modes, spec, why)
 
     def __call__(self, subject: AuditSubject) -> list[AuditEntry]:
         return [

@@ -42,12 +42,17 @@ SubjectBuilder = Callable[[Any], Sequence[Any]]
 
 
 class SubjectAuditor(Protocol):
-    """Audits one subject in the child (picklable, like the builder)."""
+    """Audits one subject in the child (picklable, like the builder); its results (audit
+    entries, zoo rows) travel back to the parent, so they must pickle too."""
 
-    def __call__(self, subject: Any) -> list[AuditEntry]: ...
+    def __call__(self, subject: Any, /) -> list[Any]: ...
 
-    def modes_of(self, subject: Any) -> tuple[ForwardMode, ...]:
-        """The modes it audits (one entry each; a lost subject gets one failed entry each)."""
+    def describe(self, subject: Any, /) -> Any:
+        """What the parent needs to report the subject if its process is lost (picklable)."""
+        ...
+
+    def lost(self, described: Any, why: str, /) -> list[Any]:
+        """The failed results of a subject whose process was lost (``why``: how it ended)."""
         ...
 
 
@@ -86,7 +91,7 @@ def _child(job: IsolatedJob, start: int, conn: Any) -> None:
         conn.send(("count", len(subjects)))
         for i in range(start, len(subjects)):
             subject = subjects[i]
-            conn.send(("start", i, subject.name, job.audit.modes_of(subject)))
+            conn.send(("start", i, job.audit.describe(subject)))
             conn.send(("entries", i, job.audit(subject)))
             why = device_healthy(platform)
             if why is not None:
@@ -99,10 +104,10 @@ def _child(job: IsolatedJob, start: int, conn: Any) -> None:
         conn.close()
 
 
-def audit_isolated(job: IsolatedJob) -> list[AuditEntry]:
+def audit_isolated(job: IsolatedJob) -> list[Any]:
     """Every subject's entries, in order, each subject's device fault contained (module doc)."""
     ctx = multiprocessing.get_context("spawn")  # a forked child would inherit a CUDA context
-    entries: list[AuditEntry] = []
+    entries: list[Any] = []
     start = 0
     count: Optional[int] = None
     while count is None or start < count:
@@ -110,7 +115,7 @@ def audit_isolated(job: IsolatedJob) -> list[AuditEntry]:
         child = ctx.Process(target=_child, args=(job, start, send), daemon=True)
         child.start()
         send.close()
-        current: Optional[tuple[int, str, tuple]] = None
+        current: Optional[tuple[int, Any]] = None
         resume: Optional[int] = None
         try:
             while True:
@@ -121,7 +126,7 @@ def audit_isolated(job: IsolatedJob) -> list[AuditEntry]:
                 if kind == "count":
                     count = message[1]
                 elif kind == "start":
-                    current = (message[1], message[2], message[3])
+                    current = (message[1], message[2])
                 elif kind == "entries":
                     entries += message[2]
                     current = None
@@ -134,7 +139,9 @@ def audit_isolated(job: IsolatedJob) -> list[AuditEntry]:
                 elif kind == "error":
                     if current is None:  # the platform or the subjects could not be built
                         raise InputError(message[1])
-                    entries += _lost_entries(current, f"the audit's process failed: {message[1]}")
+                    entries += job.audit.lost(
+                        current[1], f"the audit's process failed: {message[1]}"
+                    )
                     resume = current[0] + 1
                     break
         except EOFError as exc:
@@ -145,7 +152,7 @@ def audit_isolated(job: IsolatedJob) -> list[AuditEntry]:
                         f"the audit's process ended before it started ({exc})"
                     ) from None
                 raise InputError(f"the audit's process ended between subjects ({exc})") from None
-            entries += _lost_entries(current, _ended(child, exc))
+            entries += job.audit.lost(current[1], _ended(child, exc))
             resume = current[0] + 1
         finally:
             receive.close()
@@ -165,14 +172,13 @@ def _ended(child: Any, exc: BaseException) -> str:
     return f"the audit's process exited with status {code} mid-subject (a device fault?)"
 
 
-def _lost_entries(current: tuple[int, str, tuple], why: str) -> list[AuditEntry]:
-    """One failed INCONCLUSIVE entry per mode of the subject the child was auditing."""
-    _, name, modes = current
+def lost_entries(name: str, modes: Sequence[ForwardMode], spec: str, why: str) -> list[AuditEntry]:
+    """One failed INCONCLUSIVE entry per mode of a subject whose process was lost."""
     out = []
     for mode in modes or (ForwardMode.DECODE,):
         dynamic = DynamicResult(INCONCLUSIVE, reason=f"subject {name!r}: {why}", failed=True)
         static = StaticResult(INCONCLUSIVE, reason="not run")
-        out.append(AuditEntry(name, ForwardMode.parse(mode), "none", None, None, dynamic, static))
+        out.append(AuditEntry(name, ForwardMode.parse(mode), spec, None, None, dynamic, static))
     return out
 
 

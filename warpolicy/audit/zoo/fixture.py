@@ -58,14 +58,18 @@ def _registry(backends: Mapping[str, Backend], name: str) -> Registry:
     )
 
 
-def declares(mode: ForwardMode, buggy: WarReadDonePolicy, fixed: WarReadDonePolicy) -> Declares:
-    """One backend declaring ``mode``'s read end: ``buggy`` in the buggy variant."""
+@attrs.frozen
+class declares:  # noqa: N801 - reads as the declaration it builds: declares(DECODE, a, b)
+    """One backend declaring ``mode``'s read end: ``buggy`` in the buggy variant, ``fixed`` in
+    the fixed one (a frozen record, so a fixture pickles into an isolated audit process)."""
 
-    def registry(name: str, is_buggy: bool) -> Registry:
-        policy = buggy if is_buggy else fixed
-        return _registry({name: Backend(name, reads_end={mode: policy})}, name)
+    mode: ForwardMode
+    buggy: WarReadDonePolicy
+    fixed: WarReadDonePolicy
 
-    return registry
+    def __call__(self, name: str, is_buggy: bool) -> Registry:
+        policy = self.buggy if is_buggy else self.fixed
+        return _registry({name: Backend(name, reads_end={self.mode: policy})}, name)
 
 
 def wrapper_declares(name: str, is_buggy: bool) -> Registry:

@@ -19,7 +19,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import attrs
 
+from warpolicy.audit.api import platform_for
 from warpolicy.audit.dynamic import audit_mode
+from warpolicy.audit.isolation import IsolatedJob, audit_isolated, lost_entries
 from warpolicy.audit.report import (
     EXIT_INCONCLUSIVE,
     EXIT_OK,
@@ -188,25 +190,82 @@ def run_zoo(
     *,
     device: str = "",
     canary_steps: int = CANARY_STEPS,
+    isolate: bool = False,
 ) -> ZooReport:
     """Every variant of ``fixtures`` (default: all) on ``platform``. ``trials`` None: 2 on the
     simulated platform (its window is deterministic; two trials replay both buckets), 10 on a
     GPU (`warpolicy.audit.dynamic.MIN_TRIALS`). ``widener`` None: resolved from the environment
-    (``WARPOLICY_WIDEN_RACE_US``)."""
+    (``WARPOLICY_WIDEN_RACE_US``). ``isolate``: the variants run in a child process opened on
+    ``platform``'s device, so one that loses the device fails alone
+    (`warpolicy.audit.isolation`)."""
     from warpolicy.audit.dynamic import MIN_TRIALS  # noqa: PLC0415 - one constant, no cycle
 
-    chosen = list(fixtures) if fixtures is not None else list(FIXTURES)
+    chosen = tuple(fixtures) if fixtures is not None else FIXTURES
     if trials is None:
         trials = 2 if is_simulated(platform.name) else MIN_TRIALS
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
     widen = widener if widener is not None else RaceWidener.resolve()
-    rows = [
-        run_variant(f, buggy, platform, trials, widen, canary_steps=canary_steps)
-        for f in chosen
-        for buggy in (True, False)
-    ]
+    auditor = VariantAuditor(trials, widen, canary_steps)
+    if isolate:
+        job = IsolatedJob(platform.name, Variants(chosen), auditor, platform_for)
+        rows = audit_isolated(job)
+    else:
+        rows = [r for item in Variants(chosen)(platform) for r in auditor(item)]
     return ZooReport(tuple(rows), device=device, trials=trials, widener=widen.describe())
+
+
+@attrs.frozen
+class Variant:
+    """One variant to run in (a possibly isolated) process: what `VariantAuditor` runs."""
+
+    fixture: ZooFixture
+    buggy: bool
+    platform: Any
+
+    @property
+    def name(self) -> str:
+        return f"{self.fixture.name}:{'buggy' if self.buggy else 'fixed'}"
+
+
+@attrs.frozen
+class Variants:
+    """Every variant of ``fixtures`` on a platform, buggy first (picklable)."""
+
+    fixtures: tuple[ZooFixture, ...]
+
+    def __call__(self, platform: Any) -> list[Variant]:
+        return [Variant(f, buggy, platform) for f in self.fixtures for buggy in (True, False)]
+
+
+@attrs.frozen
+class VariantAuditor:
+    """Runs one variant (`run_variant`); a variant whose process was lost is one failed row."""
+
+    trials: int
+    widener: RaceWidener
+    canary_steps: int = CANARY_STEPS
+
+    def __call__(self, item: Variant) -> list[ZooRow]:
+        return [
+            run_variant(
+                item.fixture,
+                item.buggy,
+                item.platform,
+                self.trials,
+                self.widener,
+                canary_steps=self.canary_steps,
+            )
+        ]
+
+    def describe(self, item: Variant) -> tuple[ZooFixture, bool]:
+        return item.fixture, item.buggy
+
+    def lost(self, described: tuple[ZooFixture, bool], why: str) -> list[ZooRow]:
+        fixture, buggy = described
+        name = f"{fixture.name}:{'buggy' if buggy else 'fixed'}"
+        (entry,) = lost_entries(name, (fixture.mode,), "none", why)
+        return [ZooRow(fixture, buggy, entry, None, 0.0)]
 
 
 # ---------------------------------------------------------------------------------------------
