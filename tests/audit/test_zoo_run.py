@@ -21,7 +21,7 @@ from warpolicy.audit.zoo import (
     run_zoo,
     zoo_fixture,
 )
-from warpolicy.audit.zoo.fixture import declares
+from warpolicy.audit.zoo.fixture import Declares
 from warpolicy.cli.main import main
 from warpolicy.errors import UnknownNameError
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, PRE_REPLAY
@@ -64,7 +64,7 @@ def _variant_of(name, **changes):
 def test_positive_control_a_fixed_variant_that_releases_early_fails_the_zoo():
     early = _variant_of(
         "req_pool_reuse",
-        declares=declares(zoo_fixture("req_pool_reuse").mode, IN_GRAPH, PRE_REPLAY),
+        declares=Declares(zoo_fixture("req_pool_reuse").mode, IN_GRAPH, PRE_REPLAY),
     )
     report = run_zoo(sim_platform(), [early])
     fixed = report.rows[1]
@@ -76,7 +76,7 @@ def test_positive_control_a_fixed_variant_that_releases_early_fails_the_zoo():
 def test_positive_control_a_buggy_variant_declared_late_enough_escapes():
     late = _variant_of(
         "recurrent_state_replay",
-        declares=declares(zoo_fixture("recurrent_state_replay").mode, POST_REPLAY, POST_REPLAY),
+        declares=Declares(zoo_fixture("recurrent_state_replay").mode, POST_REPLAY, POST_REPLAY),
     )
     report = run_zoo(sim_platform(), [late])
     assert report.rows[0].detected_by == () and not report.rows[0].as_expected

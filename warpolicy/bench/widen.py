@@ -18,7 +18,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from warpolicy.audit.api import platform_for
-from warpolicy.audit.zoo.fixture import declares, make_subject, zoo_fixture
+from warpolicy.audit.zoo.fixture import Declares, make_subject, zoo_fixture
 from warpolicy.registry.vocabulary import POST_REPLAY, ForwardMode
 from warpolicy.runtime.runners.widen import RaceWidener
 
@@ -30,7 +30,7 @@ def _runner(platform: Any, widener: Optional[RaceWidener]) -> tuple[Any, Any]:
 
     fixture = attrs.evolve(
         zoo_fixture("wrapper_one_child"),
-        declares=declares(ForwardMode.DECODE, POST_REPLAY, POST_REPLAY),
+        declares=Declares(ForwardMode.DECODE, POST_REPLAY, POST_REPLAY),
     )
     built = make_subject(fixture, False, platform)
     model = built.model if widener is None else widener.wrap(built.model, platform)

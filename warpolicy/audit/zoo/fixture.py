@@ -47,7 +47,7 @@ DECODE, EXTEND, DRAFT_EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMo
 #: The variants of every fixture, in the order the table prints them.
 VARIANTS = ("buggy", "fixed")
 
-Declares = Callable[[str, bool], Registry]  # (backend name, buggy) -> the registry
+DeclareFn = Callable[[str, bool], Registry]  # (backend name, buggy) -> the registry
 
 
 def _registry(backends: Mapping[str, Backend], name: str) -> Registry:
@@ -59,7 +59,7 @@ def _registry(backends: Mapping[str, Backend], name: str) -> Registry:
 
 
 @attrs.frozen
-class declares:  # noqa: N801 - reads as the declaration it builds: declares(DECODE, a, b)
+class Declares:
     """One backend declaring ``mode``'s read end: ``buggy`` in the buggy variant, ``fixed`` in
     the fixed one (a frozen record, so a fixture pickles into an isolated audit process)."""
 
@@ -94,7 +94,7 @@ class ZooFixture:
     shape: str  # one line: what goes wrong
     model: Callable[[Any, bool], ZooModel]  # (device, buggy) -> the model
     mode: ForwardMode
-    declares: Declares
+    declares: DeclareFn
     runner: Callable[..., Any] = DecodeRunner
     post_step: bool = False  # the step runs eager work after replay (`LiveMappingReread`)
     #: whether the graph walk can name the buggy variant's late reader on CUDA (False: the read
@@ -112,7 +112,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "a request's pool row is reused while the forward still reads it",
         RequestPoolReuse,
         DECODE,
-        declares(DECODE, IN_GRAPH, IN_GRAPH),
+        Declares(DECODE, IN_GRAPH, IN_GRAPH),
     ),
     ZooFixture(
         "swa_mapping_recovery",
@@ -120,7 +120,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "a late layer recovers SWA slots through the live full_to_swa (a -1 sentinel at its end)",
         SwaMappingRecovery,
         DECODE,
-        declares(DECODE, IN_GRAPH, IN_GRAPH),
+        Declares(DECODE, IN_GRAPH, IN_GRAPH),
     ),
     ZooFixture(
         "live_mapping_reread",
@@ -128,7 +128,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "the SWA KV write after replay translates through the live mapping again",
         LiveMappingReread,
         DECODE,
-        declares(DECODE, IN_GRAPH, IN_GRAPH),
+        Declares(DECODE, IN_GRAPH, IN_GRAPH),
         post_step=True,
         static_visible=False,
     ),
@@ -138,7 +138,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "the draft extend publishes before its replay; its graph gathers req_to_token",
         DraftExtendEarlyPublish,
         DRAFT_EXTEND,
-        declares(DRAFT_EXTEND, PRE_REPLAY, POST_REPLAY),
+        Declares(DRAFT_EXTEND, PRE_REPLAY, POST_REPLAY),
         runner=DraftExtendRunner,
     ),
     ZooFixture(
@@ -147,7 +147,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "an encoder-only step reuses a host-visible input ring slot without a wait",
         EncoderRingNoWait,
         EXTEND,
-        declares(EXTEND, PRE_REPLAY, IN_GRAPH),
+        Declares(EXTEND, PRE_REPLAY, IN_GRAPH),
         runner=PrefillRunner,
     ),
     ZooFixture(
@@ -156,7 +156,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "a pinned staging buffer is rewritten while its copy to the device is pending",
         PinnedStagingReuse,
         DECODE,
-        declares(DECODE, IN_GRAPH, IN_GRAPH),
+        Declares(DECODE, IN_GRAPH, IN_GRAPH),
     ),
     ZooFixture(
         "recurrent_state_replay",
@@ -164,7 +164,7 @@ FIXTURES: tuple[ZooFixture, ...] = (
         "linear-attention layers read recurrent state slots during the replay",
         RecurrentStateReplay,
         DECODE,
-        declares(DECODE, IN_GRAPH, POST_REPLAY),
+        Declares(DECODE, IN_GRAPH, POST_REPLAY),
     ),
     ZooFixture(
         "wrapper_one_child",
