@@ -201,9 +201,10 @@ def test_isolated_zoo_a_lost_variant_fails_alone(tmp_path, monkeypatch):
     (tmp_path / "zoo_exiting.py").write_text(EXITING_MODEL)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        from zoo_exiting import ExitsWhenBuggy
+        import importlib
 
-        exiting = attrs.evolve(zoo_fixture("req_pool_reuse"), name="exits", model=ExitsWhenBuggy)
+        model = importlib.import_module("zoo_exiting").ExitsWhenBuggy
+        exiting = attrs.evolve(zoo_fixture("req_pool_reuse"), name="exits", model=model)
         report = run_zoo(sim_platform(), [exiting, zoo_fixture("wrapper_one_child")], isolate=True)
     finally:
         sys.modules.pop("zoo_exiting", None)

@@ -6,6 +6,7 @@ import argparse
 
 from warpolicy.audit import format_audit, run_audit
 from warpolicy.cli import common
+from warpolicy.registry.report import DATA_FORMATS
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -77,7 +78,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "device-side assert loses the whole CUDA context) fails only the subject that met it; "
         "auto (default): process on CUDA, off on the simulated platform",
     )
-    p.add_argument("--format", choices=common.DATA_FORMATS, default="text")
+    p.add_argument("--format", choices=DATA_FORMATS, default="text")
 
     p.set_defaults(handler=cmd_audit)
 
