@@ -99,3 +99,44 @@ def test_self_check_and_derived_plant_name_readers_by_file_and_line():
     assert plant.describe(sites).startswith(
         "derived read-done node after indexSelectLargeIndex (sglang.py:95) #12"
     )
+
+
+def test_no_recorder_off_cuda_and_run_recorded_runs_the_body_plainly():
+    from warpolicy.runtime.graphwalk.launch_sites import recorder_for, run_recorded
+
+    assert recorder_for("sim") is None
+    assert run_recorded(None, lambda: 7) == 7
+
+
+def test_a_recorder_whose_hooks_fail_to_install_still_runs_the_body(monkeypatch):
+    from warpolicy.runtime.graphwalk.launch_sites import run_recorded
+
+    rec = LaunchRecorder(lambda: 0)
+
+    def broken():
+        raise RuntimeError("no dispatch hook here")
+
+    monkeypatch.setattr(rec, "_install_dispatch", broken)
+    assert run_recorded(rec, lambda: "ran") == "ran"
+
+
+def test_the_capture_self_check_and_derived_plant_lines_carry_the_sites():
+    from warpolicy.runtime.graphwalk.analysis import Reader
+    from warpolicy.runtime.graphwalk.model import NodeKind
+    from warpolicy.runtime.graphwalk.plant import DerivedPlant, SelfCheck
+    from warpolicy.runtime.placement import Verdict, check_bucket_marker, plant_bucket_derived
+
+    late = Reader(5, NodeKind.KERNEL, "gather_kernel", ("req_to_token",))
+    sites = {5: LaunchSite("index_select", "/srv/engine/attn.py", 211)}
+
+    class Walks:
+        def check_marker(self, graph, shared, event):
+            return SelfCheck(2, (late,), 3, 9, 0.5, 0.1)
+
+        def plant_derived(self, graph, shared, event):
+            return DerivedPlant((late,), (late,), 9, 0.5, 0.1, 0.1)
+
+    checked = check_bucket_marker(Walks(), None, {}, None, sites)
+    assert checked.verdict is Verdict.REFUTED and "gather_kernel (attn.py:211)" in checked.detail
+    planted = plant_bucket_derived(Walks(), None, {}, None, sites)
+    assert planted.confirmed and "gather_kernel (attn.py:211) #5" in planted.detail

@@ -86,3 +86,32 @@ class TestWrap:
         view = WidenedCanaryModel(Model(), lambda: None)
         assert isinstance(view, CanaryAdapter)
         assert view.canary_spec("decode", 4, "b") == ("spec", "decode", 4, "b")
+
+
+class TestRunner:
+    """A runner resolves the widener once, at construction: the argument, else the variable."""
+
+    def _runner(self, **kw):
+        from warpolicy.runtime.runners import DecodeRunner
+
+        model = RecModel()
+        return model, DecodeRunner(model, lambda mode, eager, planted: 1, sim_platform(), **kw)
+
+    def test_off_by_default_and_the_model_is_taken_as_it_is(self, monkeypatch):
+        monkeypatch.delenv(WIDEN_ENV, raising=False)
+        model, runner = self._runner()
+        assert not runner.widener.on and runner.model is model
+
+    def test_the_argument_and_the_environment(self, monkeypatch):
+        monkeypatch.setenv(WIDEN_ENV, "30")
+        _, runner = self._runner()
+        assert (runner.widener.us, runner.widener.source) == (30.0, WIDEN_ENV)
+        _, runner = self._runner(widen_race_us=0)
+        assert not runner.widener.on  # the argument wins
+        model, runner = self._runner(widen_race_us=80)
+        assert runner.widener.us == 80.0
+        assert runner.model is model  # the simulated platform: nothing to spin
+
+    def test_a_bad_argument_is_one_input_error(self):
+        with pytest.raises(InputError, match="widen_race_us"):
+            self._runner(widen_race_us=-3)

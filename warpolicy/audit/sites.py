@@ -21,6 +21,7 @@ from warpolicy.runtime.graphwalk.launch_sites import (
     LaunchSite,
     NodeCounter,
     node_counter,
+    run_recorded,
 )
 from warpolicy.runtime.runners.adapters import ModelView
 from warpolicy.runtime.runners.protocols import CanaryAdapter
@@ -42,14 +43,7 @@ class SitedModel(ModelView):
             self.sites[bucket] = {}
         recorder = LaunchRecorder(self.count)
         recorder.sites = self.sites.setdefault(bucket, {})
-        try:
-            recorder.__enter__()
-        except Exception:  # noqa: BLE001 - no hooks: no sites, the capture goes on
-            return body()
-        try:
-            return body()
-        finally:
-            recorder.__exit__(None, None, None)
+        return run_recorded(recorder, body)
 
     def graph_prep(self, bucket: int) -> None:
         self._recorded(bucket, True, lambda: self.model.graph_prep(bucket))

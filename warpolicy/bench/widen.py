@@ -1,12 +1,13 @@
 """What the race widener costs per step: nothing when off, its spin when on.
 
 ``python -m warpolicy.bench.widen [--device sim|cuda] [--steps 300] [--repeat 5] [--us 50]``
-builds three decode runners on the same zoo model in one process: one never given a widener
-(the baseline), one built through `RaceWidener.resolve` with the widener off (what every
-runner does by default: the environment variable unset), and (CUDA only) one with the
-widener on. It runs their steps interleaved, ``repeat`` rounds of ``steps`` each, and prints
-the median microseconds per step and each one's ratio to the baseline. Off, the widener hands
-back the model itself, so the ratio is the noise of two identical runners.
+builds decode runners on the same zoo model in one process: the baseline is a runner whose
+model is given to it already resolved off (``widen_race_us=0``: the step path is exactly the
+0.3 one), then a runner resolving the widener from an unset environment (what every runner does
+by default), and (CUDA only) one with the widener on. It runs their steps interleaved,
+``repeat`` rounds of ``steps`` each, and prints the median microseconds per step and each one's
+ratio to the baseline. Off, the runner keeps the model itself (``runner.model is model``), so
+the ratio is the noise of two identical runners.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from typing import Any, Optional, Sequence
 from warpolicy.audit.api import platform_for
 from warpolicy.audit.zoo.fixture import Declares, make_subject, zoo_fixture
 from warpolicy.registry.vocabulary import POST_REPLAY, ForwardMode
-from warpolicy.runtime.runners.widen import RaceWidener
 
 
-def _runner(platform: Any, widener: Optional[RaceWidener]) -> tuple[Any, Any]:
+def _runner(platform: Any, widen_race_us: Optional[float]) -> tuple[Any, Any]:
     """A captured decode runner on a fresh zoo model and its batch (a post_replay fixed
-    declaration: every step publishes)."""
+    declaration: every step publishes); ``widen_race_us`` None: from the environment."""
     import attrs  # noqa: PLC0415 - deferred: only the benchmark needs it here
 
     fixture = attrs.evolve(
@@ -33,8 +33,9 @@ def _runner(platform: Any, widener: Optional[RaceWidener]) -> tuple[Any, Any]:
         declares=Declares(ForwardMode.DECODE, POST_REPLAY, POST_REPLAY),
     )
     built = make_subject(fixture, False, platform)
-    model = built.model if widener is None else widener.wrap(built.model, platform)
-    runner = fixture.runner(model, built.policy, platform, "bench", self_check="off")
+    runner = fixture.runner(
+        built.model, built.policy, platform, "bench", self_check="off", widen_race_us=widen_race_us
+    )
     runner.capture()
     return runner, built.model.make_batch(ForwardMode.DECODE, 1)
 
@@ -55,11 +56,11 @@ def measure(device: str, steps: int, repeat: int, us: float) -> list[tuple[str, 
     """Median microseconds per step of each runner (the baseline first)."""
     platform = platform_for(device)
     runners = {
-        "no widener (baseline)": _runner(platform, None),
-        "widener off (resolved)": _runner(platform, RaceWidener.resolve(environ={})),
+        "off by argument (baseline)": _runner(platform, 0.0),
+        "off, environment unset": _runner(platform, None),
     }
     if platform.name == "cuda":
-        runners[f"widener on ({us:g} us)"] = _runner(platform, RaceWidener(us))
+        runners[f"on ({us:g} us)"] = _runner(platform, us)
     times: dict[str, list[float]] = {name: [] for name in runners}
     for runner, batch in runners.values():
         _time(platform, runner, batch, 10)  # warm

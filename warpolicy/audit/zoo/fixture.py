@@ -7,8 +7,9 @@ real engine, so ``warpolicy audit``'s dynamic and static audits and the WAR cana
 any backend. ``FIXTURES`` lists them in the order the table prints.
 
 The runners do not self-check (``self_check="off"``): the zoo judges the declaration, as the
-synthetic backends do. With a `RaceWidener` that is on, the model spins at the release points
-(`warpolicy.runtime.runners.widen`).
+synthetic backends do. They get the zoo's `RaceWidener` as their ``widen_race_us`` (on: the
+graphs spin at their release points, `warpolicy.runtime.runners.widen`; off: off, whatever the
+environment says).
 """
 
 from __future__ import annotations
@@ -251,7 +252,8 @@ def _runner(
     **extra: Any,
 ) -> Any:
     kw: dict[str, Any] = {"keep_graphs": True, "self_check": "off", **extra}
-    return fixture.runner(widener.wrap(model, platform), policy, platform, label, **kw)
+    kw.setdefault("widen_race_us", widener.us)  # the runner widens (0: off, whatever the env)
+    return fixture.runner(model, policy, platform, label, **kw)
 
 
 def zoo_subjects(platform: Any) -> list[AuditSubject]:

@@ -219,3 +219,29 @@ def node_counter() -> NodeCounter:
 
 
 _CAPTURE_INFO = ("cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v2")
+
+
+def recorder_for(platform_name: str) -> Optional[LaunchRecorder]:
+    """A recorder for the captures of a platform called ``platform_name``: on CUDA with
+    cuda-bindings, else None (no node indices to map)."""
+    if platform_name != "cuda":
+        return None
+    try:
+        return LaunchRecorder(node_counter())
+    except Exception:  # noqa: BLE001 - no bindings, no driver: no sites, the capture goes on
+        return None
+
+
+def run_recorded(recorder: Optional[LaunchRecorder], body: Callable[[], Any]) -> Any:
+    """``body()`` with ``recorder``'s hooks installed (when given and they install; a failure
+    to install costs the sites, never the capture)."""
+    if recorder is None:
+        return body()
+    try:
+        recorder.__enter__()
+    except Exception:  # noqa: BLE001 - no hooks: no sites
+        return body()
+    try:
+        return body()
+    finally:
+        recorder.__exit__(None, None, None)
