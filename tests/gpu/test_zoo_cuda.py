@@ -115,3 +115,25 @@ def test_a_device_side_assert_fails_only_its_subject(tmp_path, monkeypatch):
         ("plant_before_prep", Verdict.INCONCLUSIVE, True),
         ("late_swa_read", Verdict.UNSAFE, False),
     ]
+
+
+def test_runner_self_check_and_derived_plant_name_readers_by_file_and_line(platform):
+    import warnings
+
+    from warpolicy.audit.zoo.fixture import make_subject, zoo_fixture
+    from warpolicy.runtime.runners import DecodeRunner
+
+    lines = {}
+    for placement, check in (("marker", "warn"), ("derived", "off")):
+        built = make_subject(zoo_fixture("swa_mapping_recovery"), True, platform)
+        runner = DecodeRunner(
+            built.model, built.policy, platform, f"zoo-{placement}",
+            keep_graphs=True, placement=placement, self_check=check,
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the self-check's demotion warning
+            runner.capture()
+        lines[placement] = [r.detail for r in runner.capture_report.values()]
+    print("\n[zoo cuda runner]", *[f"{k}: {d}" for k, v in lines.items() for d in v], sep="\n  ")
+    assert all("sglang.py:" in d for d in lines["marker"]), lines
+    assert all("sglang.py:" in d for d in lines["derived"]), lines
