@@ -1,12 +1,12 @@
 """What naming late readers by file:line costs per captured graph (the budget: 10 ms).
 
-``python -m warpolicy.bench.launch_sites [--device cuda|cpu] [--repeat 10] [--layers 24]``
-captures the same graph (a zoo model's in-graph prep and a forward of ``layers`` layers, bucket
-8) with and without a `LaunchRecorder`, in one process, alternating, and prints the median
-milliseconds per capture of each, their difference (the recorder's cost per graph) against the
-budget, and how many nodes got a site. On CUDA the node counts come from the driver
-(`node_counter`); on the CPU there is no graph, so a counter that adds one node per torch call
-stands in and the figure is the hooks' Python cost alone.
+``warpolicy bench launch-sites [--device cuda|sim] [--repeat 10] [--layers 24]`` captures the
+same graph (a zoo model's in-graph prep and a forward of ``layers`` layers, bucket 8) with and
+without a `LaunchRecorder`, in one process, alternating, and prints the median milliseconds per
+capture of each, their difference (the recorder's cost per graph) against the budget, and how
+many nodes got a site. On CUDA the node counts come from the driver (`node_counter`); on the CPU
+there is no graph, so a counter that adds one node per torch call stands in and the figure is
+the hooks' Python cost alone.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from warpolicy.audit.zoo.hybrid import WrapperOneChild
+from warpolicy.bench.command import Benchmark, Report, device_option, option
+from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.runtime.graphwalk.launch_sites import LaunchRecorder, node_counter
 
 BUDGET_MS = 10.0
@@ -90,23 +91,39 @@ def measure(device: str, repeat: int, layers: int) -> dict[str, float]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m warpolicy.bench.launch_sites", description=__doc__)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
-    p.add_argument("--repeat", type=int, default=10)
-    p.add_argument("--layers", type=int, default=24)
-    args = p.parse_args(argv)
-    got = measure(args.device, args.repeat, args.layers)
-    cost = got["recorded_ms"] - got["plain_ms"]
-    print(
-        f"launch sites on {args.device} ({args.layers} layers, bucket {BUCKET}, median of "
-        f"{args.repeat}): capture {got['plain_ms']:.2f} ms, with the recorder "
-        f"{got['recorded_ms']:.2f} ms (ratio {got['recorded_ms'] / got['plain_ms']:.2f}); "
-        f"recorder cost {cost:.2f} ms per graph (budget {BUDGET_MS:g} ms), "
-        f"{int(got['sites'])} nodes named"
+def measure_report(args: argparse.Namespace) -> Report:
+    device = "cuda" if (args.device or "cuda") == "cuda" else "cpu"
+    got = measure(device, args.repeat, args.layers)
+    result = {
+        "device": device,
+        "layers": args.layers,
+        "repeat": args.repeat,
+        "capture_ms": round(got["plain_ms"], 3),
+        "recorded_ms": round(got["recorded_ms"], 3),
+        "recorder_ms": round(got["recorded_ms"] - got["plain_ms"], 3),
+        "budget_ms": BUDGET_MS,
+        "nodes_named": int(got["sites"]),
+    }
+    return Report(result, format_launch_sites)
+
+
+def format_launch_sites(r: dict) -> str:
+    return (
+        f"launch sites on {r['device']} ({r['layers']} layers, bucket {BUCKET}, median of "
+        f"{r['repeat']}): capture {r['capture_ms']:.2f} ms, with the recorder "
+        f"{r['recorded_ms']:.2f} ms (ratio {r['recorded_ms'] / max(r['capture_ms'], 1e-9):.2f}); "
+        f"recorder cost {r['recorder_ms']:.2f} ms per graph (budget {r['budget_ms']:g} ms), "
+        f"{r['nodes_named']} nodes named"
     )
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(
+    "launch-sites",
+    "naming late readers by file:line: the recorder's cost per captured graph (budget 10 ms)",
+    (
+        device_option("cuda (default) or sim: the hooks' Python cost alone, no graph"),
+        option("--repeat", default=10, type=positive_int_argument),
+        option("--layers", default=24, type=positive_int_argument),
+    ),
+    measure_report,
+)

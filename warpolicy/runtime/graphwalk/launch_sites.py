@@ -18,8 +18,8 @@ extension called without the dispatcher, CUDA calls of another library) keep no 
 then names the kernel alone. torch >= 2.14 with a driver >= 13.1 records Python launch stacks per
 graph node itself; on the lent GPU (torch 2.11, driver 580) these two hooks are what there is.
 
-Cost: two driver calls and one frame walk per launch during capture only (``python -m
-warpolicy.bench.launch_sites`` prints the milliseconds per graph); nothing per replay.
+Cost: two driver calls and one frame walk per launch during capture only (``warpolicy bench
+launch-sites`` prints the milliseconds per graph); nothing per replay.
 Nothing here imports torch, Triton or cuda-bindings at module level.
 """
 

@@ -19,7 +19,7 @@ all precede the event); the widened step is only slower.
 Off by default and resolved once: `RaceWidener.resolve` reads the API argument, else the
 environment variable ``WARPOLICY_WIDEN_RACE_US`` (microseconds; unset, empty or ``0``: off), once,
 when a runner or fixture is built. When off, `RaceWidener.wrap` returns the model itself, so the
-step path is exactly the unwidened one: zero cost per step (``python -m warpolicy.bench.widen``
+step path is exactly the unwidened one: zero cost per step (``warpolicy bench widen``
 prints the ratio). Only CUDA spins; on the simulated platform the race is already the widest
 window (the audit and the canary land the scheduler's writes at the release itself).
 """
