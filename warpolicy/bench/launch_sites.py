@@ -17,7 +17,6 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from warpolicy.audit.zoo.hybrid import WrapperOneChild
 from warpolicy.bench.command import Benchmark, Report, device_option, option
 from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.runtime.graphwalk.launch_sites import LaunchRecorder, node_counter
@@ -63,6 +62,8 @@ def _capture_cpu(body: Callable[[], Any], recorder: Optional[LaunchRecorder]) ->
 
 def measure(device: str, repeat: int, layers: int) -> dict[str, float]:
     import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
+
+    from warpolicy.audit.zoo.hybrid import WrapperOneChild  # noqa: PLC0415 - deferred: imports torch
 
     cuda = device == "cuda"
     model = WrapperOneChild(torch.device("cuda" if cuda else "cpu"), False)

@@ -18,7 +18,6 @@ import time
 from typing import Any, Optional
 
 from warpolicy.audit.api import platform_for
-from warpolicy.audit.zoo.fixture import Declares, make_subject, zoo_fixture
 from warpolicy.bench.command import Benchmark, Report, device_option, option
 from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import POST_REPLAY, ForwardMode
@@ -28,6 +27,12 @@ def _runner(platform: Any, widen_race_us: Optional[float]) -> tuple[Any, Any]:
     """A captured decode runner on a fresh zoo model and its batch (a post_replay fixed
     declaration: every step publishes); ``widen_race_us`` None: from the environment."""
     import attrs  # noqa: PLC0415 - deferred: only the benchmark needs it here
+
+    from warpolicy.audit.zoo.fixture import (  # noqa: PLC0415 - deferred: imports torch
+        Declares,
+        make_subject,
+        zoo_fixture,
+    )
 
     fixture = attrs.evolve(
         zoo_fixture("wrapper_one_child"),
