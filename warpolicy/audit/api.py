@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import attrs
 
-from warpolicy.audit.dynamic import SIMULATED, audit_mode
+from warpolicy.audit.dynamic import SIMULATED, audit_classes, audit_mode
 from warpolicy.audit.isolation import IsolatedJob, audit_isolated, lost_entries
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
@@ -133,10 +133,13 @@ class ModeAuditor:
         return lost_entries(name, modes, spec, why)
 
     def __call__(self, subject: AuditSubject) -> list[AuditEntry]:
-        return [
-            audit_mode(subject, mode, self.trials, self.stall_us, static=self.static)
-            for mode in self.modes_of(subject)
-        ]
+        entries: list[AuditEntry] = []
+        for mode in self.modes_of(subject):
+            entries.append(
+                audit_mode(subject, mode, self.trials, self.stall_us, static=self.static)
+            )
+            entries += audit_classes(subject, mode, self.trials, self.stall_us)
+        return entries
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,8 +19,12 @@ child shows as an ``earlier`` cell whose ``when`` names the batches (``6 <= n <=
 with more combinations of classes than `warpolicy.registry.cells.MAX_BATCH_SETTINGS` is not
 compared: `Diff.uncompared` names it and the diff needs an audit (fails closed).
 
-Besides the mode cells: a spec algorithm whose ``last_reader`` changed gets a ``step`` cell per
-backend (the phase whose event a speculative step hands the scheduler, and its policy); an
+Besides the mode cells: every speculative algorithm gets a ``step`` cell per compared backend
+(the phase whose event a speculative step of target verify then draft extend hands the
+scheduler, and its policy, as `warpolicy.runtime.runners.SpecStep` releases), compared for every
+setting and class of batch whenever anything that can move either phase changed (its
+``last_reader``, either phase's decision, whether a later phase reads ``nothing``, whether
+verify's cell reads the staging action); an
 ``in_graph`` cell whose node placement (``plant``) changed is ``moved``; a flag whose
 environment names changed while a gate tests it is a `FlagChange`. Engines are built without
 the environment, so an operator's variables never mask a change.
@@ -40,17 +44,21 @@ from warpolicy.registry.cells import (
     Setting,
     all_gates,
     cell_space,
+    live_in,
     reach,
     summarize,
 )
-from warpolicy.registry.decision import FORCE_COARSE
+from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC, Context
 from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
 from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
-from warpolicy.registry.model import Flag, Registry
+from warpolicy.registry.model import Flag, Gate, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import (
+    DRAFT_EXTEND_STAGED,
     IN_GRAPH,
     NONE,
+    NOTHING,
+    PRE_REPLAY,
     ForwardMode,
     Placement,
     WarReadDonePolicy,
@@ -70,7 +78,10 @@ IDENTITY = "identity: a name on one side only is added or removed"
 CELLS = "cells: compared through every decision it feeds"
 DEFAULTS = "cells: enumerated both ways, and at each side's own default where the defaults differ"
 ENV = "flag changes: new, dropped or reordered environment names of a flag a gate tests"
-STEP_CELLS = "step cells: the phase whose event a speculative step hands the scheduler"
+STEP_CELLS = (
+    "step cells: the phase whose event a speculative step hands the scheduler, compared with "
+    "every decision it feeds"
+)
 PLACEMENT = "moved cells: where an in_graph node is planted"
 LISTING = "listing only: every backend is compared, abstract ones included"
 CONTAINER = "entries compared by name, each through its own fields (missing: added or removed)"
@@ -147,6 +158,11 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Backend.plant": PLACEMENT,
     "Backend.reads_end_after": CELLS,
     "Backend.routes": CELLS,
+    # per class: where each class's reads end is compared for every backend naming a class
+    "Backend.reads_end_classes": CELLS,
+    # a registry that loads declares every class it lists (`class_problems`): the list itself
+    # moves no release (the declarations it forces are compared as reads_end_classes)
+    "Backend.reads_classes": COSMETIC,
     "After.action": PER_BATCH,
     "After.otherwise": CELLS,
     "Route.fact": PER_BATCH,
@@ -160,6 +176,11 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Registry.gates": CELLS,
     "Registry.sources": COSMETIC,
     "Registry.facts": CONTAINER,
+    "Registry.buffer_classes": CONTAINER,
+    "BufferClass.name": IDENTITY,
+    "BufferClass.doc": COSMETIC,
+    "BufferClass.origin": COSMETIC,
+    "BufferClass.built_in": COSMETIC,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
 }
 
@@ -310,13 +331,16 @@ _PHASES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)  # in step order
 class _Side:
     """One engine's values, cached per comparison."""
 
-    def __init__(self, engine: PolicyEngine) -> None:
+    def __init__(self, engine: PolicyEngine, buffer_class: Optional[str] = None) -> None:
         self.engine = engine
         self.registry = engine.registry
+        #: compare where this buffer class's reads end instead of the cell (None)
+        self.buffer_class = buffer_class
         self._placement: dict[tuple[str, ForwardMode], Placement] = {}
         self.classes = engine.facts()
         self._labels: dict[tuple, frozenset[str]] = {}
         self._resolved: dict[Setting, tuple] = {}
+        self._staged: dict[tuple, bool] = {}
         #: set by `diff_engines`: both sides have the same rules but for flag defaults and env
         self.same_rules = False
 
@@ -358,6 +382,7 @@ class _Side:
             flags,
             batch_facts=setting.batch_values(self.registry.facts),
             cases=cases,
+            buffer_class=self.buffer_class,
             **setting.fact_values(),  # type: ignore[arg-type]
         )
         return {d.context.backend: d for d in decisions}
@@ -404,6 +429,44 @@ class _Side:
             )
         return self._labels[key]
 
+    def _flags(self, setting: Setting) -> dict[str, bool]:
+        return {
+            k: v
+            for k, v in setting.overrides().items()
+            if k in self.registry.flags or k == FORCE_COARSE.name
+        }
+
+    def reads_staged(self, backend: str, spec: str, setting: Setting) -> bool:
+        """Whether verify's cell under ``setting`` reads the staging action: its runner then
+        reports it per batch, and a staged batch's step releases at verify."""
+        key = (backend, spec, setting.flags, setting.facts)
+        if key not in self._staged:
+            ctx = Context(
+                backend,
+                ForwardMode.TARGET_VERIFY,
+                spec,
+                self._flags(setting),
+                **setting.fact_values(),  # type: ignore[arg-type]
+            )
+            self._staged[key] = DRAFT_EXTEND_STAGED in self.engine.rule_facts(ctx)
+        return self._staged[key]
+
+    def reads_nothing(
+        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
+    ) -> set[str]:
+        """Of ``backends``, those whose ``mode`` reads nothing as a runner resolves it
+        (`warpolicy.runtime.release.resolve_policies`): ``nothing`` in each of its three cells
+        (captured and planted, captured, eager) for a batch that reports no fact."""
+        out = set(backends)
+        for eager, planted in ((False, True), (False, False), (True, False)):
+            if not out:
+                break
+            cell = {"eager": eager, "planted": planted}
+            runner = Setting(setting.flags, tuple((k, cell.get(k, v)) for k, v in setting.facts))
+            found = self.policies(sorted(out), mode, spec, runner)
+            out = {n for n in out if found[n] is NOTHING}
+        return out
+
     def label(self, backend: str, mode: ForwardMode, policy: WarReadDonePolicy) -> str:
         if policy == IN_GRAPH and self.placement(backend, mode) is Placement.DERIVED:
             return f"{policy.label} ({Placement.DERIVED.label})"
@@ -422,30 +485,17 @@ def _mode_change(old: str, new: str) -> Optional[str]:
     return "moved"  # in_graph both ways, the node planted elsewhere
 
 
-def _step_value(reader: Optional[ForwardMode], policy: Optional[WarReadDonePolicy]) -> str:
-    if reader is None:
-        return "at its last phase"
-    assert policy is not None
-    return "none" if policy == NONE else f"{policy.label} at {reader.label}"
-
-
-def _step_rank(reader: Optional[ForwardMode], policy: Optional[WarReadDonePolicy]) -> tuple:
-    """Release order of a step: a named phase by (phase, policy); none (coarse) last; the
-    unnamed last phase after every named one, its policy unknown."""
-    if reader is None:
-        return (len(_PHASES), -1)
-    assert policy is not None
-    if policy == NONE:
-        return (len(_PHASES) + 1, 0)
-    return (_PHASES.index(reader), int(policy))
+def _step_value(phase: ForwardMode, policy: WarReadDonePolicy) -> tuple[str, tuple[int, int]]:
+    """A step's release as a report shows it and its rank (later phases after earlier ones,
+    coarse last). ``policy`` is what the phase publishes (``nothing`` publishes at
+    pre_replay)."""
+    published = PRE_REPLAY if policy is NOTHING else policy
+    if published == NONE:
+        return "none", (len(_PHASES), 0)
+    return f"{published.label} at {phase.label}", (_PHASES.index(phase), int(published))
 
 
 def _step_change(old: tuple, new: tuple) -> str:
-    """``earlier`` unless the new step surely releases later: an unnamed last phase is
-    compared with a named one by phase only, and a coarse old step is beaten by anything that
-    publishes (the last phase's policy is unknown here)."""
-    if old[0] == len(_PHASES) and new[0] == len(_PHASES):
-        return "later"  # unreachable: the same reader is no step cell
     return "earlier" if new < old else "later"
 
 
@@ -507,12 +557,16 @@ def diff_engines(
     *,
     earlier_only: bool = False,
     expand: Optional[int] = None,
+    prune_gates: bool = True,
 ) -> Diff:
     """Every cell of ``space`` whose value differs between two engines.
 
     ``earlier_only`` (layer reports, hooks) skips what can never need an audit: backends and
     spec algorithms on one side only. ``expand`` bounds how many rows of one-sided backends or
     specs are evaluated per kind (None: all); the rest are counted in `Diff.unlisted`.
+    ``prune_gates``: when only global gates differ, evaluate only the columns and settings
+    where a changed gate can match (the rest decide alike); False evaluates every one (the
+    baseline ``python -m warpolicy.bench.diff_scale`` times it against).
     """
     a, b = _Side(old), _Side(new)
     ra, rb = old.registry, new.registry
@@ -547,6 +601,22 @@ def diff_engines(
         and set(specs_a) == set(specs_b)
     )
 
+    # only global gates differ: a setting none of the changed gates can match decides alike
+    # on both sides (every other rule is the same), so only the others are evaluated
+    changed_gates: Optional[list[Gate]] = None
+    if (
+        prune_gates
+        and not changed_specs
+        and keys_a == keys_b
+        and _keyed(ra.flags) == _keyed(rb.flags)
+        and _keyed(ra.facts) == _keyed(rb.facts)
+        and set(specs_a) == set(specs_b)
+    ):
+        keys_old = {str(semantic_key(g)) for g in ra.gates}
+        keys_new = {str(semantic_key(g)) for g in rb.gates}
+        changed_gates = [g for g in ra.gates if str(semantic_key(g)) not in keys_new]
+        changed_gates += [g for g in rb.gates if str(semantic_key(g)) not in keys_old]
+
     cells: list[DiffCell] = []
     evaluated: set[str] = set()
     uncompared: list[str] = []
@@ -561,14 +631,24 @@ def diff_engines(
             if why:
                 uncompared.append(f"{mode.label} spec {spec}: {why}")
                 continue
-            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope)
-        reader_a, reader_b = old.spec(spec).last_reader, new.spec(spec).last_reader
-        if reader_a != reader_b and any(m in space.modes for m in _PHASES):
-            why = space.column(_PHASES, spec).uncompared
-            if why:
-                uncompared.append(f"step spec {spec}: {why}")
-            else:
-                cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
+            relevant = _relevant(changed_gates, (mode,), old.spec(spec), new.spec(spec))
+            if relevant is not None and not relevant.gates:
+                continue  # no changed gate can match in this column
+            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope, relevant)
+            cells += _compare_classes(old, new, names, mode, spec, space, plugins, scope)
+        if spec == IMPLICIT_SPEC.name or not any(m in space.modes for m in _PHASES):
+            continue  # no speculative step (or its phases are not compared)
+        why = space.column(_PHASES, spec, scope).uncompared
+        if why:
+            uncompared.append(f"step spec {spec}: {why}")
+            continue
+        readers = (_step_reader(old.spec(spec)), _step_reader(new.spec(spec)))
+        relevant = _relevant(changed_gates, _PHASES, old.spec(spec), new.spec(spec), True)
+        if relevant is not None and any(g.when.facts for g in relevant.gates):
+            relevant = None  # a fact test may change what verify's rule reads: every setting
+        if relevant is not None and not relevant.gates:
+            continue
+        cells += _compare_steps(a, b, names, spec, readers, space, plugins, scope, relevant)
 
     result = Diff(
         tuple(c for c in cells if not earlier_only or c.needs_audit),
@@ -608,6 +688,7 @@ def _compare_column(
     space: CellSpace,
     plugins: Optional[str],
     scope: Optional[frozenset[str]] = None,
+    relevant: Optional[_ChangedGates] = None,
 ) -> list[DiffCell]:
     column = space.column(mode, spec, scope)
     if column.all_none:
@@ -616,6 +697,8 @@ def _compare_column(
     for base in column.base:
         if a.same_rules and a.resolved(base) == b.resolved(base):
             continue  # same rules, same flag values: the same decisions
+        if relevant is not None and not relevant.may_match(base):
+            continue  # no changed gate can match here: the same decisions
         before = a.values(names, mode, column, spec, base)
         after = b.values(names, mode, column, spec, base)
         for name in names:
@@ -635,46 +718,146 @@ def _compare_column(
     return _cells(groups, mode.label, spec, column, plugins)
 
 
+@attrs.frozen
+class _ChangedGates:
+    """The global gates on one side only (everything else alike), live in a column."""
+
+    gates: tuple[Gate, ...]
+    #: a step reads every runner cell of a phase (whether it reads nothing): eager and planted
+    #: conditions may hold whatever the setting says
+    any_cell: bool = False
+
+    def may_match(self, setting: Setting) -> bool:
+        """Whether some changed gate can match under ``setting`` for some backend and batch
+        (its flag and runner-fact conditions; per backend and per batch ones may hold)."""
+        flags = dict(setting.flags)
+        facts = dict(setting.facts)
+        for gate in self.gates:
+            when = gate.when
+            if any(
+                isinstance(flags.get(name), bool) and flags[name] != want
+                for name, want in when.flags.items()
+            ):
+                continue
+            if when.platform is not None and facts.get("platform") not in when.platform:
+                continue
+            runner = ("external_events",) if self.any_cell else RUNNER_CELL_FACTS
+            if any(
+                getattr(when, name) is not None and facts.get(name) != getattr(when, name)
+                for name in runner
+            ):
+                continue
+            return True
+        return False
+
+
+#: The runner facts a setting fixes for one cell (a step reads every cell: not these).
+RUNNER_CELL_FACTS = ("eager", "planted", "external_events")
+
+
+def _relevant(
+    changed: Optional[list[Gate]],
+    modes: Sequence[ForwardMode],
+    old_spec: SpecAlgorithm,
+    new_spec: SpecAlgorithm,
+    any_cell: bool = False,
+) -> Optional[_ChangedGates]:
+    """None: compare every setting; else the changed gates live in the column(s)."""
+    if changed is None:
+        return None
+    live = [g for g in changed if live_in(g, modes, old_spec) or live_in(g, modes, new_spec)]
+    return _ChangedGates(tuple(live), any_cell)
+
+
+def _compare_classes(
+    old: PolicyEngine,
+    new: PolicyEngine,
+    names: Sequence[str],
+    mode: ForwardMode,
+    spec: str,
+    space: CellSpace,
+    plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
+) -> list[DiffCell]:
+    """Per buffer class, where its reads end, for the backends whose declaration of ``mode``
+    names a class on either side (a class one side does not declare is none there); the
+    rows' mode reads ``MODE:CLASS``. A change that leaves the cell (the latest class) alone
+    but makes one class earlier is ``earlier`` here."""
+    per_backend = {n: set(old.classes(n, mode)) | set(new.classes(n, mode)) for n in names}
+    out: list[DiffCell] = []
+    for buffer_class in sorted({c for cs in per_backend.values() for c in cs}):
+        classed = [n for n in names if buffer_class in per_backend[n]]
+        a, b = _Side(old, buffer_class), _Side(new, buffer_class)
+        for cell in _compare_column(a, b, classed, mode, spec, space, plugins, scope):
+            out.append(attrs.evolve(cell, mode=f"{mode.label}:{buffer_class}"))
+    return out
+
+
+def _step_reader(spec: object) -> ForwardMode:
+    """The declared last reader; undeclared: the last phase the step runs (draft extend)."""
+    reader = getattr(spec, "last_reader", None)
+    return _PHASES[-1] if reader is None else ForwardMode.parse(reader)
+
+
 def _compare_steps(
     a: _Side,
     b: _Side,
     names: Sequence[str],
     spec: str,
-    readers: tuple[Optional[ForwardMode], Optional[ForwardMode]],
+    readers: tuple[ForwardMode, ForwardMode],
     space: CellSpace,
     plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
+    relevant: Optional[_ChangedGates] = None,
 ) -> list[DiffCell]:
-    """Step cells: the reader phase changed, so the step may hand the scheduler another event.
+    """Step cells: the event a speculative step of target verify then draft extend hands the
+    scheduler, for every setting and class of batch of both phases' columns.
 
-    As `warpolicy.runtime.runners.SpecStep` releases: at the declared reader's phase, unless a
-    later phase decides to publish (its answer says it reads shared state), then at that one."""
-    column = space.column(_PHASES, spec)
+    As `warpolicy.runtime.runners.SpecStep` releases: every phase up to the declared reader
+    reads; a later phase reads unless it reads ``nothing`` in every runner cell; verify, once
+    it published for a batch whose staging action succeeded and its cell reads that action,
+    ends the step (the draft extend is skipped); the step hands out the last reading phase's
+    event (coarse when that phase decided ``none``)."""
+    column = space.column(_PHASES, spec, scope)
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
     for setting in column.settings:
-        values = []
-        for side, reader in ((a, readers[0]), (b, readers[1])):
-            if reader is None:
-                unknown = (_step_value(None, None), _step_rank(None, None))
-                values.append({n: unknown for n in names})
-                continue
-            later = _PHASES[_PHASES.index(reader) :]
-            policies = {m: side.policies(names, m, spec, setting) for m in later}
-            step_values: dict[str, tuple[str, tuple]] = {}
-            for n in names:
-                phase = reader
-                for m in later[1:]:
-                    if policies[m][n] != NONE:
-                        phase = m  # a later phase that publishes is the release
-                policy = policies[phase][n]
-                step_values[n] = (_step_value(phase, policy), _step_rank(phase, policy))
-            values.append(step_values)
+        if a.same_rules and a.resolved(setting) == b.resolved(setting):
+            continue  # same rules, same flag values: the same steps
+        if relevant is not None and not relevant.may_match(setting):
+            continue  # no changed gate can match here: the same steps
+        values = [
+            _step_values(side, names, spec, reader, setting)
+            for side, reader in ((a, readers[0]), (b, readers[1]))
+        ]
         for name in names:
             (old, old_rank), (new, new_rank) = values[0][name], values[1][name]
-            if old_rank == new_rank and old == new:
+            if old_rank == new_rank:
                 continue
             change = _step_change(old_rank, new_rank)
             groups.setdefault((name, old, new, change), []).append(setting)
     return _cells(groups, STEP, spec, column, plugins)
+
+
+def _step_values(
+    side: _Side, names: Sequence[str], spec: str, reader: ForwardMode, setting: Setting
+) -> dict[str, tuple[str, tuple[int, int]]]:
+    verify, extend = _PHASES
+    policies = {m: side.policies(names, m, spec, setting) for m in _PHASES}
+    later = _PHASES.index(reader) < _PHASES.index(extend)
+    skipped = side.reads_nothing(names, extend, spec, setting) if later else set()
+    staged_batch = setting.batch_values(side.registry.facts).get(DRAFT_EXTEND_STAGED) is True
+    out: dict[str, tuple[str, tuple[int, int]]] = {}
+    for name in names:
+        phase = verify
+        staged = (
+            staged_batch
+            and policies[verify][name] != NONE
+            and side.reads_staged(name, spec, setting)
+        )
+        if not staged and name not in skipped:
+            phase = extend
+        out[name] = _step_value(phase, policies[phase][name])
+    return out
 
 
 def _cells(
