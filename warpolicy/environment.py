@@ -171,6 +171,14 @@ PROFILE_RANGES = declare(
     default="off",
     read_by="warpolicy.runtime.fence",
 )
+WIDEN_RACE_US = declare(
+    "WARPOLICY_WIDEN_RACE_US",
+    "Microseconds of GPU spin at the release points (the graph's start and right after the "
+    "in-graph marker) to widen WAR race windows for the audit, the zoo and the canary; "
+    "unset, empty or 0: off; not a number from 0 to 1000000: off, with one log line.",
+    default="0 (off)",
+    read_by="warpolicy.runtime.runners.widen",
+)
 CANARY_RATE = declare(
     "WARPOLICY_CANARY_RATE",
     "Share of each runner's steps the WAR canary checks (`0.001` or `1/1000`).",

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from warpolicy.audit.poison import (
     INTEGER_POISONS,
+    Poison,
     default_poison,
     default_poisons,
     first_mismatch,
@@ -21,6 +22,7 @@ from warpolicy.audit.poison import (
     low,
     plus_one,
     poison_set,
+    sentinel_mask,
     snapshot_outputs,
     unchanged_elements,
 )
@@ -177,8 +179,8 @@ class TestPoisonSetAgainstDivisionAndClamps:
 
     def test_low_and_high_go_to_the_ends(self):
         t = torch.tensor([-1, 4, 0, 9, 3], dtype=torch.int64)  # a -1 sentinel, as in an SWA map
-        assert low(t).tolist() == [0, 0, 9, 0, 0]  # lo + 1 = 0 (those already 0: hi)
-        assert high(t).tolist() == [9, 9, 9, -1, 9]
+        assert low(t).tolist() == [-1, 1, 1, 1, 1]  # lo + 1 = 1; the sentinel stays
+        assert high(t).tolist() == [-1, 9, 9, 0, 9]  # those at hi go to lo = 0, never to -1
 
     def test_overrides_one_callable_or_a_sequence(self):
         t = torch.arange(4)
@@ -186,6 +188,58 @@ class TestPoisonSetAgainstDivisionAndClamps:
         assert [p.name for p in poison_set(plus_one, t)] == ["plus_one"]
         assert [p.name for p in poison_set([plus_one, half_turn], t)] == ["plus_one", "half_turn"]
         assert [p.name for p in poison_set(None, torch.zeros(2))] == ["negate"]
+
+
+class TestSentinels:
+    """0.3.0 took ``lo = min(0, min x)`` over the ``-1`` sentinels too: ``low`` and ``high``
+    wrote ``-1`` into live entries of an SWA mapping (SGLang 0.5.23's ends in ``-1``), and a
+    late reader indexed out of bounds (issue 30, item 5)."""
+
+    def swa_mapping(self) -> torch.Tensor:
+        mapping = torch.randperm(63, generator=torch.Generator().manual_seed(3))
+        return torch.cat([mapping, torch.tensor([-1])])  # the last entry: "no SWA slot"
+
+    @pytest.mark.parametrize("poison", [*INTEGER_POISONS, Poison("default", default_poison)])
+    def test_sentinels_stay_and_live_entries_stay_valid_indices(self, poison):
+        t = self.swa_mapping()
+        p = poison(t)
+        assert int(p[-1]) == -1, "the sentinel moved"
+        live = p[:-1]
+        assert int(live.min()) >= 0 and int(live.max()) <= int(t.max()), poison.name
+        assert bool((live != t[:-1]).all()), "some live entry kept its value"
+        torch.zeros(64).index_select(0, live)  # every live entry still indexes the buffer
+
+    def test_the_mask_is_the_negative_entries_beside_non_negative_ones(self):
+        assert sentinel_mask(torch.tensor([3, -1, 0, -7])).tolist() == [False, True, False, True]
+        assert sentinel_mask(torch.tensor([-3, -1])) is None  # all negative: values
+        assert sentinel_mask(torch.tensor([0, 2])) is None
+        assert sentinel_mask(torch.tensor([-1.0, 2.0])) is None  # floats have none
+
+    def test_a_kept_sentinel_is_not_an_unchecked_live_element(self):
+        t = self.swa_mapping()
+        assert unchanged_elements(half_turn(t), t) == 0
+        assert unchanged_elements(t.clone(), t) == 63  # the live ones, not the sentinel
+
+    @settings(max_examples=80, deadline=None)
+    @given(
+        st.lists(st.integers(0, 5000), min_size=1, max_size=12),
+        st.lists(st.booleans(), min_size=1, max_size=12),
+        st.sampled_from([torch.int32, torch.int64]),
+    )
+    def test_property_sentinels_kept_live_entries_moved_inside_their_range(
+        self, values, holes, dtype
+    ):
+        raw = [-1 if hole else v for v, hole in zip(values, holes + [False] * len(values))]
+        t = torch.tensor(raw, dtype=dtype)
+        live = t >= 0
+        if not bool(live.any()):
+            return  # every entry negative: values, not sentinels (the mask's own test)
+        for poison in INTEGER_POISONS:
+            p = poison(t)
+            assert torch.equal(p[~live], t[~live]), poison.name
+            if int(live.sum()) and len(set(t[live].tolist())) > 1:
+                assert int(p[live].min()) >= 0 and int(p[live].max()) <= int(t[live].max())
+            assert unchanged_elements(p, t) == 0, (poison.name, raw)
 
 
 class TestUnchangedElements:

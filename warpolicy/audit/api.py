@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import attrs
+
 from warpolicy.audit.dynamic import SIMULATED, audit_classes, audit_mode
+from warpolicy.audit.isolation import IsolatedJob, audit_isolated, lost_entries
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
@@ -39,6 +42,7 @@ def run_audit(
     allow_inconclusive: bool = False,
     placement: Optional[str] = None,
     progress: Progress = NO_PROGRESS,
+    isolate: bool = False,
 ) -> AuditReport:
     """Audit every (backend, mode) of the chosen subject(s) and return the report.
 
@@ -50,6 +54,10 @@ def run_audit(
     backends only) forces where the read-done node goes (see `warpolicy.audit.synthetic`).
     ``progress`` hears of the subjects being built and of each (backend, mode) as it starts and
     ends (`warpolicy.progress`; the CLI prints it on stderr).
+    ``isolate`` runs the subjects in a child process so a device fault (a device-side assert
+    poisons the whole CUDA context) fails only the subject that met it
+    (`warpolicy.audit.isolation`); ``warpolicy audit`` does so on CUDA by default
+    (``--isolation``). It needs ``device`` (the child opens its own platform), not ``platform``.
     """
     if (factory is None) == (synthetic is None):
         raise InputError("give exactly one of --factory MODULE:CALLABLE or --synthetic NAME")
@@ -67,29 +75,32 @@ def run_audit(
         from warpolicy.audit.synthetic import parse_placement  # noqa: PLC0415 - deferred: imports torch
 
         parse_placement(placement)  # one line for a bad value, before any GPU work
+    source = SubjectSource(factory, tuple(names), placement)
+    auditor = ModeAuditor(None if mode_list is None else tuple(mode_list), trials, stall_us, static)
+    if isolate and platform is not None:
+        raise InputError("isolate=True opens the platform in a child process: give device=")
     if platform is None:
-        platform = _platform(device)
-    if make is not None:
-        progress.note(f"building the subjects of {factory} (kernels may compile)")
-        subjects = call_factory(make, factory or "", platform)
-    else:
-        from warpolicy.audit.synthetic import make_synthetic  # noqa: PLC0415 - deferred: imports torch
-
-        subjects = [make_synthetic(n, platform=platform, placement=placement) for n in names]
-    plan = [
-        (subject, mode)
-        for subject in subjects
-        for mode in (mode_list if mode_list is not None else list(subject.runners))
-    ]
-    progress.planned(len(plan))
+        platform = platform_for(device)
     entries: list[AuditEntry] = []
-    for subject, mode in plan:
-        label = f"{subject.name} {mode.label}"
-        progress.started(label)
-        entry = audit_mode(subject, mode, trials, stall_us, static=static)
-        progress.finished(label, entry.verdict.label)
-        entries.append(entry)
-        entries += audit_classes(subject, mode, trials, stall_us)
+    if isolate:
+        # the child process audits; progress hears of each subject's entries as they return
+        progress.note("auditing in a child process (per-subject isolation)")
+        job = IsolatedJob(device if device is not None else "cuda", source, auditor, platform_for)
+        entries = audit_isolated(job)
+        for entry in entries:
+            progress.finished(f"{entry.backend} {entry.mode.label}", entry.verdict.label)
+    else:
+        if factory is not None:
+            progress.note(f"building the subjects of {factory} (kernels may compile)")
+        subjects = source(platform)
+        plan = [(subject, mode) for subject in subjects for mode in auditor.modes_of(subject)]
+        progress.planned(len(plan))
+        for subject, mode in plan:
+            label = f"{subject.name} {mode.label}"
+            progress.started(label)
+            found = auditor.audit(subject, mode)
+            progress.finished(label, found[0].verdict.label)
+            entries += found
     return AuditReport(
         tuple(entries),
         device=describe_device(platform),
@@ -97,6 +108,54 @@ def run_audit(
         stall_us=stall_us,
         allow_inconclusive=bool(allow_inconclusive),
     )
+
+
+@attrs.frozen
+class SubjectSource:
+    """Where the subjects come from (picklable: an isolated child rebuilds them from it)."""
+
+    factory: Optional[str] = None  # MODULE:CALLABLE
+    synthetic: tuple[str, ...] = ()
+    placement: Optional[str] = None
+
+    def __call__(self, platform: Any) -> list[AuditSubject]:
+        if self.factory is not None:
+            return call_factory(resolve_factory(self.factory), self.factory, platform)
+        from warpolicy.audit.synthetic import make_synthetic  # noqa: PLC0415 - deferred: imports torch
+
+        return [
+            make_synthetic(n, platform=platform, placement=self.placement) for n in self.synthetic
+        ]
+
+
+@attrs.frozen
+class ModeAuditor:
+    """Audits every chosen mode of one subject (picklable, like `SubjectSource`)."""
+
+    modes: Optional[tuple[ForwardMode, ...]]  # None: every mode the subject has a runner for
+    trials: int
+    stall_us: float
+    static: bool = True
+
+    def modes_of(self, subject: AuditSubject) -> tuple[ForwardMode, ...]:
+        return self.modes if self.modes is not None else tuple(subject.runners)
+
+    def describe(self, subject: AuditSubject) -> tuple[str, tuple[ForwardMode, ...], str]:
+        return subject.name, self.modes_of(subject), subject.spec
+
+    def lost(
+        self, described: tuple[str, tuple[ForwardMode, ...], str], why: str
+    ) -> list[AuditEntry]:
+        name, modes, spec = described
+        return lost_entries(name, modes, spec, why)
+
+    def audit(self, subject: AuditSubject, mode: ForwardMode) -> list[AuditEntry]:
+        """The mode's entry first, then one per buffer class the subject declares."""
+        entry = audit_mode(subject, mode, self.trials, self.stall_us, static=self.static)
+        return [entry, *audit_classes(subject, mode, self.trials, self.stall_us)]
+
+    def __call__(self, subject: AuditSubject) -> list[AuditEntry]:
+        return [entry for mode in self.modes_of(subject) for entry in self.audit(subject, mode)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +268,7 @@ def _non_negative(value: Any, what: str) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def _platform(device: Any) -> Platform:
+def platform_for(device: Any) -> Platform:
     """The audit's own composition root: a plugin manager and the platform for ``device``."""
     wanted = device if device is not None else "cuda"
     if device_type(wanted) == "cuda" and not cuda_available():
@@ -237,8 +296,11 @@ def describe_device(platform: Any) -> str:
 
 __all__: Sequence[str] = (
     "ALL",
+    "ModeAuditor",
+    "SubjectSource",
     "call_factory",
     "describe_device",
+    "platform_for",
     "parse_modes",
     "parse_synthetic",
     "resolve_factory",

@@ -38,7 +38,7 @@ trials. INCONCLUSIVE with the reasons otherwise.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import attrs
 
@@ -59,6 +59,7 @@ from warpolicy.audit.report import (
     Mismatch,
     StaticResult,
 )
+from warpolicy.audit.sites import refutation_with_sites, sited_model, static_with_sites
 from warpolicy.audit.static import audit_static_buckets, self_check_refutation
 from warpolicy.audit.subject import (
     DEFAULT_STALL_US,
@@ -242,8 +243,7 @@ class _Harness:
         out = self.step(batch)
         read_done = self._take()  # right after the launch, like the scheduler
         self.barrier.apply(self.schedule, self.forward, read_done)
-        with self.platform.stream(self.schedule):
-            self._poison()
+        scheduler_writes(self.platform, self.schedule, self.shared, self.poisoned)
         self.platform.synchronize()
         return snapshot_outputs(out, self.written), self.published(read_done)
 
@@ -306,6 +306,32 @@ class _Harness:
             for name, tensor in {**self.written, **self.shared}.items():
                 tensor.copy_(source[name])
         self.platform.synchronize()
+
+
+def scheduler_writes(
+    platform: Any, schedule: Any, targets: Mapping[str, Any], values: Mapping[str, Any]
+) -> None:
+    """The scheduler's writes after its barrier: ``targets[name].copy_(values[name])``.
+
+    A device buffer is written on the ``schedule`` stream, which the barrier made wait. A
+    host-visible buffer (pinned host memory a graph copies from, as vLLM's input slots and
+    TensorRT-LLM's staging buffers are) is written by the host, so on CUDA the host first waits
+    for the schedule stream (the barrier's event, or the whole forward stream): a host write
+    issued at once would land before any release, a race of the audit's own making."""
+    device = [n for n, t in targets.items() if not _host_side(platform, t)]
+    host = [n for n in targets if n not in device]
+    with platform.stream(schedule):
+        for name in device:
+            targets[name].copy_(values[name])
+    if host:
+        if platform.name == "cuda":
+            schedule.synchronize()  # the host-side barrier of a host-visible buffer
+        for name in host:
+            targets[name].copy_(values[name])
+
+
+def _host_side(platform: Any, tensor: Any) -> bool:
+    return platform.name == "cuda" and tensor.device.type == "cpu"
 
 
 @contextlib.contextmanager
@@ -424,7 +450,8 @@ def _audit_mode(
 ) -> AuditEntry:
     stall = make_stall(subject.platform, stall_us)
     model = stalled_model(subject.model, stall) if stall is not None else subject.model
-    runner = builder(model)
+    sited = sited_model(model, subject.platform)  # names late readers by file:line (CUDA)
+    runner = builder(sited if sited is not None else model)
     runner.capture()
     harness = _Harness(subject, mode, runner, stall_us, buffer_class)
     try:
@@ -454,6 +481,9 @@ def _audit_mode(
             static_result,
         )
     refuted = self_check_refutation(runner, harness.shared, declared, out.policy)
+    if sited is not None:
+        static_result = static_with_sites(static_result, sited.sites)
+        refuted = refutation_with_sites(refuted, sited.sites)
     return AuditEntry(
         subject.name, mode, subject.spec, declared, out.policy, dynamic, static_result, refuted
     )

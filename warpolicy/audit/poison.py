@@ -6,10 +6,18 @@ the only length of a one-request batch it gives 0 (an empty request, whose page-
 rebuild then leaves as they were), and it leaves ``x // page_size`` unchanged on every
 page-aligned entry of a request-to-token table or SWA mapping, so a late page-table rebuild
 passed the dynamic test 0/30. So each trial now runs one poisoned step per poison of a **set**
-(`default_poisons`), every one compared with the same reference step. For integers, with
-``lo = min(0, min x)``, ``hi = max x`` and ``m = hi - lo + 1`` values (every poison stays in
-``[lo, hi]``, so a poisoned index table still indexes what it indexed, and changes every
-element):
+(`default_poisons`), every one compared with the same reference step.
+
+Integer tables mark "no entry" with a negative **sentinel** (SGLang's SWA mapping ends in
+``-1``; page tables pad with ``-1``). A negative entry of a tensor that also holds non-negative
+ones is a sentinel (`sentinel_mask`): every integer poison keeps it where it was and never
+writes one anywhere else, so a reader that masks sentinels still masks the same entries and a
+reader that indexes through a live entry still indexes inside the buffer. (0.3.0 took ``lo``
+over the sentinels too, so ``low`` and ``high`` wrote ``-1`` into live entries and a late
+reader of SGLang 0.5.23's SWA mapping indexed out of bounds: a device-side assert instead of
+UNSAFE.) For the **live** entries, with ``lo = min(0, min x)``, ``hi = max x`` and
+``m = hi - lo + 1`` values (every poison stays in ``[lo, hi]``, so a poisoned index table still
+indexes what it indexed, and changes every live element):
 
 * ``half_turn``: ``lo + ((x - lo) + ceil(m / 2)) mod m`` moves every element by at least
   ``floor(m / 2)``, so ``x // g`` changes for every granularity ``g <= m / 2`` (a page size
@@ -32,8 +40,14 @@ point; overflow gives an infinity of the other sign; zeros and NaNs become one),
 every sign, so a clamp at zero sees it. ``plus_one`` is 0.2's poison, kept
 for comparison and for the positive controls that show what it misses.
 
-`unchanged_elements` counts what a (possibly user-supplied) poison leaves equal; the audit
-refuses a SAFE verdict when that count is not zero.
+A live range too wide for the arithmetic (most of int64) flips each live value's lowest bit,
+stepping back inside ``[lo, hi]`` at either end. A buffer whose live entries all hold one value
+``c`` has no other value in its range: it becomes ``c - 1`` when ``c > 0`` (still an index
+wherever ``c`` was one), else ``c + 1``.
+
+`unchanged_elements` counts the live elements a (possibly user-supplied) poison leaves equal
+(sentinels kept in place are not live); the audit refuses a SAFE verdict when that count is not
+zero.
 
 Outputs are compared element by element (NaN equals NaN); `first_mismatch` names the first
 differing element. Flattening and comparing are the runtime's (`warpolicy.runtime.canary.compare`),
@@ -66,21 +80,43 @@ class Poison:
         return self.apply(tensor)
 
 
-def _int_range(tensor: Any) -> Optional[tuple[int, int, int]]:
-    """``(lo, hi, m)`` of an integer tensor (``lo = min(0, min)``), or None when ``m`` would not
+def sentinel_mask(tensor: Any) -> Any:
+    """The sentinel entries of an integer tensor: its negative entries when it also holds a
+    non-negative one (an index table's "no entry", such as ``-1``); None when there are none
+    (every entry negative counts as values, not sentinels; booleans and floats have none)."""
+    if _not_int(tensor) or tensor.numel() == 0:
+        return None
+    negative = tensor < 0
+    if not bool(negative.any()) or bool(negative.all()):
+        return None
+    return negative
+
+
+def _int_range(live: Any) -> Optional[tuple[int, int, int]]:
+    """``(lo, hi, m)`` of the live entries (``lo = min(0, min)``), or None when ``m`` would not
     fit the arithmetic (a range spanning most of int64)."""
-    lo = min(0, int(tensor.min().item()))
-    hi = int(tensor.max().item())
+    lo = min(0, int(live.min().item()))
+    hi = int(live.max().item())
     m = hi - lo + 1
     return (lo, hi, m) if m < 2**62 else None
 
 
-def _single_value(tensor: Any) -> Any:
-    """Every element equals ``c``: ``c + 1`` (``c - 1`` when ``c`` is the dtype's maximum)."""
+def _single_value(wide: Any, c: int, dtype: Any) -> Any:
+    """Every live element equals ``c``: ``c - 1`` when ``c > 0`` (an index below a valid one
+    is valid too), else ``c + 1`` (``c - 1`` at the dtype's maximum)."""
     import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
-    c = int(tensor.reshape(-1)[0].item())
-    return torch.full_like(tensor, c + 1 if c < torch.iinfo(tensor.dtype).max else c - 1)
+    moved = c - 1 if c > 0 or c >= torch.iinfo(dtype).max else c + 1
+    return torch.full_like(wide, moved)
+
+
+def _flip_low_bit(wide: Any, lo: int, hi: int) -> Any:
+    """Each value with its lowest bit flipped, stepping back inside ``[lo, hi]`` at the ends."""
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
+
+    out = torch.bitwise_xor(wide, 1)
+    out = torch.where(out > hi, wide - 1, out)
+    return torch.where(out < lo, wide + 1, out)
 
 
 def _integer(tensor: Any, kind: str) -> Any:
@@ -88,24 +124,35 @@ def _integer(tensor: Any, kind: str) -> Any:
 
     if tensor.numel() == 0:
         return tensor.clone()
-    bounds = _int_range(tensor)
-    if bounds is None:
-        return torch.bitwise_not(tensor)  # changes every element; the range is all of int64
-    lo, hi, m = bounds
-    if m == 1:
-        return _single_value(tensor)
+    sentinels = sentinel_mask(tensor)
+    live = tensor if sentinels is None else tensor[~sentinels]
     wide = tensor.to(torch.int64)
+    lo = min(0, int(live.min().item()))
+    hi = int(live.max().item())
+    bounds = _int_range(live)
+    if bounds is None:
+        out = _flip_low_bit(wide, lo, hi)  # the range is most of int64
+    elif bounds[2] == 1:
+        out = _single_value(wide, hi, tensor.dtype)
+    else:
+        out = _moved(wide, kind, *bounds)
+    if sentinels is not None:
+        out = torch.where(sentinels, wide, out)  # sentinels stay where they were
+    return out.to(tensor.dtype)
+
+
+def _moved(wide: Any, kind: str, lo: int, hi: int, m: int) -> Any:
+    import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
+
     if kind == "half_turn":
-        out = torch.remainder(wide - lo + (m + 1) // 2, m) + lo
-    elif kind == "low":
+        return torch.remainder(wide - lo + (m + 1) // 2, m) + lo
+    if kind == "low":
         target = lo + 1
         elsewhere = hi if m > 2 else lo
-        out = torch.where(
+        return torch.where(
             wide != target, torch.full_like(wide, target), torch.full_like(wide, elsewhere)
         )
-    else:  # high
-        out = torch.where(wide != hi, torch.full_like(wide, hi), torch.full_like(wide, lo))
-    return out.to(tensor.dtype)
+    return torch.where(wide != hi, torch.full_like(wide, hi), torch.full_like(wide, lo))  # high
 
 
 def _floating(tensor: Any) -> Any:
@@ -202,8 +249,9 @@ def _wide_dtype(dtype: Any) -> Any:
 
 
 def unchanged_elements(poison: Any, state: Any) -> int:
-    """How many elements of ``state`` the ``poison`` leaves equal (NaN equals NaN); every
-    element when the two cannot be compared (another shape)."""
+    """How many live elements of ``state`` the ``poison`` leaves equal (NaN equals NaN; a
+    sentinel of ``state``, `sentinel_mask`, is not live); every element when the two cannot be
+    compared (another shape)."""
     import torch  # noqa: PLC0415 - deferred: the audit package imports without torch
 
     if tuple(poison.shape) != tuple(state.shape):
@@ -211,6 +259,9 @@ def unchanged_elements(poison: Any, state: Any) -> int:
     same = poison == state
     if state.is_floating_point() or state.is_complex():
         same |= torch.isnan(poison) & torch.isnan(state)
+    sentinels = sentinel_mask(state)
+    if sentinels is not None:
+        same &= ~sentinels
     return int(same.sum().item())
 
 

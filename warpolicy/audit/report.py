@@ -139,11 +139,21 @@ class Offender:
     buffers: tuple[str, ...]  # the shared buffers its arguments point into
     symbol: str = ""  # the full (demangled when possible) symbol, when known
     bucket: Optional[int] = None  # the captured bucket whose graph holds the node
+    #: ``file.py:line`` of the Python line that launched it during capture (empty: unknown;
+    #: `warpolicy.audit.sites`)
+    site: str = ""
+
+    @property
+    def label(self) -> str:
+        """``kernel (file.py:line)``, or the kernel alone when the site is unknown."""
+        return f"{self.name} ({self.site})" if self.site else self.name
 
     def describe(self) -> str:
         where = f"node {self.node}, {self.kind}"
         if self.bucket is not None:
             where = f"bucket {self.bucket} {where}"
+        if self.site:
+            return f"{self.label} at {where}, touches {', '.join(self.buffers)}"
         return f"{self.name} ({where}) touches {', '.join(self.buffers)}"
 
     def to_json(self) -> dict:
@@ -154,6 +164,7 @@ class Offender:
             "buffers": list(self.buffers),
             "symbol": self.symbol,
             "bucket": self.bucket,
+            "site": self.site,
         }
 
 
@@ -187,7 +198,7 @@ class StaticResult:
 
     def summary(self) -> str:
         if self.verdict is UNSAFE:
-            names = sorted({o.name for o in self.offenders})
+            names = sorted({o.label for o in self.offenders})
             return "unsafe: " + ", ".join(names)
         return self.verdict.label
 
@@ -220,7 +231,7 @@ class Refutation:
     detail: tuple[str, ...] = attrs.field(default=(), converter=_strs)  # the runner's lines
 
     def summary(self) -> str:
-        names = sorted({o.name for o in self.late})
+        names = sorted({o.label for o in self.late})
         return "refuted: " + ", ".join(names) if names else "refuted"
 
     def describe(self) -> str:

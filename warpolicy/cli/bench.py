@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from warpolicy.bench import canary, decide, fence, overlap_command
+from warpolicy.bench import canary, decide, fence, launch_sites, overlap_command, widen
 from warpolicy.bench.command import Benchmark
 from warpolicy.cli import common
 from warpolicy.cli.common import ExitCode
@@ -23,6 +23,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     overlap_command.BENCHMARK,
     canary.BENCHMARK,
     fence.BENCHMARK,
+    widen.BENCHMARK,
+    launch_sites.BENCHMARK,
 )
 
 

@@ -76,6 +76,7 @@ from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.batch import NO_PLANS, BucketBatch, CellPlans, cell_plans, lower_policies
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
+from warpolicy.runtime.graphwalk.launch_sites import Sites
 from warpolicy.runtime.graphwalk.plant import RawGraph, SharedBuffers
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ordering import order_after, synchronize_all
@@ -548,6 +549,8 @@ class BucketCapture:
         self._doubt = doubt
         self._marks: list[Optional[EventHandle]] = []
         self.outcome: Optional[BucketOutcome] = None
+        #: the capture's launch sites given to `finish` (names the walk's readers by line)
+        self.sites: Optional[Sites] = None
 
     @property
     def keep_graph(self) -> bool:
@@ -581,6 +584,7 @@ class BucketCapture:
         *,
         marker: Optional[EventHandle] = None,
         instantiate: Optional[bool] = None,
+        sites: Optional[Sites] = None,
     ) -> BucketOutcome:
         """After the capture: check the marker or plant the derived node, instantiate the graph,
         and decide the bucket's release (a `BucketOutcome`; also kept as ``self.outcome``).
@@ -591,7 +595,9 @@ class BucketCapture:
         ``marker``: an external event the engine recorded in the capture body itself (instead
         of `mark`); only a graph walk can confirm it. ``instantiate``: build the executable
         graph now (default: yes, except for a `RawGraph`, which the engine instantiates after
-        this call; derived placement must come before any instantiation).
+        this call; derived placement must come before any instantiation). ``sites``: the
+        capture's launch sites (`warpolicy.runtime.graphwalk.launch_sites.LaunchRecorder`), so
+        the self-check and the derived plant name each reader as ``kernel (file.py:line)``.
 
         Never raises an ``Exception`` for a failed plant, check or instantiation: the bucket
         fails closed (see the module docstring); ``self_check="error"`` raises `SelfCheckError`.
@@ -599,6 +605,7 @@ class BucketCapture:
         c = self.capture
         if instantiate is None:
             instantiate = not isinstance(graph, RawGraph)
+        self.sites = sites
         facts, outcome = self._facts(graph, shared_buffers, marker)
         if instantiate and facts.doubt is None:
             failed = instantiate_kept(c.platform, graph)
@@ -661,7 +668,7 @@ class BucketCapture:
         self, graph: GraphHandle, shared: SharedBuffers, node: EventHandle
     ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
         c, bucket = self.capture, self.bucket
-        outcome = check_bucket_marker(c.platform, graph, shared, node)
+        outcome = check_bucket_marker(c.platform, graph, shared, node, self.sites)
         if outcome.verdict is Verdict.CONFIRMED:
             return BucketFacts(bucket, event=node), outcome
         if c.self_check == "error":
@@ -715,7 +722,7 @@ class BucketCapture:
         if walk.unavailable is not None:
             outcome = PlacementOutcome(Verdict.REFUTED, walk.unavailable)
             return BucketFacts(bucket, refuted=where + walk.unavailable), outcome
-        outcome = plant_bucket_derived(c.platform, graph, shared, event)
+        outcome = plant_bucket_derived(c.platform, graph, shared, event, self.sites)
         if outcome.verdict is Verdict.CONFIRMED:
             return BucketFacts(bucket, event=event), outcome
         if outcome.verdict is Verdict.REFUTED:

@@ -26,6 +26,7 @@ from typing import Optional
 import attrs
 
 from warpolicy.runtime.graphwalk import PlacementError
+from warpolicy.runtime.graphwalk.launch_sites import Sites
 from warpolicy.runtime.graphwalk.plant import SharedBuffers
 from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
 
@@ -64,26 +65,36 @@ def walk_unavailable(platform: Platform) -> tuple[Optional[str], Optional[str]]:
 
 
 def check_bucket_marker(
-    platform: Platform, graph: GraphHandle, shared_buffers: SharedBuffers, event: EventHandle
+    platform: Platform,
+    graph: GraphHandle,
+    shared_buffers: SharedBuffers,
+    event: EventHandle,
+    sites: Optional[Sites] = None,
 ) -> PlacementOutcome:
-    """The marker self-check of the kept ``graph`` whose capture recorded ``event``."""
+    """The marker self-check of the kept ``graph`` whose capture recorded ``event``; ``sites``
+    (the capture's launch sites) name each late reader's Python line."""
     try:
         check = platform.check_marker(graph, shared_buffers, event)
     except PlacementError as exc:
         return _doubt(f"marker self-check could not run ({exc.reason})")
     except Exception as exc:  # noqa: BLE001 - the facade wraps; a walker bug is still a doubt
         return _doubt(f"marker self-check failed: {type(exc).__name__}: {exc}")
-    detail = check.describe()
+    detail = check.describe(sites=sites)
     if check.ok:
         return PlacementOutcome(Verdict.CONFIRMED, detail, True, check.total_ms)
     return PlacementOutcome(Verdict.REFUTED, detail, True, check.total_ms)
 
 
 def plant_bucket_derived(
-    platform: Platform, graph: GraphHandle, shared_buffers: SharedBuffers, event: EventHandle
+    platform: Platform,
+    graph: GraphHandle,
+    shared_buffers: SharedBuffers,
+    event: EventHandle,
+    sites: Optional[Sites] = None,
 ) -> PlacementOutcome:
     """Derived placement in the kept, not yet instantiated ``graph``: the node recording
-    ``event`` after the shared readers the walk finds."""
+    ``event`` after the shared readers the walk finds (named by Python line where ``sites``
+    know it)."""
     try:
         plant = platform.plant_derived(graph, shared_buffers, event)
     except PlacementError as exc:
@@ -94,7 +105,7 @@ def plant_bucket_derived(
         return _doubt(f"derived placement failed ({exc.reason})")
     except Exception as exc:  # noqa: BLE001 - the facade wraps; a walker bug is still a doubt
         return _doubt(f"derived placement failed: {type(exc).__name__}: {exc}")
-    return PlacementOutcome(Verdict.CONFIRMED, plant.describe(), True, plant.total_ms)
+    return PlacementOutcome(Verdict.CONFIRMED, plant.describe(sites), True, plant.total_ms)
 
 
 def instantiate_kept(platform: Platform, graph: GraphHandle) -> Optional[str]:

@@ -21,7 +21,7 @@ stays unplanted, or is demoted).
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -36,6 +36,7 @@ from warpolicy.runtime.graphwalk.analysis import (
     late_readers,
 )
 from warpolicy.runtime.graphwalk.errors import GraphWalkError, PlacementError
+from warpolicy.runtime.graphwalk.launch_sites import Sites
 from warpolicy.runtime.graphwalk.model import BufferRange, Graph, TensorLike, buffer_ranges
 
 SharedBuffers = Union[Mapping[str, TensorLike], Sequence[BufferRange]]
@@ -62,10 +63,12 @@ class DerivedPlant:
     def total_ms(self) -> float:
         return self.walk_ms + self.analysis_ms + self.plant_ms
 
-    def describe(self) -> str:
+    def describe(self, sites: Optional[Sites] = None) -> str:
+        """One line naming the readers the node follows (``kernel (file.py:line) #12`` where
+        ``sites``, the capture's launch sites, know the line)."""
         seen = [r for r in self.readers if not r.opaque]
         opaque = len(self.readers) - len(seen)
-        after = ", ".join(f"{r.name} #{r.index}" for r in self.frontier)
+        after = ", ".join(f"{reader_label(r, sites)} #{r.index}" for r in self.frontier)
         text = (
             f"derived read-done node after {after} ({len(seen)} shared reader(s)"
             f"{f', {opaque} unseen node(s)' if opaque else ''} in {self.nodes} nodes; "
@@ -95,16 +98,25 @@ class SelfCheck:
     def total_ms(self) -> float:
         return self.walk_ms + self.analysis_ms
 
-    def describe(self, bucket: object = None) -> str:
-        """One line naming each late kernel and its buffer (and the bucket, when given)."""
+    def describe(self, bucket: object = None, sites: Optional[Sites] = None) -> str:
+        """One line naming each late kernel and its buffer (and the bucket, when given; and the
+        Python line that launched it, ``kernel (file.py:line)``, where ``sites`` know it)."""
         where = f"bucket {bucket}: " if bucket is not None else ""
         if self.ok:
             return (
                 f"{where}every shared reader precedes the read-done node ({self.readers} "
                 f"reader(s), {self.nodes} nodes)"
             )
-        late = "; ".join(f"{r.name} (#{r.index}) reads {r.buffer_label}" for r in self.late)
+        late = "; ".join(
+            f"{reader_label(r, sites)} (#{r.index}) reads {r.buffer_label}" for r in self.late
+        )
         return f"{where}shared reader(s) after the read-done node: {late}"
+
+
+def reader_label(reader: Reader, sites: Optional[Sites]) -> str:
+    """``kernel (file.py:line)`` when ``sites`` know the node's launch site, else ``kernel``."""
+    site = sites.get(reader.index) if sites else None
+    return f"{reader.name} ({site.where})" if site is not None else reader.name
 
 
 def ranges_of(shared_buffers: SharedBuffers) -> tuple[BufferRange, ...]:

@@ -36,6 +36,10 @@ With ``process_group=`` (tensor parallelism) the runner compares its policy and 
 the group's ranks before its first capture (`warpolicy.runtime.distributed.consistent_policy`);
 on any difference every rank runs every cell coarse, or raises with ``consistency_strict=True``.
 
+With ``widen_race_us=`` (else ``WARPOLICY_WIDEN_RACE_US``; resolved once, off by default) the
+runner's graphs spin at their release points on CUDA, so a race of microseconds becomes certain
+(`warpolicy.runtime.runners.widen`); off, the model is taken as it is.
+
 A runner belongs to one thread (the first that uses it; `WrongThreadError` from any other).
 """
 
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import operator
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -87,6 +92,9 @@ from warpolicy.runtime.runners.protocols import (
     ModelAdapter,
     StepInfo,
 )
+from warpolicy.runtime.runners.widen import RaceWidener
+
+log = logging.getLogger("warpolicy")
 
 
 def check_buckets(name: str, sizes: Sequence[Any]) -> tuple[int, ...]:
@@ -140,6 +148,7 @@ class GraphRunner:
         placement: Optional[Union[Placement, str]] = None,
         self_check: str = "warn",
         canary: Optional[Canary] = None,
+        widen_race_us: Optional[float] = None,
         class_policies: Optional[Mapping[str, RunnerPolicy]] = None,
     ) -> None:
         if not isinstance(platform, Platform):
@@ -155,6 +164,18 @@ class GraphRunner:
             )
         self.name = name or self.mode.label
         self.self_check = self_check
+        # the race widener, resolved once (the argument, else WARPOLICY_WIDEN_RACE_US): off, the
+        # model itself, so the step path is the unwidened one
+        self.widener = RaceWidener.resolve(widen_race_us)
+        widened = self.widener.wrap(model, platform)
+        if widened is not model:
+            log.warning(
+                "warpolicy %s runner: race widener on (%s): every replay spins at its release "
+                "points; for audits and race hunts, never for serving",
+                name or self.mode.label,
+                self.widener.describe(),
+            )
+        model = widened
         self.model = model
         self._measure = batch_measure(model)  # its batch_size, when it has one, else len
         self.platform = platform

@@ -25,6 +25,7 @@ reader, no reader found, no external events) gives it the unplanted policy. Both
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Optional
 
 import attrs
@@ -32,6 +33,7 @@ import attrs
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement
 from warpolicy.runtime.batch import NO_PLANS, CellPlans
 from warpolicy.runtime.fence import ReadDoneFence
+from warpolicy.runtime.graphwalk.launch_sites import recorder_for, run_recorded
 from warpolicy.runtime.observers import Reporter
 from warpolicy.runtime.owned_capture import (
     SELF_CHECK_MODES,
@@ -248,8 +250,14 @@ class CaptureTransaction:
         class_walk = self._class_walk is not None and self._class_walk == (None, None)
         kept = self.keep_graphs or capture.keep_graphs or class_walk
         graph = self.platform.new_graph(keep_graph=kept)
-        self.platform.capture_callable(graph, body, pool=pool)
-        outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
+        # a walk will run: note which Python line launched each node, so the self-check and the
+        # derived plant name their readers as kernel (file.py:line)
+        recorder = recorder_for(self.platform.name) if capture.keep_graphs else None
+        self.platform.capture_callable(
+            graph, functools.partial(run_recorded, recorder, body), pool=pool
+        )
+        sites = recorder.sites if recorder is not None else None
+        outcome = point.finish(graph, model.shared_buffers, instantiate=kept, sites=sites)
         release = outcome.release
         if self.class_policies:  # the same verified facts decide every class
             classes = decide_classes(self.class_policies, outcome.facts, self.name)
