@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from warpolicy.audit.subject import AuditSubject
+from warpolicy.audit.subject import AuditSubject, stalled_model
 from warpolicy.audit.synthetic_model import Layout, SyntheticConfig, SyntheticModel
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode
@@ -52,69 +52,88 @@ class _FixedPolicy:
         return POST_REPLAY
 
 
-def staged_subject(
-    platform: Any, *, lying: bool = False, config: Optional[SyntheticConfig] = None
-) -> AuditSubject:
-    """The staged EAGLE step on ``platform`` (see the module doc); ``lying``: the stager copies
-    one table fewer."""
-    device = torch.device(platform.device) if platform.name == "cuda" else torch.device("cpu")
-    cfg = config or _config()
-    live = SyntheticModel(Layout(), cfg, device)  # verify's model: the scheduler writes its tables
-    own = SyntheticModel(Layout(), cfg, device)  # the draft extend's: the staged copies
-    skip = (LYING_SKIPS,) if lying else ()
-    for name in skip:  # what the stager leaves out, the draft extend reads live
-        setattr(own, name, live.shared_buffers[name])
-    own.shared_buffers = {n: live.shared_buffers[n] for n in skip}
-    verify_policy = PolicyEngine.load(plugins=False, environ={}).compile(
-        BACKEND,
-        SPEC,
-        platform=platform.name,
-        external_events=platform.external_events_supported(),
-        strict=True,
-    )
-    name = "eagle_staged" + ("+lying_stager" if lying else "")
+class StagedEagle:
+    """The staged EAGLE step's models and how to build its `SpecStep` (see the module doc):
+    ``live`` is verify's model (the scheduler writes its tables), ``own`` the draft extend's
+    (its tables are the staged copies; with ``lying``, ``full_to_swa`` is the live one)."""
 
-    def build(model: Any) -> SpecStep:
-        """``model`` is ``live``, or the audit's stalled view of it: the draft extend gets the
-        same stall around its own model."""
+    def __init__(
+        self, platform: Any, *, lying: bool = False, config: Optional[SyntheticConfig] = None
+    ) -> None:
+        self.platform = platform
+        device = torch.device(platform.device) if platform.name == "cuda" else torch.device("cpu")
+        self.cfg = cfg = config or _config()
+        self.live = live = SyntheticModel(Layout(), cfg, device)
+        self.own = own = SyntheticModel(Layout(), cfg, device)
+        self.skip: tuple[str, ...] = (LYING_SKIPS,) if lying else ()
+        for n in self.skip:  # what the stager leaves out, the draft extend reads live
+            setattr(own, n, live.shared_buffers[n])
+        own.shared_buffers = {n: live.shared_buffers[n] for n in self.skip}
+        self.name = "eagle_staged" + ("+lying_stager" if lying else "")
+        self.verify_policy = PolicyEngine.load(plugins=False, environ={}).compile(
+            BACKEND,
+            SPEC,
+            platform=platform.name,
+            external_events=platform.external_events_supported(),
+            strict=True,
+        )
+
+    def step(self, model: Any = None, *, canary: Any = None) -> SpecStep:
+        """The step; ``model`` is ``live`` or the audit's stalled view of it (the draft extend
+        gets the same stall around its own model); ``canary`` for every runner."""
+        live, own = self.live, self.own
+        model = live if model is None else model
         stall = getattr(model, "stall", None)
-        draft: Any = own
-        if stall is not None:
-            from warpolicy.audit.subject import stalled_model  # noqa: PLC0415 - same package
-
-            draft = stalled_model(own, stall)
+        draft: Any = own if stall is None else stalled_model(own, stall)
         stager = Stager(
             [
-                TensorCopy(n, live.shared_buffers[n], own.shared_buffers.get(n, getattr(own, n)))
+                TensorCopy(n, live.shared_buffers[n], getattr(own, n))
                 for n in live.shared_buffers
-                if n not in skip
+                if n not in self.skip
             ],
-            name=f"{name}:stager",
+            name=f"{self.name}:stager",
         )
         pm = new_plugin_manager(load_entry_points=False, environ={})
         pm.register(stager, name="stager")
-        kw: dict[str, Any] = {"observers": pm.observers, "keep_graphs": True, "self_check": "off"}
+        kw: dict[str, Any] = {
+            "observers": pm.observers,
+            "keep_graphs": True,
+            "self_check": "off",
+            "canary": canary,
+        }
         verify = VerifyRunner(
-            model, verify_policy, platform, "target_verify", draft_tokens=cfg.draft_tokens, **kw
+            model,
+            self.verify_policy,
+            self.platform,
+            "target_verify",
+            draft_tokens=self.cfg.draft_tokens,
+            **kw,
         )
         extend = DraftExtendRunner(
             stager.consumer(draft, state={"kv_pool": own.kv_pool}),
             _FixedPolicy(),
-            platform,
+            self.platform,
             "draft_extend",
             **kw,
         )
-        return SpecStep([verify, extend], last_reader=DRAFT_EXTEND, name=name)
+        return SpecStep([verify, extend], last_reader=DRAFT_EXTEND, name=self.name)
 
+
+def staged_subject(
+    platform: Any, *, lying: bool = False, config: Optional[SyntheticConfig] = None
+) -> AuditSubject:
+    """The staged EAGLE step's `AuditSubject`; ``lying``: the stager copies one table fewer."""
+    eagle = StagedEagle(platform, lying=lying, config=config)
+    live = eagle.live
     return AuditSubject(
-        name=name,
+        name=eagle.name,
         model=live,
-        runners={DRAFT_EXTEND: build},
+        runners={DRAFT_EXTEND: eagle.step},
         make_batch=lambda mode, trial: live.make_batch(VERIFY, trial),
         platform=platform,
         declared={DRAFT_EXTEND: IN_GRAPH},
         spec=SPEC,
-        extra_outputs={"kv_pool": live.kv_pool, "draft_kv_pool": own.kv_pool},
+        extra_outputs={"kv_pool": live.kv_pool, "draft_kv_pool": eagle.own.kv_pool},
     )
 
 
@@ -123,4 +142,4 @@ def staged(platform: Any) -> list[AuditSubject]:
     return [staged_subject(platform), staged_subject(platform, lying=True)]
 
 
-__all__ = ["LYING_SKIPS", "staged", "staged_subject"]
+__all__ = ["LYING_SKIPS", "StagedEagle", "staged", "staged_subject"]
