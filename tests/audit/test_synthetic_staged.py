@@ -39,6 +39,7 @@ def test_the_lying_stager_reads_the_skipped_table_live(platform):
     consumer = step.phases[1].runner.model
     assert set(consumer.shared_buffers) == {LYING_SKIPS}
     assert LYING_SKIPS not in consumer.stager.names
+    assert LYING_SKIPS not in consumer.stager.sources
 
 
 def test_the_factory_lists_both(platform):

@@ -251,7 +251,7 @@ class Failing:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-        self.source = torch.zeros(1)
+        self.sources = {"failing": torch.zeros(1)}
         self.calls = 0
         self.armed = True
         self.once = False  # disarm after raising once (a transient failure)

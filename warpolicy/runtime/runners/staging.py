@@ -60,15 +60,16 @@ TARGET_VERIFY = ForwardMode.TARGET_VERIFY
 @runtime_checkable
 class StagedRead(Protocol):
     """One shared read of a later phase, staged: ``copy(batch)`` enqueues, on the current
-    (forward) stream, a copy of what the phase will read into a buffer the scheduler never
-    writes. ``name`` is the shared buffer's name, ``source`` the shared buffer itself (what the
-    staging canary saves and the audit poisons), ``nbytes`` what one copy moves."""
+    (forward) stream, a copy of what the phase will read (a buffer, or a plan built from
+    several, such as page tables) into buffers the scheduler never writes. ``name`` names what
+    it stages; ``sources`` are the shared buffers it reads, by name (what the staging canary
+    saves and the audit poisons); ``nbytes`` what one copy writes."""
 
     @property
     def name(self) -> str: ...
 
     @property
-    def source(self) -> Any: ...
+    def sources(self) -> Mapping[str, Any]: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -115,6 +116,10 @@ class TensorCopy:
         """Stage ``source`` into a fresh buffer like it (allocated here, once)."""
         _tensor(source, f"{name!r}'s source")
         return cls(name, source, source.detach().clone())
+
+    @property
+    def sources(self) -> Mapping[str, Any]:
+        return {self.name: self.source}
 
     @property
     def nbytes(self) -> int:
@@ -174,16 +179,13 @@ class Stager:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The shared buffers this stager copies."""
+        """What this stager stages, in order."""
         return tuple(r.name for r in self.reads)
-
-    def covers(self, name: str) -> bool:
-        return name in self.names
 
     @property
     def sources(self) -> dict[str, Any]:
-        """The shared buffers the staged reads copy from, by name."""
-        return {r.name: r.source for r in self.reads}
+        """The shared buffers the staged reads read, by name."""
+        return {n: t for r in self.reads for n, t in dict(r.sources).items()}
 
     @property
     def staged(self) -> bool:
