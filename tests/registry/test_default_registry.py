@@ -56,6 +56,8 @@ SPECS = [
     "dflash",
     "dspark",
     "uno",
+    # sglang #27634: the drafter in another process (coarse until an IPC event is proven)
+    "decoupled",
 ]
 #: Backends and wrappers added for SGLang 0.5.23 (SGLang 0.5.23).
 NEW_BACKENDS = [
@@ -180,7 +182,8 @@ def test_spec_algorithms(reg):
 
 def test_last_readers_are_declared(reg):
     declared = {n: s.last_reader for n, s in reg.spec_algorithms.items()}
-    assert declared == {**INTENDED_LAST_READERS, "none": None}  # none: the only phase
+    # none: the only phase; decoupled: the step's phases span two processes (every cell coarse)
+    assert declared == {**INTENDED_LAST_READERS, "none": None, "decoupled": None}
     # verify may publish exactly where verify is the last reader
     for name, reader in INTENDED_LAST_READERS.items():
         assert reg.spec(name).has("target_verify_read_done") == (reader is VERIFY), name
@@ -217,7 +220,8 @@ def test_backend_exceptions(reg):
     declared = {n: dict(reg.backend(n).reads_end) for n in BASE_CONTRACT}
     exceptions = {n: d for n, d in declared.items() if d}
     assert exceptions == {
-        "trtllm_mha": {EXTEND: P.PRE_REPLAY},
+        # draft extend: proven on SGLang's metadata kernel (warpolicy.conformance.speculative)
+        "trtllm_mha": {EXTEND: P.PRE_REPLAY, DRAFT_EXTEND: P.IN_GRAPH},
         "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY},
     }
     assert "32460" in reg.backend("trtllm_mha").doc
@@ -274,10 +278,15 @@ def test_only_sglang_backends_and_wrappers_are_concrete(reg):
     }
 
 
-def test_draft_extend_is_declared_only_by_minimax_sparse_nvfp4(reg):
-    """The draft-extend rule: unknown (none) unless a backend declares it."""
+def test_draft_extend_is_declared_only_where_audited(reg):
+    """The draft-extend rule: unknown (none) unless a backend declares it: minimax sparse NVFP4
+    (SGLang 0.5.23) and trtllm_mha (the GPU proof on SGLang's kernel, derived placement: its
+    draft-extend graph has no marker)."""
     declared = {n for n, b in reg.backends.items() if DRAFT_EXTEND in b.reads_end}
-    assert declared == {"minimax_sparse_nvfp4"}
+    assert declared == {"minimax_sparse_nvfp4", "trtllm_mha"}
+    trtllm = reg.backend("trtllm_mha")
+    assert trtllm.reads_end[DRAFT_EXTEND] is P.IN_GRAPH
+    assert "warpolicy.conformance.speculative:steps" in trtllm.doc
     for backend in reg.backends.values():
         assert set(backend.reads_end) <= {DECODE, EXTEND, VERIFY, DRAFT_EXTEND}, backend.name
     assert dict(reg.backend("minimax_sparse_nvfp4").reads_end) == {
@@ -299,8 +308,13 @@ def test_gates(reg):
         "prefill-hierarchical-cache",
         "prefill-hicache-storage",
         "prefill-lmcache",
+        "decoupled-drafter-other-process",
     }
     assert all(g.at_least is P.NONE and g.scope is None for g in reg.gates)
+    assert gate(reg, "decoupled-drafter-other-process").when == Conditions(
+        spec=frozenset({"decoupled"})
+    )
+    assert "27634" in gate(reg, "decoupled-drafter-other-process").because
     assert gate(reg, "force-coarse").when == Conditions(flags={"force_coarse": True})
     assert gate(reg, "target-verify-needs-capability").when == Conditions(
         mode=frozenset({VERIFY}), spec_lacks=frozenset({"target_verify_read_done"})
@@ -391,9 +405,16 @@ CELLS = [
     ("trtllm_mha", EXTEND, "none", {**ON, "hicache_storage": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {**ON, "lmcache": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {}, P.NONE),
-    # the draft-extend rule: unknown unless declared
+    # the draft-extend rule: unknown unless declared (trtllm_mha: proven on SGLang's kernel)
     ("fa3", DRAFT_EXTEND, "eagle", {}, P.NONE),
-    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.IN_GRAPH),
+    ("trtllm_mha", DRAFT_EXTEND, "eagle3", {}, P.IN_GRAPH),
+    ("trtllm_mha", DRAFT_EXTEND, "frozen_kv_mtp", {}, P.IN_GRAPH),
+    # a drafter in another process (sglang #27634): every cell coarse
+    ("trtllm_mha", DRAFT_EXTEND, "decoupled", {}, P.NONE),
+    ("trtllm_mha", DECODE, "decoupled", {}, P.NONE),
+    ("fa3", VERIFY, "decoupled", {}, P.NONE),
+    ("trtllm_mha", EXTEND, "decoupled", ON, P.NONE),
     # hpc_ops: decode-only, no speculative algorithm
     ("hpc_ops", DECODE, "none", {}, P.IN_GRAPH),
     ("hpc_ops", VERIFY, "dflash", {}, P.NONE),
@@ -424,10 +445,17 @@ def test_eager_prefill_publishes_too(engine):
     assert decide(engine, "trtllm_mha", EXTEND, "none", eager=True, **ON) is P.PRE_REPLAY
 
 
-def test_draft_extend_is_none_for_every_backend_but_the_declaring_one(engine, reg):
+def test_draft_extend_is_none_for_every_backend_but_the_declaring_ones(engine, reg):
+    declaring = {
+        "minimax_sparse_nvfp4": P.PRE_REPLAY,
+        "trtllm_mha": P.IN_GRAPH,
+        "image_prefill_trtllm_mha": P.IN_GRAPH,  # its modes but extend run trtllm_mha
+    }
     for name in reg.concrete_backends():
-        expected = P.PRE_REPLAY if name == "minimax_sparse_nvfp4" else P.NONE
+        expected = declaring.get(name, P.NONE)
         assert decide(engine, name, DRAFT_EXTEND, "eagle") is expected, name
+    # unplanted (no graph walk, or marker placement): soundly demoted
+    assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle", planted=False) is P.POST_REPLAY
 
 
 def test_prefill_flag_default_off_with_the_sglang_alias(reg):

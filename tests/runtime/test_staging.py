@@ -131,9 +131,9 @@ class StepRace:
 
 @pytest.fixture(scope="module")
 def eagle():
-    """trtllm_mha + EAGLE from the default registry: verify in_graph only after
+    """fa3 + EAGLE from the default registry: verify in_graph only after
     ``draft_extend_staged``, draft extend undeclared (none)."""
-    return PolicyEngine.load(environ={}).compile("trtllm_mha", "eagle")
+    return PolicyEngine.load(environ={}).compile("fa3", "eagle")
 
 
 class Fixed:
