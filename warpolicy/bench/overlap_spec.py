@@ -129,7 +129,7 @@ class _Shape:
             "draft_extend": "post_replay",
         }
         pm = self.runtime.pm
-        for name, stager in self.stagers.items():  # only this run's stager stages
+        for stager in self.stagers.values():  # only this run's stager stages
             if pm.is_registered(stager):
                 pm.unregister(stager)
         stager = self.stagers.get(run)
@@ -153,10 +153,14 @@ class _Shape:
                     adapter, policy, self.platform, name=name, observers=observers
                 )
             else:
-                runner = DecodeRunner(adapter, policy, self.platform, name=name, observers=observers)
+                runner = DecodeRunner(
+                    adapter, policy, self.platform, name=name, observers=observers
+                )
             runners.append(runner)
         last = (
-            ForwardMode.DRAFT_EXTEND if self.shape.startswith("eagle") else ForwardMode.TARGET_VERIFY
+            ForwardMode.DRAFT_EXTEND
+            if self.shape.startswith("eagle")
+            else ForwardMode.TARGET_VERIFY
         )
         step = SpecStep(runners, last_reader=last, name=f"{self.shape}_{run}")
         step.capture()
@@ -384,8 +388,10 @@ def format_overlap_spec(result: dict, fmt: str = "text") -> str:
     ]
     for r in result["rows"]:
         gap = "-" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.1f}%"
-        reader = r["reader"] if r["run"] in ("step", LYING) else (
-            "-" if r["run"] == "coarse" else "unsafe"
+        reader = (
+            r["reader"]
+            if r["run"] in ("step", LYING)
+            else ("-" if r["run"] == "coarse" else "unsafe")
         )
         staging = r["staging_bytes"] > 0
         lines.append(

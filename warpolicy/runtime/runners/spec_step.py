@@ -367,7 +367,9 @@ class SpecStep:
                     and info.facts is not None
                     and info.facts.get(DRAFT_EXTEND_STAGED) is True
                     # with a staged consumer, only its own stager's copies count
-                    and (stager is None or (consumer is not None and i < consumer and stager.staged))
+                    and (
+                        stager is None or (consumer is not None and i < consumer and stager.staged)
+                    )
                 )
         except BaseException:
             mailbox.clear()  # the scheduler's read of this step finds nothing: coarse
