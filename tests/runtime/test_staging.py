@@ -167,7 +167,7 @@ class Step:
         self.rt = rt = sim_runtime()
         self.shared = shared = Shared()
         live = {"table": shared.table, "lens": shared.lens}
-        reads = [TensorCopy.of(n, live[n]) for n in stage]
+        reads: list[Any] = [TensorCopy.of(n, live[n]) for n in stage]
         if fail is not None:
             reads.append(Failing(fail))
         self.stager = Stager(reads)

@@ -129,9 +129,9 @@ class _Shape:
             "draft_extend": "post_replay",
         }
         pm = self.runtime.pm
-        for stager in self.stagers.values():  # only this run's stager stages
-            if pm.is_registered(stager):
-                pm.unregister(stager)
+        for other in self.stagers.values():  # only this run's stager stages
+            if pm.is_registered(other):
+                pm.unregister(other)
         stager = self.stagers.get(run)
         if stager is not None:
             pm.register(stager, name=stager.name)
@@ -214,7 +214,7 @@ def _run_shape(
 
     platform = shape.platform
     reference = None
-    by_run = {}
+    by_run: dict[str, dict[str, Any]] = {}
     for run in shape.runs:
         step = shape.step(run)
         if reference is None:  # sequential: writes, then the step, on one stream
@@ -244,7 +244,7 @@ def _run_shape(
             any(not torch.equal(a, b) for a, b in zip(o, r)) for o, r in zip(outs, reference)
         )
         stager = shape.stagers.get(run)
-        row = {
+        row: dict[str, Any] = {
             "shape": shape.shape,
             "run": run,
             "reader": step.reader.name if not staged else f"{step.phases[1].name} (staged)",
