@@ -24,7 +24,7 @@ from typing import Sequence
 import attrs
 import torch
 
-from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import NOTHING, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.policy import PolicyFn
 from warpolicy.runtime.release import sound
 
@@ -35,7 +35,8 @@ def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:
         policy = WarReadDonePolicy.parse(policy)
 
     def lookup(mode: ForwardMode, eager: bool = False, planted: bool = True) -> WarReadDonePolicy:
-        return sound(policy, eager, planted)
+        # ``nothing`` is an answer the runtime must see as is (a phase that reads nothing)
+        return policy if policy is NOTHING else sound(policy, eager, planted)
 
     lookup.__name__ = f"fixed_{policy.label}"
     return lookup
