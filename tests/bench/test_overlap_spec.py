@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from warpolicy.bench.command import render
 from warpolicy.bench.overlap_spec import (
     LYING,
     SHAPES,
@@ -49,8 +50,8 @@ def test_the_staged_shape_releases_at_verify_every_step(result):
 def test_text_and_json(result):
     text = format_overlap_spec(result)
     assert "eagle_staged" in text and "verify (staged)" in text and "meaningless" in text
-    doc = json.loads(format_overlap_spec(result, "json"))
+    doc = json.loads(render(result, "json", format_overlap_spec))
     names = [(r["shape"], r["run"]) for r in doc["rows"]]
     assert ("eagle_staged", "step") in names and len(names) == len(set(names))
     with pytest.raises(InputError):
-        format_overlap_spec(result, "yaml")
+        render(result, "yaml", format_overlap_spec)

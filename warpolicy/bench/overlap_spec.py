@@ -34,18 +34,19 @@ meaningless). The CLI runs it as ``warpolicy bench overlap --spec-step``.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any, Callable, Sequence
 
-from warpolicy.bench.overlap import SchedulePlan, fixed
-from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
-from warpolicy.errors import CudaUnavailableError, InputError
+from warpolicy.bench.command import Report, Variant, option, targets_line
+from warpolicy.bench.overlap import SchedulePlan, same, snapshot
+from warpolicy.bench.rig import device_name, open_rig, synthetic_config, torch_version
+from warpolicy.errors import InputError
 from warpolicy.registry.engine import PolicyEngine
-from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.manager import open_runtime
-from warpolicy.runtime.platforms import is_simulated
+from warpolicy.runtime.manager import new_plugin_manager
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -77,14 +78,15 @@ class _Shape:
     def __init__(
         self,
         shape: str,
-        runtime: Any,
+        platform: Any,
+        pm: Any,
         make_model: Callable[[int], Any],
         layers: int,
         draft_layers: int,
         steps: int,
         batch: int,
     ) -> None:
-        self.shape, self.runtime, self.platform = shape, runtime, runtime.platform
+        self.shape, self.platform, self.pm, self.steps = shape, platform, pm, steps
         plan = [
             ("draft", ForwardMode.DECODE, draft_layers),
             ("verify", ForwardMode.TARGET_VERIFY, layers),
@@ -128,17 +130,17 @@ class _Shape:
             "verify": "none" if self.shape == "eagle" else "in_graph",
             "draft_extend": "post_replay",
         }
-        pm = self.runtime.pm
+        pm = self.pm
         for other in self.stagers.values():  # only this run's stager stages
             if pm.is_registered(other):
                 pm.unregister(other)
         stager = self.stagers.get(run)
         if stager is not None:
             pm.register(stager, name=stager.name)
-        observers = self.runtime.observers
+        observers = pm.observers
         runners: list[GraphRunner] = []
         for name, mode, model in self.plan:
-            policy: Any = fixed("none" if run == "coarse" else choice[name])
+            policy: Any = fixed_policy("none" if run == "coarse" else choice[name])
             adapter = model
             runner: GraphRunner
             if mode == ForwardMode.TARGET_VERIFY:
@@ -176,8 +178,8 @@ class _Shape:
     def close(self) -> None:
         """Unregister this shape's stagers (the plugin manager may be the caller's)."""
         for stager in self.stagers.values():
-            if self.runtime.pm.is_registered(stager):
-                self.runtime.pm.unregister(stager)
+            if self.pm.is_registered(stager):
+                self.pm.unregister(stager)
 
 
 def staging_cost_us(stager: Stager, batch: Any, fake: bool, reps: int = 50) -> float:
@@ -201,28 +203,22 @@ def staging_cost_us(stager: Stager, batch: Any, fake: bool, reps: int = 50) -> f
     return begin.elapsed_time(end) * 1000.0 / reps
 
 
-def _run_shape(
-    shape: _Shape,
-    steps: int,
-    warmup: int,
-    bookkeeping: Callable[[], None],
-    probe_factory: Callable[[], Any],
-    fake: bool,
+def _measure_shape(
+    shape: _Shape, bookkeeping: Callable[[], None], probe_factory: Callable[[], Any], warmup: int
 ) -> list[dict]:
-    """Every run of one shape: its rows, each with its share of the shape's gap."""
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
-    platform = shape.platform
-    reference = None
+    """One shape's rows: every run overlapped, checked against one sequential reference, and
+    the share of the coarse-to-no-barrier gap each closes; staged runs with what the staging
+    copied and how long that takes on the GPU."""
+    platform, steps = shape.platform, shape.steps
+    reference: list[Any] = []
     by_run: dict[str, dict[str, Any]] = {}
     for run in shape.runs:
         step = shape.step(run)
-        if reference is None:  # sequential: writes, then the step, on one stream
-            reference = []
+        if not reference:  # sequential: writes, then the step, on one stream
             for k in range(steps):
                 shape.write(k)
                 bookkeeping()
-                reference.append([o.clone() for o in step.run(shape.batch(k))])
+                reference.append(snapshot(step.run(shape.batch(k))))
             platform.synchronize()
         shape.write(0)
         platform.synchronize()
@@ -232,33 +228,31 @@ def _run_shape(
         staged = 0
         for k in range(steps):
 
-            def write_next(k: int = k, shape: Any = shape) -> None:
+            def write_next(k: int = k) -> None:
                 if k + 1 < steps:
                     shape.write(k + 1)
                 bookkeeping()
 
-            outs.append([o.clone() for o in loop.step(shape.batch(k), write_next, runner=step)])
+            outs.append(snapshot(loop.step(shape.batch(k), write_next, runner=step)))
             staged += step.staged
         loop.drain()
-        corrupted = sum(
-            any(not torch.equal(a, b) for a, b in zip(o, r)) for o, r in zip(outs, reference)
-        )
         stager = shape.stagers.get(run)
-        row: dict[str, Any] = {
+        by_run[run] = {
             "shape": shape.shape,
             "run": run,
-            "reader": step.reader.name if not staged else f"{step.phases[1].name} (staged)",
+            "reader": f"{step.phases[1].name} (staged)" if staged else step.reader.name,
             "step_us": _step_times(probe.times_us(), warmup),
-            "corrupted": corrupted,
+            "corrupted": sum(not same(o, r) for o, r in zip(outs, reference)),
             "checked": steps,
             "sound": run not in ("no_barrier", LYING),
             "staged_steps": staged,
             "staging_bytes": stager.nbytes if stager is not None else 0,
             "staging_us": (
-                staging_cost_us(stager, shape.batch(0), fake) if stager is not None else 0.0
+                staging_cost_us(stager, shape.batch(0), platform.name != "cuda")
+                if stager is not None
+                else 0.0
             ),
         }
-        by_run[run] = row
     coarse, bound = by_run["coarse"]["step_us"], by_run["no_barrier"]["step_us"]
     gap = coarse - bound
     for row in by_run.values():
@@ -278,62 +272,42 @@ def run_overlap_spec_bench(
     hidden: int = 2048,
     warmup: int = 10,
     pm: Any = None,
+    sched_kind: str = "copy",
 ) -> dict:
-    """Run every shape and run kind once; return the result dict (see `format_overlap_spec`)."""
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
+    """Run every shape and run kind once; return the result dict (see `format_overlap_spec`).
+    After its writes the scheduler does about ``sched_us`` of GPU bookkeeping of
+    ``sched_kind`` (`warpolicy.bench.timing.SCHED_KINDS`), as in the synthetic run."""
     # deferred: the synthetic model imports torch
-    from warpolicy.audit.synthetic_model import (  # noqa: PLC0415
-        Layout,
-        SyntheticConfig,
-        SyntheticModel,
-    )
+    from warpolicy.audit.synthetic_model import Layout, SyntheticModel  # noqa: PLC0415
 
     if min(layers, draft_layers, batch, steps) <= 0:
         raise InputError(
             "overlap spec bench: layers, draft_layers, batch and steps must be positive"
         )
-    fake = device is not None and is_simulated(device)
-    if not fake and not torch.cuda.is_available():
-        raise CudaUnavailableError(
-            "the speculative-step overlap benchmark needs a CUDA device "
-            "(torch.cuda.is_available() is False)"
-        )
-    runtime = open_runtime("sim" if fake else (device or "cuda"), pm=pm)
-    platform = runtime.platform
-    probe_factory: Callable[[], Any]
-    if fake:
+    # the staged shape registers its stagers on the plugin manager the runners observe
+    pm = pm if pm is not None else new_plugin_manager()
+    rig = open_rig(device, "the speculative-step overlap benchmark", pm=pm)
+    platform = rig.platform
+    if rig.simulated:
         layers, draft_layers, batch, steps, hidden, warmup = 2, 1, 4, 8, 16, 2
-        tdev, layer_rows, probe_factory = torch.device("cpu"), 8, HostProbe
-        bookkeeping = matmul_work(8, hidden, tdev)
-    else:
-        tdev = torch.device(device or "cuda")
-        layer_rows = calibrate_rows(layer_us, hidden, tdev, tanh=True)
-        probe_factory = CudaProbe
-        bookkeeping = copy_work(sched_us, tdev)
+    bookkeeping = rig.bookkeeping(sched_kind, sched_us, hidden)
+    layer_rows = rig.layer_rows(layer_us, hidden)
     warmup = min(warmup, max(steps - 2, 0))
 
     modes = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
     def make_model(n: int) -> Any:  # one seed: every phase starts from the same tables
-        cfg = SyntheticConfig(
-            reqs=2 * batch,
-            ctx=64,
-            swa_slots=1024,
-            hidden=hidden,
-            layers=n,
-            buckets={m: (batch,) for m in modes},
-            layer_rows=layer_rows,
+        cfg = synthetic_config(
+            rig.device, batch=batch, hidden=hidden, layers=n, layer_rows=layer_rows, modes=modes,
             shared_index=True,
-            dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32,
-        )
-        return SyntheticModel(Layout(), cfg, tdev)
+        )  # fmt: skip
+        return SyntheticModel(Layout(), cfg, rig.device)
 
     rows = []
     for shape_name in SHAPES:
-        shape = _Shape(shape_name, runtime, make_model, layers, draft_layers, steps, batch)
+        shape = _Shape(shape_name, platform, pm, make_model, layers, draft_layers, steps, batch)
         try:
-            rows += _run_shape(shape, steps, warmup, bookkeeping, probe_factory, fake)
+            rows += _measure_shape(shape, bookkeeping, rig.probe, warmup)
         finally:
             shape.close()
     return {
@@ -346,8 +320,10 @@ def run_overlap_spec_bench(
             "layer_rows": layer_rows,
             "layer_us_target": layer_us,
             "sched_us_target": sched_us,
+            "sched_kind": sched_kind,
             "platform": platform.name,
-            "torch": torch.__version__,
+            "device": device_name(platform),
+            "torch": torch_version(),
         },
         "rows": rows,
         "targets": {
@@ -355,7 +331,7 @@ def run_overlap_spec_bench(
             # the simulated platform runs in program order: nothing races there
             **(
                 {}
-                if fake
+                if rig.simulated
                 else {
                     "lying_stager_corrupts": all(
                         r["corrupted"] > 0 for r in rows if r["run"] == LYING
@@ -371,12 +347,8 @@ def run_overlap_spec_bench(
     }
 
 
-def format_overlap_spec(result: dict, fmt: str = "text") -> str:
-    """The result as a table (``text``) or JSON (``json``)."""
-    if fmt == "json":
-        return json_document(result)  # schema_version first, like every JSON output
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_overlap_spec(result: dict) -> str:
+    """The result as a table (`warpolicy.bench.command.render` gives JSON too)."""
     c = result["config"]
     lines = [
         f"speculative-step overlap on {c['platform']} (torch {c['torch']}): verify "
@@ -402,12 +374,36 @@ def format_overlap_spec(result: dict, fmt: str = "text") -> str:
             f"{(format(r['staging_us'], '.1f') if staging else '-'):>10s}"
         )
     lines.append("")
-    lines.append(
-        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
-    )
+    lines.append(targets_line(result["targets"]))
     if c["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)
 
 
-__all__: Sequence[str] = ("run_overlap_spec_bench", "format_overlap_spec")
+def _measure(args: argparse.Namespace) -> Report:
+    result = run_overlap_spec_bench(
+        layers=args.layers,
+        batch=args.batch,
+        steps=args.steps,
+        device=args.device,
+        sched_kind=args.sched_kind,
+    )
+    return Report(result, format_overlap_spec)
+
+
+#: ``warpolicy bench overlap --spec-step``.
+VARIANT = Variant(
+    selector="--spec-step",
+    options=(
+        option(
+            "--spec-step",
+            default=False,
+            action="store_true",
+            help="the speculative-step variant (EAGLE-like, EAGLE staged and DFlash-like steps)",
+        ),
+    ),
+    reads=frozenset({"steps", "device", "sched_kind", "layers", "batch"}),
+    measure=_measure,
+)
+
+__all__: Sequence[str] = ("VARIANT", "format_overlap_spec", "run_overlap_spec_bench")

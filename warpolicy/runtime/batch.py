@@ -45,7 +45,8 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.observers import ObserverCall, Reporter
-from warpolicy.runtime.release import BucketRelease, ModePolicies, policy_answer, sound
+from warpolicy.runtime.policy import policy_answer, sound
+from warpolicy.runtime.release import BucketRelease, ModePolicies
 
 #: The fact a runner reports itself: the query tokens the forward sees.
 NUM_QO_TOKENS = "num_qo_tokens"

@@ -32,13 +32,11 @@ from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
     NOTHING,
-    POST_REPLAY,
-    PRE_REPLAY,
     ForwardMode,
     WarReadDonePolicy,
 )
 from warpolicy.runtime.platforms import EventHandle
-from warpolicy.runtime.policy import PolicyFn
+from warpolicy.runtime.policy import PolicyFn, policy_answer, sound
 
 
 class EventSlot:
@@ -78,31 +76,6 @@ class ReadDone:
         through a `SchedulerBarrier` or discarded; otherwise its ring event stays reserved,
         and once every ring event is, host-recorded steps publish nothing (coarse)."""
         self.slot.taken = False
-
-
-def policy_answer(answer: object) -> WarReadDonePolicy:
-    """``answer`` if it is a `WarReadDonePolicy`, else `TypeError`: a policy callable that
-    answers anything else (``True``, ``0.0``, ``1``, a string) fails closed at its caller, never
-    reads as the release point its number happens to equal."""
-    if isinstance(answer, WarReadDonePolicy):
-        return answer
-    raise TypeError(
-        f"a policy answered {answer!r} ({type(answer).__name__}), not a WarReadDonePolicy"
-    )
-
-
-def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
-    """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is
-    at least ``POST_REPLAY`` (never ``PRE_REPLAY``: that is only sound for snapshotting
-    backends). The engine already does this; a hand-written policy callable might not.
-
-    ``NOTHING`` (the forward reads no scheduler-shared state) publishes at ``PRE_REPLAY``: the
-    fence only ever sees release points."""
-    if policy is NOTHING:
-        return PRE_REPLAY
-    if policy == IN_GRAPH and (eager or not planted):
-        return POST_REPLAY
-    return policy
 
 
 @attrs.frozen
@@ -267,7 +240,6 @@ __all__ = [
     "coarse_release",
     "decide_bucket",
     "demote_release",
-    "policy_answer",
     "resolve_policies",
     "sound",
 ]
