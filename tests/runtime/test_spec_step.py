@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
