@@ -58,7 +58,9 @@ from warpolicy.conformance.loader import SGLangKernels, load_kernels
 from warpolicy.conformance.paged import DECODE, VERIFY, PagedBatch, PagedConfig, PagedState
 from warpolicy.registry.engine import Context
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.batch import DRAFT_EXTEND_STAGED
 from warpolicy.runtime.manager import new_plugin_manager
+from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -217,6 +219,18 @@ class SwaOutStaging:
         self.adapter.stage(batch, plan=False, swa_out=True)
 
 
+class NoStaging:
+    """The per-batch action of an EAGLE worker that does not stage (SGLang's EAGLE, EAGLE3 and
+    FROZEN_KV_MTP workers without multi-layer staging): ``draft_extend_staged`` answered False,
+    so verify publishes nothing and the draft extend is the step's release."""
+
+    @hookimpl
+    def warpolicy_batch_action(
+        self, action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
+    ) -> Optional[bool]:
+        return False if action == DRAFT_EXTEND_STAGED else None
+
+
 def draft_decode_batch(batch: PagedBatch) -> PagedBatch:
     """The first draft decode of a verify batch: one token per request at position
     ``seq_len`` (the first draft token's slot), its length including it."""
@@ -316,7 +330,9 @@ class SpeculativeStep:
         pm = new_plugin_manager(load_entry_points=False, environ={})
         stager = self.stager()
         extend: Any = wrap(self.extend)
-        if stager is not None:
+        if stager is None:
+            pm.register(NoStaging(), name="no-staging")
+        else:
             pm.register(stager, name="stager")
             extend = stager.consumer(
                 extend, state={n: t for n, t in self.extra_outputs.items() if n[:6] == "draft."}
@@ -375,6 +391,7 @@ __all__ = [
     "SPECS",
     "SWA_OUT",
     "DraftExtendAdapter",
+    "NoStaging",
     "PlanStaging",
     "SpeculativeStep",
     "SwaOutStaging",

@@ -52,7 +52,7 @@ from warpolicy.runtime.canary import Canary, CanarySession, CanarySpec, Sample
 from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.release import BucketRelease
 from warpolicy.runtime.runners.adapters import ModelView
-from warpolicy.runtime.runners.protocols import ModelAdapter
+from warpolicy.runtime.runners.protocols import CanaryAdapter, ModelAdapter
 
 TARGET_VERIFY = ForwardMode.TARGET_VERIFY
 
@@ -258,8 +258,11 @@ class Stager:
     def consumer(
         self, model: ModelAdapter, state: Optional[Mapping[str, Any]] = None
     ) -> StagedPhase:
-        """``model`` (which reads the staged copies) as the consumer phase's adapter; ``state``
-        is what it reads and writes (its KV pool: the staging canary compares it)."""
+        """``model`` (which reads the staged copies) as the consumer phase's adapter, keeping
+        its canary support; ``state`` is what it reads and writes (its KV pool: the staging
+        canary compares it)."""
+        if isinstance(model, CanaryAdapter):
+            return StagedCanaryPhase(model, self, state)
         return StagedPhase(model, self, state)
 
     def __repr__(self) -> str:
@@ -296,6 +299,24 @@ class StagedPhase(ModelView):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
+
+
+class StagedCanaryPhase(StagedPhase):
+    """A `StagedPhase` of a model the WAR canary can check (its runner's own canary: the
+    batches that are not staged). ``canary_spec`` is defined on the class: a runtime protocol
+    check does not see ``__getattr__`` (Python 3.12)."""
+
+    def __init__(
+        self,
+        model: CanaryAdapter,
+        stager: Stager,
+        state: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        super().__init__(model, stager, state)  # type: ignore[arg-type]
+        self._canary_model = model
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+        return self._canary_model.canary_spec(mode, bucket, batch)
 
 
 class StagingCanary:
@@ -374,6 +395,7 @@ class StagingCanary:
 
 
 __all__ = [
+    "StagedCanaryPhase",
     "StagedPhase",
     "StagedRead",
     "Stager",
