@@ -500,3 +500,23 @@ class TestRacesAndCanary:
         s = Step(eagle)
         assert isinstance(s.extend.model, StagedPhase)
         assert set(s.extend.model.live_reads) == {"table", "lens"}
+
+
+def test_a_consumer_keeps_its_models_canary_support():
+    from warpolicy.runtime.runners import CanaryAdapter
+    from warpolicy.runtime.runners.staging import StagedCanaryPhase
+
+    shared = Shared()
+    stager = Stager([TensorCopy.of("table", shared.table)])
+    checked = stager.consumer(PhaseModel(shared.table, shared.lens, {}))
+    assert isinstance(checked, StagedCanaryPhase) and isinstance(checked, CanaryAdapter)
+    assert checked.canary_spec(DRAFT_EXTEND, 2, None).state["kv"] is checked.model.kv
+
+    class Plain:
+        shared_buffers: dict = {}
+
+        def bucket_sizes(self, mode):
+            return (2,)
+
+    plain = stager.consumer(Plain())
+    assert isinstance(plain, StagedPhase) and not isinstance(plain, StagedCanaryPhase)
