@@ -245,6 +245,16 @@ class SpecStep:
         return self._last_step
 
     @property
+    def staging(self) -> Optional[tuple[GraphRunner, GraphRunner]]:
+        """(the target verify runner whose event a staged step hands, the staged consumer's
+        runner), or None when no phase reads staged copies."""
+        i = self._consumer
+        if i is None:
+            return None
+        verify = [p.runner for p in self.phases[:i] if p.mode is ForwardMode.TARGET_VERIFY]
+        return verify[-1], self.phases[i].runner
+
+    @property
     def reader(self) -> Phase:
         """The phase the algorithm declares as its last shared reader."""
         return self.phases[self.last_index]
