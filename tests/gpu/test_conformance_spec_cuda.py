@@ -69,7 +69,7 @@ def test_the_step_is_safe_and_publishes_in_graph(platform, kernels, spec, staged
     d = entry.dynamic
     print(
         f"\n[conformance spec cuda] {entry.backend}: {entry.verdict.value} (dynamic "
-        f"{d.verdict.value} {d.corrupted}/{d.trials}, static {entry.static.verdict.value}, "
+        f"{d.verdict.value} {d.corrupted}/{d.trials}, static {entry.static.summary()}, "
         f"published {entry.policy.label if entry.policy is not None else 'nothing'})"
     )
     assert entry.policy is IN_GRAPH
@@ -83,7 +83,7 @@ def test_the_lying_stager_is_unsafe_in_every_trial(platform, kernels):
     d = entry.dynamic
     print(
         f"\n[conformance spec cuda] {entry.backend}: {entry.verdict.value} "
-        f"(dynamic {d.corrupted}/{d.trials})"
+        f"(dynamic {d.corrupted}/{d.trials}, static {entry.static.summary()})"
     )
     assert entry.verdict == UNSAFE and d.corrupted == d.trials == TRIALS
 

@@ -51,12 +51,15 @@ def test_the_audit_judges_the_staging_copy(platform, lying):
     d = entry.dynamic
     print(
         f"\n[staging cuda] audit {entry.backend}: {entry.verdict.value} "
-        f"(dynamic {d.verdict.value} {d.corrupted}/{d.trials}, published "
+        f"(dynamic {d.verdict.value} {d.corrupted}/{d.trials}, static "
+        f"{entry.static.summary()}, published "
         f"{entry.policy.label if entry.policy is not None else 'nothing'})"
     )
     assert entry.policy is IN_GRAPH  # the staged step really hands verify's in-graph event
     if lying:
         assert entry.verdict == UNSAFE and d.corrupted == d.trials == TRIALS  # every trial
+        # the walk of the draft extend's graph finds its live read of the table left out
+        assert any(o.name.startswith("draft_extend: ") for o in entry.static.offenders)
     else:
         assert entry.verdict == SAFE and d.corrupted == 0 and d.trials == TRIALS
 
