@@ -63,7 +63,9 @@ class StagedRead(Protocol):
     (forward) stream, a copy of what the phase will read (a buffer, or a plan built from
     several, such as page tables) into buffers the scheduler never writes. ``name`` names what
     it stages; ``sources`` are the shared buffers it reads, by name (what the staging canary
-    saves and the audit poisons); ``nbytes`` what one copy writes."""
+    saves and the audit poisons); ``nbytes`` what one copy writes. ``batch`` is verify's batch
+    when staging, the consumer's when it copies late (the same requests: a read must take what it
+    needs from either)."""
 
     @property
     def name(self) -> str: ...
