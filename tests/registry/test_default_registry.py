@@ -220,8 +220,7 @@ def test_backend_exceptions(reg):
     declared = {n: dict(reg.backend(n).reads_end) for n in BASE_CONTRACT}
     exceptions = {n: d for n, d in declared.items() if d}
     assert exceptions == {
-        # draft extend: proven on SGLang's metadata kernel (warpolicy.conformance.speculative)
-        "trtllm_mha": {EXTEND: P.PRE_REPLAY, DRAFT_EXTEND: P.IN_GRAPH},
+        "trtllm_mha": {EXTEND: P.PRE_REPLAY},
         "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY},
     }
     assert "32460" in reg.backend("trtllm_mha").doc
@@ -280,18 +279,37 @@ def test_only_sglang_backends_and_wrappers_are_concrete(reg):
 
 def test_draft_extend_is_declared_only_where_audited(reg):
     """The draft-extend rule: unknown (none) unless a backend declares it: minimax sparse NVFP4
-    (SGLang 0.5.23) and trtllm_mha (the GPU proof on SGLang's kernel, derived placement: its
-    draft-extend graph has no marker)."""
+    (SGLang 0.5.23). trtllm_mha's candidate (in_graph, derived) waits for its GPU proof in a
+    layer of its own, which the doc names with the proving command."""
     declared = {n for n, b in reg.backends.items() if DRAFT_EXTEND in b.reads_end}
-    assert declared == {"minimax_sparse_nvfp4", "trtllm_mha"}
-    trtllm = reg.backend("trtllm_mha")
-    assert trtllm.reads_end[DRAFT_EXTEND] is P.IN_GRAPH
-    assert "warpolicy.conformance.speculative:steps" in trtllm.doc
+    assert declared == {"minimax_sparse_nvfp4"}
+    assert "warpolicy.conformance.speculative:steps" in reg.backend("trtllm_mha").doc
     for backend in reg.backends.values():
         assert set(backend.reads_end) <= {DECODE, EXTEND, VERIFY, DRAFT_EXTEND}, backend.name
     assert dict(reg.backend("minimax_sparse_nvfp4").reads_end) == {
         m: P.PRE_REPLAY for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)
     }
+
+
+def test_the_trtllm_mha_candidate_layer_declares_the_draft_extend():
+    from pathlib import Path
+
+    import warpolicy.conformance
+
+    candidate = Path(warpolicy.conformance.__file__).with_name("trtllm_mha_draft_extend.yaml")
+    layered = load_registry([default_registry_path(), candidate])
+    trtllm = layered.backend("trtllm_mha")
+    assert dict(trtllm.reads_end) == {EXTEND: P.PRE_REPLAY, DRAFT_EXTEND: P.IN_GRAPH}
+    engine = PolicyEngine(layered, environ={})
+    assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle") is P.IN_GRAPH
+    assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle", planted=False) is P.POST_REPLAY
+    # everything else as packaged
+    base = PolicyEngine(load_registry([default_registry_path()]), environ={})
+    for mode in (DECODE, VERIFY, EXTEND):
+        for spec in ("none", "eagle", "dflash"):
+            assert decide(engine, "trtllm_mha", mode, spec, **ON) is decide(
+                base, "trtllm_mha", mode, spec, **ON
+            )
 
 
 def gate(reg: Registry, gate_id: str):
@@ -405,11 +423,9 @@ CELLS = [
     ("trtllm_mha", EXTEND, "none", {**ON, "hicache_storage": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {**ON, "lmcache": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {}, P.NONE),
-    # the draft-extend rule: unknown unless declared (trtllm_mha: proven on SGLang's kernel)
+    # the draft-extend rule: unknown unless declared (trtllm_mha: no GPU proof yet)
     ("fa3", DRAFT_EXTEND, "eagle", {}, P.NONE),
-    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.IN_GRAPH),
-    ("trtllm_mha", DRAFT_EXTEND, "eagle3", {}, P.IN_GRAPH),
-    ("trtllm_mha", DRAFT_EXTEND, "frozen_kv_mtp", {}, P.IN_GRAPH),
+    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.NONE),
     # a drafter in another process (sglang #27634): every cell coarse
     ("trtllm_mha", DRAFT_EXTEND, "decoupled", {}, P.NONE),
     ("trtllm_mha", DECODE, "decoupled", {}, P.NONE),
@@ -445,17 +461,10 @@ def test_eager_prefill_publishes_too(engine):
     assert decide(engine, "trtllm_mha", EXTEND, "none", eager=True, **ON) is P.PRE_REPLAY
 
 
-def test_draft_extend_is_none_for_every_backend_but_the_declaring_ones(engine, reg):
-    declaring = {
-        "minimax_sparse_nvfp4": P.PRE_REPLAY,
-        "trtllm_mha": P.IN_GRAPH,
-        "image_prefill_trtllm_mha": P.IN_GRAPH,  # its modes but extend run trtllm_mha
-    }
+def test_draft_extend_is_none_for_every_backend_but_the_declaring_one(engine, reg):
     for name in reg.concrete_backends():
-        expected = declaring.get(name, P.NONE)
+        expected = P.PRE_REPLAY if name == "minimax_sparse_nvfp4" else P.NONE
         assert decide(engine, name, DRAFT_EXTEND, "eagle") is expected, name
-    # unplanted (no graph walk, or marker placement): soundly demoted
-    assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle", planted=False) is P.POST_REPLAY
 
 
 def test_prefill_flag_default_off_with_the_sglang_alias(reg):

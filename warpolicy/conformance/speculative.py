@@ -34,7 +34,9 @@ so the draft extend's graph translates ``out_cache_loc`` through the live ``full
 verify's release: its KV writes for sliding-window layers race the scheduler.
 
 Subjects (`steps`), each an EAGLE-family `SpecStep` audited at its release, declared and compiled
-by the default registry for ``trtllm_mha``:
+for ``trtllm_mha`` by the packaged registry with the candidate layer `CANDIDATE`
+(``trtllm_mha_draft_extend.yaml``: ``draft_extend: in_graph``, derived placement; the packaged
+registry leaves the draft extend undeclared until this audit has passed on a GPU):
 
 * ``trtllm_mha/<spec>`` for EAGLE, EAGLE3 and FROZEN_KV_MTP, unstaged: the step releases at the
   draft extend as the registry declares it;
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import attrs
@@ -53,10 +56,11 @@ import torch
 
 from warpolicy.audit.subject import AuditSubject, stalled_model
 from warpolicy.conformance.adapters import TrtllmMhaAdapter, _TrtllmBuffers
-from warpolicy.conformance.factories import check_platform, default_engine
+from warpolicy.conformance.factories import check_platform
 from warpolicy.conformance.loader import SGLangKernels, load_kernels
 from warpolicy.conformance.paged import DECODE, VERIFY, PagedBatch, PagedConfig, PagedState
-from warpolicy.registry.engine import Context
+from warpolicy.registry.engine import Context, PolicyEngine
+from warpolicy.registry.loader import default_registry_path, load_registry
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.batch import DRAFT_EXTEND_STAGED
 from warpolicy.runtime.manager import new_plugin_manager
@@ -73,6 +77,9 @@ from warpolicy.runtime.runners.staging import Stager
 
 DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND
 BACKEND = "trtllm_mha"
+#: The candidate declaration these subjects audit: trtllm_mha's ``draft_extend: in_graph``
+#: (derived placement), layered over the packaged registry until a GPU run proves it.
+CANDIDATE = Path(__file__).with_name("trtllm_mha_draft_extend.yaml")
 #: The EAGLE-family algorithms SGLang's EAGLE worker runs (``is_eagle()``), audited here.
 SPECS = ("eagle", "eagle3", "frozen_kv_mtp")
 #: What a draft extend stages: the page tables (KV plan) and the SWA write slots.
@@ -162,6 +169,14 @@ class DraftExtendAdapter(TrtllmMhaAdapter):
 
     def make_batch(self, mode: ForwardMode, trial: int) -> PagedBatch:
         return self.state.make_batch(VERIFY, trial)
+
+
+@functools.lru_cache(maxsize=1)
+def candidate_engine() -> PolicyEngine:
+    """The packaged registry with the candidate layer (`CANDIDATE`) merged into one registry
+    (the candidate is what is audited: no layer warning for the cells it makes earlier), no
+    environment flags."""
+    return PolicyEngine(load_registry([default_registry_path(), CANDIDATE]), environ={})
 
 
 def _plan_bytes(adapter: DraftExtendAdapter) -> int:
@@ -284,7 +299,7 @@ class SpeculativeStep:
         self.verify = TrtllmMhaAdapter(self.target, self.kernels, VERIFY)
         self.draft_decode = TrtllmMhaAdapter(self.draft, self.kernels, DECODE)
         self.extend = DraftExtendAdapter(self.draft, self.kernels, staged=staged_reads)
-        self.policy = default_engine().compile(
+        self.policy = candidate_engine().compile(
             BACKEND,
             spec,
             platform=platform.name,
@@ -301,7 +316,7 @@ class SpeculativeStep:
         draft extend's declaration (the EAGLE family's last reader)."""
         if self.staged:
             return IN_GRAPH
-        return default_engine().decide(Context(BACKEND, DRAFT_EXTEND, self.spec))
+        return candidate_engine().decide(Context(BACKEND, DRAFT_EXTEND, self.spec))
 
     @property
     def extra_outputs(self) -> dict[str, Any]:
@@ -358,7 +373,7 @@ class SpeculativeStep:
         ]
         phases = [Phase(runners[0], lambda batch, _: draft_decode_batch(batch))]
         phases += [Phase(r) for r in runners[1:]]
-        spec = default_engine().spec(self.spec)
+        spec = candidate_engine().spec(self.spec)
         return SpecStep.for_algorithm(phases, spec, name=self.name)
 
 
@@ -387,6 +402,7 @@ def steps(platform: Any) -> list[AuditSubject]:
 
 
 __all__ = [
+    "CANDIDATE",
     "PLAN",
     "SPECS",
     "SWA_OUT",
@@ -395,6 +411,7 @@ __all__ = [
     "PlanStaging",
     "SpeculativeStep",
     "SwaOutStaging",
+    "candidate_engine",
     "draft_decode_batch",
     "step_subject",
     "steps",

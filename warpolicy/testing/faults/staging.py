@@ -3,7 +3,7 @@ speculative step, every call of its copies a fault target (``stager_copy``).
 
 ``spec_stager``: `SpecStep` target verify -> draft extend under the default registry's
 trtllm_mha + EAGLE (verify ``in_graph`` only after ``draft_extend_staged``; the draft extend
-``in_graph`` with derived placement for batches that are not staged). The `Stager` is registered
+undeclared, so coarse, for batches that are not staged). The `Stager` is registered
 on the harness's plugin manager and performs ``draft_extend_staged`` itself: each of its
 `HarnessCopy` reads logs a read of the shared state (before verify's release when staged, in the
 draft extend's host prep when the draft extend copies late). The draft extend's own graph reads
@@ -53,7 +53,7 @@ class HarnessCopy:
 @functools.cache
 def trtllm_eagle_compiled() -> Any:
     """The default registry's trtllm_mha + EAGLE: verify ``in_graph`` only after
-    ``draft_extend_staged``, the draft extend ``in_graph`` (derived placement)."""
+    ``draft_extend_staged``, the draft extend undeclared (none)."""
     return PolicyEngine.load(environ={}).compile("trtllm_mha", "eagle", strict=True)
 
 
