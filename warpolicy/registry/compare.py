@@ -44,6 +44,7 @@ from warpolicy.registry.cells import (
     Setting,
     all_gates,
     cell_space,
+    live_in,
     reach,
     summarize,
 )
@@ -51,7 +52,7 @@ from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC, Context
 from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
 from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
-from warpolicy.registry.model import Flag, Registry
+from warpolicy.registry.model import Flag, Gate, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import (
     DRAFT_EXTEND_STAGED,
     IN_GRAPH,
@@ -157,6 +158,11 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Backend.plant": PLACEMENT,
     "Backend.reads_end_after": CELLS,
     "Backend.routes": CELLS,
+    # per class: where each class's reads end is compared for every backend naming a class
+    "Backend.reads_end_classes": CELLS,
+    # a registry that loads declares every class it lists (`class_problems`): the list itself
+    # moves no release (the declarations it forces are compared as reads_end_classes)
+    "Backend.reads_classes": COSMETIC,
     "After.action": PER_BATCH,
     "After.otherwise": CELLS,
     "Route.fact": PER_BATCH,
@@ -170,6 +176,11 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Registry.gates": CELLS,
     "Registry.sources": COSMETIC,
     "Registry.facts": CONTAINER,
+    "Registry.buffer_classes": CONTAINER,
+    "BufferClass.name": IDENTITY,
+    "BufferClass.doc": COSMETIC,
+    "BufferClass.origin": COSMETIC,
+    "BufferClass.built_in": COSMETIC,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
 }
 
@@ -320,9 +331,11 @@ _PHASES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)  # in step order
 class _Side:
     """One engine's values, cached per comparison."""
 
-    def __init__(self, engine: PolicyEngine) -> None:
+    def __init__(self, engine: PolicyEngine, buffer_class: Optional[str] = None) -> None:
         self.engine = engine
         self.registry = engine.registry
+        #: compare where this buffer class's reads end instead of the cell (None)
+        self.buffer_class = buffer_class
         self._placement: dict[tuple[str, ForwardMode], Placement] = {}
         self.classes = engine.facts()
         self._labels: dict[tuple, frozenset[str]] = {}
@@ -369,6 +382,7 @@ class _Side:
             flags,
             batch_facts=setting.batch_values(self.registry.facts),
             cases=cases,
+            buffer_class=self.buffer_class,
             **setting.fact_values(),  # type: ignore[arg-type]
         )
         return {d.context.backend: d for d in decisions}
@@ -543,12 +557,16 @@ def diff_engines(
     *,
     earlier_only: bool = False,
     expand: Optional[int] = None,
+    prune_gates: bool = True,
 ) -> Diff:
     """Every cell of ``space`` whose value differs between two engines.
 
     ``earlier_only`` (layer reports, hooks) skips what can never need an audit: backends and
     spec algorithms on one side only. ``expand`` bounds how many rows of one-sided backends or
     specs are evaluated per kind (None: all); the rest are counted in `Diff.unlisted`.
+    ``prune_gates``: when only global gates differ, evaluate only the columns and settings
+    where a changed gate can match (the rest decide alike); False evaluates every one (the
+    baseline ``python -m warpolicy.bench.diff_scale`` times it against).
     """
     a, b = _Side(old), _Side(new)
     ra, rb = old.registry, new.registry
@@ -583,6 +601,22 @@ def diff_engines(
         and set(specs_a) == set(specs_b)
     )
 
+    # only global gates differ: a setting none of the changed gates can match decides alike
+    # on both sides (every other rule is the same), so only the others are evaluated
+    changed_gates: Optional[list[Gate]] = None
+    if (
+        prune_gates
+        and not changed_specs
+        and keys_a == keys_b
+        and _keyed(ra.flags) == _keyed(rb.flags)
+        and _keyed(ra.facts) == _keyed(rb.facts)
+        and set(specs_a) == set(specs_b)
+    ):
+        keys_old = {str(semantic_key(g)) for g in ra.gates}
+        keys_new = {str(semantic_key(g)) for g in rb.gates}
+        changed_gates = [g for g in ra.gates if str(semantic_key(g)) not in keys_new]
+        changed_gates += [g for g in rb.gates if str(semantic_key(g)) not in keys_old]
+
     cells: list[DiffCell] = []
     evaluated: set[str] = set()
     uncompared: list[str] = []
@@ -597,7 +631,11 @@ def diff_engines(
             if why:
                 uncompared.append(f"{mode.label} spec {spec}: {why}")
                 continue
-            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope)
+            relevant = _relevant(changed_gates, (mode,), old.spec(spec), new.spec(spec))
+            if relevant is not None and not relevant.gates:
+                continue  # no changed gate can match in this column
+            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope, relevant)
+            cells += _compare_classes(old, new, names, mode, spec, space, plugins, scope)
         if spec == IMPLICIT_SPEC.name or not any(m in space.modes for m in _PHASES):
             continue  # no speculative step (or its phases are not compared)
         why = space.column(_PHASES, spec, scope).uncompared
@@ -605,7 +643,12 @@ def diff_engines(
             uncompared.append(f"step spec {spec}: {why}")
             continue
         readers = (_step_reader(old.spec(spec)), _step_reader(new.spec(spec)))
-        cells += _compare_steps(a, b, names, spec, readers, space, plugins, scope)
+        relevant = _relevant(changed_gates, _PHASES, old.spec(spec), new.spec(spec), True)
+        if relevant is not None and any(g.when.facts for g in relevant.gates):
+            relevant = None  # a fact test may change what verify's rule reads: every setting
+        if relevant is not None and not relevant.gates:
+            continue
+        cells += _compare_steps(a, b, names, spec, readers, space, plugins, scope, relevant)
 
     result = Diff(
         tuple(c for c in cells if not earlier_only or c.needs_audit),
@@ -645,6 +688,7 @@ def _compare_column(
     space: CellSpace,
     plugins: Optional[str],
     scope: Optional[frozenset[str]] = None,
+    relevant: Optional[_ChangedGates] = None,
 ) -> list[DiffCell]:
     column = space.column(mode, spec, scope)
     if column.all_none:
@@ -653,6 +697,8 @@ def _compare_column(
     for base in column.base:
         if a.same_rules and a.resolved(base) == b.resolved(base):
             continue  # same rules, same flag values: the same decisions
+        if relevant is not None and not relevant.may_match(base):
+            continue  # no changed gate can match here: the same decisions
         before = a.values(names, mode, column, spec, base)
         after = b.values(names, mode, column, spec, base)
         for name in names:
@@ -672,6 +718,81 @@ def _compare_column(
     return _cells(groups, mode.label, spec, column, plugins)
 
 
+@attrs.frozen
+class _ChangedGates:
+    """The global gates on one side only (everything else alike), live in a column."""
+
+    gates: tuple[Gate, ...]
+    #: a step reads every runner cell of a phase (whether it reads nothing): eager and planted
+    #: conditions may hold whatever the setting says
+    any_cell: bool = False
+
+    def may_match(self, setting: Setting) -> bool:
+        """Whether some changed gate can match under ``setting`` for some backend and batch
+        (its flag and runner-fact conditions; per backend and per batch ones may hold)."""
+        flags = dict(setting.flags)
+        facts = dict(setting.facts)
+        for gate in self.gates:
+            when = gate.when
+            if any(
+                isinstance(flags.get(name), bool) and flags[name] != want
+                for name, want in when.flags.items()
+            ):
+                continue
+            if when.platform is not None and facts.get("platform") not in when.platform:
+                continue
+            runner = ("external_events",) if self.any_cell else RUNNER_CELL_FACTS
+            if any(
+                getattr(when, name) is not None and facts.get(name) != getattr(when, name)
+                for name in runner
+            ):
+                continue
+            return True
+        return False
+
+
+#: The runner facts a setting fixes for one cell (a step reads every cell: not these).
+RUNNER_CELL_FACTS = ("eager", "planted", "external_events")
+
+
+def _relevant(
+    changed: Optional[list[Gate]],
+    modes: Sequence[ForwardMode],
+    old_spec: SpecAlgorithm,
+    new_spec: SpecAlgorithm,
+    any_cell: bool = False,
+) -> Optional[_ChangedGates]:
+    """None: compare every setting; else the changed gates live in the column(s)."""
+    if changed is None:
+        return None
+    live = [g for g in changed if live_in(g, modes, old_spec) or live_in(g, modes, new_spec)]
+    return _ChangedGates(tuple(live), any_cell)
+
+
+def _compare_classes(
+    old: PolicyEngine,
+    new: PolicyEngine,
+    names: Sequence[str],
+    mode: ForwardMode,
+    spec: str,
+    space: CellSpace,
+    plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
+) -> list[DiffCell]:
+    """Per buffer class, where its reads end, for the backends whose declaration of ``mode``
+    names a class on either side (a class one side does not declare is none there); the
+    rows' mode reads ``MODE:CLASS``. A change that leaves the cell (the latest class) alone
+    but makes one class earlier is ``earlier`` here."""
+    per_backend = {n: set(old.classes(n, mode)) | set(new.classes(n, mode)) for n in names}
+    out: list[DiffCell] = []
+    for buffer_class in sorted({c for cs in per_backend.values() for c in cs}):
+        classed = [n for n in names if buffer_class in per_backend[n]]
+        a, b = _Side(old, buffer_class), _Side(new, buffer_class)
+        for cell in _compare_column(a, b, classed, mode, spec, space, plugins, scope):
+            out.append(attrs.evolve(cell, mode=f"{mode.label}:{buffer_class}"))
+    return out
+
+
 def _step_reader(spec: object) -> ForwardMode:
     """The declared last reader; undeclared: the last phase the step runs (draft extend)."""
     reader = getattr(spec, "last_reader", None)
@@ -687,6 +808,7 @@ def _compare_steps(
     space: CellSpace,
     plugins: Optional[str],
     scope: Optional[frozenset[str]] = None,
+    relevant: Optional[_ChangedGates] = None,
 ) -> list[DiffCell]:
     """Step cells: the event a speculative step of target verify then draft extend hands the
     scheduler, for every setting and class of batch of both phases' columns.
@@ -701,6 +823,8 @@ def _compare_steps(
     for setting in column.settings:
         if a.same_rules and a.resolved(setting) == b.resolved(setting):
             continue  # same rules, same flag values: the same steps
+        if relevant is not None and not relevant.may_match(setting):
+            continue  # no changed gate can match here: the same steps
         values = [
             _step_values(side, names, spec, reader, setting)
             for side, reader in ((a, readers[0]), (b, readers[1]))
