@@ -660,7 +660,9 @@ def test_the_guides_warm_up_runs_as_written_on_sim():
 
     text = (pathlib.Path(__file__).parents[2] / "docs" / "integrating.md").read_text()
     (block,) = [
-        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if 'open_runtime("sim")' in b
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, re.S)
+        if 'open_runtime("sim")' in b and "warm_up(" in b
     ]
     assert "warm_up(rt.platform)" in block and "capturing(rt.platform)" in block
     exec(compile(block, "docs/integrating.md", "exec"), {"__name__": "guide"})

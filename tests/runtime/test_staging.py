@@ -520,3 +520,17 @@ def test_a_consumer_keeps_its_models_canary_support():
 
     plain = stager.consumer(Plain())
     assert isinstance(plain, StagedPhase) and not isinstance(plain, StagedCanaryPhase)
+
+
+def test_the_guides_speculative_block_runs_as_written_on_sim(capsys):
+    """docs/integrating.md's "Speculative engines" block runs as written and hands verify's
+    in-graph event for a staged step."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "integrating.md").read_text()
+    section = text[text.index("## Speculative engines") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None and "Stager(" in block.group(1)
+    exec(compile(block.group(1), "docs/integrating.md", "exec"), {"__name__": "guide"})
+    assert capsys.readouterr().out.split()[:3] == ["target_verify", "in_graph", "True"]
