@@ -595,3 +595,33 @@ class TestEveryBucket:
         runner = types.SimpleNamespace(captured={}, platform=types.SimpleNamespace(name="cuda"))
         result = audit_static_buckets(runner, {})
         assert result.verdict is INCONCLUSIVE and "captured no graph" in result.reason
+
+
+# -- staged speculative steps: the release's walk and the staged consumer's --------------------
+
+
+def test_a_staged_consumers_reader_is_an_offender_named_by_its_phase():
+    from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult
+    from warpolicy.audit.static import combine_parts
+
+    clean = StaticResult(SAFE, nodes=3, buckets=(8,))
+    late = StaticResult(UNSAFE, (Offender(2, "kernel", "gather", ("full_to_swa",)),), nodes=4)
+    blind = StaticResult(INCONCLUSIVE, reason="no walk")
+    merged = combine_parts(clean, late, "draft_extend")
+    assert merged.verdict is UNSAFE and merged.nodes == 7 and merged.buckets == (8,)
+    assert [o.name for o in merged.offenders] == ["draft_extend: gather"]
+    unclear = combine_parts(clean, blind, "draft_extend")
+    assert unclear.verdict is INCONCLUSIVE and unclear.reason == "draft_extend: no walk"
+    assert combine_parts(clean, clean, "draft_extend").verdict is SAFE
+    assert combine_parts(late, clean, "draft_extend").verdict is UNSAFE
+
+
+def test_a_staged_step_walks_verify_and_the_consumer():
+    from warpolicy.audit.dynamic import audit_mode
+    from warpolicy.audit.synthetic_staged import staged_subject
+    from warpolicy.registry.vocabulary import ForwardMode
+    from warpolicy.testing import sim_platform
+
+    entry = audit_mode(staged_subject(sim_platform()), ForwardMode.DRAFT_EXTEND, 2)
+    # the simulated platform has no graphs to walk: both parts say so, the consumer's named
+    assert "draft_extend: " in entry.static.reason

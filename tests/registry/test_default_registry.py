@@ -57,6 +57,8 @@ SPECS = [
     "dflash",
     "dspark",
     "uno",
+    # sglang #27634: the drafter in another process (coarse until an IPC event is proven)
+    "decoupled",
 ]
 #: Backends and wrappers added for SGLang 0.5.23 (SGLang 0.5.23).
 NEW_BACKENDS = [
@@ -181,7 +183,8 @@ def test_spec_algorithms(reg):
 
 def test_last_readers_are_declared(reg):
     declared = {n: s.last_reader for n, s in reg.spec_algorithms.items()}
-    assert declared == {**INTENDED_LAST_READERS, "none": None}  # none: the only phase
+    # none: the only phase; decoupled: the step's phases span two processes (every cell coarse)
+    assert declared == {**INTENDED_LAST_READERS, "none": None, "decoupled": None}
     # verify may publish exactly where verify is the last reader
     for name, reader in INTENDED_LAST_READERS.items():
         assert reg.spec(name).has("target_verify_read_done") == (reader is VERIFY), name
@@ -284,15 +287,39 @@ def test_only_sglang_backends_and_wrappers_are_concrete(reg):
     }
 
 
-def test_draft_extend_is_declared_only_by_minimax_sparse_nvfp4(reg):
-    """The draft-extend rule: unknown (none) unless a backend declares it."""
+def test_draft_extend_is_declared_only_where_audited(reg):
+    """The draft-extend rule: unknown (none) unless a backend declares it: minimax sparse NVFP4
+    (SGLang 0.5.23). trtllm_mha's candidate (in_graph, derived) waits for its GPU proof in a
+    layer of its own, which the doc names with the proving command."""
     declared = {n for n, b in reg.backends.items() if DRAFT_EXTEND in b.reads_end}
     assert declared == {"minimax_sparse_nvfp4"}
+    assert "warpolicy.conformance.speculative:steps" in reg.backend("trtllm_mha").doc
     for backend in reg.backends.values():
         assert set(backend.reads_end) <= {DECODE, EXTEND, VERIFY, DRAFT_EXTEND}, backend.name
     assert dict(reg.backend("minimax_sparse_nvfp4").reads_end) == {
         m: P.PRE_REPLAY for m in (DECODE, EXTEND, VERIFY, DRAFT_EXTEND)
     }
+
+
+def test_the_trtllm_mha_candidate_layer_declares_the_draft_extend():
+    from pathlib import Path
+
+    import warpolicy.conformance
+
+    candidate = Path(warpolicy.conformance.__file__).with_name("trtllm_mha_draft_extend.yaml")
+    layered = load_registry([default_registry_path(), candidate])
+    trtllm = layered.backend("trtllm_mha")
+    assert dict(trtllm.reads_end) == {EXTEND: P.PRE_REPLAY, DRAFT_EXTEND: P.IN_GRAPH}
+    engine = PolicyEngine(layered, environ={})
+    assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle") is P.IN_GRAPH
+    assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle", planted=False) is P.POST_REPLAY
+    # everything else as packaged
+    base = PolicyEngine(load_registry([default_registry_path()]), environ={})
+    for mode in (DECODE, VERIFY, EXTEND):
+        for spec in ("none", "eagle", "dflash"):
+            assert decide(engine, "trtllm_mha", mode, spec, **ON) is decide(
+                base, "trtllm_mha", mode, spec, **ON
+            )
 
 
 def gate(reg: Registry, gate_id: str):
@@ -309,8 +336,13 @@ def test_gates(reg):
         "prefill-hierarchical-cache",
         "prefill-hicache-storage",
         "prefill-lmcache",
+        "decoupled-drafter-other-process",
     }
     assert all(g.at_least is P.NONE and g.scope is None for g in reg.gates)
+    assert gate(reg, "decoupled-drafter-other-process").when == Conditions(
+        spec=frozenset({"decoupled"})
+    )
+    assert "27634" in gate(reg, "decoupled-drafter-other-process").because
     assert gate(reg, "force-coarse").when == Conditions(flags={"force_coarse": True})
     assert gate(reg, "target-verify-needs-capability").when == Conditions(
         mode=frozenset({VERIFY}), spec_lacks=frozenset({"target_verify_read_done"})
@@ -402,9 +434,14 @@ CELLS = [
     ("trtllm_mha", EXTEND, "none", {**ON, "hicache_storage": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {**ON, "lmcache": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {}, P.NONE),
-    # the draft-extend rule: unknown unless declared
+    # the draft-extend rule: unknown unless declared (trtllm_mha: no GPU proof yet)
     ("fa3", DRAFT_EXTEND, "eagle", {}, P.NONE),
     ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    # a drafter in another process (sglang #27634): every cell coarse
+    ("trtllm_mha", DRAFT_EXTEND, "decoupled", {}, P.NONE),
+    ("trtllm_mha", DECODE, "decoupled", {}, P.NONE),
+    ("fa3", VERIFY, "decoupled", {}, P.NONE),
+    ("trtllm_mha", EXTEND, "decoupled", ON, P.NONE),
     # hpc_ops: decode-only, no speculative algorithm
     ("hpc_ops", DECODE, "none", {}, P.IN_GRAPH),
     ("hpc_ops", VERIFY, "dflash", {}, P.NONE),

@@ -331,7 +331,7 @@ def test_a_model_without_batch_facts_is_unreported_and_said_once(router):
 @pytest.fixture(scope="module")
 def eagle():
     engine = PolicyEngine.load(environ={})
-    return engine.compile("trtllm_mha", "eagle")
+    return engine.compile("fa3", "eagle")
 
 
 def spec_step(eagle, answer):

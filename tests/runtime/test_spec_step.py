@@ -12,7 +12,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.bench.command import render
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
@@ -460,20 +459,3 @@ class TestAudit:
             entry = audit_mode(self.subject(platform, VERIFY), VERIFY, trials=4, static=False)
         assert entry.dynamic.verdict != UNSAFE and entry.dynamic.corrupted == 0
         assert entry.policy is POST_REPLAY  # later than the declared in_graph: demoted, sound
-
-
-def test_overlap_spec_bench_runs_on_the_simulated_platform():
-    from warpolicy.bench.overlap_spec import format_overlap_spec, run_overlap_spec_bench
-
-    result = run_overlap_spec_bench(device="sim")
-    rows = {(r["shape"], r["run"]): r for r in result["rows"]}
-    assert set(rows) == {
-        (s, r) for s in ("eagle", "dflash") for r in ("coarse", "step", "no_barrier")
-    }
-    assert rows[("eagle", "step")]["reader"] == "draft_extend"
-    assert rows[("dflash", "step")]["reader"] == "verify"
-    assert result["targets"]["sound_runs_zero_corrupted"]
-    text = format_overlap_spec(result)
-    assert "draft_extend" in text and "meaningless" in text
-    with pytest.raises(InputError):
-        render(result, "yaml", format_overlap_spec)

@@ -31,10 +31,10 @@ from warpolicy.audit.report import (
     StaticResult,
     Verdict,
 )
-from warpolicy.registry.vocabulary import IN_GRAPH, NONE, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import IN_GRAPH, NONE, PRE_REPLAY, Placement, WarReadDonePolicy
 from warpolicy.runtime.graphwalk.cuda import read_graph
 from warpolicy.runtime.graphwalk.model import Graph, buffer_ranges
-from warpolicy.runtime.runners import GraphRunner
+from warpolicy.runtime.runners import GraphRunner, SpecStep
 from warpolicy.runtime.runners.protocols import Runner
 
 
@@ -61,7 +61,19 @@ def audit_static(
 def audit_static_buckets(
     runner: Runner, shared: Mapping[str, Any], *, post_step: bool = False
 ) -> StaticResult:
-    """Walk every captured bucket of ``runner`` with the policy it publishes. Never raises."""
+    """Walk every captured bucket of ``runner`` with the policy it publishes. Never raises.
+
+    A speculative step whose last step was staged releases at target verify: verify's buckets
+    are walked with their policy, and the staged consumer's (the draft extend's) as released
+    before they run: any reader of a shared buffer in them is late (staging that does not copy
+    everything the consumer reads)."""
+    if isinstance(runner, SpecStep) and runner.staged and runner.staging is not None:
+        verify, consumer = runner.staging
+        return combine_parts(
+            audit_static_buckets(verify, shared, post_step=post_step),
+            _staged_consumer(consumer, shared),
+            consumer.name,
+        )
     try:
         captured = dict(runner.captured)
     except Exception as exc:  # noqa: BLE001 - a runner's own failure is not the audit's crash
@@ -73,6 +85,44 @@ def audit_static_buckets(
         for b, c in sorted(captured.items())
     }
     return combine_buckets(results)
+
+
+def _staged_consumer(consumer: Runner, shared: Mapping[str, Any]) -> StaticResult:
+    try:
+        captured = dict(consumer.captured)
+    except Exception as exc:  # noqa: BLE001 - a runner's own failure is not the audit's crash
+        return unavailable(f"{type(exc).__name__}: {exc}")
+    if not captured:
+        return unavailable(f"the staged {consumer.name} captured no graph")
+    return combine_buckets(
+        {b: audit_static(consumer, b, shared, PRE_REPLAY) for b in sorted(captured)}
+    )
+
+
+def combine_parts(release: StaticResult, consumer: StaticResult, name: str) -> StaticResult:
+    """A staged step's result: the releasing phase's and the staged consumer's (its offenders
+    named ``<consumer>: <kernel>``). UNSAFE if either is; else INCONCLUSIVE if either is."""
+    offenders = release.offenders + tuple(
+        attrs.evolve(o, name=f"{name}: {o.name}") for o in consumer.offenders
+    )
+    verdicts = (release.verdict, consumer.verdict)
+    verdict = (
+        UNSAFE
+        if offenders or UNSAFE in verdicts
+        else INCONCLUSIVE
+        if INCONCLUSIVE in verdicts
+        else SAFE
+    )
+    reasons = [r for r in (release.reason, consumer.reason and f"{name}: {consumer.reason}") if r]
+    return StaticResult(
+        verdict,
+        offenders,
+        nodes=release.nodes + consumer.nodes,
+        readers=release.readers + consumer.readers,
+        unreadable=release.unreadable + consumer.unreadable,
+        reason="; ".join(reasons) if verdict is not SAFE and not offenders else "",
+        buckets=release.buckets,
+    )
 
 
 def combine_buckets(results: Mapping[int, StaticResult]) -> StaticResult:

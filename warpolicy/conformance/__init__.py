@@ -13,7 +13,10 @@ capture self-check, run on kernels nobody here wrote.
 * `warpolicy.conformance.factories`: audit subjects (``warpolicy audit --factory
   warpolicy.conformance.factories:declared``, ``:derived``, ``:mutants``, ...);
 * `warpolicy.conformance.controls`: the audit poisons' positive controls (plain torch, no
-  wheel needed).
+  wheel needed);
+* `warpolicy.conformance.speculative`: EAGLE-family steps (draft decode, target verify, draft
+  extend) on trtllm_mha's kernel, unstaged and staged (``warpolicy audit --factory
+  warpolicy.conformance.speculative:steps``).
 
 Importing this package imports neither torch nor triton; `load_kernels` needs both (and the
 fetched files: `absent_reason` says what to run when they are missing).

@@ -268,6 +268,8 @@ class SGLangKernels:
     update_trtllm_mha_graph_metadata: Callable[..., None]
     build_trtllm_mha_page_table: Callable[..., None]
     q_mode_none: int  # ``Q_MODE_NONE`` of trtllm_mha_graph_metadata (cu_seqlens_q preset)
+    #: ``Q_MODE_STRIDED`` (``cu_seqlens_q[1:] = arange * q_stride``: DRAFT_EXTEND_V2)
+    q_mode_strided: int
     modules: tuple[types.ModuleType, ...] = attrs.field(repr=False)
     root: Path = attrs.field(repr=False)
 
@@ -334,6 +336,9 @@ def _load(base: Path) -> SGLangKernels:
         ),
         q_mode_none=int(
             get("sglang.kernels.ops.attention.trtllm_mha_graph_metadata", "Q_MODE_NONE")
+        ),
+        q_mode_strided=int(
+            get("sglang.kernels.ops.attention.trtllm_mha_graph_metadata", "Q_MODE_STRIDED")
         ),
         modules=tuple(modules),
         root=base,

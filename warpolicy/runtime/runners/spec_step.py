@@ -23,6 +23,16 @@ before the releasing phase on the same stream, so its event fires after their re
 Failure of any reading phase fails closed: a phase that raises, or that decided to publish but
 whose fence published nothing (a hook or record failed), leaves the step's mailbox empty (coarse).
 
+**Staged steps** (`warpolicy.runtime.runners.staging`). When target verify published after its
+per-batch action ``draft_extend_staged`` succeeded, the draft extend's shared reads were copied
+before verify's release into buffers the scheduler never writes, so verify's event ends the
+step and the draft extend's is discarded. A phase whose model is a `StagedPhase` is the staged
+consumer: the step is staged only if its `Stager` staged this batch (not merely some plugin
+answering True) and the consumer found its copies in place; otherwise the consumer copied for
+itself and is the release (its own event, or nothing: coarse). With a canary, a
+`StagingCanary` checks staged steps (saved at the staging point) and turns staging off for a
+verify bucket where a staged consumer raced.
+
 `SpecStep` is a `warpolicy.runtime.runners.protocols.Runner`, so ``loop.step(batch, write_next,
 runner=step)`` runs it and the audit audits it. It belongs to one thread, like its runners.
 """
@@ -44,6 +54,7 @@ from warpolicy.runtime.platforms import EventHandle, Platform
 from warpolicy.runtime.release import ReadDone
 from warpolicy.runtime.runners.base import GraphRunner
 from warpolicy.runtime.runners.protocols import CapturedBucket, ModelAdapter, StepInfo
+from warpolicy.runtime.runners.staging import StagedPhase, StagingCanary
 
 #: ``inputs(step_batch, earlier_outputs) -> this phase's batch``
 PhaseInputs = Callable[[Any, Sequence[Any]], Any]
@@ -153,7 +164,47 @@ class SpecStep:
         self.phase_steps: tuple[Optional[StepInfo], ...] = ()
         #: the phase whose event the last step handed out (or would have: None before a step)
         self.released_by: Optional[Phase] = None
+        #: whether the last step was staged (verify's event handed for the draft extend too)
+        self.staged = False
         self._step = 0
+        self._consumer = self._staged_consumer()
+        self.staging_canary = self._open_staging_canary()
+
+    def _staged_consumer(self) -> Optional[int]:
+        """The index of the phase whose model is a `StagedPhase` (None: none). Its stager must
+        stage for a target-verify phase that runs before it."""
+        hits = [i for i, p in enumerate(self.phases) if isinstance(p.runner.model, StagedPhase)]
+        if not hits:
+            return None
+        if len(hits) > 1:
+            raise InputError(f"{self._name}: more than one phase reads staged copies")
+        i = hits[0]
+        if not any(p.mode is ForwardMode.TARGET_VERIFY for p in self.phases[:i]):
+            raise InputError(
+                f"{self._name}: phase {self.phases[i].name} reads staged copies, but no target "
+                "verify runs before it to stage them"
+            )
+        return i
+
+    def _open_staging_canary(self) -> Optional[StagingCanary]:
+        canary = self.canary
+        i = self._consumer
+        if i is None or canary is None or not canary.enabled:
+            return None
+        consumer = self.phases[i].runner.model
+        assert isinstance(consumer, StagedPhase)
+        verify = next(p.runner for p in self.phases[:i] if p.mode is ForwardMode.TARGET_VERIFY)
+        session = verify.canary_session  # the cell names verify's backend and spec
+        return StagingCanary(
+            canary,
+            consumer.stager,
+            name=self._name,
+            live=consumer.live_reads,
+            state=consumer.state,
+            backend=session.backend if session is not None else "",
+            spec=session.spec if session is not None else "",
+            release_of=verify.release_of,
+        )
 
     @classmethod
     def for_algorithm(
@@ -192,6 +243,16 @@ class SpecStep:
     @property
     def last_step(self) -> Optional[StepInfo]:
         return self._last_step
+
+    @property
+    def staging(self) -> Optional[tuple[GraphRunner, GraphRunner]]:
+        """(the target verify runner whose event a staged step hands, the staged consumer's
+        runner), or None when no phase reads staged copies."""
+        i = self._consumer
+        if i is None:
+            return None
+        verify = [p.runner for p in self.phases[:i] if p.mode is ForwardMode.TARGET_VERIFY]
+        return verify[-1], self.phases[i].runner
 
     @property
     def reader(self) -> Phase:
@@ -240,6 +301,8 @@ class SpecStep:
             if id(runner) not in seen:
                 seen.add(id(runner))
                 runner.check_canary()
+        if self.staging_canary is not None:
+            self.staging_canary.check()
 
     def release_thread(self) -> None:
         """Hand the step to another thread (its runners too): the next user owns them."""
@@ -272,17 +335,32 @@ class SpecStep:
         failed = False
         released_by: Optional[int] = None
         staged = False  # target verify published after draft_extend_staged succeeded
+        self.staged = False
+        consumer = self._consumer
+        stager = None if consumer is None else self._stager()
+        canary = self.staging_canary
+        if canary is not None:
+            canary.step()
         try:
             for i, phase in enumerate(self.phases):
                 phase_batch = batch if phase.inputs is None else phase.inputs(batch, tuple(outputs))
                 outputs.append(phase.runner.run(phase_batch))
                 read_done, info, decided, ok = self._collect(phase)
                 infos[i] = info
-                if staged and phase.mode is ForwardMode.DRAFT_EXTEND:
-                    # staged: the draft extend reads draft-owned copies, verify's event holds
-                    if read_done is not None:
-                        read_done.slot.taken = False
-                    continue
+                if staged and (
+                    i == consumer
+                    if consumer is not None
+                    else phase.mode is ForwardMode.DRAFT_EXTEND
+                ):
+                    if consumer is None or self._found_staged(phase):
+                        # staged: the draft extend read draft-owned copies, verify's event holds
+                        if read_done is not None:
+                            read_done.slot.taken = False
+                        self.staged = True
+                        if canary is not None:
+                            canary.observe(outputs[-1], self._rerun(phase, info, outputs[-1]))
+                        continue
+                    staged = False  # the consumer copied for itself: it is the release
                 if i > self.last_index and not phase.runner.mode_policies().reads_shared_state:
                     if read_done is not None:  # it reads nothing (declared): discard its event
                         read_done.slot.taken = False
@@ -299,9 +377,18 @@ class SpecStep:
                     and info is not None
                     and info.facts is not None
                     and info.facts.get(DRAFT_EXTEND_STAGED) is True
+                    # with a staged consumer, only its own stager's copies count
+                    and (
+                        stager is None or (consumer is not None and i < consumer and stager.staged)
+                    )
                 )
         except BaseException:
             mailbox.clear()  # the scheduler's read of this step finds nothing: coarse
+            self.staged = False
+            if stager is not None:
+                stager.forget()
+            if canary is not None:
+                canary.discard()
             self._record(infos, released_by, None)
             raise
         if failed:
@@ -311,8 +398,43 @@ class SpecStep:
                 "a phase decided to publish but its fence published nothing; "
                 "this step uses the coarse barrier",
             )
+        if canary is not None and not self.staged:
+            canary.discard()
         self._record(infos, released_by, mailbox.peek())
         return tuple(outputs)
+
+    def _stager(self) -> Any:
+        assert self._consumer is not None
+        model = self.phases[self._consumer].runner.model
+        assert isinstance(model, StagedPhase)
+        return model.stager
+
+    @staticmethod
+    def _found_staged(phase: Phase) -> bool:
+        model = phase.runner.model
+        return isinstance(model, StagedPhase) and model.was_staged
+
+    @staticmethod
+    def _rerun(phase: Phase, info: Optional[StepInfo], output: Any) -> Callable[[], Any]:
+        """Replay the consumer's last step for the staging canary (its graph, whose static
+        output is ``output``, or its eager forward), without its host prep (which would take the
+        staged copies again)."""
+        runner = phase.runner
+        if info is not None and info.bucket is not None:
+            graph = runner.captured[info.bucket].graph
+
+            def replay() -> Any:
+                runner.platform.replay(graph)
+                return output
+
+            return replay
+        size = info.size if info is not None else 0
+
+        def eager() -> Any:
+            runner.model.graph_prep(size)
+            return runner.model.forward(size)
+
+        return eager
 
     def _collect(
         self, phase: Phase

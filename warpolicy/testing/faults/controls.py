@@ -335,6 +335,13 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         intact=Case("spec_staged", "staged", _ACTION_FAILS),
     ),
     Control(
+        "stager_copies_one_fewer",
+        "a Stager that leaves one of the draft extend's reads out (the draft extend then reads "
+        "it live, after verify's release) and still reports the batch staged",
+        Case("spec_stager", "lying"),
+        intact=Case("spec_stager", "staged"),
+    ),
+    Control(
         "join_catches_exception",
         "the warm-up join catches Exception only: KeyboardInterrupt skips join and synchronize",
         Case("decode", "post_replay", _JOIN_INTERRUPTED),
@@ -374,6 +381,7 @@ NEGATIVE_CONTROLS: tuple[Case, ...] = (
     Case("verify", "in_graph"),
     Case("draft_extend", "post_replay"),
     Case("spec", "in_graph"),
+    Case("spec_stager", "staged"),
     Case("streams", "post_replay"),
     Case("lag_within", "post_replay"),
     Case("owned_capture", "in_graph_late"),

@@ -21,6 +21,7 @@ from warpolicy.testing.faults.harness import PLATFORM_TARGETS, Harness, Outcome
 from warpolicy.testing.faults.injection import ACTION_MODES, MODES, RAISING_MODES, Fault
 from warpolicy.testing.faults.model import ACTION_TARGETS, MODEL_TARGETS, OBSERVER_TARGETS
 from warpolicy.testing.faults.scenarios import SCENARIOS
+from warpolicy.testing.faults.staging import STAGING_TARGETS
 
 #: Everything the matrix can fail, by kind.
 TARGET_KINDS: dict[str, tuple[str, ...]] = {
@@ -30,6 +31,7 @@ TARGET_KINDS: dict[str, tuple[str, ...]] = {
     "policy": ("policy",),
     "observer": OBSERVER_TARGETS,
     "action": ACTION_TARGETS,
+    "staging": STAGING_TARGETS,
 }
 TARGETS: tuple[str, ...] = tuple(t for group in TARGET_KINDS.values() for t in group)
 #: Scenarios run without faults only (their interest is the configuration itself).
@@ -166,7 +168,9 @@ VOID_TARGETS = frozenset(
 def modes_for(target: str) -> tuple[str, ...]:
     if target in ACTION_TARGETS:
         return ACTION_MODES
-    if target in OBSERVER_TARGETS or target in VOID_TARGETS:
+    # a staging copy returns nothing: "return None" would be a stager that silently skips a
+    # copy, a lie no caller can tell from success (the lying-stager control covers it)
+    if target in OBSERVER_TARGETS or target in VOID_TARGETS or target in STAGING_TARGETS:
         return RAISING_MODES
     return MODES
 

@@ -64,6 +64,7 @@ from warpolicy.testing.faults.model import (
     policy_table,
 )
 from warpolicy.testing.faults.owned import OwnedCaptureEngine
+from warpolicy.testing.faults.staging import spec_stager_scenario
 
 #: variant -> (declared policy, read plan)
 VARIANTS: Mapping[str, tuple[WarReadDonePolicy, str]] = {
@@ -387,6 +388,10 @@ def _spec_staged_scenario(h: Harness, variant: str) -> None:
         overlap(h, step, STEPS["tokens"])
 
 
+def _spec_stager_scenario(h: Harness, variant: str) -> None:
+    spec_stager_scenario(h, variant, overlap, BUCKETS, STEPS["tokens"], DRAFT_TOKENS)
+
+
 def _threads_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -450,6 +455,13 @@ SCENARIOS: Mapping[str, Scenario] = {
             _spec_staged_scenario,
             "SpecStep verify -> draft extend (fa3 + EAGLE): verify's event only after "
             "draft_extend_staged (warpolicy_batch_action, a fault target)",
+        ),
+        Scenario(
+            "spec_stager",
+            ("staged",),
+            _spec_stager_scenario,
+            "SpecStep verify -> draft extend (trtllm_mha + EAGLE) with a real Stager on the "
+            "plugin manager: its copies (stager_copy, a fault target) before verify's release",
         ),
         Scenario(
             "spec",
