@@ -81,6 +81,14 @@ def graph_digest(keys: Iterable[str]) -> str:
     return _hash("graph", *sorted(keys))
 
 
+def _sorted_keys(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(str(v) for v in values))
+
+
+def _strs(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(v) for v in values)
+
+
 @attrs.frozen
 class Anchor:
     """Where one planted read-done node sits, in terms that survive a clone or a rebuild."""
@@ -88,22 +96,26 @@ class Anchor:
     #: which planted node this is (``read_done``, or a buffer class's name)
     label: str = attrs.field(validator=attrs.validators.min_len(1))
     #: the structural keys of its dependencies (sorted)
-    after: tuple[str, ...] = attrs.field(converter=lambda v: tuple(sorted(v)))
+    after: tuple[str, ...] = attrs.field(converter=_sorted_keys)
     #: the structural keys of the nodes that depend on it (sorted)
-    before: tuple[str, ...] = attrs.field(converter=lambda v: tuple(sorted(v)))
+    before: tuple[str, ...] = attrs.field(converter=_sorted_keys)
     #: the labels of its dependencies, for messages (``kernel:indexSelect...``)
-    after_labels: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    after_labels: tuple[str, ...] = attrs.field(default=(), converter=_strs)
 
     def describe(self) -> str:
         after = ", ".join(a.partition(":")[2] or a for a in self.after_labels) or "no node"
         return f"{self.label} (after {after})"
 
 
+def _anchors(values: Iterable[Anchor]) -> tuple[Anchor, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class SavedAnchors:
     """The anchors of every planted node of one saved graph, and the graph's digest."""
 
-    anchors: tuple[Anchor, ...] = attrs.field(converter=tuple)
+    anchors: tuple[Anchor, ...] = attrs.field(converter=_anchors)
     digest: str
     nodes: int
 
