@@ -9,7 +9,6 @@ Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test
 from __future__ import annotations
 
 import operator
-
 from typing import Any
 
 import pytest

@@ -599,7 +599,9 @@ class BucketCapture:
                 extra = c.platform.create_event(external=True)
                 c.platform.record(extra)  # a handle, as the fence seeds its own
                 events[label] = extra
-        outcome, rebound = rebind_bucket(c.platform, graph, saved, events, shared)
+        # the self-check guards a node whose event the release hands out (as at capture)
+        check = c.policies.planted is IN_GRAPH and c.self_check != "off"
+        outcome, rebound = rebind_bucket(c.platform, graph, saved, events, shared, check=check)
         if outcome.verdict is Verdict.CONFIRMED:
             return BucketFacts(bucket, event=self.event), outcome, rebound
         if c.self_check == "error":

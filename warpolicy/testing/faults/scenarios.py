@@ -63,6 +63,7 @@ from warpolicy.testing.faults.model import (
     policy_table,
 )
 from warpolicy.testing.faults.owned import OwnedCaptureEngine
+from warpolicy.testing.faults.restored import RestoredCaptureEngine
 
 #: variant -> (declared policy, read plan)
 VARIANTS: Mapping[str, tuple[WarReadDonePolicy, str]] = {
@@ -281,12 +282,14 @@ def _canary_scenario(h: Harness, variant: str) -> None:
         overlap(h, runner, STEPS["decode"], canary=canary)
 
 
-def _owned(placement: Optional[str]) -> Callable[[Harness, str], None]:
+def _owned(
+    placement: Optional[str], engine_class: type[OwnedCaptureEngine] = OwnedCaptureEngine
+) -> Callable[[Harness, str], None]:
     def run(h: Harness, variant: str) -> None:
         policy, reads = VARIANTS[variant]
         model = HarnessModel(h, READ_PLANS[reads], BUCKETS, name="owned")
         engine = h.guard(
-            lambda: OwnedCaptureEngine(
+            lambda: engine_class(
                 model,
                 policy_table(h, dict.fromkeys(BUCKETS, policy)),
                 h.platform,
@@ -480,6 +483,20 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("in_graph", "in_graph_late"),
             _owned("derived"),
             "the engine-owned capture with derived placement",
+        ),
+        Scenario(
+            "restored",
+            ("in_graph", "in_graph_late", "post_replay"),
+            _owned(None, RestoredCaptureEngine),
+            "an engine that saves its graphs and steps restored clones (fresh private events, "
+            "as a persistence library's load leaves them) through ReadDoneCapture.save / "
+            "restore: the node found by position, rebound, self-checked again; re-capture",
+        ),
+        Scenario(
+            "restored_derived",
+            ("in_graph", "in_graph_late"),
+            _owned("derived", RestoredCaptureEngine),
+            "the restoring engine with derived placement",
         ),
         Scenario(
             "streams",
