@@ -47,6 +47,7 @@ import statistics
 import warnings
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+from warpolicy.bench import restored as restored_rows
 from warpolicy.bench.timing import (
     SCHED_KINDS,
     CudaProbe,
@@ -76,6 +77,9 @@ VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
     ("post_replay", POST_REPLAY, True, False),
     ("in_graph", IN_GRAPH, True, False),
     ("derived", IN_GRAPH, True, False),  # in_graph with derived placement
+    # in_graph after a save and a restore (private events at the node, rebound: bench.restored)
+    ("restored", IN_GRAPH, True, False),
+    ("restored_moved", IN_GRAPH, True, False),  # the control: the node moved: coarse, counted
     ("pre_replay", PRE_REPLAY, False, False),  # the graph reads shared state: unsound here
     ("no_barrier", NONE, False, True),  # the unsafe upper bound
 )
@@ -226,6 +230,7 @@ class OverlapBench:
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
         self.mode = mode
         self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
+        self.restored: dict[str, dict] = {}  # per restored row, what the restore did
 
     def runner(self, policy: Any, name: str, model: Any = None) -> GraphRunner:
         """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
@@ -240,10 +245,15 @@ class OverlapBench:
             name=name,
             mode=self.mode,
             placement=placement,
+            keep_graphs=name in restored_rows.ROWS,  # saved and cloned from the raw graph
         )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
             runner.capture()
+            if name in restored_rows.ROWS:
+                self.restored[name] = restored_rows.restore_runner(
+                    runner, self.platform, moved=name == restored_rows.RESTORED_MOVED
+                )
         self.capture_warnings[name] = [str(w.message) for w in caught]
         return runner
 
@@ -461,7 +471,11 @@ def run_overlap_bench(
         "ideal_release_us": ideal,
         "rows": rows,
         "capture": captures,
-        "targets": _targets(rows, ideal, model_name),
+        "restored": bench.restored,
+        "targets": {
+            **_targets(rows, ideal, model_name),
+            **restored_rows.restored_targets(rows, bench.restored),
+        },
     }
     if trace:
         write_trace(trace, traces)
@@ -598,7 +612,7 @@ def format_measurement(result: dict) -> list[str]:
     lines = [
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
-        f"{'variant':12s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
+        f"{'variant':14s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
         f"{'tokens/s':>10s} {'gap closed':>10s} {'corrupted':>10s}  note",
     ]
     for r in result["rows"]:
@@ -612,7 +626,7 @@ def format_measurement(result: dict) -> list[str]:
         if r["resolved"] != r["policy"]:
             note += f" (capture demoted {r['policy']} to {r['resolved']})"
         lines.append(
-            f"{r['name']:12s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
+            f"{r['name']:14s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
             f"{r['idle_gap_us']:9.1f} {rate:>10s} {gap:>10s} "
             f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
         )
@@ -628,6 +642,7 @@ def format_measurement(result: dict) -> list[str]:
             lines.append(f"{what} of the {bucket}-token graph: {state}: {cap['detail']}")
         for warning in result.get("capture", {}).get(name, {}).get("warnings", []):
             lines.append(f"  {name} capture warning: {warning}")
+    lines += restored_rows.format_restored(result.get("restored", {}))
     lines.append(
         "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
     )

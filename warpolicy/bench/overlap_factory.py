@@ -34,6 +34,7 @@ from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.bench.overlap import VARIANTS as OVERLAP_VARIANTS
 from warpolicy.bench.overlap import OverlapBench, format_measurement, write_trace
+from warpolicy.bench.restored import ROWS as RESTORED_ROWS
 from warpolicy.bench.timing import (
     SCHED_KINDS,
     CudaProbe,
@@ -49,10 +50,13 @@ from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import Platform, cuda_available, is_simulated
 
 #: The synthetic benchmark's variants but pre_replay (a declaration, not a placement: it says
-#: nothing about a model the bench does not know). Each is sound whatever the model but the
-#: unsafe bound: the self-check demotes a refuted marker.
+#: nothing about a model the bench does not know) and the restored rows (the synthetic
+#: model's). Each is sound whatever the model but the unsafe bound: the self-check demotes a
+#: refuted marker.
 VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = tuple(
-    variant for variant in OVERLAP_VARIANTS if variant[1] is not PRE_REPLAY
+    variant
+    for variant in OVERLAP_VARIANTS
+    if variant[1] is not PRE_REPLAY and variant[0] not in RESTORED_ROWS
 )
 
 #: The bookkeeping matmul's width when ``sched_kind="matmul"`` (as the synthetic benchmark).
