@@ -1,6 +1,6 @@
 """A minimal serving-engine loop on the three warpolicy runners.
 
-The model is `warpolicy.bench.models.TinyPagedModel`: a request-to-token table (the page
+The model is `warpolicy.testing.tiny_model.TinyPagedModel`: a request-to-token table (the page
 table), an in-graph gather of each token's row, a KV write at ``out_cache_loc`` and attention
 over the gathered KV. The scheduler is a deterministic simulation: requests arrive, are
 prefilled, decoded (or verified with ``draft_tokens`` teacher-forced draft tokens per step),
@@ -27,25 +27,25 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
-from warpolicy.bench.models import (
-    TinyConfig,
-    TinyPagedModel,
-    TinyState,
-    TinyWeights,
-    TokenBatch,
-    fixed_policy,
-)
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers
 from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     GraphRunner,
     OverlapLoop,
     PrefillRunner,
     VerifyRunner,
+)
+from warpolicy.testing.tiny_model import (
+    TinyConfig,
+    TinyPagedModel,
+    TinyState,
+    TinyWeights,
+    TokenBatch,
 )
 
 # A small config with buckets that leave room for eager fallback in every mode.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from warpolicy.audit import AuditSubject
-from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 
 BUCKETS = (2, 4)

@@ -14,9 +14,10 @@ import pytest
 import torch
 from overlap_subjects import TableModel, writer
 
+from warpolicy.bench.command import render
 from warpolicy.bench.overlap import PrepOnly
 from warpolicy.bench.overlap_factory import (
-    VARIANTS,
+    ROWS,
     SubjectSchedule,
     format_factory_overlap,
     run_factory_overlap,
@@ -27,7 +28,7 @@ from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.testing import sim_platform
 
-NAMES = [name for name, *_ in VARIANTS]
+NAMES = [name for name, *_ in ROWS]
 
 
 def run(factory: str = "overlap_subjects:writer", **kw):
@@ -51,7 +52,7 @@ def test_every_variant_is_measured_on_the_factory_s_model(tmp_path):
     text = format_factory_overlap(result)
     assert "overlap benchmark of overlap_subjects:writer" in text and "tokens/s" in text
     assert "writer (decode, spec none, buckets [2, 4])" in text
-    document = json.loads(format_factory_overlap(result, "json"))
+    document = json.loads(render(result, "json", format_factory_overlap))
     assert document["subjects"][0]["rows"][0]["name"] == "coarse"
     names = {
         e["args"]["name"]

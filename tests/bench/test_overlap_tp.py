@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from warpolicy.bench.command import render
 from warpolicy.bench.overlap import gap_closed, step_metrics
 from warpolicy.bench.overlap_tp import (
     TpConfig,
@@ -132,9 +133,12 @@ class TestReport:
         assert len(table) == 8
         assert "rank 1 given WARPOLICY_FORCE_COARSE=1" in text
         assert "mismatch_coarse_on_every_rank=yes" in text
-        assert json.loads(format_overlap_tp(result, "json")) == {"schema_version": 1, **result}
+        assert json.loads(render(result, "json", format_overlap_tp)) == {
+            "schema_version": 1,
+            **result,
+        }
         with pytest.raises(InputError):
-            format_overlap_tp(result, "yaml")
+            render(result, "yaml", format_overlap_tp)
 
 
 class TestConfig:

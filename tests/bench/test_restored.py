@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.bench.restored import (
     RESTORED,
     RESTORED_MOVED,
@@ -15,6 +14,7 @@ from warpolicy.bench.restored import (
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.platforms.sim import SimGraph
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import sim_impl, sim_runtime
 

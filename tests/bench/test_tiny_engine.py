@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from warpolicy.bench.models import TinyConfig, fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.testing import sim_impl, sim_platform
+from warpolicy.testing.tiny_model import TinyConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_engine.py"
 
@@ -154,7 +155,7 @@ def test_example_main_runs_on_fake(capsys):
 
 
 def test_tiny_config_buckets_are_per_mode():
-    from warpolicy.bench.models import TinyPagedModel, TinyState, TinyWeights
+    from warpolicy.testing.tiny_model import TinyPagedModel, TinyState, TinyWeights
 
     cfg = TinyConfig()
     model = TinyPagedModel(

@@ -146,7 +146,7 @@ def test_fence_bench_reports_release_and_overhead():
     from warpolicy.bench.fence import format_fence_bench, run_fence_bench
 
     result = run_fence_bench(iters=600, replays=20)
-    print("\n" + format_fence_bench(result, "text"))
+    print("\n" + format_fence_bench(result))
     assert result["platform"] == "cuda"
     assert result["release"]["ratio"] is not None
     for section in ("overhead", "standin"):

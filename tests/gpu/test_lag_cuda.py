@@ -26,9 +26,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.runtime.fence import SchedulerBarrier  # noqa: E402
 from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
+from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 from warpolicy.runtime.ring import EventRing, RingSlot  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner  # noqa: E402
 

@@ -32,7 +32,6 @@ pytestmark = [
     ),
 ]
 
-from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.engine import PolicyEngine  # noqa: E402
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
 from warpolicy.runtime.manager import open_runtime  # noqa: E402
@@ -46,6 +45,7 @@ from warpolicy.runtime.owned_capture import (  # noqa: E402
     cell_policy,
     resolve_cell,
 )
+from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 
 SPIN_US = 200.0
 ROWS, WIDTH, TABLE_ROWS = 256, 1024, 4096

@@ -29,9 +29,9 @@ from warpolicy.audit.synthetic_perbatch_model import (
     make_perbatch,
     perbatch_config,
 )
-from warpolicy.bench.models import fixed_policy
 from warpolicy.bench.timing import scheduler_work
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import OverlapLoop, PrefillRunner
 
 pytestmark = [

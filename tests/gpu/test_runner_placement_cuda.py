@@ -27,9 +27,9 @@ pytestmark = [
 ]
 
 from warpolicy.audit.synthetic import make_synthetic  # noqa: E402
-from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
 from warpolicy.runtime.manager import open_runtime  # noqa: E402
+from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner  # noqa: E402
 
 UNSAFE_MARKER = [

@@ -22,10 +22,10 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.engine import PolicyEngine  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
 from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
+from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 from warpolicy.runtime.runners import (  # noqa: E402
     DecodeRunner,
     DraftExtendRunner,

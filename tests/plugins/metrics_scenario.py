@@ -16,11 +16,11 @@ import sys
 import warnings
 from typing import Any
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.observers import Reporter
 from warpolicy.runtime.platforms.sim import SimGraph
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
 from warpolicy.testing import RecModel, sim_impl, sim_runtime
 

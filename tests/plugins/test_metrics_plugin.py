@@ -25,7 +25,6 @@ if str(PLUGIN_ROOT) not in sys.path:  # the plugin's source tree, as an editable
 import metrics_scenario  # noqa: E402
 
 import warpolicy_metrics  # noqa: E402
-from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, ForwardMode  # noqa: E402
 from warpolicy.runtime.hookspecs import hookimpl  # noqa: E402
 from warpolicy.runtime.manager import (  # noqa: E402
@@ -35,6 +34,7 @@ from warpolicy.runtime.manager import (  # noqa: E402
     reset_plugin_manager,
 )
 from warpolicy.runtime.observers import Reporter  # noqa: E402
+from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop  # noqa: E402
 from warpolicy.testing import RecModel, sim_impl, sim_platform, sim_runtime  # noqa: E402
 from warpolicy_metrics import WarpolicyMetrics  # noqa: E402

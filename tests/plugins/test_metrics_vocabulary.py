@@ -25,9 +25,9 @@ if str(PLUGIN_ROOT) not in sys.path:
     sys.path.insert(0, str(PLUGIN_ROOT))
 
 import warpolicy  # noqa: E402
-from warpolicy.bench.models import fixed_policy  # noqa: E402
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind  # noqa: E402
 from warpolicy.runtime.hookspecs import hookimpl  # noqa: E402
+from warpolicy.runtime.policy import fixed_policy  # noqa: E402
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop  # noqa: E402
 from warpolicy.testing import FAULT_MODES, OPERATIONS, RecModel, sim_impl, sim_runtime  # noqa: E402
 from warpolicy_metrics import vocabulary  # noqa: E402

@@ -10,10 +10,10 @@ import warnings
 
 import pytest
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import RecModel, sim_impl, sim_platform, sim_runtime
 

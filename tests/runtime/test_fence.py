@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warpolicy.bench.command import render
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
@@ -551,6 +552,74 @@ def test_a_fence_belongs_to_the_first_thread_that_uses_it(platform):
         fence.take()
 
 
+def test_the_step_token_makes_one_owner_check_per_step(platform, monkeypatch):
+    import warpolicy.runtime.fence as fence_module
+
+    fence, graph, event = captured_fence(platform)
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    checks = []
+    real = fence_module.get_ident
+    monkeypatch.setattr(fence_module, "get_ident", lambda: checks.append(1) or real())
+    for policy in (P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY, P.NONE):
+        rel = release(policy, event)
+        checks.clear()
+        token = fence.before_replay(rel)
+        platform.replay(graph)
+        fence.after_replay(rel, step=token)
+        read_done = fence.take(token)
+        assert token == fence.step and len(checks) == 1, policy
+        assert (read_done is None) == (policy is P.NONE) and fence.published is policy
+        barrier.apply(schedule, platform.current_stream(), read_done)
+        checks.clear()
+        step(platform, fence, graph, policy, event=event)  # no token: every call checks
+        assert len(checks) == 3
+
+
+def test_a_stale_or_foreign_token_is_checked(platform):
+    fence, graph, event = captured_fence(platform)
+    rel = release(P.POST_REPLAY)
+    old = fence.before_replay(rel)
+    fence.after_replay(rel, step=old)
+    fence.take(old)
+    fence.before_replay(rel)  # a new step: the old token proves nothing
+    errors = []
+
+    def other():
+        for call in (lambda: fence.take(old), lambda: fence.after_replay(rel, step=old + 7)):
+            try:
+                call()
+            except WrongThreadError as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert len(errors) == 2 and fence.take() is None  # nothing published yet, nothing taken
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY, P.NONE]), max_size=12))
+def test_with_or_without_the_token_a_step_publishes_the_same(policies):
+    runs = []
+    for use_token in (True, False):
+        platform = sim_platform()
+        fence, graph, event = captured_fence(platform)
+        barrier = SchedulerBarrier(platform)
+        schedule = platform.new_stream()
+        out = []
+        for policy in policies:
+            rel = release(policy, event)
+            token = fence.before_replay(rel)
+            platform.replay(graph)
+            fence.after_replay(rel, step=token if use_token else None)
+            read_done = fence.take(token if use_token else None)
+            kind = barrier.apply(schedule, platform.current_stream(), read_done)
+            out.append((fence.published, None if read_done is None else read_done.slot.step, kind))
+        runs.append(out)
+    assert runs[0] == runs[1]
+
+
 # -- profiler ranges -----------------------------------------------------------------------------------
 
 
@@ -590,10 +659,10 @@ def test_fence_bench_runs_on_the_simulated_platform():
         assert set(rows) == {"post_replay", "in_graph"}
         for row in rows.values():
             assert row["hooks_us_median"] > 0 and row["raw_us_median"] > 0 and row["ratio"] > 0
-    text = format_fence_bench(result, "text")
+    text = format_fence_bench(result)
     assert "overhead per step (in_graph)" in text and "indicative only" in text
     assert "fence's own cost per step (in_graph, C-builtin stand-in platform)" in text
-    assert json.loads(format_fence_bench(result, "json"))["iters"] == 20
+    assert json.loads(render(result, "json", format_fence_bench))["iters"] == 20
 
 
 def test_fence_bench_without_cuda_is_a_one_line_error():

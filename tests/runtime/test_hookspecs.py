@@ -58,11 +58,6 @@ def test_each_hook_is_prefixed_typed_and_documented(name):
     assert all(f":param {p}:" in doc for p in sig.parameters)
 
 
-@pytest.mark.parametrize("name", sorted(OBSERVERS | ACTIONS))
-def test_direct_hook_argument_order_is_the_spec_order(name):
-    assert tuple(inspect.signature(SPECS[name]).parameters) == hookspecs.DIRECT_HOOKS[name]
-
-
 def test_the_action_hook_says_how_results_combine():
     doc = inspect.getdoc(SPECS["warpolicy_batch_action"]) or ""
     for words in ("exactly ``True``", "independently of call order", "BaseException"):

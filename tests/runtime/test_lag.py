@@ -20,10 +20,10 @@ from collections import deque
 
 import pytest
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.runtime.platforms.sim import SimPlatform
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.ring import EventRing, RingExhaustedError, RingSlot
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import FaultySimPlatform, sim_impl, sim_platform

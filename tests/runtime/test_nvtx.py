@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY
 from warpolicy.runtime import nvtx as wnvtx
 from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
 from warpolicy.testing import RecModel, sim_runtime
 

@@ -4,6 +4,9 @@ monitoring routes calls through pluggy."""
 
 from __future__ import annotations
 
+import inspect
+import warnings
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,3 +65,49 @@ def test_monitoring_routes_observers_through_pluggy():
     undo()
     Reporter(pm.observers, "test").barrier(**ARGS)
     assert monitored == ["warpolicy_on_barrier"] and len(seen) == 2
+
+
+# -- the wiring is derived from the hookspecs: one typed Reporter method per observer hook -------
+
+
+class _Recorder:
+    """Implements every observer hook by name, recording the keyword arguments pluggy would
+    pass (built from the hookspecs, so a new hook is covered without editing this test)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, dict] = {}
+        for hook, names in OBSERVER_HOOKS.items():
+            setattr(self, hook, hookimpl(self._recording(hook, names)))
+
+    def _recording(self, hook: str, names: tuple[str, ...]):
+        scope: dict = {"seen": self.seen, "hook": hook}
+        args = ", ".join(names)
+        record = ", ".join(f"{name!r}: {name}" for name in names)
+        exec(f"def {hook}({args}):\n    seen[hook] = {{{record}}}\n", scope)
+        return scope[hook]
+
+
+def test_each_observer_hook_reaches_its_plugins_through_its_typed_reporter_method():
+    pm = new_plugin_manager(load_entry_points=False, environ={})
+    recorder = _Recorder()
+    pm.register(recorder, name="recorder")
+    reporter = Reporter(pm.observers, "test")
+    for hook, names in OBSERVER_HOOKS.items():
+        attribute = hook.removeprefix("warpolicy_")
+        assert len(getattr(pm.observers, attribute)) == 1, hook
+        method = getattr(reporter, attribute.removeprefix("on_"))
+        params = list(inspect.signature(method).parameters)
+        assert params[: len(names)] == list(names), f"Reporter.{method.__name__} vs {hook}"
+        values = [object() for _ in names]
+        if hook == "warpolicy_on_fallback":
+            values[1] = RuntimeError("absorbed")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            method(*values)
+        got = recorder.seen[hook]
+        expected = dict(zip(names, values))
+        if hook == "warpolicy_on_fallback":  # the reporter names its component
+            expected["where"] = f"test:{values[0]}"
+        assert got == expected, hook
+    assert set(recorder.seen) == set(OBSERVER_HOOKS)
+    assert repr(pm.observers).count(": 1") == len(OBSERVER_HOOKS)

@@ -8,8 +8,9 @@ import warnings
 import pytest
 import torch
 
-from warpolicy.bench.models import fixed_policy
+from warpolicy.bench.command import render
 from warpolicy.errors import CudaUnavailableError, InputError
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop
 from warpolicy.testing import RecModel, sim_impl, sim_platform
 
@@ -188,11 +189,11 @@ def test_overlap_bench_fake_reports_every_variant(tmp_path):
     assert all(r["checked"] == result["config"]["steps"] for r in result["rows"])
     text = format_overlap(result)
     assert "in_graph" in text and "unsafe bound" in text
-    assert json.loads(format_overlap(result, "json"))["rows"][0]["name"] == "coarse"
+    assert json.loads(render(result, "json", format_overlap))["rows"][0]["name"] == "coarse"
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["args"]["name"] for e in events if e.get("name") == "process_name"} == set(names)
     with pytest.raises(InputError):
-        format_overlap(result, "xml")
+        render(result, "xml", format_overlap)
 
 
 def test_overlap_bench_fake_first_layer_rebuild_has_derived_targets():

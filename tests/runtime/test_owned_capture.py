@@ -15,7 +15,6 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError, UnknownNameError
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
@@ -33,6 +32,7 @@ from warpolicy.runtime.owned_capture import (
     resolve_cell,
 )
 from warpolicy.runtime.platforms.sim import SimGraph, SimPlatform
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import sim_impl, sim_runtime
 

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import WarpolicyError
 from warpolicy.runtime.ownership import ThreadOwner, WrongThreadError
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, OverlapLoop, SpecStep
 from warpolicy.testing import RecModel, sim_platform
 

@@ -15,7 +15,6 @@ from typing import Callable
 import pytest
 import torch
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
@@ -28,6 +27,7 @@ from warpolicy.runtime.owned_capture import (
     cell_policy,
 )
 from warpolicy.runtime.platforms.sim import SimGraph
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.testing import sim_impl, sim_runtime
 
 P = WarReadDonePolicy

@@ -11,12 +11,12 @@ import warnings
 import pytest
 import torch
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.platforms.sim import SimGraph
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import sim_impl, sim_runtime
 

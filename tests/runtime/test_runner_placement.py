@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 import pytest
 import torch
 
-from warpolicy.bench.models import fixed_policy
 from warpolicy.errors import InputError
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import Fragment, load_registry
@@ -22,6 +21,7 @@ from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePol
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
 from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.platforms.sim import SimGraph
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, DraftExtendRunner, SelfCheckError
 from warpolicy.testing import sim_impl, sim_platform, sim_runtime
 

@@ -12,10 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warpolicy.bench.models import fixed_policy
+from warpolicy.bench.command import render
 from warpolicy.errors import InputError
 from warpolicy.registry.model import SpecAlgorithm
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, ForwardMode
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -461,4 +462,4 @@ def test_overlap_spec_bench_runs_on_the_simulated_platform():
     text = format_overlap_spec(result)
     assert "draft_extend" in text and "meaningless" in text
     with pytest.raises(InputError):
-        format_overlap_spec(result, "yaml")
+        render(result, "yaml", format_overlap_spec)

@@ -31,23 +31,32 @@ probe's own estimate (forward end minus release, from the launch-point events) a
 time.
 
 With ``device="sim"`` it runs a tiny configuration on the simulated platform (host times,
-meaningless; for tests). ``python -m warpolicy.bench.canary --help`` runs it without the CLI.
+meaningless; for tests). The CLI runs it as ``warpolicy bench canary`` (`BENCHMARK`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+import warnings
+from typing import Any, Callable, Mapping, Optional
 
 from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
+from warpolicy.bench.command import Benchmark, Report, device_option, option, targets_line
 from warpolicy.bench.overlap import Schedule, SchedulePlan, median
 from warpolicy.bench.overlap_factory import SubjectSchedule
-from warpolicy.bench.timing import SCHED_KINDS, CudaProbe, HostProbe, calibrate_rows, scheduler_work
-from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
-from warpolicy.registry.report import json_document
+from warpolicy.bench.rig import (
+    Rig,
+    check_sched_kind,
+    device_name,
+    open_rig,
+    synthetic_config,
+    torch_version,
+)
+from warpolicy.bench.timing import SCHED_KINDS
+from warpolicy.errors import InputError
+from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -56,8 +65,8 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.canary import Canary, CanaryConfig, CanarySpec, Tolerance
-from warpolicy.runtime.manager import open_runtime
-from warpolicy.runtime.platforms import Platform, cuda_available, is_simulated
+from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner, GraphRunner, OverlapLoop
 from warpolicy.runtime.runners.adapters import ModelView
 
@@ -114,10 +123,6 @@ class _Bench:
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
 
     def runner(self, policy: WarReadDonePolicy, name: str, canary: Optional[Canary]) -> GraphRunner:
-        import warnings  # noqa: PLC0415 - only to keep capture warnings out of the output
-
-        from warpolicy.bench.models import fixed_policy  # noqa: PLC0415 - deferred: imports torch
-
         runner = DecodeRunner(
             self.model, fixed_policy(policy), self.platform, name=name, canary=canary
         )
@@ -257,27 +262,18 @@ def run_canary_bench(
     bookkeeping of ``sched_kind`` (`warpolicy.bench.timing.scheduler_work`), as in ``bench
     overlap``.
     """
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     if min(steps, layers, batch, repeats) <= 0 or warmup < 0:
         raise InputError("canary bench: steps, layers, batch and repeats must be positive")
     if not 0 < lead_rate <= 1:
         raise InputError(f"canary bench: lead_rate must be in (0, 1], not {lead_rate}")
-    if sched_kind not in SCHED_KINDS:
-        raise InputError(
-            f"canary bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {sched_kind!r}"
-        )
-    fake = device is not None and is_simulated(device)
-    if not fake and not cuda_available():
-        raise CudaUnavailableError(
-            "the canary benchmark needs a CUDA device (torch.cuda.is_available() is False)"
-        )
-    platform = open_runtime("sim" if fake else (device or "cuda"), pm=pm).platform
-    probe_factory: Callable[[], Any] = HostProbe if fake else CudaProbe
-    if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
+    check_sched_kind(sched_kind)
+    rig = open_rig(device, "the canary benchmark", pm=pm)
+    if rig.simulated:  # tiny and host-timed: exercises the code path, numbers meaningless
         steps, layers, batch, hidden, repeats = min(steps, 30), min(layers, 2), min(batch, 4), 16, 1
         warmup = min(warmup, 2)
     warmup = min(warmup, max(steps - 2, 0))
+    platform = rig.platform
     models: list[tuple[str, Any, Any]] = []
     if factory is not None:
         tol = Tolerance(atol=tolerance) if tolerance else None
@@ -289,16 +285,11 @@ def run_canary_bench(
                 (subject.name, SubjectCanaryModel(subject, tol), SubjectSchedule(subject, mode))
             )
     else:
-        models.append(_synthetic(platform, fake, steps, layers, batch, hidden, layer_us, torch))
-    if fake:
-        bookkeeping: Callable[[], None] = _no_work
-    else:
-        tdev = torch.device(platform.device)
-        rows = calibrate_rows(sched_us, hidden, tdev) if sched_kind == "matmul" else 0
-        bookkeeping = scheduler_work(sched_kind, sched_us, tdev, rows=rows, hidden=hidden)
+        models.append(_synthetic(rig, steps, layers, batch, hidden, layer_us))
+    bookkeeping = rig.bookkeeping(sched_kind, sched_us, hidden)
     results = []
     for name, model, schedule in models:
-        bench = _Bench(platform, model, schedule, bookkeeping, steps, warmup, probe_factory)
+        bench = _Bench(platform, model, schedule, bookkeeping, steps, warmup, rig.probe)
         cost = _cost_rows(bench, repeats)
         results.append(
             {
@@ -322,69 +313,34 @@ def run_canary_bench(
             "sched_us_target": sched_us,
             "factory": factory,
             "platform": platform.name,
-            "device": _device_name(platform),
-            "torch": torch.__version__,
+            "device": device_name(platform),
+            "torch": torch_version(),
         },
         "models": results,
     }
 
 
 def _synthetic(
-    platform: Platform,
-    fake: bool,
-    steps: int,
-    layers: int,
-    batch: int,
-    hidden: int,
-    layer_us: float,
-    torch: Any,
+    rig: Rig, steps: int, layers: int, batch: int, hidden: int, layer_us: float
 ) -> tuple[str, Any, Any]:
     # deferred: the synthetic model imports torch
-    from warpolicy.audit.synthetic_model import (  # noqa: PLC0415
-        Layout,
-        SyntheticConfig,
-        SyntheticModel,
-    )
+    from warpolicy.audit.synthetic_model import Layout, SyntheticModel  # noqa: PLC0415
 
-    tdev = torch.device("cpu") if fake else torch.device(platform.device)
-    layer_rows = 8 if fake else calibrate_rows(layer_us, hidden, tdev, tanh=True)
-    cfg = SyntheticConfig(
-        reqs=2 * batch,
-        ctx=64,
-        swa_slots=1024,
-        hidden=hidden,
-        layers=layers,
-        buckets={ForwardMode.DECODE: (batch,)},
-        layer_rows=layer_rows,
-        dtype=torch.float32 if fake else torch.bfloat16,
+    layer_rows = rig.layer_rows(layer_us, hidden)
+    cfg = synthetic_config(
+        rig.device, batch=batch, hidden=hidden, layers=layers, layer_rows=layer_rows
     )
-    model = SyntheticModel(Layout(), cfg, tdev)
+    model = SyntheticModel(Layout(), cfg, rig.device)
     model.canary_state = "rows"  # as in production: only the KV rows the step writes
     return "synthetic decode", model, SchedulePlan(model, steps, batch)
-
-
-def _no_work() -> None:
-    pass
-
-
-def _device_name(platform: Platform) -> str:
-    if platform.name != "cuda":
-        return platform.name
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
-    return str(torch.cuda.get_device_name(platform.device))
 
 
 def _pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{100 * value:+.3f}%"
 
 
-def format_canary(result: dict, fmt: str = "text") -> str:
-    """The result as tables (``text``) or JSON (``json``)."""
-    if fmt == "json":
-        return json_document(result)
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_canary(result: dict) -> str:
+    """The result as tables (`warpolicy.bench.command.render` gives JSON too)."""
     c = result["config"]
     lines = [
         f"WAR canary benchmark on {c['device']} (torch {c['torch']}): {c['steps']} steps x "
@@ -430,49 +386,14 @@ def format_canary(result: dict, fmt: str = "text") -> str:
                 f"{r['name']:12s} {r['lead_median_us']:15.1f} {r['probe_lead_us']:14.1f} "
                 f"{r['forward_us']:11.1f} {r['hold_us']:9.1f} {r['lead_samples']:8d}"
             )
-        lines.append(
-            "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in m["targets"].items())
-        )
+        lines.append(targets_line(m["targets"]))
     if c["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m warpolicy.bench.canary``: the benchmark without the CLI (same options as
-    ``warpolicy bench canary``)."""
-    parser = argparse.ArgumentParser(prog="python -m warpolicy.bench.canary", description=__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        print(format_canary(run_from_args(args), args.format))
-    except WarpolicyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's options (shared by the CLI's ``bench canary``)."""
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--lead-rate", type=float, default=0.1, dest="lead_rate")
-    parser.add_argument(
-        "--factory", default=None, help="MODULE:CALLABLE of an audit factory (its models)"
-    )
-    parser.add_argument(
-        "--tolerance", type=float, default=None, help="absolute tolerance (factory models)"
-    )
-    parser.add_argument("--sched-kind", choices=SCHED_KINDS, default="copy", dest="sched_kind")
-    parser.add_argument("--sched-us", type=float, default=300.0, dest="sched_us")
-    parser.add_argument("--device", default=None, help="cuda (default) or sim")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-
-
-def run_from_args(args: argparse.Namespace) -> dict:
-    return run_canary_bench(
+def _measure(args: argparse.Namespace) -> Report:
+    result = run_canary_bench(
         steps=args.steps,
         layers=args.layers,
         batch=args.batch,
@@ -484,19 +405,55 @@ def run_from_args(args: argparse.Namespace) -> dict:
         sched_kind=args.sched_kind,
         sched_us=args.sched_us,
     )
+    return Report(result, format_canary)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+#: ``warpolicy bench canary``.
+BENCHMARK = Benchmark(
+    "canary",
+    "WAR canary: cost per step at 1/1000 and 1/100, release lead (GPU)",
+    (
+        option("--steps", default=3000, type=positive_int_argument),
+        option("--layers", default=16, type=positive_int_argument),
+        option("--batch", default=64, type=positive_int_argument),
+        option("--repeats", default=2, type=positive_int_argument),
+        option(
+            "--lead-rate",
+            default=0.1,
+            type=float,
+            metavar="R",
+            help="share of steps timed for the lead",
+        ),
+        option(
+            "--factory",
+            metavar="MODULE:CALLABLE",
+            help="the models of an audit factory (e.g. warpolicy.bench.llama:decode) instead "
+            "of the synthetic decode",
+        ),
+        option(
+            "--tolerance",
+            type=float,
+            metavar="ATOL",
+            help="with --factory: compare within this absolute tolerance (default bitwise)",
+        ),
+        option(
+            "--sched-kind",
+            default="copy",
+            choices=SCHED_KINDS,
+            help="scheduler GPU bookkeeping after its writes, as in bench overlap",
+        ),
+        option("--sched-us", default=300.0, type=float, metavar="US"),
+        device_option("cuda (default) or sim"),
+    ),
+    _measure,
+)
 
 
 __all__ = [
+    "BENCHMARK",
     "COST_ROWS",
     "LEAD_ROWS",
     "SubjectCanaryModel",
-    "add_arguments",
     "format_canary",
-    "main",
     "run_canary_bench",
-    "run_from_args",
 ]

@@ -12,13 +12,15 @@ sparse-prefill snapshot) beside the same baseline and beside the anchor's per-ba
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Callable, Optional, Sequence
 
+from warpolicy.bench.command import Benchmark, Report, option
 from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.loader import Fragment, load_registry
-from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -330,9 +332,8 @@ def _show_ratio(value: Optional[float]) -> str:
     return f"{value:8.3f}" if value is not None else "     n/a"
 
 
-def format_decide(result: dict, fmt: str = "text") -> str:
-    if fmt == "json":
-        return json_document(result)  # schema_version first, like every JSON output
+def format_decide(result: dict) -> str:
+    """The result as text (`warpolicy.bench.command.render` gives JSON too)."""
     load = result["load"]
     lines = [
         "decision latency (median ns per call, same process, same mode sequence)",
@@ -358,3 +359,17 @@ def format_decide(result: dict, fmt: str = "text") -> str:
         f"full table over it ({load['table_rows']} cells): {load['table_s']:.3f} s",
     ]
     return "\n".join(lines)
+
+
+def _measure(args: argparse.Namespace) -> Report:
+    return Report(run_decide_bench(args.iterations), format_decide)
+
+
+#: ``warpolicy bench decide`` (CPU: no torch).
+BENCHMARK = Benchmark(
+    "decide",
+    "per-step lookup vs the anchor's if-chain (CPU)",
+    (option("--iterations", default=200_000, type=positive_int_argument),),
+    _measure,
+    torch=False,
+)

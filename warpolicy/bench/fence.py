@@ -7,33 +7,39 @@ Measured side by side in one process:
   host waits first for the taken in-graph event, then for the whole replay; we report the
   medians and ``ratio = release / whole``.
 * **overhead**: host time per step of ``fence.before_replay + after_replay + take +
-  barrier.apply`` against the raw calls that do the same device work (``event.record(stream)``
-  + ``stream.wait_event(event)`` on torch; the simulated platform's own methods on ``sim``),
+  barrier.apply`` (the step token passed: one owner check per step) against the raw calls
+  that do the same device work (``event.record(stream)`` + ``stream.wait_event(event)`` on
+  torch; the simulated platform's own methods on ``sim``),
   for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait), with no observer
-  plugin and with one no-op observer registered (called through pluggy's own ``HookCaller``).
+  plugin and with one no-op observer registered (called directly, as the runtime calls every
+  observer: `warpolicy.runtime.observers`).
 * **stand-in** (every device): the same comparison on a platform whose operations are C
   builtins that do nothing (``dict.get``), so ``extra_us`` is the fence's own Python cost per
   step on this CPU, with no device call to hide it.
 
 It uses a fresh plugin manager without entry points so installed observer plugins do not skew
 it. On ``device="sim"`` the release part is skipped and the overhead ratios are indicative only
-(the raw calls are Python there, not driver calls). The CLI (``warpolicy bench fence``) calls
-`run_fence_bench` and prints `format_fence_bench`.
+(the raw calls are Python there, not driver calls). The CLI runs it as ``warpolicy bench fence``
+(`BENCHMARK`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from warpolicy.bench.command import Benchmark, Report, device_option, option
+from warpolicy.bench.rig import device_name, torch_version
 from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.registry.report import json_document
+from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
 from warpolicy.runtime.manager import WarpolicyPluginManager, new_plugin_manager, open_platform
 from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.nvtx import NvtxPlugin
 from warpolicy.runtime.observers import Reporter
 from warpolicy.runtime.platforms import (
     EventHandle,
@@ -169,9 +175,9 @@ def _overhead(
         )
 
         def run() -> None:  # the forward stream is passed, as the raw path does
-            before(release, fwd)
-            after(release, fwd)
-            apply(sched, fwd, take())
+            step = before(release, fwd)  # the owner check, once per step
+            after(release, fwd, step)
+            apply(sched, fwd, take(step))
 
         return run
 
@@ -282,10 +288,10 @@ def _release(
     for i in range(replays + 3):
         platform.synchronize()
         t0 = time.perf_counter_ns()
-        fence.before_replay(release)
+        step = fence.before_replay(release)
         platform.replay(graph)
-        fence.after_replay(release)
-        read_done = fence.take()
+        fence.after_replay(release, step=step)
+        read_done = fence.take(step)
         if read_done is None:
             return {"skipped": "the in-graph publish failed (see the warning)"}, graph
         read_done.event.synchronize()
@@ -344,10 +350,8 @@ def run_fence_bench(
         "external_events": platform.external_events_supported(),
     }
     if platform.name == "cuda":
-        import torch  # noqa: PLC0415 - deferred: the CUDA part only
-
-        result["torch"] = torch.__version__
-        result["gpu"] = torch.cuda.get_device_name(platform.device)
+        result["torch"] = torch_version()
+        result["gpu"] = device_name(platform)
         fence = ReadDoneFence(platform, ring_size=4, name="bench")
         result["release"], _graph = _release(platform, fence, replays, spin_cycles, matmuls, size)
     else:
@@ -360,8 +364,8 @@ def run_fence_bench(
 
 
 def _observer_call(iters: int) -> dict[str, float]:
-    """Per hook call with one no-op observer: pluggy's own ``HookCaller`` called directly, and
-    the runtime's call (`Reporter`, which goes through that same caller)."""
+    """Per hook call with one no-op observer: pluggy's own ``HookCaller``, and the runtime's
+    call (`Reporter`, which calls the implementation directly)."""
     pm = new_plugin_manager(load_entry_points=False, environ={})
     pm.register(_NoOpObserver())
     hook = pm.hook.warpolicy_on_publish
@@ -382,12 +386,8 @@ def _observer_call(iters: int) -> dict[str, float]:
     return {"pluggy_us_median": _median(pluggy_s), "runtime_us_median": _median(runtime_s)}
 
 
-def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
-    """The result as text or JSON."""
-    if fmt == "json":
-        return json_document(result)  # schema_version first, like every JSON output
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_fence_bench(result: dict[str, Any]) -> str:
+    """The result as text (`warpolicy.bench.command.render` gives JSON too)."""
     lines = [
         f"fence benchmark on {result['device']} (platform {result['platform']}, "
         f"external events: {result['external_events']})"
@@ -432,3 +432,58 @@ def format_fence_bench(result: dict[str, Any], fmt: str = "text") -> str:
             "indicative only)"
         )
     return "\n".join(lines)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def observer_plugins(metrics: bool, nvtx: bool) -> list[tuple[str, object]]:
+    """The observer plugins timed besides the no-op one: the warpolicy-metrics plugin (a
+    separate distribution: an `InputError` naming it when absent) and the NVTX ranges."""
+    observers: list[tuple[str, object]] = []
+    if metrics:
+        try:  # a separate distribution (plugins/warpolicy-metrics); optional
+            import prometheus_client  # noqa: PLC0415 - optional: the metrics plugin's dependency
+
+            import warpolicy_metrics  # noqa: PLC0415 - optional plugin
+        except ImportError as exc:
+            raise InputError(
+                f"bench fence --metrics needs the warpolicy-metrics plugin "
+                f"(pip install plugins/warpolicy-metrics): {exc}"
+            ) from None
+        observers.append(
+            ("metrics", warpolicy_metrics.WarpolicyMetrics(prometheus_client.CollectorRegistry()))
+        )
+    if nvtx:
+        observers.append(("nvtx", NvtxPlugin()))
+    return observers
+
+
+def _measure(args: argparse.Namespace) -> Report:
+    observers = observer_plugins(args.metrics, args.nvtx)
+    result = run_fence_bench(iters=args.iterations, device=args.device, observers=observers)
+    return Report(result, format_fence_bench)
+
+
+#: ``warpolicy bench fence``.
+BENCHMARK = Benchmark(
+    "fence",
+    "in-graph release time and fence host overhead (GPU)",
+    (
+        option("--iterations", default=3000, type=positive_int_argument),
+        device_option("cuda (default) or sim: the overhead part on the simulated platform"),
+        option(
+            "--metrics",
+            default=False,
+            action="store_true",
+            help="also time a step with the warpolicy-metrics plugin registered",
+        ),
+        option(
+            "--nvtx",
+            default=False,
+            action="store_true",
+            help="also time a step with the NVTX range observer registered",
+        ),
+    ),
+    _measure,
+)

@@ -10,7 +10,7 @@ writes before the next launch. Everything goes through the real `DecodeRunner`, 
 and `OverlapLoop`, so the runner and hooks cannot give back what the bare mechanism gains
 (docs/ARCHITECTURE.md, "Benchmarks").
 
-Variants, in one run: ``coarse`` (policy none), ``post_replay``, ``in_graph`` (the marker after
+Rows, in one run: ``coarse`` (policy none), ``post_replay``, ``in_graph`` (the marker after
 the prep, self-checked at capture), ``derived`` (in_graph with derived placement: the node is
 planted after the last shared reader the graph walk finds), ``pre_replay`` (unsound here: the
 graph reads shared state; run and flagged unsafe) and ``no_barrier`` (the unsafe upper bound).
@@ -42,21 +42,23 @@ and meaningless); otherwise it needs CUDA and raises `CudaUnavailableError` with
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import warnings
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from warpolicy.bench import restored as restored_rows
-from warpolicy.bench.timing import (
-    SCHED_KINDS,
-    CudaProbe,
-    HostProbe,
-    calibrate_rows,
-    scheduler_work,
+from warpolicy.bench.command import Report, Variant, option, targets_line
+from warpolicy.bench.rig import (
+    check_sched_kind,
+    device_name,
+    open_rig,
+    synthetic_config,
+    torch_version,
 )
-from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.registry.report import json_document
+from warpolicy.bench.timing import calibrate_rows
+from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -65,14 +67,13 @@ from warpolicy.registry.vocabulary import (
     ForwardMode,
     WarReadDonePolicy,
 )
-from warpolicy.runtime.manager import open_runtime
-from warpolicy.runtime.platforms import Platform, is_simulated
-from warpolicy.runtime.policy import PolicyFn
+from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import GraphRunner, OverlapLoop
 from warpolicy.runtime.runners.adapters import ModelView
 
-#: (name, policy, sound for the plain model, skip the barrier entirely)
-VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
+#: The rows: (name, policy, sound for the plain model, skip the barrier entirely)
+ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
     ("coarse", NONE, True, False),
     ("post_replay", POST_REPLAY, True, False),
     ("in_graph", IN_GRAPH, True, False),
@@ -202,13 +203,6 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def fixed(policy: WarReadDonePolicy | str) -> PolicyFn:
-    """A policy callable answering ``policy`` for every mode (soundly demoted)."""
-    from warpolicy.bench.models import fixed_policy  # noqa: PLC0415 - deferred: imports torch
-
-    return fixed_policy(policy)
-
-
 class OverlapBench:
     """One configured benchmark: platform, model, schedule, bookkeeping work, probe factory.
 
@@ -236,7 +230,7 @@ class OverlapBench:
         """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
         policy function such as a consistency-guarded one); the row named ``derived`` plants
         by the graph walk, every other row by the marker."""
-        policy_fn = fixed(policy) if isinstance(policy, WarReadDonePolicy) else policy
+        policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
         runner = GraphRunner(
             model or self.model,
@@ -381,67 +375,42 @@ def run_overlap_bench(
     kernels) or ``matmul`` (throughput-bound work that competes with the forward for every SM).
     ``model_name`` is one of `MODELS`.
     """
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
     # deferred: the synthetic model imports torch
-    from warpolicy.audit.synthetic_model import (  # noqa: PLC0415
-        Layout,
-        SyntheticConfig,
-        SyntheticModel,
-    )
+    from warpolicy.audit.synthetic_model import Layout, SyntheticModel  # noqa: PLC0415
 
-    if sched_kind not in SCHED_KINDS:
-        raise InputError(
-            f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {sched_kind!r}"
-        )
+    check_sched_kind(sched_kind)
     if model_name not in MODELS:
         raise InputError(
             f"overlap bench: model must be one of {', '.join(MODELS)}, not {model_name!r}"
         )
     if min(layers, batch, steps, repeats) <= 0:
         raise InputError("overlap bench: layers, batch, steps and repeats must be positive")
-    fake = device is not None and is_simulated(device)
-    if not fake and not torch.cuda.is_available():
-        raise CudaUnavailableError(
-            "the overlap benchmark needs a CUDA device (torch.cuda.is_available() is False)"
-        )
-    platform = open_runtime("sim" if fake else (device or "cuda"), pm=pm).platform
-    if fake:  # tiny and host-timed: exercises the code path, numbers meaningless
+    rig = open_rig(device, "the overlap benchmark", pm=pm)
+    sched_rows = window_rows = 0
+    if rig.simulated:  # tiny and host-timed: exercises the code path, numbers meaningless
         layers, batch, steps, repeats, hidden = min(layers, 2), min(batch, 4), min(steps, 12), 1, 16
         warmup = 2
-        tdev, layer_rows, sched_rows, window_rows = torch.device("cpu"), 8, 8, 0
-        probe_factory: Callable[[], Any] = HostProbe
+        bookkeeping = rig.bookkeeping("matmul", 0.0, hidden)
     else:
-        tdev = torch.device(device or "cuda")
-        layer_rows = calibrate_rows(layer_us, hidden, tdev, tanh=True)
-        sched_rows = calibrate_rows(sched_us, hidden, tdev) if sched_kind == "matmul" else 0
-        window_rows = calibrate_rows(window_us, hidden, tdev, tanh=True)
-        probe_factory = CudaProbe
+        if sched_kind == "matmul":
+            sched_rows = calibrate_rows(sched_us, hidden, rig.device)
+        window_rows = calibrate_rows(window_us, hidden, rig.device, tanh=True)
+        bookkeeping = rig.bookkeeping(sched_kind, sched_us, hidden, rows=sched_rows)
+    layer_rows = rig.layer_rows(layer_us, hidden)
     warmup = min(warmup, max(steps - 2, 0))
-    cfg = SyntheticConfig(
-        reqs=2 * batch,
-        ctx=64,
-        swa_slots=1024,
-        hidden=hidden,
-        layers=layers,
-        buckets={ForwardMode.DECODE: (batch,)},
-        layer_rows=layer_rows,
+    cfg = synthetic_config(
+        rig.device, batch=batch, hidden=hidden, layers=layers, layer_rows=layer_rows,
         window_rows=window_rows,
-        dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32,
-    )
+    )  # fmt: skip
     rebuild = model_name == "first_layer_rebuild"
-    model = SyntheticModel(Layout(first_layer_rebuild=rebuild), cfg, tdev)
+    model = SyntheticModel(Layout(first_layer_rebuild=rebuild), cfg, rig.device)
     plan = SchedulePlan(model, steps, batch)
-    if fake:
-        bookkeeping = scheduler_work("matmul", 0.0, tdev, rows=sched_rows, hidden=hidden)
-    else:
-        bookkeeping = scheduler_work(sched_kind, sched_us, tdev, rows=sched_rows, hidden=hidden)
-    bench = OverlapBench(platform, model, plan, bookkeeping, steps, warmup, probe_factory)
+    bench = OverlapBench(rig.platform, model, plan, bookkeeping, steps, warmup, rig.probe)
     ideal = bench.ideal_us()
     variants = [
         # the marker releases before the first layer's rebuild: unsound for that model
         (name, policy, is_sound and not (rebuild and name == "in_graph"), skip)
-        for name, policy, is_sound, skip in VARIANTS
+        for name, policy, is_sound, skip in ROWS
     ]
     rows, traces, captures = bench.measure(variants, repeats)
     by = {r["name"]: r for r in rows}
@@ -463,10 +432,10 @@ def run_overlap_bench(
             "layer_us_target": layer_us,
             "sched_us_target": sched_us,
             "window_us_target": window_us,
-            "platform": platform.name,
+            "platform": rig.platform.name,
             "model": model_name,
-            "device": _device_name(platform, tdev),
-            "torch": torch.__version__,
+            "device": device_name(rig.platform),
+            "torch": torch_version(),
         },
         "ideal_release_us": ideal,
         "rows": rows,
@@ -538,14 +507,6 @@ def _targets(rows: list[dict], ideal: float, model_name: str = "in_graph") -> di
     }
 
 
-def _device_name(platform: Any, tdev: Any) -> str:
-    if platform.name != "cuda":
-        return platform.name
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
-    return torch.cuda.get_device_name(tdev)
-
-
 # -- output ----------------------------------------------------------------------------------------
 
 
@@ -585,12 +546,8 @@ def _span(name: str, pid: int, tid: int, start: float, end: float) -> dict:
     }
 
 
-def format_overlap(result: dict, fmt: str = "text") -> str:
-    """The result as a table (``text``) or JSON (``json``)."""
-    if fmt == "json":
-        return json_document(result)  # schema_version first, like every JSON output
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_overlap(result: dict) -> str:
+    """The result as a table (`warpolicy.bench.command.render` gives JSON too)."""
     c = result["config"]
     lines = [
         f"overlap benchmark on {c['device']} (torch {c['torch']}): {c['layers']} layers x "
@@ -643,7 +600,46 @@ def format_measurement(result: dict) -> list[str]:
         for warning in result.get("capture", {}).get(name, {}).get("warnings", []):
             lines.append(f"  {name} capture warning: {warning}")
     lines += restored_rows.format_restored(result.get("restored", {}))
-    lines.append(
-        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
-    )
+    lines.append(targets_line(result["targets"]))
     return lines
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def _measure(args: argparse.Namespace) -> Report:
+    result = run_overlap_bench(
+        layers=args.layers,
+        batch=args.batch,
+        steps=args.steps,
+        trace=args.trace,
+        sched_kind=args.sched_kind,
+        window_us=args.window_us,
+        device=args.device,
+        model_name=args.model,
+    )
+    return Report(result, format_overlap)
+
+
+#: ``warpolicy bench overlap`` without a variant's selector: the synthetic decode model.
+VARIANT = Variant(
+    selector=None,
+    options=(
+        option(
+            "--window-us",
+            default=0.0,
+            type=float,
+            metavar="US",
+            help="GPU work before the in-graph read (widens the race window)",
+        ),
+        option(
+            "--model",
+            default="in_graph",
+            choices=MODELS,
+            help="the synthetic model: reads in the prep only (default), or a first "
+            "layer that rebuilds the metadata from the live table",
+        ),
+    ),
+    reads=frozenset({"steps", "device", "sched_kind", "layers", "batch", "trace"}),
+    measure=_measure,
+)

@@ -28,34 +28,28 @@ attention (``--factory warpolicy.bench.llama:decode``).
 
 from __future__ import annotations
 
+import argparse
 from typing import Any, Callable, Optional, Sequence
 
 from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
-from warpolicy.bench.overlap import VARIANTS as OVERLAP_VARIANTS
+from warpolicy.bench.command import Report, Variant, option
+from warpolicy.bench.overlap import ROWS as OVERLAP_ROWS
 from warpolicy.bench.overlap import OverlapBench, format_measurement, write_trace
 from warpolicy.bench.restored import ROWS as RESTORED_ROWS
-from warpolicy.bench.timing import (
-    SCHED_KINDS,
-    CudaProbe,
-    HostProbe,
-    calibrate_rows,
-    scheduler_work,
-)
-from warpolicy.errors import CudaUnavailableError, InputError
+from warpolicy.bench.rig import check_sched_kind, device_name, open_rig, rig_of, torch_version
+from warpolicy.errors import InputError
 from warpolicy.registry.inputs import parse_positive_int
-from warpolicy.registry.report import json_document
 from warpolicy.registry.vocabulary import PRE_REPLAY, ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.manager import open_runtime
-from warpolicy.runtime.platforms import Platform, cuda_available, is_simulated
+from warpolicy.runtime.platforms import Platform
 
 #: The synthetic benchmark's variants but pre_replay (a declaration, not a placement: it says
 #: nothing about a model the bench does not know) and the restored rows (the synthetic
 #: model's). Each is sound whatever the model but the unsafe bound: the self-check demotes a
 #: refuted marker.
-VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = tuple(
+ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = tuple(
     variant
-    for variant in OVERLAP_VARIANTS
+    for variant in OVERLAP_ROWS
     if variant[1] is not PRE_REPLAY and variant[0] not in RESTORED_ROWS
 )
 
@@ -135,27 +129,20 @@ def run_factory_overlap(
     """
     steps = parse_positive_int(steps, "--steps")
     repeats = parse_positive_int(repeats, "repeats")
-    if sched_kind not in SCHED_KINDS:
-        raise InputError(
-            f"overlap bench: sched_kind must be one of {', '.join(SCHED_KINDS)}, not {sched_kind!r}"
-        )
+    check_sched_kind(sched_kind)
     make = resolve_factory(factory)  # one line for a bad MODULE:CALLABLE, before any device work
-    if platform is None:
-        simulated = device is not None and is_simulated(device)
-        if not simulated and not cuda_available():
-            raise CudaUnavailableError(
-                "bench overlap --factory needs a CUDA device (torch.cuda.is_available() is "
-                "False); --device sim runs it on the simulated platform"
-            )
-        platform = open_runtime("sim" if simulated else (device or "cuda"), pm=pm).platform
-    on_cuda = platform.name == "cuda"
+    rig = (
+        open_rig(device, "bench overlap --factory", pm=pm) if platform is None else rig_of(platform)
+    )
+    platform = rig.platform
     subjects = call_factory(make, factory, platform)
     warmup = min(warmup, max(steps - 2, 0))
-    probe_factory: Callable[[], Any] = CudaProbe if on_cuda else HostProbe
-    bookkeeping = _bookkeeping(platform, sched_kind, sched_us) if on_cuda else _no_work
+    bookkeeping = rig.bookkeeping(sched_kind, sched_us, SCHED_HIDDEN)
     measured, traces = [], {}
     for subject in subjects:
-        one, marks = _measure(subject, platform, bookkeeping, steps, repeats, warmup, probe_factory)
+        one, marks = _measure_subject(
+            subject, platform, bookkeeping, steps, repeats, warmup, rig.probe
+        )
         measured.append(one)
         traces.update({f"{subject.name}:{name}": t for name, t in marks.items()})
     result: dict[str, Any] = {
@@ -167,8 +154,8 @@ def run_factory_overlap(
             "sched_kind": sched_kind,
             "sched_us_target": sched_us,
             "platform": platform.name,
-            "device": _device_name(platform),
-            "torch": _torch_version(),
+            "device": device_name(platform),
+            "torch": torch_version(),
         },
         "subjects": measured,
     }
@@ -178,19 +165,7 @@ def run_factory_overlap(
     return result
 
 
-def _no_work() -> None:
-    """No scheduler bookkeeping on the simulated platform (host times are meaningless)."""
-
-
-def _bookkeeping(platform: Platform, kind: str, target_us: float) -> Callable[[], None]:
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
-    device = torch.device(platform.device)
-    rows = calibrate_rows(target_us, SCHED_HIDDEN, device) if kind == "matmul" else 0
-    return scheduler_work(kind, target_us, device, rows=rows, hidden=SCHED_HIDDEN)
-
-
-def _measure(
+def _measure_subject(
     subject: AuditSubject,
     platform: Platform,
     bookkeeping: Callable[[], None],
@@ -211,7 +186,7 @@ def _measure(
         platform, subject.model, schedule, bookkeeping, steps, warmup, probe_factory, mode
     )
     ideal = bench.ideal_us()
-    rows, traces, captures = bench.measure(VARIANTS, repeats)
+    rows, traces, captures = bench.measure(ROWS, repeats)
     writes_shared = schedule.writes_shared()  # after the last run's steps (the device is idle)
     by = {r["name"]: r for r in rows}
     for name in ("in_graph", "derived"):
@@ -253,26 +228,8 @@ def targets(rows: Sequence[dict]) -> dict[str, bool]:
     }
 
 
-def _device_name(platform: Platform) -> str:
-    if platform.name != "cuda":
-        return platform.name
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
-    return str(torch.cuda.get_device_name(platform.device))
-
-
-def _torch_version() -> str:
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
-    return str(torch.__version__)
-
-
-def format_factory_overlap(result: dict, fmt: str = "text") -> str:
-    """The result as tables (``text``, one per subject) or JSON (``json``)."""
-    if fmt == "json":
-        return json_document(result)
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_factory_overlap(result: dict) -> str:
+    """The result as tables, one per subject (`warpolicy.bench.command.render` gives JSON too)."""
     c = result["config"]
     lines = [
         f"overlap benchmark of {c['factory']} on {c['device']} (torch {c['torch']}): scheduler "
@@ -293,8 +250,36 @@ def format_factory_overlap(result: dict, fmt: str = "text") -> str:
     return "\n".join(lines)
 
 
+def _measure(args: argparse.Namespace) -> Report:
+    result = run_factory_overlap(
+        args.factory,
+        steps=args.steps,
+        device=args.device,
+        sched_kind=args.sched_kind,
+        trace=args.trace,
+    )
+    return Report(result, format_factory_overlap)
+
+
+#: ``warpolicy bench overlap --factory MODULE:CALLABLE``.
+VARIANT = Variant(
+    selector="--factory",
+    options=(
+        option(
+            "--factory",
+            metavar="MODULE:CALLABLE",
+            help="benchmark your own model: the callable `audit --factory` takes (called with "
+            "the platform, returns an AuditSubject or a list); e.g. warpolicy.bench.llama:decode",
+        ),
+    ),
+    reads=frozenset({"steps", "device", "sched_kind", "trace"}),
+    measure=_measure,
+    refusal="describe the synthetic model; the factory's model has its own",
+)
+
 __all__ = [
-    "VARIANTS",
+    "ROWS",
+    "VARIANT",
     "SubjectSchedule",
     "format_factory_overlap",
     "run_factory_overlap",

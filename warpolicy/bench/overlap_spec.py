@@ -24,16 +24,16 @@ meaningless). The CLI runs it as ``warpolicy bench overlap --spec-step``.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from typing import Any, Callable, Sequence
 
-from warpolicy.bench.overlap import SchedulePlan, fixed
-from warpolicy.bench.timing import CudaProbe, HostProbe, calibrate_rows, copy_work, matmul_work
-from warpolicy.errors import CudaUnavailableError, InputError
-from warpolicy.registry.report import json_document
+from warpolicy.bench.command import Report, Variant, option, targets_line
+from warpolicy.bench.overlap import SchedulePlan, same, snapshot
+from warpolicy.bench.rig import device_name, open_rig, synthetic_config, torch_version
+from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.manager import open_runtime
-from warpolicy.runtime.platforms import is_simulated
+from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -67,7 +67,7 @@ class _Shape:
         steps: int,
         batch: int,
     ) -> None:
-        self.shape, self.platform = shape, platform
+        self.shape, self.platform, self.steps = shape, platform, steps
         plan = [
             ("draft", ForwardMode.DECODE, draft_layers),
             ("verify", ForwardMode.TARGET_VERIFY, layers),
@@ -87,7 +87,7 @@ class _Shape:
         }
         runners: list[GraphRunner] = []
         for name, mode, model in self.plan:
-            policy = fixed("none" if run == "coarse" else choice[name])
+            policy = fixed_policy("none" if run == "coarse" else choice[name])
             adapter = model
             runner: GraphRunner
             if mode == ForwardMode.TARGET_VERIFY:
@@ -110,6 +110,52 @@ class _Shape:
         return self.schedules[0].batch(k)
 
 
+def _measure_shape(
+    shape: _Shape, bookkeeping: Callable[[], None], probe_factory: Callable[[], Any], warmup: int
+) -> list[dict]:
+    """One shape's rows: every run overlapped, checked against one sequential reference, and
+    the share of the coarse-to-no-barrier gap each closes."""
+    platform, steps = shape.platform, shape.steps
+    reference: list[Any] = []
+    by_run = {}
+    for run in RUNS:
+        step = shape.step(run)
+        if not reference:  # sequential: writes, then the step, on one stream
+            for k in range(steps):
+                shape.write(k)
+                bookkeeping()
+                reference.append(snapshot(step.run(shape.batch(k))))
+            platform.synchronize()
+        shape.write(0)
+        platform.synchronize()
+        probe = probe_factory()
+        loop = OverlapLoop(platform=platform, probe=probe, unsafe_skip_barrier=run == "no_barrier")
+        outs = []
+        for k in range(steps):
+
+            def write_next(k: int = k) -> None:
+                if k + 1 < steps:
+                    shape.write(k + 1)
+                bookkeeping()
+
+            outs.append(snapshot(loop.step(shape.batch(k), write_next, runner=step)))
+        loop.drain()
+        by_run[run] = {
+            "shape": shape.shape,
+            "run": run,
+            "reader": step.reader.name,
+            "step_us": _step_times(probe.times_us(), warmup),
+            "corrupted": sum(not same(o, r) for o, r in zip(outs, reference)),
+            "checked": steps,
+            "sound": run != "no_barrier",
+        }
+    coarse, bound = by_run["coarse"]["step_us"], by_run["no_barrier"]["step_us"]
+    gap = coarse - bound
+    for row in by_run.values():
+        row["gap_closed"] = (coarse - row["step_us"]) / gap if gap > 0.005 * coarse else None
+    return list(by_run.values())
+
+
 def run_overlap_spec_bench(
     layers: int = 32,
     draft_layers: int = 4,
@@ -122,103 +168,39 @@ def run_overlap_spec_bench(
     hidden: int = 2048,
     warmup: int = 10,
     pm: Any = None,
+    sched_kind: str = "copy",
 ) -> dict:
-    """Run every shape and run kind once; return the result dict (see `format_overlap_spec`)."""
-    import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
-
+    """Run every shape and run kind once; return the result dict (see `format_overlap_spec`).
+    After its writes the scheduler does about ``sched_us`` of GPU bookkeeping of
+    ``sched_kind`` (`warpolicy.bench.timing.SCHED_KINDS`), as in the synthetic run."""
     # deferred: the synthetic model imports torch
-    from warpolicy.audit.synthetic_model import (  # noqa: PLC0415
-        Layout,
-        SyntheticConfig,
-        SyntheticModel,
-    )
+    from warpolicy.audit.synthetic_model import Layout, SyntheticModel  # noqa: PLC0415
 
     if min(layers, draft_layers, batch, steps) <= 0:
         raise InputError(
             "overlap spec bench: layers, draft_layers, batch and steps must be positive"
         )
-    fake = device is not None and is_simulated(device)
-    if not fake and not torch.cuda.is_available():
-        raise CudaUnavailableError(
-            "the speculative-step overlap benchmark needs a CUDA device "
-            "(torch.cuda.is_available() is False)"
-        )
-    platform = open_runtime("sim" if fake else (device or "cuda"), pm=pm).platform
-    probe_factory: Callable[[], Any]
-    if fake:
+    rig = open_rig(device, "the speculative-step overlap benchmark", pm=pm)
+    platform = rig.platform
+    if rig.simulated:
         layers, draft_layers, batch, steps, hidden, warmup = 2, 1, 4, 8, 16, 2
-        tdev, layer_rows, probe_factory = torch.device("cpu"), 8, HostProbe
-        bookkeeping = matmul_work(8, hidden, tdev)
-    else:
-        tdev = torch.device(device or "cuda")
-        layer_rows = calibrate_rows(layer_us, hidden, tdev, tanh=True)
-        probe_factory = CudaProbe
-        bookkeeping = copy_work(sched_us, tdev)
+    bookkeeping = rig.bookkeeping(sched_kind, sched_us, hidden)
+    layer_rows = rig.layer_rows(layer_us, hidden)
     warmup = min(warmup, max(steps - 2, 0))
 
     modes = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
     def make_model(n: int) -> Any:  # one seed: every phase starts from the same tables
-        cfg = SyntheticConfig(
-            reqs=2 * batch,
-            ctx=64,
-            swa_slots=1024,
-            hidden=hidden,
-            layers=n,
-            buckets={m: (batch,) for m in modes},
-            layer_rows=layer_rows,
+        cfg = synthetic_config(
+            rig.device, batch=batch, hidden=hidden, layers=n, layer_rows=layer_rows, modes=modes,
             shared_index=True,
-            dtype=torch.bfloat16 if tdev.type == "cuda" else torch.float32,
-        )
-        return SyntheticModel(Layout(), cfg, tdev)
+        )  # fmt: skip
+        return SyntheticModel(Layout(), cfg, rig.device)
 
     rows = []
     for shape_name in SHAPES:
         shape = _Shape(shape_name, platform, make_model, layers, draft_layers, steps, batch)
-        reference = None
-        by_run = {}
-        for run in RUNS:
-            step = shape.step(run)
-            if reference is None:  # sequential: writes, then the step, on one stream
-                reference = []
-                for k in range(steps):
-                    shape.write(k)
-                    bookkeeping()
-                    reference.append([o.clone() for o in step.run(shape.batch(k))])
-                platform.synchronize()
-            shape.write(0)
-            platform.synchronize()
-            probe = probe_factory()
-            loop = OverlapLoop(
-                platform=platform, probe=probe, unsafe_skip_barrier=run == "no_barrier"
-            )
-            outs = []
-            for k in range(steps):
-
-                def write_next(k: int = k, shape: Any = shape) -> None:
-                    if k + 1 < steps:
-                        shape.write(k + 1)
-                    bookkeeping()
-
-                outs.append([o.clone() for o in loop.step(shape.batch(k), write_next, runner=step)])
-            loop.drain()
-            corrupted = sum(
-                any(not torch.equal(a, b) for a, b in zip(o, r)) for o, r in zip(outs, reference)
-            )
-            by_run[run] = {
-                "shape": shape_name,
-                "run": run,
-                "reader": step.reader.name,
-                "step_us": _step_times(probe.times_us(), warmup),
-                "corrupted": corrupted,
-                "checked": steps,
-                "sound": run != "no_barrier",
-            }
-        coarse, bound = by_run["coarse"]["step_us"], by_run["no_barrier"]["step_us"]
-        gap = coarse - bound
-        for row in by_run.values():
-            row["gap_closed"] = (coarse - row["step_us"]) / gap if gap > 0.005 * coarse else None
-            rows.append(row)
+        rows += _measure_shape(shape, bookkeeping, rig.probe, warmup)
     return {
         "config": {
             "layers": layers,
@@ -229,8 +211,10 @@ def run_overlap_spec_bench(
             "layer_rows": layer_rows,
             "layer_us_target": layer_us,
             "sched_us_target": sched_us,
+            "sched_kind": sched_kind,
             "platform": platform.name,
-            "torch": torch.__version__,
+            "device": device_name(platform),
+            "torch": torch_version(),
         },
         "rows": rows,
         "targets": {
@@ -239,12 +223,8 @@ def run_overlap_spec_bench(
     }
 
 
-def format_overlap_spec(result: dict, fmt: str = "text") -> str:
-    """The result as a table (``text``) or JSON (``json``)."""
-    if fmt == "json":
-        return json_document(result)  # schema_version first, like every JSON output
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_overlap_spec(result: dict) -> str:
+    """The result as a table (`warpolicy.bench.command.render` gives JSON too)."""
     c = result["config"]
     lines = [
         f"speculative-step overlap on {c['platform']} (torch {c['torch']}): verify "
@@ -262,12 +242,36 @@ def format_overlap_spec(result: dict, fmt: str = "text") -> str:
             f"{gap:>10s} {r['corrupted']:>4d}/{r['checked']:<5d}"
         )
     lines.append("")
-    lines.append(
-        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
-    )
+    lines.append(targets_line(result["targets"]))
     if c["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)
 
 
-__all__: Sequence[str] = ("run_overlap_spec_bench", "format_overlap_spec")
+def _measure(args: argparse.Namespace) -> Report:
+    result = run_overlap_spec_bench(
+        layers=args.layers,
+        batch=args.batch,
+        steps=args.steps,
+        device=args.device,
+        sched_kind=args.sched_kind,
+    )
+    return Report(result, format_overlap_spec)
+
+
+#: ``warpolicy bench overlap --spec-step``.
+VARIANT = Variant(
+    selector="--spec-step",
+    options=(
+        option(
+            "--spec-step",
+            default=False,
+            action="store_true",
+            help="the speculative-step variant (EAGLE-like and DFlash-like phase steps)",
+        ),
+    ),
+    reads=frozenset({"steps", "device", "sched_kind", "layers", "batch"}),
+    measure=_measure,
+)
+
+__all__: Sequence[str] = ("VARIANT", "format_overlap_spec", "run_overlap_spec_bench")

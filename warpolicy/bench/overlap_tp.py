@@ -28,6 +28,7 @@ exercised on CPU). The CLI runs it as ``warpolicy bench overlap --tp N``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import json
@@ -39,14 +40,15 @@ from typing import Any, Callable, Iterator, Optional
 
 import attrs
 
+from warpolicy.bench.command import Report, Variant, option, targets_line
 from warpolicy.bench.overlap import (
     OverlapBench,
     SchedulePlan,
-    fixed,
     gap_closed,
     median,
     step_metrics,
 )
+from warpolicy.bench.rig import device_name, synthetic_config
 from warpolicy.bench.timing import (
     SCHED_KINDS,
     CudaProbe,
@@ -58,7 +60,7 @@ from warpolicy.bench.timing import (
 )
 from warpolicy.errors import CudaUnavailableError, InputError, WarpolicyError
 from warpolicy.registry.engine import PolicyEngine
-from warpolicy.registry.report import json_document
+from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
@@ -69,9 +71,10 @@ from warpolicy.registry.vocabulary import (
 from warpolicy.runtime.distributed import all_gather_json, compile_consistent, guard_policy
 from warpolicy.runtime.manager import open_runtime
 from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
+from warpolicy.runtime.policy import fixed_policy
 
 #: (name, policy, sound for this model, skip the barrier entirely)
-VARIANTS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
+ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
     ("coarse", NONE, True, False),
     ("post_replay", POST_REPLAY, True, False),
     ("in_graph", IN_GRAPH, True, False),
@@ -199,9 +202,6 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     """Run every variant on this rank (inside an initialised process group); its report."""
     import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
-    # deferred: the synthetic model imports torch
-    from warpolicy.audit.synthetic_model import SyntheticConfig  # noqa: PLC0415
-
     fake = config.simulated
     runtime = open_runtime("sim" if fake else device)
     platform = runtime.platform
@@ -249,16 +249,13 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         observers=runtime.observers,
     )
 
-    cfg = SyntheticConfig(
-        reqs=2 * config.batch,
-        ctx=64,
-        swa_slots=1024,
+    cfg = synthetic_config(
+        device,
+        batch=config.batch,
         hidden=config.hidden,
         layers=config.layers,
-        seed=rank,
-        buckets={ForwardMode.DECODE: (config.batch,)},
         layer_rows=layer_rows,
-        dtype=torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
+        seed=rank,
     )
     model = tensor_parallel_model(cfg, device)
     plan = SchedulePlan(model, config.steps, config.batch, seed=1 + rank)
@@ -266,8 +263,8 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     ideal = bench.ideal_us()
     rows: list[dict[str, Any]] = []
     checksum: Optional[float] = None
-    for name, policy, is_sound, skip in VARIANTS:
-        runner = bench.runner(guard_policy(fixed(policy), consistency), name)
+    for name, policy, is_sound, skip in ROWS:
+        runner = bench.runner(guard_policy(fixed_policy(policy), consistency), name)
         per_run, corrupted = [], 0
         for _ in range(config.repeats):
             ref = bench.reference(runner)
@@ -294,7 +291,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
         "rank": rank,
         "world_size": world_size,
         "platform": platform.name,
-        "device": platform.name if fake else torch.cuda.get_device_name(device),
+        "device": device_name(platform),
         "mismatch": config.mismatch_rank == rank,
         "consistency": consistency.to_json(),
         "engine_decode_policy": _lookup(compiled, ForwardMode.DECODE).label,
@@ -462,12 +459,8 @@ def run_overlap_tp(
 # -- output --------------------------------------------------------------------------------------
 
 
-def format_overlap_tp(result: dict, fmt: str = "text") -> str:
-    """The result as a per-rank table (``text``) or JSON (``json``)."""
-    if fmt == "json":
-        return json_document(result)  # schema_version first, like every JSON output
-    if fmt != "text":
-        raise InputError(f"unknown format {fmt!r}; use text or json")
+def format_overlap_tp(result: dict) -> str:
+    """The result as a per-rank table (`warpolicy.bench.command.render` gives JSON too)."""
     c, ranks = result["config"], result["ranks"]
     eff = ranks[0].get("effective", c)
     lines = [
@@ -505,9 +498,62 @@ def format_overlap_tp(result: dict, fmt: str = "text") -> str:
                 f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
             )
     lines.append("")
-    lines.append(
-        "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
-    )
+    lines.append(targets_line(result["targets"]))
     if ranks[0]["platform"] != "cuda":
         lines.append("(simulated platform: host timestamps, numbers are meaningless)")
     return "\n".join(lines)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def _measure(args: argparse.Namespace) -> Optional[Report]:
+    extra = {} if args.mismatch_env is None else {"mismatch_env": args.mismatch_env}
+    result = run_overlap_tp(
+        args.tp,
+        layers=args.layers,
+        batch=args.batch,
+        steps=args.steps,
+        sched_kind=args.sched_kind,
+        device=args.device or "cuda",
+        mismatch_rank=args.mismatch_rank,
+        strict=args.strict,
+        **extra,
+    )
+    # under torchrun, ranks other than 0 print nothing
+    return None if result is None else Report(result, format_overlap_tp)
+
+
+#: ``warpolicy bench overlap --tp N``.
+VARIANT = Variant(
+    selector="--tp",
+    options=(
+        option(
+            "--tp",
+            type=positive_int_argument,
+            metavar="N",
+            help="tensor parallel: N ranks (one GPU each), every layer ending in an "
+            "all-reduce, with the cross-rank consistency check",
+        ),
+        option(
+            "--mismatch-rank",
+            type=int,
+            metavar="R",
+            help="with --tp: give rank R --mismatch-env (every rank must end coarse)",
+        ),
+        option(
+            "--mismatch-env",
+            metavar="NAME=VALUE",
+            help="with --tp: the environment change of --mismatch-rank "
+            "(default WARPOLICY_FORCE_COARSE=1)",
+        ),
+        option(
+            "--strict",
+            default=False,
+            action="store_true",
+            help="with --tp: a cross-rank mismatch raises on every rank",
+        ),
+    ),
+    reads=frozenset({"steps", "device", "sched_kind", "layers", "batch"}),
+    measure=_measure,
+)

@@ -6,6 +6,7 @@ import argparse
 
 from warpolicy.audit import format_audit, run_audit
 from warpolicy.cli import common
+from warpolicy.registry.report import DATA_FORMATS
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +48,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="with --synthetic: where the read-done node goes (default: as declared; "
         "derived: after the last shared reader found in the captured graph)",
     )
-    p.add_argument("--format", choices=common.DATA_FORMATS, default="text")
+    p.add_argument("--format", choices=DATA_FORMATS, default="text")
 
     p.set_defaults(handler=cmd_audit)
 

@@ -26,13 +26,11 @@ from warpolicy.errors import InputError, Problem, UnknownNameError, WarpolicyErr
 from warpolicy.registry.decision import FORCE_COARSE, Context
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.facts import check_facts, parse_fact_value
-from warpolicy.registry.inputs import parse_bool, parse_positive_int
+from warpolicy.registry.inputs import parse_bool
 from warpolicy.registry.loader import default_registry_path, load_registry
 from warpolicy.registry.report import FORMATS
 from warpolicy.runtime import manager
 
-#: Formats of commands whose output is not a table (benchmarks, audit).
-DATA_FORMATS = tuple(f for f in FORMATS if f != "markdown")
 #: The runner facts a command line can give (``--platform``, ``--[no-]external-events``,
 #: ``--eager``, ``--no-plant``).
 FACT_OPTIONS = ("platform", "external_events", "eager", "planted")
@@ -66,21 +64,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(self.prog, message)
-
-
-def positive_int(text: str) -> int:
-    """argparse type for counts (iterations, trials, steps): a traceback-free usage error."""
-    try:
-        return parse_positive_int(text, "count")
-    except InputError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type for a limit where 0 means none."""
-    if text.strip() == "0":
-        return 0
-    return positive_int(text)
 
 
 # -- argument groups shared by several commands ---------------------------------------------

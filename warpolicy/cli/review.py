@@ -21,6 +21,7 @@ from warpolicy.errors import Problem, RegistryError
 from warpolicy.registry.cells import CellSpace, cell_space
 from warpolicy.registry.compare import Diff, LayerChange, diff_engines, earlier_layers
 from warpolicy.registry.engine import PolicyEngine
+from warpolicy.registry.inputs import non_negative_int_argument
 from warpolicy.registry.loader import (
     Fragment,
     Source,
@@ -30,6 +31,7 @@ from warpolicy.registry.loader import (
     validate_warnings,
 )
 from warpolicy.registry.report import (
+    DATA_FORMATS,
     DEFAULT_LIMIT,
     DIFF_SCHEMA_VERSION,
     format_diff,
@@ -66,7 +68,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="files to validate ('default' names the packaged registry)",
     )
     _add_each_args(p, "each FILE on its own, over the --base files (the pre-commit hook)")
-    common.add_format(p, common.DATA_FORMATS)
+    common.add_format(p, DATA_FORMATS)
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the registry format")
@@ -116,7 +118,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     common.add_format(p)
     p.add_argument(
         "--limit",
-        type=common.non_negative_int,
+        type=non_negative_int_argument,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"list at most N rows, the ones that need an audit first (default {DEFAULT_LIMIT}; "

@@ -7,6 +7,7 @@ layer may use it.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from typing import Mapping
 
@@ -60,3 +61,18 @@ def parse_positive_int(value: object, what: str) -> int:
     if number < 1:
         raise InputError(f"{what}: expected a positive integer, got {value!r}")
     return number
+
+
+def positive_int_argument(text: str) -> int:
+    """argparse type for counts (``--iterations``, ``--steps``): a traceback-free usage error."""
+    try:
+        return parse_positive_int(text, "count")
+    except InputError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def non_negative_int_argument(text: str) -> int:
+    """argparse type for a limit where 0 means none."""
+    if text.strip() == "0":
+        return 0
+    return positive_int_argument(text)

@@ -16,6 +16,8 @@ from warpolicy.registry.engine import Decision, Explanation, GateCheck
 
 #: Every output format a command may offer.
 FORMATS = ("text", "json", "markdown")
+#: Formats of commands whose output is not a table (benchmarks, audit).
+DATA_FORMATS = tuple(f for f in FORMATS if f != "markdown")
 #: The ``schema_version`` of every JSON document the CLI prints.
 JSON_SCHEMA_VERSION = 1
 

@@ -44,7 +44,8 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.observers import ObserverCall, Reporter
-from warpolicy.runtime.release import BucketRelease, ModePolicies, sound
+from warpolicy.runtime.policy import sound
+from warpolicy.runtime.release import BucketRelease, ModePolicies
 
 #: The fact a runner reports itself: the query tokens the forward sees.
 NUM_QO_TOKENS = "num_qo_tokens"

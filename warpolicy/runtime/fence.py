@@ -9,13 +9,14 @@ Capture time, per bucket::
 
 Per step, on the forward stream, with the bucket's `BucketRelease` (the only thing read)::
 
-    fence.before_replay(release)    # PRE_REPLAY records a ring event here
+    step = fence.before_replay(release)     # PRE_REPLAY records a ring event here
     platform.replay(graph)
-    fence.after_replay(release)     # IN_GRAPH hands out the bucket's event, POST_REPLAY records
+    fence.after_replay(release, step=step)  # IN_GRAPH hands out the bucket's event,
+                                            # POST_REPLAY records
 
 Scheduler side, right after the launch::
 
-    barrier.apply(schedule_stream, forward_stream, fence.take())
+    barrier.apply(schedule_stream, forward_stream, fence.take(step))
 
 Failures never raise out of the fence: the step publishes nothing (the scheduler takes the
 coarse barrier), every failure reaches ``warpolicy_on_fallback``, one warning per place
@@ -26,16 +27,19 @@ step publishes nothing.
 
 The per-step path is attribute work and the platform's own bound calls: no plugin dispatch, no
 allocation (each `ReadDone` is built once, per bucket or per ring slot), observers only when
-registered, and one owner-thread check per call (`warpolicy.runtime.ownership`).
+registered, and one owner-thread check per step (`warpolicy.runtime.ownership`): `before_replay`
+checks and returns the step's token; `after_replay` and `take` given it skip the check (each
+checks when called without it).
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
+from warpolicy.registry.inputs import env_switch
+from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import EventHandle, Platform, StreamHandle
@@ -68,7 +72,7 @@ _FAILED = StepState.FAILED
 def _profile_ranges(explicit: Optional[bool]) -> bool:
     if explicit is not None:
         return bool(explicit)
-    return os.environ.get(PROFILE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return env_switch(os.environ, PROFILE_ENV)
 
 
 def _record_function(name: str) -> Any:
@@ -100,6 +104,7 @@ class ReadDoneFence:
         self.platform = platform
         self.name = name
         self.ring = EventRing(platform, ring_size, name)
+        self._ring_record = self.ring.record
         self.reporter = Reporter(observers, f"fence {name!r}")
         self._observers = observers
         self._owner = owner if owner is not None else ThreadOwner(f"fence {name!r}")
@@ -203,9 +208,14 @@ class ReadDoneFence:
 
     # -- per step -------------------------------------------------------------------------------
 
-    def before_replay(self, release: BucketRelease, stream: Optional[StreamHandle] = None) -> None:
-        """Begin a step. A ``PRE_REPLAY`` release records a ring event on ``stream`` (None = the
-        current, forward, stream) now, before the replay is enqueued."""
+    def before_replay(self, release: BucketRelease, stream: Optional[StreamHandle] = None) -> int:
+        """Begin a step and return its token (the step's number). A ``PRE_REPLAY`` release
+        records a ring event on ``stream`` (None = the current, forward, stream) now, before the
+        replay is enqueued.
+
+        This call checks that the calling thread owns the fence; `after_replay` and `take`
+        given the token (``step=``) skip that check for the step it began: one owner check per
+        step. Without the token each checks again."""
         if self._owner.ident != get_ident():
             self._owner.claim()
         self._step += 1
@@ -213,6 +223,7 @@ class ReadDoneFence:
         self._state = self._open
         if release.policy is PRE_REPLAY:
             self._record_pre_replay(stream)
+        return self._step
 
     def _record_pre_replay(self, stream: Optional[StreamHandle]) -> None:
         try:
@@ -228,28 +239,42 @@ class ReadDoneFence:
         slot.step = self._step
         self._pending = slot
 
-    def after_replay(self, release: BucketRelease, stream: Optional[StreamHandle] = None) -> None:
+    def after_replay(
+        self,
+        release: BucketRelease,
+        stream: Optional[StreamHandle] = None,
+        step: Optional[int] = None,
+    ) -> None:
         """Publish this step's read-done into the mailbox, right after ``replay()`` is enqueued.
 
         ``IN_GRAPH`` hands out the event the bucket's graph records; ``POST_REPLAY`` records a
         ring event on ``stream`` now; ``PRE_REPLAY`` hands out the `before_replay` record;
-        ``NONE`` (or any failure in this step) publishes nothing.
+        ``NONE`` (or any failure in this step) publishes nothing. ``step``: the token
+        `before_replay` returned for this step (see there).
         """
-        if self._owner.ident != get_ident():
+        if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
-        read_done = release.read_done
-        if read_done is not None and self._state is _READY:  # in_graph: the common case
-            self._state = _CLOSED
-            read_done.slot.step = self._step
-            self._mailbox = read_done
-            self._published = IN_GRAPH
-            if self._observers.on_publish:
-                self.reporter.publish(self.name, self._step, IN_GRAPH, read_done.event)
-            return
+        read_done = release.read_done  # in_graph: the bucket's own record, built once
+        if self._state is _READY:  # the common cases: in_graph, then post_replay
+            if read_done is None and release.policy is POST_REPLAY:
+                try:
+                    read_done = self._ring_record(stream).post_replay
+                except Exception as exc:  # noqa: BLE001 - publish nothing this step
+                    self._state = _FAILED
+                    self._record_failed(exc)
+            if read_done is not None:
+                self._state = _CLOSED
+                read_done.slot.step = self._step
+                self._mailbox = read_done
+                policy = self._published = read_done.policy
+                if self._observers.on_publish:
+                    self.reporter.publish(self.name, self._step, policy, read_done.event)
+                return
         self._publish_step(release, stream)
 
     def _publish_step(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
         if self._state is _CLOSED:  # a step must have a number even without before_replay
+            self._owner.check()  # a token of a step already published proves nothing
             self._step += 1
             self._mailbox = None
             self._state = self._open
@@ -262,12 +287,8 @@ class ReadDoneFence:
                         read_done = self._publish(release, stream)
                 else:
                     read_done = self._publish(release, stream)
-            except RingExhaustedError as exc:
-                self.reporter.fallback(
-                    "ring", exc, f"{exc}; this step publishes nothing (the coarse barrier)"
-                )
             except Exception as exc:  # noqa: BLE001 - publish nothing this step
-                self.reporter.fallback("after_replay", exc)
+                self._record_failed(exc)
         if read_done is None:
             self._published = NONE
             event = None
@@ -279,12 +300,21 @@ class ReadDoneFence:
         if self._observers.on_publish:
             self.reporter.publish(self.name, self._step, self._published, event)
 
+    def _record_failed(self, exc: Exception) -> None:
+        """A publish failed (its state is already failed or closed): report it."""
+        if isinstance(exc, RingExhaustedError):
+            self.reporter.fallback(
+                "ring", exc, f"{exc}; this step publishes nothing (the coarse barrier)"
+            )
+        else:
+            self.reporter.fallback("after_replay", exc)
+
     def _publish(self, release: BucketRelease, stream: Optional[StreamHandle]) -> ReadDone:
         policy = release.policy
         if release.read_done is not None:
             return release.read_done  # in_graph (this path: profiler ranges on)
         if policy is POST_REPLAY:
-            return self.ring.record(stream).post_replay
+            return self._ring_record(stream).post_replay
         if policy is PRE_REPLAY:
             slot = self._pending
             if slot is None or slot.step != self._step:
@@ -293,13 +323,14 @@ class ReadDoneFence:
             return slot.pre_replay
         raise FenceError(f"cannot publish {policy!r} (an in_graph release carries its event)")
 
-    def take(self) -> Optional[ReadDone]:
+    def take(self, step: Optional[int] = None) -> Optional[ReadDone]:
         """The scheduler's read of the mailbox: this step's `ReadDone` once, then None.
 
         The mailbox is emptied when a step begins, so it never holds an older step's event. The
         taken event is marked awaited until a barrier waits on it (the ring skips it meanwhile).
+        ``step``: the token `before_replay` returned for the latest step (no owner check then).
         """
-        if self._owner.ident != get_ident():
+        if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
         read_done = self._mailbox
         if read_done is not None:
@@ -311,7 +342,11 @@ class ReadDoneFence:
 class SchedulerBarrier:
     """The scheduler side: the schedule stream waits on the taken event, or on the whole
     forward stream (coarse) when there is none, when coarse is forced, or when the wait failed.
-    Either way the taken event is no longer awaited afterwards."""
+    Either way the taken event is no longer awaited afterwards.
+
+    ``apply`` is chosen once, at construction: the barrier itself, or, with profiler ranges
+    on, the same inside a ``warpolicy.barrier`` range.
+    """
 
     def __init__(
         self,
@@ -328,8 +363,12 @@ class SchedulerBarrier:
         self._observers = observers
         self._wait_event = platform.wait_event  # the platform's own bound calls
         self._wait_stream = platform.wait_stream
+        self.force_coarse = force_coarse
         self._ranges = _profile_ranges(profile_ranges)
-        self.force_coarse = force_coarse  # also sets _slow (forced or ranged: off the fast path)
+        #: ``apply(schedule_stream, forward_stream, read_done) -> "event" | "coarse"``
+        self.apply: Callable[[StreamHandle, StreamHandle, Optional[ReadDone]], str] = (
+            self._ranged if self._ranges else self._barrier
+        )
 
     @property
     def force_coarse(self) -> bool:
@@ -339,9 +378,8 @@ class SchedulerBarrier:
     @force_coarse.setter
     def force_coarse(self, value: bool) -> None:
         self._force_coarse = bool(value)
-        self._slow = self._force_coarse or self._ranges
 
-    def apply(
+    def _barrier(
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
@@ -349,26 +387,32 @@ class SchedulerBarrier:
     ) -> str:
         """Order ``schedule_stream`` after the forward's shared reads; returns ``"event"`` or
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
-        if read_done is not None and not self._slow:  # the common case
-            try:
-                self._wait_event(schedule_stream, read_done.event)
-            except Exception as exc:  # noqa: BLE001
-                return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
-            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
-                self._interrupted(schedule_stream, forward_stream, read_done)
-                raise
-            read_done.slot.taken = False
-            if self._observers.on_barrier:
-                self.reporter.barrier(
-                    read_done.source, read_done.slot.step, "event", read_done.policy.label
-                )
-            return "event"
-        if self._ranges:
-            with _record_function("warpolicy.barrier"):
-                return self._order(schedule_stream, forward_stream, read_done)
-        return self._order(schedule_stream, forward_stream, read_done)
+        if read_done is None or self._force_coarse:
+            return self._coarse_barrier(schedule_stream, forward_stream, read_done)
+        try:
+            self._wait_event(schedule_stream, read_done.event)
+        except Exception as exc:  # noqa: BLE001
+            return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+        except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+            self._interrupted(schedule_stream, forward_stream, read_done)
+            raise
+        read_done.slot.taken = False
+        if self._observers.on_barrier:
+            self.reporter.barrier(
+                read_done.source, read_done.slot.step, "event", read_done.policy.label
+            )
+        return "event"
 
-    def _order(
+    def _ranged(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        read_done: Optional[ReadDone],
+    ) -> str:
+        with _record_function("warpolicy.barrier"):
+            return self._barrier(schedule_stream, forward_stream, read_done)
+
+    def _coarse_barrier(
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
@@ -376,19 +420,6 @@ class SchedulerBarrier:
     ) -> str:
         # Every failure applies the safe (coarse) barrier *before* it is reported, so a warning
         # turned into an exception (``-W error``) can never leave the schedule stream unordered.
-        if read_done is not None and not self._force_coarse:
-            try:
-                self._wait_event(schedule_stream, read_done.event)
-            except Exception as exc:  # noqa: BLE001
-                return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
-            except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
-                self._interrupted(schedule_stream, forward_stream, read_done)
-                raise
-            read_done.slot.taken = False
-            self.reporter.barrier(
-                read_done.source, read_done.slot.step, "event", read_done.policy.label
-            )
-            return "event"
         self._coarse(schedule_stream, forward_stream)
         if read_done is None:
             self.reporter.barrier(self.name, None, "coarse", "no read-done event")

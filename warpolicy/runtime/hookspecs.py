@@ -11,11 +11,13 @@ Four kinds of hooks:
   plugin dispatch per operation. Exactly one plugin may claim a device type.
 * **Observer hooks** (``warpolicy_on_*``, no result): see every decision, publish, barrier,
   fallback and capture-time demotion (every one, not only the first), for logging, metrics and
-  tracing. With none registered the runtime pays nothing; each registered one is called
-  through pluggy's own hook caller (`warpolicy.runtime.observers`), so it receives exactly
-  the arguments pluggy passes it. An observer that raises is reported (a warning and
+  tracing. With none registered the runtime pays nothing; each registered implementation is
+  called directly (`warpolicy.runtime.observers`) with exactly the arguments pluggy would
+  pass it, and through pluggy's own hook caller only while a wrapper wraps the hook or
+  hook-call monitoring (tracing) is on. An observer that raises is reported (a warning and
   `warpolicy_on_fallback`) and never changes what is published or when the scheduler is
-  released.
+  released. Adding one is this module's hookspec plus its typed method on
+  `warpolicy.runtime.observers.Reporter`: everything else is derived from the hookspec.
 
 * **Per-batch action hook** (`warpolicy_batch_action`): performs a per-batch action (a snapshot,
   a staging copy) that the registry says can make one batch's release earlier. Its
@@ -28,6 +30,7 @@ they name), so new arguments can be added here without breaking plugins.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
@@ -75,26 +78,6 @@ REMOVED_PLATFORM_HOOKS = (
     "warpolicy_replay",
     "warpolicy_synchronize",
 )
-
-#: The observer hooks, in the order of their arguments as the runtime passes them.
-OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = {
-    "warpolicy_on_decision": ("decision", "where"),
-    "warpolicy_on_publish": ("runner", "step", "policy", "event"),
-    "warpolicy_on_barrier": ("runner", "step", "kind", "reason"),
-    "warpolicy_on_fallback": ("where", "error"),
-    "warpolicy_on_demotion": ("runner", "bucket", "reason"),
-    "warpolicy_on_violation": ("runner", "backend", "mode", "spec", "bucket", "step", "detail"),
-    "warpolicy_on_release_lead": ("runner", "mode", "bucket", "step", "lead_us"),
-}
-
-#: The per-batch action hook, its arguments in the order the runtime passes them.
-ACTION_HOOKS: Mapping[str, tuple[str, ...]] = {
-    "warpolicy_batch_action": ("action", "runner", "mode", "bucket", "batch"),
-}
-
-#: Every hook the runtime calls directly, per implementation (`warpolicy.runtime.observers`).
-DIRECT_HOOKS: Mapping[str, tuple[str, ...]] = {**OBSERVER_HOOKS, **ACTION_HOOKS}
-
 
 # -- registry fragments ------------------------------------------------------------------------
 
@@ -263,3 +246,27 @@ def warpolicy_batch_action(
     :param bucket: the captured bucket the step replays, or None for an eager step
     :param batch: the engine's batch, as given to ``runner.run``
     """
+
+
+# -- derived: what the runtime calls directly ----------------------------------------------------
+
+
+def _arguments(prefix: str) -> Mapping[str, tuple[str, ...]]:
+    """Every hookspec above whose name starts with ``prefix``, in definition order, with its
+    arguments in the order the runtime passes them (the hookspec's own)."""
+    return {
+        name: tuple(inspect.signature(spec).parameters)
+        for name, spec in list(globals().items())
+        if name.startswith(prefix) and inspect.isfunction(spec)
+    }
+
+
+#: The observer hooks (``warpolicy_on_*``), in the order of their arguments as the runtime
+#: passes them.
+OBSERVER_HOOKS: Mapping[str, tuple[str, ...]] = _arguments("warpolicy_on_")
+
+#: The per-batch action hook, its arguments in the order the runtime passes them.
+ACTION_HOOKS: Mapping[str, tuple[str, ...]] = _arguments("warpolicy_batch_action")
+
+#: Every hook the runtime calls directly, per implementation (`warpolicy.runtime.observers`).
+DIRECT_HOOKS: Mapping[str, tuple[str, ...]] = {**OBSERVER_HOOKS, **ACTION_HOOKS}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import attrs
 import pluggy
@@ -47,6 +47,8 @@ class ObserverCall:
     """One observer implementation (or, with a wrapper or while monitored, the whole hook) and
     how to call it: ``call(*args)`` with the hook's arguments in `DIRECT_HOOKS` order."""
 
+    #: the hook's name (``warpolicy_on_publish``)
+    hook: str
     #: the plugin name, or the sorted names joined by commas for a whole-hook call
     plugin: str
     #: the implementation called as the installed pluggy calls it (see `pluggy_passes_defaults`),
@@ -128,41 +130,41 @@ def _calls(
     spec = DIRECT_HOOKS[caller.name]
     if monitored or any(impl.hookwrapper or impl.wrapper for impl in impls):
         names = ",".join(sorted({impl.plugin_name for impl in impls}))
-        return (ObserverCall(names, _whole(caller, spec), whole=True),)
+        return (ObserverCall(caller.name, names, _whole(caller, spec), whole=True),)
     # pluggy calls the implementations last-first
-    return tuple(ObserverCall(impl.plugin_name, _direct(impl, spec)) for impl in reversed(impls))
+    return tuple(
+        ObserverCall(caller.name, impl.plugin_name, _direct(impl, spec)) for impl in reversed(impls)
+    )
+
+
+def attribute(hook: str) -> str:
+    """The `Observers` attribute of a directly called hook: its name without ``warpolicy_``
+    (``warpolicy_on_publish`` -> ``on_publish``, ``warpolicy_batch_action`` -> ``batch_action``)."""
+    return hook[len("warpolicy_") :]
+
+
+#: Each directly called hook's `Observers` attribute, derived from the hookspecs.
+ATTRIBUTES: Mapping[str, str] = {hook: attribute(hook) for hook in DIRECT_HOOKS}
 
 
 class Observers:
-    """The observer implementations of one plugin manager, one tuple of calls per hook."""
+    """The observer implementations of one plugin manager: per directly called hook (every
+    hookspec in `DIRECT_HOOKS`), a tuple of calls under its `attribute` name
+    (``observers.on_publish``, ``observers.batch_action``), empty when nobody observes it."""
 
-    __slots__ = (
-        "on_decision",
-        "on_publish",
-        "on_barrier",
-        "on_fallback",
-        "on_demotion",
-        "on_violation",
-        "on_release_lead",
-        "batch_action",
-        "monitored",
-        "_pm",
-    )
+    __slots__ = (*ATTRIBUTES.values(), "monitored", "_pm")
+
+    if TYPE_CHECKING:  # the slots above, one per hook, each a tuple of calls
+
+        def __getattr__(self, name: str) -> tuple[ObserverCall, ...]: ...
 
     def __init__(self, pm: Optional[pluggy.PluginManager] = None) -> None:
         self._pm = pm
         #: hook-call monitors (tracing is one) active on the manager: observers then go
         #: through pluggy so the monitor sees them
         self.monitored = 0
-        self.on_decision: tuple[ObserverCall, ...] = ()
-        self.on_publish: tuple[ObserverCall, ...] = ()
-        self.on_barrier: tuple[ObserverCall, ...] = ()
-        self.on_fallback: tuple[ObserverCall, ...] = ()
-        self.on_demotion: tuple[ObserverCall, ...] = ()
-        self.on_violation: tuple[ObserverCall, ...] = ()
-        self.on_release_lead: tuple[ObserverCall, ...] = ()
-        #: the per-batch action hook's implementations (`warpolicy.runtime.batch` calls them)
-        self.batch_action: tuple[ObserverCall, ...] = ()
+        for name in ATTRIBUTES.values():
+            setattr(self, name, ())
         self.refresh()
 
     def refresh(self) -> None:
@@ -170,29 +172,13 @@ class Observers:
         pm = self._pm
         if pm is None:
             return
-        hook = pm.hook
         monitored = self.monitored > 0
-        self.on_decision = _calls(pm, hook.warpolicy_on_decision, monitored)
-        self.on_publish = _calls(pm, hook.warpolicy_on_publish, monitored)
-        self.on_barrier = _calls(pm, hook.warpolicy_on_barrier, monitored)
-        self.on_fallback = _calls(pm, hook.warpolicy_on_fallback, monitored)
-        self.on_demotion = _calls(pm, hook.warpolicy_on_demotion, monitored)
-        self.on_violation = _calls(pm, hook.warpolicy_on_violation, monitored)
-        self.on_release_lead = _calls(pm, hook.warpolicy_on_release_lead, monitored)
-        self.batch_action = _calls(pm, hook.warpolicy_batch_action, monitored)
+        for hook, name in ATTRIBUTES.items():
+            setattr(self, name, _calls(pm, getattr(pm.hook, hook), monitored))
 
     def __repr__(self) -> str:
-        counts = (
-            len(self.on_decision),
-            len(self.on_publish),
-            len(self.on_barrier),
-            len(self.on_fallback),
-            len(self.on_demotion),
-            len(self.on_violation),
-            len(self.on_release_lead),
-            len(self.batch_action),
-        )
-        return f"Observers({dict(zip(DIRECT_HOOKS, counts))})"
+        counts = {hook: len(getattr(self, name)) for hook, name in ATTRIBUTES.items()}
+        return f"Observers({counts})"
 
 
 #: Observes nothing (the default of every runtime component built without observers).
@@ -232,9 +218,7 @@ class Reporter:
         """A failure absorbed by failing closed: ``warpolicy_on_fallback`` every time, one
         warning per ``where``. Call it once the safe state is in place."""
         self.counts[f"fallback:{where}"] += 1
-        calls = self.observers.on_fallback
-        if calls:
-            self._call(calls, "warpolicy_on_fallback", (f"{self.who}:{where}", error))
+        self._notify(self.observers.on_fallback, f"{self.who}:{where}", error)
         self._warn_once(
             f"fallback:{where}",
             message or f"{where} failed ({error!r}); falling back to the coarse barrier",
@@ -244,60 +228,22 @@ class Reporter:
         """A bucket published later than asked: ``warpolicy_on_demotion`` every time, one
         warning per bucket."""
         self.counts[f"demotion:{bucket}"] += 1
-        calls = self.observers.on_demotion
-        if calls:
-            self._call(
-                calls,
-                "warpolicy_on_demotion",
-                (
-                    runner,
-                    bucket,
-                    reason,
-                ),
-            )
+        self._notify(self.observers.on_demotion, runner, bucket, reason)
         self._warn_once(f"demotion:{bucket}", reason)
 
     def decision(self, decision: Decision, where: str) -> None:
-        calls = self.observers.on_decision
-        if calls:
-            self._call(
-                calls,
-                "warpolicy_on_decision",
-                (
-                    decision,
-                    where,
-                ),
-            )
+        """``warpolicy_on_decision``."""
+        self._notify(self.observers.on_decision, decision, where)
 
     def publish(
         self, runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
     ) -> None:
-        calls = self.observers.on_publish
-        if calls:
-            self._call(
-                calls,
-                "warpolicy_on_publish",
-                (
-                    runner,
-                    step,
-                    policy,
-                    event,
-                ),
-            )
+        """``warpolicy_on_publish``."""
+        self._notify(self.observers.on_publish, runner, step, policy, event)
 
     def barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
-        calls = self.observers.on_barrier
-        if calls:
-            self._call(
-                calls,
-                "warpolicy_on_barrier",
-                (
-                    runner,
-                    step,
-                    kind,
-                    reason,
-                ),
-            )
+        """``warpolicy_on_barrier``."""
+        self._notify(self.observers.on_barrier, runner, step, kind, reason)
 
     def violation(
         self,
@@ -312,47 +258,24 @@ class Reporter:
         """The canary caught an early release: counted, ``warpolicy_on_violation`` every time
         (the caller logs its own line and demotes the cell first)."""
         self.counts[f"violation:{bucket}"] += 1
-        calls = self.observers.on_violation
-        if calls:
-            self._call(
-                calls,
-                "warpolicy_on_violation",
-                (
-                    runner,
-                    backend,
-                    mode,
-                    spec,
-                    bucket,
-                    step,
-                    detail,
-                ),
-            )
+        self._notify(self.observers.on_violation, runner, backend, mode, spec, bucket, step, detail)
 
     def release_lead(
         self, runner: str, mode: ForwardMode, bucket: Optional[int], step: int, lead_us: float
     ) -> None:
-        calls = self.observers.on_release_lead
-        if calls:
-            self._call(
-                calls,
-                "warpolicy_on_release_lead",
-                (
-                    runner,
-                    mode,
-                    bucket,
-                    step,
-                    lead_us,
-                ),
-            )
+        """``warpolicy_on_release_lead``."""
+        self._notify(self.observers.on_release_lead, runner, mode, bucket, step, lead_us)
 
     # -- calling -------------------------------------------------------------------------------------
 
-    def _call(self, calls: tuple[ObserverCall, ...], hook: str, args: tuple[Any, ...]) -> None:
+    def _notify(self, calls: tuple[ObserverCall, ...], *args: Any) -> None:
+        """Call every observer of one hook with its arguments in hookspec order; one that
+        raises is reported and never stops the others."""
         for call in calls:
             try:
                 call.call(*args)
             except Exception as exc:  # noqa: BLE001 - an observer never changes what happens
-                self._observer_failed(hook, call.plugin, exc)
+                self._observer_failed(call.hook, call.plugin, exc)
 
     def _observer_failed(self, hook: str, plugin: str, error: Exception) -> None:
         """Warn once per (hook, plugin); tell the fallback observers (unless the failing hook is

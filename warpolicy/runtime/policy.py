@@ -15,7 +15,13 @@ from typing import Callable, Protocol, Union, runtime_checkable
 
 from warpolicy.errors import InputError
 from warpolicy.registry.decision import Decision
-from warpolicy.registry.vocabulary import ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import (
+    IN_GRAPH,
+    POST_REPLAY,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
 
 #: ``policy(mode, eager, planted) -> WarReadDonePolicy``: the plain-callable form.
 PolicyFn = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
@@ -62,6 +68,29 @@ class NamedPolicy(Protocol):
 RunnerPolicy = Union[PolicyTable, PolicyFn]
 
 
+def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
+    """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is
+    at least ``POST_REPLAY`` (never ``PRE_REPLAY``: that is only sound for snapshotting
+    backends). The engine already does this; a hand-written policy callable might not."""
+    if policy == IN_GRAPH and (eager or not planted):
+        return POST_REPLAY
+    return policy
+
+
+def fixed_policy(policy: Union[WarReadDonePolicy, str]) -> PolicyFn:
+    """A `PolicyFn` that answers ``policy`` for every mode (soundly demoted: `sound`), for
+    benchmarks, examples and tests that fix the policy instead of asking the registry."""
+    if not isinstance(policy, WarReadDonePolicy):
+        policy = WarReadDonePolicy.parse(policy)
+    answer = policy
+
+    def lookup(mode: ForwardMode, eager: bool = False, planted: bool = True) -> WarReadDonePolicy:
+        return sound(answer, eager, planted)
+
+    lookup.__name__ = f"fixed_{answer.label}"
+    return lookup
+
+
 def policy_function(policy: RunnerPolicy) -> PolicyFn:
     """The ``(mode, eager, planted)`` callable of ``policy``: its ``lookup`` for a
     `PolicyTable`, else the callable itself. Anything else is an `InputError` (one line)."""
@@ -82,5 +111,7 @@ __all__ = [
     "PolicyFn",
     "PolicyTable",
     "RunnerPolicy",
+    "fixed_policy",
     "policy_function",
+    "sound",
 ]

@@ -31,12 +31,11 @@ import attrs
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
-    POST_REPLAY,
     ForwardMode,
     WarReadDonePolicy,
 )
 from warpolicy.runtime.platforms import EventHandle
-from warpolicy.runtime.policy import PolicyFn
+from warpolicy.runtime.policy import PolicyFn, sound
 
 
 class EventSlot:
@@ -76,15 +75,6 @@ class ReadDone:
         through a `SchedulerBarrier` or discarded; otherwise its ring event stays reserved,
         and once every ring event is, host-recorded steps publish nothing (coarse)."""
         self.slot.taken = False
-
-
-def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
-    """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is
-    at least ``POST_REPLAY`` (never ``PRE_REPLAY``: that is only sound for snapshotting
-    backends). The engine already does this; a hand-written policy callable might not."""
-    if policy == IN_GRAPH and (eager or not planted):
-        return POST_REPLAY
-    return policy
 
 
 @attrs.frozen

@@ -84,7 +84,13 @@ class EventRing:
         """Record the next free event on ``stream`` (None: the current stream) and return its
         slot. Raises `RingExhaustedError` (recording nothing) when every event is taken and not
         yet waited on, and what the platform raises when creating or recording fails."""
-        slot = self._free_slot()
+        index = self._next
+        slots = self._slots
+        if len(slots) == self.size and not slots[index].taken:  # the common case, inline
+            slot = slots[index]
+            self._next = (index + 1) % self.size
+        else:
+            slot = self._free_slot()
         self._record(slot.event, stream)
         return slot
 

@@ -10,7 +10,8 @@ hands the scheduler the event of the last phase that reads shared state.
 
 from typing import TYPE_CHECKING
 
-from warpolicy.runtime.release import BucketRelease, sound
+from warpolicy.runtime.policy import sound
+from warpolicy.runtime.release import BucketRelease
 from warpolicy.runtime.runners.base import GraphRunner, check_buckets
 from warpolicy.runtime.runners.capture import (
     SELF_CHECK_MODES,

@@ -186,7 +186,10 @@ class GraphRunner:
         # streams a failed capture left with work the host never waited for: every later step
         # waits for them first (so the scheduler's barrier on that step covers them)
         self._unsettled: tuple[StreamHandle, ...] = ()
-        self._step = 0
+        self._step_index = 0
+        self._fence_step = (
+            0  # the token of the fence's current step (`ReadDoneFence.before_replay`)
+        )
         self.last_step: Optional[StepInfo] = None
         # the WAR canary: buckets it demoted (None: the eager path), re-applied after a capture
         self._demoted: dict[Optional[int], str] = {}
@@ -448,14 +451,6 @@ class GraphRunner:
             self._owner.check()
             session.check()
 
-    def _replay_for_canary(self, graph: Any, bucket: int) -> Any:
-        self.platform.replay(graph)
-        return self._outputs[bucket]
-
-    def _eager_forward(self, size: int) -> Any:
-        self.model.graph_prep(size)
-        return self.model.forward(size)
-
     def _transaction(self, policies: ModePolicies) -> CaptureTransaction:
         return CaptureTransaction(
             name=self.name,
@@ -510,35 +505,67 @@ class GraphRunner:
         size = self.size_of(batch)
         i = bisect.bisect_left(self.buckets, size)
         captured = self._captured.get(self.buckets[i]) if i < len(self.buckets) else None
-        if captured is None:
-            return self._run_eager(batch, size, due)
-        bucket = captured.size
-        release = captured.release
-        self.model.host_prep(batch, bucket)
+        if captured is not None:
+            return self._step(
+                batch, size, captured.size, captured.release, captured.batch, captured.graph, due
+            )
+        # no bucket fits: the same step without a graph, under the eager release
+        release = self._eager_release()
+        if size not in self._eager_sizes:
+            self.model.prepare_bucket(size)
+            self._eager_sizes.add(size)
+        return self._step(batch, size, None, release, self._eager_batch, None, due)
+
+    def _step(
+        self,
+        batch: Any,
+        size: int,
+        bucket: Optional[int],
+        release: BucketRelease,
+        per: Optional[BucketBatch],
+        graph: Any,
+        due: bool,
+    ) -> Any:
+        """The one step sequence: host prep, this batch's release, the canary's sample, begin,
+        forward (the bucket's ``graph`` replayed, or eagerly without one), publish or discard,
+        the sample's observation, the step's record. ``bucket`` None: the eager path (its
+        static buffers are the batch's own size)."""
+        static = size if bucket is None else bucket
+        self.model.host_prep(batch, static)
         facts = None
-        per = captured.batch
         if per is not None:  # the cell reads per-batch facts: this batch's release, same or later
             release, facts = self._per_batch(per, size, bucket, batch)
+        session = self.canary_session
         sample = None
         if due and session is not None:  # saved after the host prep, before any release
             sample = session.begin(
                 bucket,
-                self._step,
+                self._step_index,
                 release,
-                functools.partial(self._canary_model.canary_spec, self.mode, bucket, batch),
+                functools.partial(self._canary_model.canary_spec, self.mode, static, batch),
                 self.model.shared_buffers,
-                functools.partial(self._replay_for_canary, captured.graph, bucket),
+                functools.partial(self._forward, graph, static),
             )
-        published = self._before_replay(release)
-        self.platform.replay(captured.graph)
-        if published is not NONE:
+        began = self._before_replay(release)
+        output = self._forward(graph, static)
+        if began:
             published = self._after_replay(release)
         else:
             self._discard()
+            published = NONE
         if sample is not None and session is not None:  # what the overlapped step produced
-            session.observe(sample, self._outputs[bucket])
+            session.observe(sample, output)
         self._done(size, bucket, published, facts, release.policy)
-        return self._outputs[bucket]
+        return output
+
+    def _forward(self, graph: Any, static: int) -> Any:
+        """The forward of one step: ``graph`` replayed (its output is the bucket's static one),
+        or, without a graph, the metadata prep and forward run eagerly."""
+        if graph is not None:
+            self.platform.replay(graph)
+            return self._outputs[static]
+        self.model.graph_prep(static)
+        return self.model.forward(static)
 
     def _per_batch(
         self, per: BucketBatch, size: int, bucket: Optional[int], batch: Any
@@ -601,54 +628,22 @@ class GraphRunner:
             self._unsettled = ()
             self.reporter.fallback("settle", exc)
 
-    def _run_eager(self, batch: Any, size: int, due: bool = False) -> Any:
-        """No bucket fits: the same sequence without a graph, under the eager release."""
-        release = self._eager_release()
-        if size not in self._eager_sizes:
-            self.model.prepare_bucket(size)
-            self._eager_sizes.add(size)
-        self.model.host_prep(batch, size)
-        facts = None
-        per = self._eager_batch
-        if per is not None:
-            release, facts = self._per_batch(per, size, None, batch)
-        session = self.canary_session
-        sample = None
-        if due and session is not None:
-            sample = session.begin(
-                None,
-                self._step,
-                release,
-                functools.partial(self._canary_model.canary_spec, self.mode, size, batch),
-                self.model.shared_buffers,
-                functools.partial(self._eager_forward, size),
-            )
-        published = self._before_replay(release)
-        self.model.graph_prep(size)
-        output = self.model.forward(size)
-        if published is not NONE:
-            published = self._after_replay(release)
-        else:
-            self._discard()
-        if sample is not None and session is not None:
-            session.observe(sample, output)
-        self._done(size, None, published, facts, release.policy)
-        return output
-
     # Publishing through the fence. The fence fails closed on its own; these guard a fence that
     # raises anyway: the step then publishes nothing, and ``last_step.policy`` says so.
 
-    def _before_replay(self, release: BucketRelease) -> Optional[WarReadDonePolicy]:
-        """None when the step may go on to publish, ``NONE`` when it failed."""
+    def _before_replay(self, release: BucketRelease) -> bool:
+        """Whether the fence began the step: False when it raised (reported; the mailbox is
+        empty and the step must publish nothing)."""
         try:
-            self.fence.before_replay(release)
+            self._fence_step = self.fence.before_replay(release)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
-            return self._publish_failed(exc)
-        return None
+            self._publish_failed(exc)
+            return False
+        return True
 
     def _after_replay(self, release: BucketRelease) -> WarReadDonePolicy:
-        try:
-            self.fence.after_replay(release)
+        try:  # the step's token: the fence checked the owner thread in before_replay
+            self.fence.after_replay(release, step=self._fence_step)
         except Exception as exc:  # noqa: BLE001 - fail closed, never an earlier release
             return self._publish_failed(exc)
         return self.fence.published
@@ -679,8 +674,8 @@ class GraphRunner:
         facts: Optional[dict[str, object]] = None,
         decided: Optional[WarReadDonePolicy] = None,
     ) -> None:
-        self.last_step = StepInfo(self._step, size, bucket, policy, facts, decided)
-        self._step += 1
+        self.last_step = StepInfo(self._step_index, size, bucket, policy, facts, decided)
+        self._step_index += 1
 
     def __repr__(self) -> str:
         return (

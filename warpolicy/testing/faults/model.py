@@ -30,7 +30,7 @@ from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
-from warpolicy.runtime.hookspecs import hookimpl
+from warpolicy.runtime.hookspecs import OBSERVER_HOOKS, hookimpl
 from warpolicy.testing.faults.injection import Injector
 from warpolicy.testing.perbatch import perbatch_policy
 
@@ -68,22 +68,15 @@ MODEL_TARGETS = (
     "forward",
     "canary_spec",
 )
-#: The observer hooks the harness implements and can fail (the release lead's: the ``canary``
-#: scenario times every step).
-OBSERVER_TARGETS = (
-    "warpolicy_on_decision",
-    "warpolicy_on_publish",
-    "warpolicy_on_barrier",
-    "warpolicy_on_fallback",
-    "warpolicy_on_demotion",
-    "warpolicy_on_release_lead",
-)
 #: Observer hooks the harness implements but does not fail: no path of the harness calls them.
 #: ``warpolicy_on_violation`` fires when the WAR canary's replay differs from the step, and the
 #: harness's model has no values to differ (its reads and writes are log entries);
 #: tests/runtime/test_canary.py drives it, observers that raise included. A test checks they
 #: stay uncalled here; once a scenario calls one, it belongs in `OBSERVER_TARGETS`.
 UNCALLED_OBSERVERS = ("warpolicy_on_violation",)
+#: The observer hooks the harness implements and can fail: every hookspec's but the uncalled
+#: (the release lead's: the ``canary`` scenario times every step).
+OBSERVER_TARGETS = tuple(hook for hook in OBSERVER_HOOKS if hook not in UNCALLED_OBSERVERS)
 #: The per-batch action hook: the harness implements it (it builds the ``per_batch`` scenario's
 #: snapshot and answers True); the ``per_batch`` scenario's prefill calls it.
 ACTION_TARGETS = ("warpolicy_batch_action",)
@@ -377,7 +370,8 @@ def graph_model(
 
 
 class HarnessObservers:
-    """Every observer hook; each call is a fault target (the work done is counting it).
+    """Every observer hook (one counting implementation per hookspec, derived below from
+    `OBSERVER_HOOKS`); each call is a fault target (the work done is counting it).
 
     One instance serves every case of a process (building a plugin manager costs more than a
     case): ``harness`` is the case running now."""
@@ -392,47 +386,6 @@ class HarnessObservers:
 
         if self.harness is not None:
             self.harness.injector.call(hook, act)
-
-    @hookimpl
-    def warpolicy_on_decision(self, decision: Any, where: str) -> None:
-        self._call("warpolicy_on_decision")
-
-    @hookimpl
-    def warpolicy_on_publish(self, runner: str, step: int, policy: Any, event: Any) -> None:
-        self._call("warpolicy_on_publish")
-
-    @hookimpl
-    def warpolicy_on_barrier(
-        self, runner: str, step: Optional[int], kind: str, reason: str
-    ) -> None:
-        self._call("warpolicy_on_barrier")
-
-    @hookimpl
-    def warpolicy_on_fallback(self, where: str, error: BaseException) -> None:
-        self._call("warpolicy_on_fallback")
-
-    @hookimpl
-    def warpolicy_on_demotion(self, runner: str, bucket: int, reason: str) -> None:
-        self._call("warpolicy_on_demotion")
-
-    @hookimpl
-    def warpolicy_on_violation(
-        self,
-        runner: str,
-        backend: str,
-        mode: Any,
-        spec: str,
-        bucket: Optional[int],
-        step: int,
-        detail: str,
-    ) -> None:
-        self._call("warpolicy_on_violation")
-
-    @hookimpl
-    def warpolicy_on_release_lead(
-        self, runner: str, mode: Any, bucket: Optional[int], step: int, lead_us: float
-    ) -> None:
-        self._call("warpolicy_on_release_lead")
 
     @hookimpl
     def warpolicy_batch_action(
@@ -455,6 +408,21 @@ class HarnessObservers:
 
         result: Optional[bool] = harness.injector.call("warpolicy_batch_action", act)
         return result
+
+
+def _counting(hook: str) -> Callable[[HarnessObservers], None]:
+    """The harness's implementation of one observer hook: it takes no argument (pluggy passes
+    an implementation only the arguments it names) and counts the call, a fault target."""
+
+    def observe(self: HarnessObservers) -> None:
+        self._call(hook)
+
+    observe.__name__ = observe.__qualname__ = hook
+    return hookimpl(observe)
+
+
+for _hook in OBSERVER_HOOKS:
+    setattr(HarnessObservers, _hook, _counting(_hook))
 
 
 def policy_table(

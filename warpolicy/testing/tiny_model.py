@@ -1,19 +1,15 @@
-"""The example engine's model, and the fixed policies the benchmarks run.
+"""`TinyPagedModel`: the example engine's paged-attention-like `ModelAdapter`, built from torch ops.
 
-* `TinyPagedModel`: a paged-attention-like `ModelAdapter` built from torch ops (request-to-
-  token table, page-table gather in the in-graph prep, KV write at ``out_cache_loc``,
-  attention over the gathered KV). Its only scheduler-shared buffer is ``req_to_token``, read
-  in ``graph_prep`` (so ``IN_GRAPH`` is sound and ``PRE_REPLAY`` is not). With
-  ``late_shared_read=True`` every layer re-reads the live table after the planted node (the
-  TRTLLM SWA bug shape), so ``IN_GRAPH`` becomes unsound too: a seeded bad declaration.
-  ``examples/tiny_engine.py`` serves it on the three runners (``scripts/gpu-check`` runs it).
-* `fixed_policy`: a ``(mode, eager, planted)`` policy callable that always answers one policy
-  (with the runner's sound demotion), for the benchmarks, the example and tests.
+A request-to-token table, a page-table gather in the in-graph prep, a KV write at
+``out_cache_loc`` and attention over the gathered KV. Its only scheduler-shared buffer is
+``req_to_token``, read in ``graph_prep`` (so ``IN_GRAPH`` is sound and ``PRE_REPLAY`` is not).
+With ``late_shared_read=True`` every layer re-reads the live table after the planted node (the
+TRTLLM SWA bug shape), so ``IN_GRAPH`` becomes unsound too: a seeded bad declaration.
+``examples/tiny_engine.py`` serves it on the three runners (``scripts/gpu-check`` runs it).
 
-The overlap benchmark's model is the audit's synthetic model
-(`warpolicy.audit.synthetic_model.SyntheticModel`). The model runs on CUDA or on CPU (under
-the simulated platform); ``prepare_bucket`` is idempotent, so several runners (one per mode)
-can share one model state.
+The model runs on CUDA or on CPU (under the simulated platform); ``prepare_bucket`` is
+idempotent, so several runners (one per mode) can share one model state. This module imports
+torch (``import warpolicy.testing`` does not import it).
 """
 
 from __future__ import annotations
@@ -24,26 +20,7 @@ from typing import Sequence
 import attrs
 import torch
 
-from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.policy import PolicyFn
-from warpolicy.runtime.release import sound
-
-
-def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:
-    """A policy callable that answers ``policy`` for every mode (soundly demoted for runners)."""
-    if not isinstance(policy, WarReadDonePolicy):
-        policy = WarReadDonePolicy.parse(policy)
-
-    def lookup(mode: ForwardMode, eager: bool = False, planted: bool = True) -> WarReadDonePolicy:
-        return sound(policy, eager, planted)
-
-    lookup.__name__ = f"fixed_{policy.label}"
-    return lookup
-
-
-# --------------------------------------------------------------------------------------------
-# Tiny paged-attention model
-# --------------------------------------------------------------------------------------------
+from warpolicy.registry.vocabulary import ForwardMode
 
 
 @attrs.frozen
