@@ -25,7 +25,7 @@ import ctypes.util
 import re
 import struct
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
@@ -542,6 +542,23 @@ def launch_graph(exec_: int, stream: int) -> None:
     """``cuGraphLaunch`` of the executable ``exec_`` on the stream whose handle is ``stream``."""
     driver = driver_module()
     call(driver, "cuGraphLaunch", driver.CUgraphExec(int(exec_)), driver.CUstream(int(stream)))
+
+
+def launcher(exec_: int) -> Callable[[int], None]:
+    """``launch(stream)``: `launch_graph` of ``exec_`` with the driver objects made once (the
+    per-step replay of a restored graph)."""
+    driver = driver_module()
+    launch = driver.cuGraphLaunch
+    handle = driver.CUgraphExec(int(exec_))
+    stream_of = driver.CUstream
+    success = driver.CUresult.CUDA_SUCCESS
+
+    def run(stream: int) -> None:
+        result = launch(handle, stream_of(int(stream)))
+        if result[0] != success:
+            raise CudaCallError("cuGraphLaunch", getattr(result[0], "name", str(result[0])))
+
+    return run
 
 
 def destroy_graph(raw: int, exec_: int = 0) -> None:

@@ -149,6 +149,8 @@ class RestoredGraph:
     cloned from, whose memory pool its kernels use).
     """
 
+    _launch: Callable[[int], None]  # set by `instantiate`
+
     def __init__(self, handle: int, current_stream: Callable[[], int], source: Any = None):
         if int(handle) <= 0:
             raise PlacementError("a restored graph needs a cudaGraph_t")
@@ -168,11 +170,14 @@ class RestoredGraph:
     def instantiate(self) -> None:
         if not self._exec:
             self._exec = cuda.instantiate_graph(self._handle)
+            self._launch = cuda.launcher(self._exec)
 
     def replay(self) -> None:
+        """Launch the executable on the current stream (instantiated at the first replay, as
+        torch does); the per-step path: one driver call, its result checked."""
         if not self._exec:
             self.instantiate()
-        cuda.launch_graph(self._exec, self._current_stream())
+        self._launch(self._current_stream())
 
     def __del__(self) -> None:
         cuda.destroy_graph(getattr(self, "_handle", 0), getattr(self, "_exec", 0))
