@@ -31,8 +31,9 @@ ROWS = (RESTORED, RESTORED_MOVED)
 
 
 def move_planted_node(platform: Platform, graph: Any) -> None:
-    """The control: the clone's read-done node removed, one recording a private event added as a
-    root (CUDA: ``cuGraphDestroyNode`` + ``cuGraphAddEventRecordNode``; sim: its planted events
+    """The control: the clone's read-done node removed (its parents joined to its children, so
+    the graph computes the same), one recording a private event added as a root (CUDA:
+    ``cuGraphDestroyNode`` + ``cuGraphAddEventRecordNode``; sim: its planted events
     replaced by private ones, which its graph model shows at the same place, so the sim cannot
     move them: the walk there refutes or doubts anyway)."""
     if isinstance(graph, SimGraph):
@@ -42,8 +43,16 @@ def move_planted_node(platform: Platform, graph: Any) -> None:
     raw = graph.raw_cuda_graph()
     walked = graph_cuda.read_graph(raw)
     driver = graph_cuda.driver_module()
+    children = walked.graph.children()
     for node in walked.graph.nodes:
         if node.kind is NodeKind.EVENT_RECORD:
+            # keep the order the node carried (prep before forward): its parents now precede
+            # its children directly, so only the release point moved, not the forward's reads
+            nodes = walked.graph.nodes
+            for parent in node.deps:
+                after = [c for c in children[node.index] if parent not in nodes[c].deps]
+                if after:  # an edge that exists already is not added twice
+                    graph_cuda.add_dependencies(walked, walked.handles[parent], after)
             graph_cuda.call(driver, "cuGraphDestroyNode", walked.handles[node.index])
     graph_cuda.call(
         driver,
