@@ -327,6 +327,7 @@ NEGATIVE_CONTROLS: tuple[Case, ...] = (
     Case("restored", "in_graph"),
     Case("restored", "in_graph_late"),
     Case("restored_derived", "in_graph_late"),
+    Case("restored_runner", "in_graph"),
 )
 
 

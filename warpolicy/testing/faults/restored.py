@@ -87,4 +87,33 @@ class TrustsSavedRelease:
         return self.engine.run(batch)
 
 
-__all__ = ["RestoredCaptureEngine", "TrustsSavedRelease"]
+class RestoringRunner:
+    """A warpolicy runner whose every capture is followed by a save and a restore: each captured
+    graph cloned with private events and installed through `GraphRunner.restore`, so its steps
+    replay the restored clones (the runners' restore transaction under the matrix's faults)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.fence = runner.fence
+        self.platform = runner.platform
+        self.model = runner.model
+        self.name, self.mode = runner.name, runner.mode
+
+    @property
+    def last_step(self) -> Any:
+        return self.runner.last_step
+
+    def capture(self) -> None:
+        self.runner.capture()
+        saved = {b: _persisted(s) for b, s in self.runner.save().items()}
+        clones = {
+            bucket: self.platform.clone_graph(captured.graph, private_events=True)
+            for bucket, captured in self.runner.captured.items()
+        }
+        self.runner.restore(clones, saved)
+
+    def run(self, batch: Any) -> Any:
+        return self.runner.run(batch)
+
+
+__all__ = ["RestoredCaptureEngine", "RestoringRunner", "TrustsSavedRelease"]

@@ -63,7 +63,7 @@ from warpolicy.testing.faults.model import (
     policy_table,
 )
 from warpolicy.testing.faults.owned import OwnedCaptureEngine
-from warpolicy.testing.faults.restored import RestoredCaptureEngine
+from warpolicy.testing.faults.restored import RestoredCaptureEngine, RestoringRunner
 
 #: variant -> (declared policy, read plan)
 VARIANTS: Mapping[str, tuple[WarReadDonePolicy, str]] = {
@@ -303,6 +303,15 @@ def _owned(
     return run
 
 
+def _restoring_runner(h: Harness, variant: str) -> None:
+    """DecodeRunner (kept graphs) whose every capture is followed by save, clone with private
+    events and `GraphRunner.restore`; OverlapLoop steps the restored clones."""
+    policy, reads = VARIANTS[variant]
+    runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy), keep_graphs=True)
+    if runner is not None:
+        overlap(h, RestoringRunner(runner), STEPS["decode"])
+
+
 def _streams_scenario(h: Harness, variant: str) -> None:
     policy, reads = VARIANTS[variant]
     runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy))
@@ -497,6 +506,13 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("in_graph", "in_graph_late"),
             _owned("derived", RestoredCaptureEngine),
             "the restoring engine with derived placement",
+        ),
+        Scenario(
+            "restored_runner",
+            ("in_graph", "in_graph_late"),
+            _restoring_runner,
+            "DecodeRunner whose captures are saved, cloned with private events and restored "
+            "(GraphRunner.save / restore); OverlapLoop steps the clones; re-capture",
         ),
         Scenario(
             "streams",
