@@ -170,3 +170,45 @@ def test_found_again_under_any_renumbering(case):
     order = list(perm)
     renumbered = permuted(graph, order, {0xE1: 0xF00D})
     assert find_anchored(renumbered, saved)[0].index == order.index(at)
+
+
+def _around(graph: Graph, index: int) -> tuple[list[str], list[str]]:
+    """Labels of the node's ancestors and descendants (sorted): an oracle independent of the
+    structural keys."""
+    children = graph.children()
+    up, down, todo = set(), set(), list(graph.nodes[index].deps)
+    while todo:
+        n = todo.pop()
+        if n not in up:
+            up.add(n)
+            todo.extend(graph.nodes[n].deps)
+    todo = list(children[index])
+    while todo:
+        n = todo.pop()
+        if n not in down:
+            down.add(n)
+            todo.extend(children[n])
+
+    def label(i: int) -> str:
+        return graph.nodes[i].kind.value + graph.nodes[i].name
+
+    return sorted(map(label, up)), sorted(map(label, down))
+
+
+@given(dags(), st.data())
+def test_a_moved_node_is_never_found_somewhere_else(case, data):
+    """Move the planted node's dependency to another node: either the restore refuses, or the
+    node it finds sits among the same ancestors and descendants as the saved one."""
+    spec, at, _perm = case
+    nodes = [Node(i, K, name, deps, symbol=name) for i, (name, deps) in enumerate(spec)]
+    record = len(nodes)
+    nodes.append(Node(record, R, deps=(at - 1,), event=0xE1))
+    graph = Graph(nodes)
+    saved = save_anchors(graph, {"read_done": 0xE1})
+    target = data.draw(st.integers(0, record - 1).filter(lambda t: t != at - 1))
+    moved = Graph([*nodes[:record], Node(record, R, deps=(target,), event=0x77)])
+    try:
+        found = find_anchored(moved, saved)
+    except PlacementError:
+        return
+    assert _around(moved, found[0].index) == _around(graph, record)
