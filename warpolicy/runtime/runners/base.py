@@ -175,6 +175,8 @@ class GraphRunner:
         self.buckets: tuple[int, ...] = check_buckets(self.name, model.bucket_sizes(self.mode))
         self.placement = self._placement_of(policy, placement)
         self._captured: dict[int, CapturedBucket] = {}
+        #: per bucket, the captured bucket a restore replaced (`restore`)
+        self._restored_from: dict[int, CapturedBucket] = {}
         self._reports: dict[int, CaptureReport] = {}
         self._outputs: dict[int, Any] = {}  # latest output per bucket
         self._eager_sizes: set[int] = set()
@@ -401,6 +403,9 @@ class GraphRunner:
         self._owner.check()
         if self.canary_session is not None:  # a sample of an old graph is never replayed
             self.canary_session.discard()
+        # the graphs restored from these may use their memory pool, and each still records
+        # its event (a graph whose event was destroyed is undefined behaviour): kept alive
+        self._restored_from.update(self._captured)
         self._captured = {}
         self._reports = {}
         self._coarse = "a restore is in progress or failed; every step is eager and coarse"
