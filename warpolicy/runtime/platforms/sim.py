@@ -157,6 +157,8 @@ class SimGraph:
     def node_event(self, event: SimEvent) -> Optional[SimEvent]:
         """The event the node made by the body's record of ``event`` records now (None: that
         record made no node)."""
+        if any(e is event for e in self.planted):  # a node's own event (no body to re-run)
+            return event
         if not self.sources:
             return event if event.id in self.planted_ids() else None
         index = self.sources.get(event.id)
@@ -466,11 +468,8 @@ class SimPlatform:
         if graph.done_clock is not None:  # serialized after the previous launch of this graph
             _merge(launch.clock, graph.done_clock)
         if graph.fn is None:
-            for event in graph.planted:  # each node fires the event it records now
-                event.records += 1
-                event.invalid = False
-                event.clock = dict(launch.clock)
-                self.log.emit(("record", event.id, launch.id, "in_graph"))
+            for event in graph.planted:
+                self._fire_in_replay(graph, event, launch)
         else:
             self._replaying = graph
             try:
