@@ -643,17 +643,18 @@ class SimPlatform:
                 return event
             return self.create_event(external=True)
 
-        clone = SimGraph(
-            self._next_id(),
-            keep_graph=True,
-            captured=True,
-            stream=source.stream,
+        # every field copied (what the capture recorded, however it replays), then the copy's own
+        clone = attrs.evolve(
+            source,
+            id=self._next_id(),
             planted=[node_event(e) for e in source.planted],
-            fn=source.fn,
             derived=[node_event(e) for e in source.derived],
             derived_after=list(source.derived_after),
             sources=dict(source.sources) or {e.id: i for i, e in enumerate(source.planted)},
             origin=source.origin if source.origin is not None else source.id,
+            instantiated=False,
+            replays=0,
+            done_clock=None,
         )
         self._graphs[clone.id] = clone
         self.log.emit(("clone", source.id, clone.id, bool(private_events)))
