@@ -35,7 +35,10 @@ from warpolicy.runtime.owned_capture import (
     ReadDoneCapture,
     ReadDoneFence,
     SchedulerBarrier,
+    capturing,
     resolve_cell,
+    shutdown,
+    warm_up,
 )
 
 HIDDEN, LAYERS, VOCAB = 64, 4, 32
@@ -131,29 +134,37 @@ class CudaGraphRunner:
         self.outputs[bs] = self.model.forward(bs, inputs)
 
     def capture(self) -> None:
+        """The first capture, or a re-capture: the same code (the old graphs serve until the
+        new set is complete)."""
         p = self.platform
         for bs in self.capture_bs:
             self.backend.init_cuda_graph_state(bs)
-        # warm up eagerly on a side stream first (cuBLAS, the allocator), as torch asks
-        main, side = p.current_stream(), p.new_stream()
-        p.wait_stream(side, main)
-        with p.stream(side):
-            for bs in self.capture_bs:
-                self._body(bs, None)
-        p.wait_stream(main, side)
-        p.synchronize()
-        # one ReadDoneCapture per capture of every batch size (it probes the graph walk once)
-        capture = ReadDoneCapture(p, self.cell, self.fence, observers=self.observers)
-        pool = p.graph_pool()
-        for bs in reversed(self.capture_bs):  # largest first: the smaller graphs share its pool
-            bucket = capture.begin(bs)
-            graph = p.new_graph(keep_graph=True)  # torch.cuda.CUDAGraph(keep_graph=True)
-            # torch.cuda.graph(graph, pool=pool) on CUDA; the simulated platform replays the body
-            p.capture_callable(graph, functools.partial(self._body, bs, bucket.mark), pool=pool)
-            shared = {"req_to_token": self.backend.state.req_to_token}
-            self.outcomes[bs] = bucket.finish(graph, shared)  # check/derive, instantiate, decide
-            self.graphs[bs] = graph
-        p.synchronize()
+        graphs: dict[int, Any] = {}
+        outcomes: dict[int, BucketOutcome] = {}
+        # the host waits before and after (also if anything below raises): in-flight steps,
+        # what the captures enqueue
+        with capturing(p):
+            # warm up eagerly on a side stream first (cuBLAS, the allocator), as torch asks;
+            # joined and synchronized on any exit, so no warm-up read outlives a failure
+            with warm_up(p, observers=self.observers):
+                for bs in self.capture_bs:
+                    self._body(bs, None)
+            # one ReadDoneCapture per capture of every batch size (it probes the walk once)
+            capture = ReadDoneCapture(p, self.cell, self.fence, observers=self.observers)
+            pool = p.graph_pool()
+            for bs in reversed(self.capture_bs):  # largest first: smaller graphs share its pool
+                bucket = capture.begin(bs)
+                graph = p.new_graph(keep_graph=True)  # torch.cuda.CUDAGraph(keep_graph=True)
+                # torch.cuda.graph(graph, pool=pool) on CUDA; the simulated platform replays it
+                p.capture_callable(graph, functools.partial(self._body, bs, bucket.mark), pool=pool)
+                shared = {"req_to_token": self.backend.state.req_to_token}
+                outcomes[bs] = bucket.finish(graph, shared)  # check/derive, instantiate, decide
+                graphs[bs] = graph
+        self.graphs, self.outcomes = graphs, outcomes  # complete: swap the new set in
+
+    def shutdown(self) -> None:
+        """Before the graphs, their events and the shared buffers go: nothing in flight."""
+        shutdown(self.platform, self.fence)
 
     def replay(self, input_ids: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor) -> Any:
         """SGLang's ``replay_prepare`` + ``replay``, publishing the bucket's read-done."""
@@ -265,6 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     schedule = Schedule(args.steps, (1, 3, 8, 6), state.req_to_token.device)
     reference = run(runner, state, schedule, overlap=False)
     overlapped = run(runner, state, schedule, overlap=True, barrier_on=not args.no_barrier)
+    runner.shutdown()
     bad = [k for k, (a, b) in enumerate(zip(overlapped, reference)) if not torch.equal(a, b)]
     print(f"  steps differing from the sequential run: {len(bad)} of {len(schedule.steps)}")
     return 1 if bad else 0

@@ -356,11 +356,11 @@ def test_diff_sees_a_flipped_flag_default(repo):
 
 def test_diff_sees_a_spec_algorithm_gaining_last_reader_target_verify(repo):
     """Issue 22 item 2: the step now hands the scheduler verify's event, before draft extend
-    (which decides none, so nothing later says it reads)."""
+    (which declares it reads nothing; one that decides none would keep the step coarse)."""
     edit(
         repo / "capabilities.yaml",
         "decode: post_replay, extend: post_replay",
-        "decode: post_replay, extend: post_replay, target_verify: in_graph",
+        "decode: post_replay, extend: post_replay, target_verify: in_graph, draft_extend: nothing",
     )
     (repo / "capabilities.yaml").write_text(
         (repo / "capabilities.yaml").read_text()
@@ -378,7 +378,7 @@ def test_diff_sees_a_spec_algorithm_gaining_last_reader_target_verify(repo):
         "step",
         "eagle",
         "any",
-        "none",
+        "pre_replay at draft_extend",
         "in_graph at target_verify",
         "earlier",
     ]

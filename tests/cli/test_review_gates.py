@@ -81,7 +81,8 @@ def test_plugins_lists_a_fragment_that_flips_a_default(capsys, monkeypatch):
 STEP_OLD = (
     "version: 1\nspec_algorithms:\n  eagle:\n    family: eagle\n"
     "    capabilities: {target_verify_read_done: true}\n    last_reader: draft_extend\n"
-    "    doc: x\nbackends:\n  mine:\n    reads_end: {target_verify: in_graph}\n    doc: x\n"
+    "    doc: x\nbackends:\n  mine:\n"
+    "    reads_end: {target_verify: in_graph, draft_extend: nothing}\n    doc: x\n"
 )
 
 
@@ -96,9 +97,53 @@ def test_diff_fails_when_a_spec_gains_last_reader_target_verify(capsys, tmp_path
     assert code == ExitCode.CHECK_FAILED, err
     (line,) = [x for x in out.splitlines() if x.startswith("mine ")]
     assert line.split()[:3] == ["mine", "step", "eagle"]
-    # draft extend decides none: the step was coarse, and now releases at verify's event
-    assert line.split()[3:6] == ["any", "none", "in_graph"] and "at target_verify" in line
+    # the draft extend reads nothing: the step released at its pre_replay event, now at verify's
+    assert line.split()[3:6] == ["any", "pre_replay", "at"] and "in_graph at target_verify" in line
     assert line.split()[-1] == "earlier"
+
+
+def test_an_undeclared_draft_extend_keeps_the_step_coarse_whatever_last_reader_says(
+    capsys, tmp_path
+):
+    """Issue 26 finding 3: ``none`` is unknown, so naming verify the last reader while the
+    draft extend is undeclared moves no release (the runtime step stays coarse)."""
+    undeclared = STEP_OLD.replace(", draft_extend: nothing", "")
+    old = tmp_path / "old.yaml"
+    old.write_text(undeclared)
+    new = tmp_path / "new.yaml"
+    new.write_text(undeclared.replace("last_reader: draft_extend", "last_reader: target_verify"))
+    code, out, err = run_cli(
+        capsys, "diff", str(old), str(new), "--fail-on", "earlier", "--plugins", "none"
+    )
+    assert code == ExitCode.OK, out
+    assert not [x for x in out.splitlines() if x.startswith("mine ")]
+
+
+STAGED = (
+    "version: 1\nfacts: {draft_extend_staged: {type: action, doc: x}}\n"
+    "spec_algorithms:\n  eagle: {family: eagle, last_reader: draft_extend, doc: x}\n"
+    "backends:\n  mine:\n    reads_end: {target_verify: in_graph, draft_extend: in_graph}\n"
+    "    doc: x\n"
+)
+
+
+def test_diff_fails_on_a_later_only_gate_that_reads_the_staging_action(capsys, tmp_path):
+    """Issue 26 finding 4 (0.3.0: exit 0): the gate makes verify later, but its runner now
+    reports draft_extend_staged, and a staged batch's step releases at verify."""
+    old = tmp_path / "old.yaml"
+    old.write_text(STAGED)
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        STAGED + "gates:\n  - id: unstaged-verify-late\n    when:\n      mode: target_verify\n"
+        "      facts: {draft_extend_staged: false}\n    at_least: post_replay\n"
+        "    because: x\n"
+    )
+    code, out, err = run_cli(
+        capsys, "diff", str(old), str(new), "--fail-on", "earlier", "--plugins", "none"
+    )
+    assert code == ExitCode.CHECK_FAILED, out
+    (line,) = [x for x in out.splitlines() if x.startswith("mine ") and " step " in x]
+    assert "draft_extend_staged" in line and line.split()[-1] == "earlier"
 
 
 # -- item 4: scale -----------------------------------------------------------------------------

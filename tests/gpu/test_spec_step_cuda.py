@@ -164,8 +164,9 @@ def test_eagle_like_step_releases_after_the_draft_extend(platform, engine):
     tables, index, table = state()
     phases = eagle_phases(platform, index, table, "in_graph")
     # negative control: the scheduler waits on verify's in-graph event while the draft extend,
-    # which reads the rows after it, decides none (an undeclared reader)
-    undeclared = eagle_phases(platform, index, table, "in_graph", "none")
+    # which reads the rows after it, wrongly declares it reads nothing (``none`` would be
+    # unknown, a reader: the step coarse, issue 26)
+    undeclared = eagle_phases(platform, index, table, "in_graph", "nothing")
     wrong = SpecStep(undeclared, last_reader=VERIFY, name="verify_release")
     wrong.capture()
     bad, bad_kinds, bad_sources = run_trials(platform, wrong, tables, index, table)
@@ -255,7 +256,7 @@ def test_dflash_like_step_releases_in_verify_graph(platform, engine, late_read):
 
 def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
     """``warpolicy audit`` on a phase step: a factory's builder returns a `SpecStep`. The draft
-    extend reads shared rows after verify: declared ``none`` there (an undeclared reader), the
+    extend reads shared rows after verify: wrongly declared ``nothing`` there, the
     verify release races and the audit says UNSAFE; declaring ``post_replay`` there moves the
     step's release after it (issue 17 class 12: never an earlier one), and nothing races."""
     from warpolicy.audit.dynamic import AuditSubject, audit_mode
@@ -287,7 +288,7 @@ def test_audit_refutes_the_verify_release_of_an_eagle_like_step(platform):
             spec="eagle",
         )
 
-    unsafe = audit_mode(subject(VERIFY, "in_graph", "none"), VERIFY, trials=50, static=False)
+    unsafe = audit_mode(subject(VERIFY, "in_graph", "nothing"), VERIFY, trials=50, static=False)
     safe = audit_mode(subject(DRAFT_EXTEND, "in_graph"), DRAFT_EXTEND, trials=50, static=False)
     with pytest.warns(RuntimeWarning, match="so it reads shared state"):
         moved = audit_mode(subject(VERIFY, "in_graph"), VERIFY, trials=50, static=False)

@@ -108,8 +108,13 @@ BASE: dict = {
         "early": {"reads_end": {"decode": "pre_replay", "extend": "pre_replay"}, "doc": "x"},
         "b": {
             "inherits": "base",
-            # draft_extend undeclared (none): with last_reader draft_extend the step is coarse
-            "reads_end": {"extend": "pre_replay", "target_verify": "in_graph"},
+            # draft_extend reads nothing: with last_reader draft_extend the step releases at
+            # its pre_replay event, with target_verify at verify's in_graph one (earlier)
+            "reads_end": {
+                "extend": "pre_replay",
+                "target_verify": "in_graph",
+                "draft_extend": "nothing",
+            },
             "doc": "x",
         },
         "comp": {"latest_of": ["early", "late"], "doc": "x"},
@@ -381,8 +386,8 @@ def test_last_reader_gives_step_cells_ordered_by_phase_then_policy():
     old, new = engines(*registries("SpecAlgorithm.last_reader"))
     found = diff_engines(old, new, cell_space([old.registry, new.registry]))
     steps = {(c.backend, c.old, c.new, c.change) for c in found.cells if c.mode == "step"}
-    # the step was coarse (draft extend decides none); now it releases at verify's event
-    assert ("b", "none", "in_graph at target_verify", "earlier") in steps
+    # the step released at the draft extend (it reads nothing: pre_replay); now at verify
+    assert ("b", "pre_replay at draft_extend", "in_graph at target_verify", "earlier") in steps
     # early and late declare neither phase: none (coarse) on both sides, no step cell
     assert {s[0] for s in steps} == {"b"}
 
@@ -391,9 +396,24 @@ def test_a_later_phase_that_publishes_stays_the_release():
     """SpecStep releases after a later phase that decides to publish, whatever last_reader
     says: naming verify while draft extend publishes moves no release."""
     old_text, new_text = registries("SpecAlgorithm.last_reader")
-    declare = "target_verify: in_graph"
-    both = "target_verify: in_graph\n      draft_extend: post_replay"
-    old, new = engines(old_text.replace(declare, both, 1), new_text.replace(declare, both, 1))
+    nothing = "draft_extend: nothing"
+    old, new = engines(
+        old_text.replace(nothing, "draft_extend: post_replay", 1),
+        new_text.replace(nothing, "draft_extend: post_replay", 1),
+    )
+    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    assert [c for c in found.cells if c.mode == "step"] == []
+
+
+def test_a_later_phase_that_decides_none_stays_the_release():
+    """Issue 26 finding 3: ``none`` is unknown, so naming verify while the draft extend is
+    undeclared moves no release: the step stays coarse (0.3.0 reported nothing either, but
+    its runtime released at verify)."""
+    old_text, new_text = registries("SpecAlgorithm.last_reader")
+    old, new = engines(
+        old_text.replace("draft_extend: nothing", "decode: in_graph", 1),
+        new_text.replace("draft_extend: nothing", "decode: in_graph", 1),
+    )
     found = diff_engines(old, new, cell_space([old.registry, new.registry]))
     assert [c for c in found.cells if c.mode == "step"] == []
 
@@ -401,24 +421,32 @@ def test_a_later_phase_that_publishes_stays_the_release():
 @pytest.mark.parametrize(
     "old, new, change",
     [
-        ((ForwardMode.DRAFT_EXTEND, WarReadDonePolicy.PRE_REPLAY), (None, None), "later"),
-        ((None, None), (ForwardMode.DRAFT_EXTEND, WarReadDonePolicy.POST_REPLAY), "earlier"),
-        ((None, None), (ForwardMode.TARGET_VERIFY, WarReadDonePolicy.NONE), "later"),
-        ((ForwardMode.TARGET_VERIFY, WarReadDonePolicy.NONE), (None, None), "earlier"),
+        ((ForwardMode.DRAFT_EXTEND, "pre_replay"), (ForwardMode.DRAFT_EXTEND, "none"), "later"),
+        ((ForwardMode.DRAFT_EXTEND, "none"), (ForwardMode.TARGET_VERIFY, "in_graph"), "earlier"),
+        ((ForwardMode.TARGET_VERIFY, "none"), (ForwardMode.DRAFT_EXTEND, "none"), "later"),
         (
-            (ForwardMode.TARGET_VERIFY, WarReadDonePolicy.POST_REPLAY),
-            (ForwardMode.DRAFT_EXTEND, WarReadDonePolicy.PRE_REPLAY),
+            (ForwardMode.TARGET_VERIFY, "post_replay"),
+            (ForwardMode.DRAFT_EXTEND, "pre_replay"),
             "later",
         ),
         (
-            (ForwardMode.DRAFT_EXTEND, WarReadDonePolicy.PRE_REPLAY),
-            (ForwardMode.TARGET_VERIFY, WarReadDonePolicy.NONE),
+            (ForwardMode.DRAFT_EXTEND, "pre_replay"),
+            (ForwardMode.TARGET_VERIFY, "none"),
             "later",
+        ),
+        ((ForwardMode.DRAFT_EXTEND, "nothing"), (ForwardMode.DRAFT_EXTEND, "in_graph"), "later"),
+        (
+            (ForwardMode.DRAFT_EXTEND, "nothing"),
+            (ForwardMode.TARGET_VERIFY, "post_replay"),
+            "earlier",
         ),
     ],
 )
 def test_step_order(old, new, change):
-    assert compare._step_change(compare._step_rank(*old), compare._step_rank(*new)) == change
+    def rank(phase, policy):
+        return compare._step_value(phase, WarReadDonePolicy.parse(policy))[1]
+
+    assert compare._step_change(rank(*old), rank(*new)) == change
 
 
 def test_a_derived_node_is_a_moved_cell():
@@ -1066,3 +1094,174 @@ def test_a_gate_scoped_to_a_child_is_enumerated_for_the_parent_that_changed():
         "earlier",
         "opt_in=true",
     )
+
+
+# -- issue 26: step cells on every change, per class of batch; flags past the bound ------------
+
+STEP_REGISTRY = """\
+version: 1
+flags:
+  f: {default: false, env: [T_F], doc: x}
+facts:
+  draft_extend_staged: {type: action, doc: x}
+spec_algorithms:
+  tv: {last_reader: target_verify, doc: verify is the declared last reader}
+  de: {last_reader: draft_extend, doc: the draft extend is the declared last reader}
+backends:
+  b:
+    reads_end: {target_verify: in_graph, draft_extend: %s}
+    doc: x
+gates: %s
+"""
+
+
+def step_cells(old_text: str, new_text: str, spec: str) -> set[tuple[str, str, str, str]]:
+    old, new = engines(old_text, new_text)
+    found = diff_engines(old, new, cell_space([old.registry, new.registry]))
+    return {
+        (c.old, c.new, c.change, c.when)
+        for c in found.cells
+        if (c.mode, c.spec)
+        == (
+            "step",
+            spec,
+        )
+    }
+
+
+def test_a_draft_extend_that_stops_reading_nothing_is_a_later_step():
+    """Finding 3, the diff's side: the step cell follows the runtime on every change, not only
+    when last_reader changes (0.3.0 listed no step cell here: last_reader did not change)."""
+    cells = step_cells(STEP_REGISTRY % ("nothing", "[]"), STEP_REGISTRY % ("none", "[]"), "tv")
+    assert cells == {("in_graph at target_verify", "none", "later", "any")}
+    back = step_cells(STEP_REGISTRY % ("none", "[]"), STEP_REGISTRY % ("nothing", "[]"), "tv")
+    assert back == {("none", "in_graph at target_verify", "earlier", "any")}
+
+
+def test_a_gate_that_makes_the_draft_extend_read_moves_the_step_later():
+    gate_text = (
+        "[{id: g, when: {mode: draft_extend, flags: {f: true}}, at_least: post_replay, because: x}]"
+    )
+    cells = step_cells(
+        STEP_REGISTRY % ("nothing", "[]"), STEP_REGISTRY % ("nothing", gate_text), "tv"
+    )
+    assert cells == {
+        ("in_graph at target_verify", "post_replay at draft_extend", "later", "f=true")
+    }
+
+
+def test_a_later_only_gate_that_reads_the_staging_action_is_an_earlier_step():
+    """Finding 4: a gate on target verify that tests draft_extend_staged (later for verify)
+    makes verify's runner report the action, so a staged batch's step releases at verify, not
+    after the draft extend: earlier for that class of batch (0.3.0: exit 0)."""
+    gate_text = (
+        "[{id: g, when: {mode: target_verify, facts: {draft_extend_staged: false}}, "
+        "at_least: post_replay, because: x}]"
+    )
+    old_text = STEP_REGISTRY % ("in_graph", "[]")
+    new_text = STEP_REGISTRY % ("in_graph", gate_text)
+    cells = step_cells(old_text, new_text, "de")
+    assert (
+        "in_graph at draft_extend",
+        "in_graph at target_verify",
+        "earlier",
+        "draft_extend_staged succeeded",
+    ) in cells
+    old, new = engines(old_text, new_text)
+    assert diff_engines(old, new, cell_space([old.registry, new.registry])).needs_audit
+
+
+class _TableModel:
+    """A phase's model: the in-graph prep reads the shared ``table``."""
+
+    def __init__(self, table: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.table = table
+        self.shared_buffers = {"table": table}
+        self.seen: dict[int, Any] = {}
+
+    def bucket_sizes(self, mode: ForwardMode) -> tuple[int, ...]:
+        return (1, 2)
+
+    def prepare_bucket(self, bucket: int) -> None:
+        self.seen.setdefault(bucket, self.torch.zeros(bucket))
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        pass
+
+    def graph_prep(self, bucket: int) -> None:
+        self.seen[bucket].copy_(self.table[:bucket])
+
+    def forward(self, bucket: int) -> Any:
+        return self.seen[bucket] * 2
+
+
+@pytest.mark.parametrize("extend", POLICIES)
+@pytest.mark.parametrize("spec", ["tv", "de"])
+def test_step_cells_agree_with_the_runtime_spec_step(extend, spec):
+    """The oracle is the runtime: a `SpecStep` of verify then draft extend on the simulated
+    platform, each phase's runner asking the compiled policy, releases where the diff's step
+    value says (for every read end of the draft extend and both last readers)."""
+    import warnings
+
+    import torch
+
+    from warpolicy.runtime.runners import DraftExtendRunner, SpecStep, VerifyRunner
+    from warpolicy.testing import sim_platform
+
+    engine = PolicyEngine(load_registry([Fragment("r", STEP_REGISTRY % (extend, "[]"))]), {})
+    policy = engine.compile("b", spec, strict=True)
+    platform = sim_platform()
+    table = torch.arange(4, dtype=torch.float32)
+    verify = VerifyRunner(
+        _TableModel(table), policy, platform, name="target_verify", draft_tokens=1
+    )
+    draft = DraftExtendRunner(_TableModel(table), policy, platform, name="draft_extend")
+    step = SpecStep([verify, draft], last_reader=engine.spec(spec).last_reader)
+    step.capture()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        step.run([1.0])
+    read_done = step.fence.take()
+    runtime = "none" if read_done is None else f"{read_done.policy.label} at {read_done.source}"
+    side = compare._Side(engine)
+    space = cell_space([engine.registry], modes=list(compare._PHASES))
+    (setting,) = space.column(compare._PHASES, spec).settings  # the fast path only
+    reader = compare._step_reader(engine.spec(spec))
+    label, _rank = compare._step_values(side, ["b"], spec, reader, setting)["b"]
+    # the diff holds runner facts at the fast path (planted); the draft extend's runner never
+    # plants a marker, so its in_graph is demoted to post_replay (the same monotone map)
+    assert label.replace("in_graph at draft_extend", "post_replay at draft_extend") == runtime
+
+
+def test_flags_past_the_bound_fail_closed_like_batches():
+    """Finding 5: nine flags tested in one column (512 settings > 256); 0.3.0 held the last one
+    at its default, so an earlier change under it exited 0 with a ``held:`` line."""
+
+    def text(last: str) -> str:
+        flags = "".join(f"  f{i}: {{default: false, env: [T_F{i}], doc: x}}\n" for i in range(9))
+        gates = "".join(
+            f"  - {{id: g{i}, when: {{mode: decode, flags: {{f{i}: true}}}}, "
+            f"at_least: {last if i == 8 else 'post_replay'}, because: x}}\n"
+            for i in range(9)
+        )
+        return (
+            "version: 1\nflags:\n" + flags + "backends:\n  b: {reads_end: {decode: in_graph}, "
+            "doc: x}\ngates:\n" + gates
+        )
+
+    old, new = engines(text("none"), text("post_replay"))  # earlier under f8=true
+    space = cell_space([old.registry, new.registry], modes=["decode"])
+    found = diff_engines(old, new, space)
+    assert found.needs_audit and found.uncompared
+    assert "exceed 256" in found.uncompared[0] and "--flag" in found.uncompared[0]
+    assert ("f8", next(why for n, why in space.held if n == "f8")) in space.held
+    assert "fails closed" in dict(space.held)["f8"]
+    # given flags bring the column under the bound, and the change shows
+    fixed = cell_space(
+        [old.registry, new.registry], modes=["decode"], fixed={"f0": False, "f1": False}
+    )
+    found = diff_engines(old, new, fixed)
+    assert found.uncompared == () and {c.change for c in found.cells} == {"earlier"}

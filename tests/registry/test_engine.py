@@ -196,6 +196,56 @@ def test_force_coarse_cannot_be_narrowed_or_renamed_by_a_registry():
     assert engine.decide(Context("fa3", M.DECODE, flags={"force_coarse": "0"})) is P.IN_GRAPH
 
 
+def test_a_layer_cannot_invert_the_kill_switchs_built_in_names():
+    """Issue 26 finding 6: ``force_coarse: {override: true, env: [{not:
+    WARPOLICY_FORCE_COARSE}]}`` made WARPOLICY_FORCE_COARSE=1 give in_graph (0.3.0). The engine
+    ignores the inversion of a built-in name (a registry built without the loader), and the
+    loader refuses it with a located line."""
+    from warpolicy.registry.loader import Fragment, load_registry
+
+    for var in ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER"):
+        inverted = {"force_coarse": Flag("force_coarse", False, (var,), inverted=frozenset({var}))}
+        engine = PolicyEngine(bare_registry(flags=inverted), environ={var: "1"})
+        assert engine.decide(Context("fa3", M.DECODE)) is P.NONE
+        assert engine.compile("fa3").lookup(M.DECODE) is P.NONE
+        engine = PolicyEngine(bare_registry(flags=inverted), environ={var: "0"})
+        assert engine.decide(Context("fa3", M.DECODE)) is P.IN_GRAPH  # 0 is off, not on
+    layer = Fragment(
+        "layer",
+        "version: 1\nflags:\n  force_coarse:\n    override: true\n"
+        "    env: [{not: WARPOLICY_FORCE_COARSE}]\n    doc: inverted\n",
+    )
+    with pytest.raises(RegistryError) as caught:
+        load_registry(["default", layer])
+    (line,) = [m for m in str(caught.value).splitlines() if "kill switch" in m]
+    assert line.startswith("layer:5:") and "cannot be inverted" in line
+
+
+def test_nothing_is_the_bottom_and_any_matching_gate_makes_it_a_reader():
+    """``nothing`` may release at pre_replay; a gate makes it a reader at the gate's at_least;
+    an undeclared mode stays none (unknown)."""
+    from warpolicy.registry.loader import Fragment, load_registry
+
+    text = (
+        "version: 1\nflags: {f: {default: false, env: [T_F], doc: x}}\n"
+        "backends:\n  b: {reads_end: {draft_extend: nothing, decode: nothing}, doc: x}\n"
+        "gates:\n  - {id: g, when: {mode: decode, flags: {f: true}}, at_least: in_graph, "
+        "because: x}\n"
+    )
+    engine = PolicyEngine(load_registry([Fragment("r", text)]), environ={})
+    assert engine.decide(Context("b", M.DRAFT_EXTEND)) is P.NOTHING
+    assert engine.decide(Context("b", M.DECODE)) is P.NOTHING
+    assert engine.decide(Context("b", M.DECODE, flags={"f": True})) is P.IN_GRAPH
+    assert engine.decide(Context("b", M.DECODE, flags={"f": True}, planted=False)) is (
+        P.POST_REPLAY
+    )
+    assert engine.decide(Context("b", M.TARGET_VERIFY)) is P.NONE  # undeclared: unknown
+    assert engine.compile("b").lookup(M.DRAFT_EXTEND) is P.NOTHING
+    table = engine.table(["b"], ["none"], ["draft_extend"])
+    assert [d.policy.label for d in table] == ["nothing"]
+    assert engine.explain(Context("b", M.DRAFT_EXTEND)).to_json()["policy"] == "nothing"
+
+
 @pytest.mark.parametrize(
     "facts, why",
     [

@@ -364,8 +364,8 @@ def test_unknown_keys_name_close_matches(text, expected):
         ),
         (
             "version: 1\nbackends: {a: {reads_end: {decode: 1}}}\n",
-            "backends.a.reads_end.decode: expected a policy (pre_replay, in_graph, post_replay, none), "
-            "got the integer 1",
+            "backends.a.reads_end.decode: expected a read end (nothing, pre_replay, in_graph, "
+            "post_replay, none), got the integer 1",
         ),
         (
             "version: 1\nbackends: {a: {latest_of: b}}\n",
@@ -829,3 +829,22 @@ def test_loading_from_a_path_object(tmp_path):
 def test_composer_errors_match_pyyaml(composer, text, message):
     (problem,) = problems(text)
     assert message in problem.message
+
+
+def test_nothing_is_a_read_end_never_a_gates_at_least():
+    """Issue 26: ``nothing`` (reads no scheduler-shared state) is declared in ``reads_end``;
+    a gate only makes a decision later, so its ``at_least`` refuses it, located."""
+    from warpolicy.registry.vocabulary import WarReadDonePolicy
+
+    ok = (
+        "version: 1\nbackends:\n  b:\n    reads_end:\n      draft_extend: nothing\n"
+        "      decode: {policy: nothing, after: act, otherwise: in_graph}\n    doc: x\n"
+        "facts: {act: {type: action, doc: x}}\n"
+    )
+    registry = load_registry([Fragment("ok", ok)])
+    assert registry.backend("b").reads_end[ForwardMode.DRAFT_EXTEND] is WarReadDonePolicy.NOTHING
+    msgs = messages("version: 1\ngates:\n  - {id: g, at_least: nothing, because: x}\n")
+    assert any(
+        m.startswith("f0.yaml:3:") and "gates[0].at_least: 'nothing' is a read end" in m
+        for m in msgs
+    ), msgs

@@ -375,6 +375,49 @@ def test_a_failed_launch_keeps_the_next_steps_ordered_on_any_stream(policy):
     assert early == [] and stale == []
 
 
+@pytest.mark.parametrize("policy", ["in_graph", "post_replay", "none"])
+def test_a_second_interrupt_in_the_fallback_keeps_the_next_steps_ordered(policy):
+    """Issue 26 finding 2: the launch raises, then a KeyboardInterrupt hits the fallback
+    ``wait_stream`` of `OverlapLoop._launch_failed` (0.3.0 caught only ``Exception`` there,
+    skipped the synchronize, and the next step on another stream released before the failed
+    launch's reads). The host now waits for everything before the second interrupt propagates."""
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    model = FailingStepModel(impl, fail_at=2.0)
+    runner = DecodeRunner(model, fixed_policy(policy), platform)
+    runner.capture()
+    loop = OverlapLoop(runner)
+    forward = [platform.new_stream() for _ in range(3)]
+    real_wait = platform.wait_stream
+    fired = []
+
+    def second_fault(stream, other):
+        # the fallback after the failed launch: the schedule stream waits for the forward
+        if model.current == 2.0 and stream is loop.schedule_stream and not fired:
+            fired.append((stream.id, other.id))
+            raise KeyboardInterrupt("a second interrupt in the fallback")
+        real_wait(stream, other)
+
+    platform.wait_stream = second_fault
+    reads, writes = [], []  # (step, mark)
+    for k in range(6):
+        start = len(model.reads)
+        with platform.stream(forward[k % 3]):
+            try:
+                loop.step([float(k)], lambda k=k: writes.append((k, impl.mark("write"))))
+            except KeyboardInterrupt as exc:
+                assert k == 2 and "second" in str(exc)
+        reads += [(k, mark) for mark in model.reads[start:]]
+    assert fired  # the control: the second fault really hit the fallback
+    early = [
+        (r, w)
+        for r, read in reads
+        for w, write in writes
+        if r <= w and not impl.happens_before(read, write)
+    ]
+    assert {k for k, _ in writes} == {0, 1, 3, 4, 5} and early == []
+
+
 def test_a_barrier_interrupted_after_the_launch_keeps_the_next_forward_after_the_writes(
     platform, monkeypatch
 ):

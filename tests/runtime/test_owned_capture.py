@@ -516,3 +516,151 @@ def test_the_runner_and_an_engine_with_its_own_capture_decide_alike(case):
 def test_a_cell_policy_is_a_plain_record():
     cell = cell_policy(fixed_policy(P.IN_GRAPH), "decode")
     assert isinstance(cell, CellPolicy) and cell.placement is Placement.MARKER
+
+
+# -- issue 26 finding 1: the orderings around the engine's own code ----------------------------
+
+
+class _Interrupt(BaseException):
+    """A custom BaseException, as a plugin or a signal handler might raise."""
+
+
+@pytest.mark.parametrize("fault", [RuntimeError, KeyboardInterrupt, SystemExit, _Interrupt])
+def test_a_warm_up_that_raises_is_joined_before_anything_after_it(fault):
+    """0.3.0's guide and example joined the warm-up stream in plain statements after the block:
+    a warm-up that raised left its shared reads unjoined, and the coarse barrier (the current
+    stream) then released the scheduler before them: 445 cases in the fault matrix."""
+    from warpolicy.runtime.owned_capture import warm_up
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    main = platform.current_stream()
+    reads = []
+
+    def engine_warm_up():
+        with warm_up(platform) as side:
+            assert platform.current_stream() is side and side is not main
+            reads.append(impl.mark("warm-up read of a shared buffer"))
+            raise fault("the warm-up failed")
+
+    with pytest.raises(fault):
+        engine_warm_up()
+    assert platform.current_stream() is main
+    after = impl.mark("the coarse barrier's view: the current stream")
+    assert impl.happens_before(reads[0], after)
+    assert impl.log[-1] == ("synchronize",)
+
+
+def test_without_the_helper_the_failed_warm_up_is_unordered():
+    """The positive control: the 0.3.0 shape (join after the block) leaves the read unordered
+    when the warm-up raises, so the test above can fail."""
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    main, side = platform.current_stream(), platform.new_stream()
+    platform.wait_stream(side, main)
+    reads = []
+
+    def engine_warm_up():
+        with platform.stream(side):
+            reads.append(impl.mark("warm-up read"))
+            raise RuntimeError("the warm-up failed")
+        platform.wait_stream(main, side)  # never reached
+
+    with pytest.raises(RuntimeError):
+        engine_warm_up()
+    assert not impl.happens_before(reads[0], impl.mark("after"))
+
+
+def test_a_second_interrupt_in_the_warm_up_join_still_waits():
+    from warpolicy.runtime.owned_capture import warm_up
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    real = platform.wait_stream
+    main = platform.current_stream()
+
+    def interrupted(stream, other):
+        if stream is main:
+            raise KeyboardInterrupt("second")
+        real(stream, other)
+
+    platform.wait_stream = interrupted
+
+    def engine_warm_up():
+        with warm_up(platform):
+            impl.mark("warm-up read")
+            raise RuntimeError("first")
+
+    with pytest.raises(KeyboardInterrupt, match="second"):
+        engine_warm_up()
+    assert ("synchronize",) in impl.log[-2:]
+
+
+def test_the_warm_up_starts_after_the_streams_it_is_given():
+    from warpolicy.runtime.owned_capture import warm_up
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    schedule = platform.new_stream()
+    with platform.stream(schedule):
+        write = impl.mark("the scheduler's write")
+    with warm_up(platform, after=[schedule]):
+        read = impl.mark("warm-up read")
+    assert impl.happens_before(write, read)
+
+
+@pytest.mark.parametrize("fault", [None, RuntimeError, KeyboardInterrupt])
+def test_capturing_waits_before_and_after_on_any_exit(fault):
+    from warpolicy.runtime.owned_capture import capturing
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    start = len(impl.log)
+    if fault is None:
+        with capturing(platform):
+            impl.log.append(("body",))
+    else:
+
+        def engine_capture():
+            with capturing(platform):
+                impl.log.append(("body",))
+                raise fault("capture failed")
+
+        with pytest.raises(fault):
+            engine_capture()
+    assert impl.log[start:] == [("synchronize",), ("body",), ("synchronize",)]
+
+
+def test_eager_release_before_any_capture_and_shutdown():
+    from warpolicy.runtime.owned_capture import eager_release, shutdown
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    impl = sim_impl(platform)
+    cell = cell_policy(fixed_policy("in_graph"), "decode")
+    fence = ReadDoneFence(platform, name="decode")
+    release = eager_release(cell, fence)
+    assert release.policy is WarReadDonePolicy.POST_REPLAY and release.bucket is None
+    fence.before_replay(release)
+    fence.after_replay(release)
+    shutdown(platform, fence)
+    assert impl.log[-1] == ("synchronize",) and fence.take() is None
+
+
+def test_the_guides_warm_up_runs_as_written_on_sim():
+    """docs/integrating.md's warm-up block (the one on the simulated platform) runs as written."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "integrating.md").read_text()
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if 'open_runtime("sim")' in b
+    ]
+    assert "warm_up(rt.platform)" in block and "capturing(rt.platform)" in block
+    exec(compile(block, "docs/integrating.md", "exec"), {"__name__": "guide"})

@@ -43,7 +43,9 @@ def test_resolve_asks_each_fact_set_once_through_sound():
     assert policies.failure is None
 
 
-@pytest.mark.parametrize("answer", [RuntimeError("boom"), "junk", 17, None])
+@pytest.mark.parametrize(
+    "answer", [RuntimeError("boom"), "junk", 17, None, False, True, 0.0, 1.0, 0, 3]
+)
 def test_any_failure_or_junk_answer_makes_every_answer_none(answer):
     def policy(mode, eager, planted):
         if isinstance(answer, Exception):
@@ -53,6 +55,40 @@ def test_any_failure_or_junk_answer_makes_every_answer_none(answer):
     policies = resolve_policies(policy, DECODE)
     assert (policies.planted, policies.unplanted, policies.eager) == (P.NONE,) * 3
     assert "policy lookup failed" in policies.failure
+
+
+def test_a_bool_or_float_answer_is_coarse_never_the_release_point_it_equals():
+    """Issue 26 finding 7: ``False`` / ``0.0`` equal ``PRE_REPLAY`` as numbers; 0.3.0 published
+    pre_replay for them (``True``: in_graph). A policy answer is a policy or coarse."""
+    for answer in (False, 0.0, True, 1.0):
+        policies = resolve_policies(lambda mode, eager, planted, a=answer: a, DECODE)
+        assert (policies.planted, policies.unplanted, policies.eager) == (P.NONE,) * 3
+        assert "not a WarReadDonePolicy" in policies.failure
+
+
+def test_nothing_everywhere_reads_nothing_and_publishes_pre_replay():
+    policies = resolve_policies(lambda mode, eager, planted: P.NOTHING, DECODE)
+    assert policies.reads_nothing and not policies.reads_shared_state
+    assert (policies.planted, policies.unplanted, policies.eager) == (P.PRE_REPLAY,) * 3
+
+
+@pytest.mark.parametrize("other", [P.PRE_REPLAY, P.IN_GRAPH, P.POST_REPLAY, P.NONE])
+def test_none_or_any_release_point_in_some_fact_set_is_a_reader(other):
+    """``none`` is unknown (a reader), like every release point: only ``nothing`` in every fact
+    set says the mode reads no shared state."""
+    for eager_answer in (other, P.NOTHING):
+        policies = resolve_policies(
+            lambda mode, eager, planted, e=eager_answer: e if eager else other, DECODE
+        )
+        assert policies.reads_shared_state and not policies.reads_nothing
+    assert resolve_policies(lambda *a: other, DECODE).reads_shared_state
+
+
+def test_a_failed_lookup_is_a_reader():
+    policies = ModePolicies.coarse(DECODE, "lookup failed")
+    assert policies.reads_shared_state
+    with pytest.raises(ValueError):
+        ModePolicies(DECODE, P.NONE, P.NONE, P.NONE, "failed", reads_nothing=True)
 
 
 def test_a_keyboard_interrupt_is_not_swallowed():
@@ -66,7 +102,7 @@ def test_a_keyboard_interrupt_is_not_swallowed():
 policies_st = st.builds(
     ModePolicies,
     st.just(DECODE),
-    st.sampled_from(list(P)),
+    st.sampled_from([p for p in P if p is not P.NOTHING]),
     st.sampled_from([P.PRE_REPLAY, P.POST_REPLAY, P.NONE]),
     st.sampled_from([P.PRE_REPLAY, P.POST_REPLAY, P.NONE]),
     st.sampled_from([None, "lookup failed"]),

@@ -189,7 +189,7 @@ class TestMailbox:
         assert step.last_step.policy is NONE
 
     def test_dflash_hands_verify_event_even_with_a_later_phase(self, platform):
-        phases = three_phases(platform, verify="in_graph", extend="none")
+        phases = three_phases(platform, verify="in_graph", extend="nothing")
         step = captured_step(phases, last_reader=VERIFY)
         step.run([1.0])
         read_done = step.fence.take()
@@ -303,10 +303,22 @@ class TestLateReaders:
         assert len(caught) == 1 and "phase draft (decode) runs after" in str(caught[0].message)
         assert step.reporter.counts["warning:late-reader:draft"] == 3
 
-    def test_a_later_phase_that_decides_none_is_taken_at_the_declarations_word(self, platform):
+    def test_a_later_phase_that_decides_none_is_a_reader_and_the_step_coarse(self, platform):
+        """Issue 26 finding 3: ``none`` is unknown, not "reads nothing": a draft extend after
+        the declared last reader (verify) that answers ``none`` reads shared state for all we
+        know, so the step hands out nothing (0.3.0 handed out verify's in-graph event)."""
         step = captured_step(
             three_phases(platform, verify="in_graph", extend="none"), last_reader=VERIFY
         )
+        with pytest.warns(RuntimeWarning, match="runs after the declared last shared reader"):
+            step.run([1.0])
+        assert step.fence.take() is None and step.released_by.name == "draft_extend"
+        assert step.last_step.policy is NONE
+
+    def test_a_later_phase_that_reads_nothing_is_skipped(self, platform):
+        phases = three_phases(platform, verify="in_graph", extend="nothing")
+        assert phases[2].mode_policies().reads_nothing
+        step = captured_step(phases, last_reader=VERIFY)
         step.run([1.0])
         assert step.fence.take().source == "verify" and step.released_by.name == "verify"
 
@@ -334,7 +346,7 @@ class TestFailure:
     @settings(max_examples=60, deadline=None)
     @given(
         policies=st.lists(
-            st.sampled_from(["pre_replay", "in_graph", "post_replay", "none"]),
+            st.sampled_from(["nothing", "pre_replay", "in_graph", "post_replay", "none"]),
             min_size=3,
             max_size=3,
         ),
@@ -343,7 +355,7 @@ class TestFailure:
     )
     def test_handed_event_is_the_last_readers_or_nothing(self, policies, failed, reader):
         """The step hands the event of its last reading phase (the declared last reader, or a
-        later phase that decided to publish), and only when no reading phase failed."""
+        later phase that does not declare ``nothing``), and only when no reading phase failed."""
         platform = sim_platform()
         phases = three_phases(platform, *policies)
         step = captured_step(phases, last_reader=reader)
@@ -355,7 +367,8 @@ class TestFailure:
             step.run([1.0])
         got = step.fence.take()
         decided = [r.policy_for(r.last_step.bucket) for r in phases]  # before any failure
-        reading = [i for i in range(len(phases)) if i <= step.last_index or decided[i] is not NONE]
+        nothing = [p == "nothing" for p in policies]  # the oracle: what each phase declares
+        reading = [i for i in range(len(phases)) if i <= step.last_index or not nothing[i]]
         releasing = phases[reading[-1]]
         assert step.released_by.runner is releasing
         any_failed = any(failed[i] and decided[i] is not NONE for i in reading)
@@ -419,14 +432,15 @@ class TestAudit:
             spec="eagle",
         )
 
-    def test_an_undeclared_reader_that_decides_none_is_refuted(self, platform):
-        """The draft extend reads the table but decides ``none`` and comes after the declared
-        last reader: the step releases at verify's node, and the audit catches the race."""
+    def test_a_later_reader_that_claims_nothing_is_refuted(self, platform):
+        """The draft extend reads the table but declares ``nothing`` and comes after the
+        declared last reader: the step releases at verify's node, and the audit catches the
+        race (a later phase deciding ``none`` makes the step coarse instead: issue 26)."""
         from warpolicy.audit.dynamic import audit_mode
         from warpolicy.audit.report import SAFE, UNSAFE
 
         unsafe = audit_mode(
-            self.subject(platform, VERIFY, extend="none"), VERIFY, trials=4, static=False
+            self.subject(platform, VERIFY, extend="nothing"), VERIFY, trials=4, static=False
         )
         safe = audit_mode(
             self.subject(platform, DRAFT_EXTEND), DRAFT_EXTEND, trials=4, static=False

@@ -24,8 +24,9 @@ runner facts (platform, external events, eager, planted). Per (mode, spec) *colu
   left out), and switched on it makes every cell ``none`` on both sides.
 
 A column where both sides have a global gate that makes every cell ``none`` whatever the setting
-needs no evaluation (`Column.all_none`). Past ``max_settings`` combinations in one column the
-last flags are held at each side's default, and `CellSpace.held` says so.
+needs no evaluation (`Column.all_none`). Past ``max_settings`` combinations of flags and runner
+facts in one column nothing is held either: the column cannot be compared (`Column.uncompared`)
+and the comparison fails closed (give flags with ``--flag NAME=VALUE``).
 
 Adding a runner fact: add the field to `Context` and `Conditions`, then declare it in
 `FACT_AXES` (name, fast-path value, the values to enumerate given those gates test);
@@ -298,6 +299,7 @@ class CellSpace:
     fixed: Mapping[str, object] = attrs.field(factory=dict)  # flag or fact -> given value
     max_settings: int = MAX_SETTINGS
     _columns: dict = attrs.field(factory=dict, init=False, repr=False)
+    #: flag -> why, for flags of a column past ``max_settings`` (that column fails closed)
     _held: dict = attrs.field(factory=dict, init=False, repr=False)
     _classes: list = attrs.field(factory=list, init=False, repr=False)
 
@@ -389,13 +391,22 @@ class CellSpace:
                 count *= len(values)
             return count
 
-        while flags and size() > self.max_settings:
-            name, _values = flags.pop()
-            self._held.setdefault(
-                name,
-                f"{DEFAULT}: more than {self.max_settings} combinations in a column; give it "
-                f"with --flag {name}=VALUE to compare the other values",
+        if size() > self.max_settings:
+            # holding a flag at its default hides every change under its other value: fail
+            # closed, as past MAX_BATCH_SETTINGS
+            why = (
+                f"{size()} combinations of flags and runner facts "
+                f"({', '.join(f'{n}: {len(v)}' for n, v in flags + facts)}) exceed "
+                f"{self.max_settings}; give some flags with --flag NAME=VALUE"
             )
+            for name, _values in flags:
+                self._held.setdefault(
+                    name,
+                    f"{DEFAULT}: a column past {self.max_settings} combinations tests it, so "
+                    f"that column is not compared (fails closed); give it with --flag "
+                    f"{name}=VALUE",
+                )
+            return Column((), (), uncompared=why)
         base_axes = flags + facts
         base = []
         for combo in itertools.product(*(values for _name, values in base_axes)):
@@ -497,7 +508,7 @@ class CellSpace:
     @property
     def held(self) -> tuple[tuple[str, str], ...]:
         """(name, "value: why") for every flag or fact not enumerated everywhere."""
-        self._all_columns()  # fills the columns' held flags
+        self._all_columns()  # fills the flags of uncompared columns
         enumerated = set(self.flags)
         out: list[tuple[str, str]] = []
         declared = sorted({n for r in self.registries for n in r.flags} | {FORCE_COARSE.name})
@@ -515,7 +526,7 @@ class CellSpace:
                         "cell none on both sides",
                     )
                 )
-            elif name in self._held:
+            elif name in self._held and name not in enumerated:
                 out.append((name, self._held[name]))
             elif name not in enumerated:
                 out.append((name, f"{DEFAULT}: no gate tests it, so it cannot change a decision"))

@@ -19,8 +19,12 @@ child shows as an ``earlier`` cell whose ``when`` names the batches (``6 <= n <=
 with more combinations of classes than `warpolicy.registry.cells.MAX_BATCH_SETTINGS` is not
 compared: `Diff.uncompared` names it and the diff needs an audit (fails closed).
 
-Besides the mode cells: a spec algorithm whose ``last_reader`` changed gets a ``step`` cell per
-backend (the phase whose event a speculative step hands the scheduler, and its policy); an
+Besides the mode cells: every speculative algorithm gets a ``step`` cell per compared backend
+(the phase whose event a speculative step of target verify then draft extend hands the
+scheduler, and its policy, as `warpolicy.runtime.runners.SpecStep` releases), compared for every
+setting and class of batch whenever anything that can move either phase changed (its
+``last_reader``, either phase's decision, whether a later phase reads ``nothing``, whether
+verify's cell reads the staging action); an
 ``in_graph`` cell whose node placement (``plant``) changed is ``moved``; a flag whose
 environment names changed while a gate tests it is a `FlagChange`. Engines are built without
 the environment, so an operator's variables never mask a change.
@@ -43,14 +47,17 @@ from warpolicy.registry.cells import (
     reach,
     summarize,
 )
-from warpolicy.registry.decision import FORCE_COARSE
+from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC, Context
 from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
 from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
 from warpolicy.registry.model import Flag, Registry
 from warpolicy.registry.vocabulary import (
+    DRAFT_EXTEND_STAGED,
     IN_GRAPH,
     NONE,
+    NOTHING,
+    PRE_REPLAY,
     ForwardMode,
     Placement,
     WarReadDonePolicy,
@@ -70,7 +77,10 @@ IDENTITY = "identity: a name on one side only is added or removed"
 CELLS = "cells: compared through every decision it feeds"
 DEFAULTS = "cells: enumerated both ways, and at each side's own default where the defaults differ"
 ENV = "flag changes: new, dropped or reordered environment names of a flag a gate tests"
-STEP_CELLS = "step cells: the phase whose event a speculative step hands the scheduler"
+STEP_CELLS = (
+    "step cells: the phase whose event a speculative step hands the scheduler, compared with "
+    "every decision it feeds"
+)
 PLACEMENT = "moved cells: where an in_graph node is planted"
 LISTING = "listing only: every backend is compared, abstract ones included"
 CONTAINER = "entries compared by name, each through its own fields (missing: added or removed)"
@@ -317,6 +327,7 @@ class _Side:
         self.classes = engine.facts()
         self._labels: dict[tuple, frozenset[str]] = {}
         self._resolved: dict[Setting, tuple] = {}
+        self._staged: dict[tuple, bool] = {}
         #: set by `diff_engines`: both sides have the same rules but for flag defaults and env
         self.same_rules = False
 
@@ -404,6 +415,44 @@ class _Side:
             )
         return self._labels[key]
 
+    def _flags(self, setting: Setting) -> dict[str, bool]:
+        return {
+            k: v
+            for k, v in setting.overrides().items()
+            if k in self.registry.flags or k == FORCE_COARSE.name
+        }
+
+    def reads_staged(self, backend: str, spec: str, setting: Setting) -> bool:
+        """Whether verify's cell under ``setting`` reads the staging action: its runner then
+        reports it per batch, and a staged batch's step releases at verify."""
+        key = (backend, spec, setting.flags, setting.facts)
+        if key not in self._staged:
+            ctx = Context(
+                backend,
+                ForwardMode.TARGET_VERIFY,
+                spec,
+                self._flags(setting),
+                **setting.fact_values(),  # type: ignore[arg-type]
+            )
+            self._staged[key] = DRAFT_EXTEND_STAGED in self.engine.rule_facts(ctx)
+        return self._staged[key]
+
+    def reads_nothing(
+        self, backends: Sequence[str], mode: ForwardMode, spec: str, setting: Setting
+    ) -> set[str]:
+        """Of ``backends``, those whose ``mode`` reads nothing as a runner resolves it
+        (`warpolicy.runtime.release.resolve_policies`): ``nothing`` in each of its three cells
+        (captured and planted, captured, eager) for a batch that reports no fact."""
+        out = set(backends)
+        for eager, planted in ((False, True), (False, False), (True, False)):
+            if not out:
+                break
+            cell = {"eager": eager, "planted": planted}
+            runner = Setting(setting.flags, tuple((k, cell.get(k, v)) for k, v in setting.facts))
+            found = self.policies(sorted(out), mode, spec, runner)
+            out = {n for n in out if found[n] is NOTHING}
+        return out
+
     def label(self, backend: str, mode: ForwardMode, policy: WarReadDonePolicy) -> str:
         if policy == IN_GRAPH and self.placement(backend, mode) is Placement.DERIVED:
             return f"{policy.label} ({Placement.DERIVED.label})"
@@ -422,30 +471,17 @@ def _mode_change(old: str, new: str) -> Optional[str]:
     return "moved"  # in_graph both ways, the node planted elsewhere
 
 
-def _step_value(reader: Optional[ForwardMode], policy: Optional[WarReadDonePolicy]) -> str:
-    if reader is None:
-        return "at its last phase"
-    assert policy is not None
-    return "none" if policy == NONE else f"{policy.label} at {reader.label}"
-
-
-def _step_rank(reader: Optional[ForwardMode], policy: Optional[WarReadDonePolicy]) -> tuple:
-    """Release order of a step: a named phase by (phase, policy); none (coarse) last; the
-    unnamed last phase after every named one, its policy unknown."""
-    if reader is None:
-        return (len(_PHASES), -1)
-    assert policy is not None
-    if policy == NONE:
-        return (len(_PHASES) + 1, 0)
-    return (_PHASES.index(reader), int(policy))
+def _step_value(phase: ForwardMode, policy: WarReadDonePolicy) -> tuple[str, tuple[int, int]]:
+    """A step's release as a report shows it and its rank (later phases after earlier ones,
+    coarse last). ``policy`` is what the phase publishes (``nothing`` publishes at
+    pre_replay)."""
+    published = PRE_REPLAY if policy is NOTHING else policy
+    if published == NONE:
+        return "none", (len(_PHASES), 0)
+    return f"{published.label} at {phase.label}", (_PHASES.index(phase), int(published))
 
 
 def _step_change(old: tuple, new: tuple) -> str:
-    """``earlier`` unless the new step surely releases later: an unnamed last phase is
-    compared with a named one by phase only, and a coarse old step is beaten by anything that
-    publishes (the last phase's policy is unknown here)."""
-    if old[0] == len(_PHASES) and new[0] == len(_PHASES):
-        return "later"  # unreachable: the same reader is no step cell
     return "earlier" if new < old else "later"
 
 
@@ -562,13 +598,14 @@ def diff_engines(
                 uncompared.append(f"{mode.label} spec {spec}: {why}")
                 continue
             cells += _compare_column(a, b, names, mode, spec, space, plugins, scope)
-        reader_a, reader_b = old.spec(spec).last_reader, new.spec(spec).last_reader
-        if reader_a != reader_b and any(m in space.modes for m in _PHASES):
-            why = space.column(_PHASES, spec).uncompared
-            if why:
-                uncompared.append(f"step spec {spec}: {why}")
-            else:
-                cells += _compare_steps(a, b, common_b, spec, (reader_a, reader_b), space, plugins)
+        if spec == IMPLICIT_SPEC.name or not any(m in space.modes for m in _PHASES):
+            continue  # no speculative step (or its phases are not compared)
+        why = space.column(_PHASES, spec, scope).uncompared
+        if why:
+            uncompared.append(f"step spec {spec}: {why}")
+            continue
+        readers = (_step_reader(old.spec(spec)), _step_reader(new.spec(spec)))
+        cells += _compare_steps(a, b, names, spec, readers, space, plugins, scope)
 
     result = Diff(
         tuple(c for c in cells if not earlier_only or c.needs_audit),
@@ -635,46 +672,68 @@ def _compare_column(
     return _cells(groups, mode.label, spec, column, plugins)
 
 
+def _step_reader(spec: object) -> ForwardMode:
+    """The declared last reader; undeclared: the last phase the step runs (draft extend)."""
+    reader = getattr(spec, "last_reader", None)
+    return _PHASES[-1] if reader is None else ForwardMode.parse(reader)
+
+
 def _compare_steps(
     a: _Side,
     b: _Side,
     names: Sequence[str],
     spec: str,
-    readers: tuple[Optional[ForwardMode], Optional[ForwardMode]],
+    readers: tuple[ForwardMode, ForwardMode],
     space: CellSpace,
     plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
 ) -> list[DiffCell]:
-    """Step cells: the reader phase changed, so the step may hand the scheduler another event.
+    """Step cells: the event a speculative step of target verify then draft extend hands the
+    scheduler, for every setting and class of batch of both phases' columns.
 
-    As `warpolicy.runtime.runners.SpecStep` releases: at the declared reader's phase, unless a
-    later phase decides to publish (its answer says it reads shared state), then at that one."""
-    column = space.column(_PHASES, spec)
+    As `warpolicy.runtime.runners.SpecStep` releases: every phase up to the declared reader
+    reads; a later phase reads unless it reads ``nothing`` in every runner cell; verify, once
+    it published for a batch whose staging action succeeded and its cell reads that action,
+    ends the step (the draft extend is skipped); the step hands out the last reading phase's
+    event (coarse when that phase decided ``none``)."""
+    column = space.column(_PHASES, spec, scope)
     groups: dict[tuple[str, str, str, str], list[Setting]] = {}
     for setting in column.settings:
-        values = []
-        for side, reader in ((a, readers[0]), (b, readers[1])):
-            if reader is None:
-                unknown = (_step_value(None, None), _step_rank(None, None))
-                values.append({n: unknown for n in names})
-                continue
-            later = _PHASES[_PHASES.index(reader) :]
-            policies = {m: side.policies(names, m, spec, setting) for m in later}
-            step_values: dict[str, tuple[str, tuple]] = {}
-            for n in names:
-                phase = reader
-                for m in later[1:]:
-                    if policies[m][n] != NONE:
-                        phase = m  # a later phase that publishes is the release
-                policy = policies[phase][n]
-                step_values[n] = (_step_value(phase, policy), _step_rank(phase, policy))
-            values.append(step_values)
+        if a.same_rules and a.resolved(setting) == b.resolved(setting):
+            continue  # same rules, same flag values: the same steps
+        values = [
+            _step_values(side, names, spec, reader, setting)
+            for side, reader in ((a, readers[0]), (b, readers[1]))
+        ]
         for name in names:
             (old, old_rank), (new, new_rank) = values[0][name], values[1][name]
-            if old_rank == new_rank and old == new:
+            if old_rank == new_rank:
                 continue
             change = _step_change(old_rank, new_rank)
             groups.setdefault((name, old, new, change), []).append(setting)
     return _cells(groups, STEP, spec, column, plugins)
+
+
+def _step_values(
+    side: _Side, names: Sequence[str], spec: str, reader: ForwardMode, setting: Setting
+) -> dict[str, tuple[str, tuple[int, int]]]:
+    verify, extend = _PHASES
+    policies = {m: side.policies(names, m, spec, setting) for m in _PHASES}
+    later = _PHASES.index(reader) < _PHASES.index(extend)
+    skipped = side.reads_nothing(names, extend, spec, setting) if later else set()
+    staged_batch = setting.batch_values(side.registry.facts).get(DRAFT_EXTEND_STAGED) is True
+    out: dict[str, tuple[str, tuple[int, int]]] = {}
+    for name in names:
+        phase = verify
+        staged = (
+            staged_batch
+            and policies[verify][name] != NONE
+            and side.reads_staged(name, spec, setting)
+        )
+        if not staged and name not in skipped:
+            phase = extend
+        out[name] = _step_value(phase, policies[phase][name])
+    return out
 
 
 def _cells(

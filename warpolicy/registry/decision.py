@@ -11,7 +11,14 @@ from typing import Callable, Mapping, Optional, Union
 import attrs
 
 from warpolicy.registry.model import Flag, Gate, Origin, SpecAlgorithm
-from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import (
+    FORCE_COARSE_ENV,
+    FORCE_COARSE_NAME,
+    FactType,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
 
 BUILT_IN = "built-in (warpolicy.registry.engine)"
 
@@ -34,9 +41,9 @@ ROUTE_PREFIX = "route:"
 #: The operator's kill switch. Built in: it works with any registry, and a registry or plugin can
 #: add environment names to it (by declaring the flag) but never remove these.
 FORCE_COARSE = Flag(
-    "force_coarse",
+    FORCE_COARSE_NAME,
     False,
-    ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER"),
+    FORCE_COARSE_ENV,
     doc="Always use the coarse barrier; built into the engine.",
     origin=Origin(BUILT_IN),
 )

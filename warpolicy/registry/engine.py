@@ -253,6 +253,19 @@ class PolicyEngine:
         evaluation.explain(ctx.backend)
         return self._cases(ctx, evaluation.facts_read[ctx.backend], {})
 
+    def rule_facts(self, ctx: Context) -> frozenset[str]:
+        """The per-batch facts the compiled rule of ``ctx``'s cell reads (`compile`): what a
+        runner measures, or asks the model or an action for, on every batch of that cell, as
+        it does whether or not they change the policy; empty when the cell reads none, or more
+        than `MAX_FACT_CASES` combinations of classes (then it has no rule). ``ctx.facts`` is
+        ignored (a runner resolves the rule for a batch that reports nothing)."""
+        bare = attrs.evolve(ctx, facts={})
+        evaluation = self._evaluation(bare, record_checks=False)
+        evaluation.explain(ctx.backend)
+        read = evaluation.facts_read[ctx.backend]
+        cells = self._enumerate(bare, read, {}) if read else None
+        return frozenset() if cells is None else frozenset(c.fact.name for c in cells[0])
+
     def facts(self) -> Mapping[str, FactClasses]:
         """Every declared per-batch fact with the classes the registry's tests split it into."""
         return dict(self._fact_classes)
@@ -642,7 +655,9 @@ def _resolve_flags(registry: Registry, environ: Mapping[str, str]) -> dict[str, 
     value = FlagValue(FORCE_COARSE.name, False, "default")
     if declared is not None and declared.default:
         value = FlagValue(FORCE_COARSE.name, True, f"default at {declared.origin}")
-    inverted = declared.inverted if declared is not None else frozenset()
+    # the built-in names are never inverted, whatever a layer or plugin declares (the loader
+    # refuses that too; this holds for a registry built without it)
+    inverted = (declared.inverted if declared is not None else frozenset()) - set(FORCE_COARSE.env)
     for var in names:
         raw = environ.get(var, "")
         if not raw.strip():

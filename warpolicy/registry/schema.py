@@ -15,11 +15,13 @@ import attrs
 from warpolicy.registry.vocabulary import (
     _MODE_ALIASES,
     _POLICY_ALIASES,
+    RELEASE_ALIASES,
     FactType,
     ForwardMode,
     Placement,
     mode_names,
     policy_names,
+    release_point_names,
 )
 
 #: The only registry format version this warpolicy reads.
@@ -41,12 +43,13 @@ VERSION = "version"  # the integer FORMAT_VERSION
 BOOL = "bool"
 TEXT = "text"  # a non-empty human sentence
 NAME = "name"  # one registry name
-POLICY = "policy"  # a policy name or alias
+POLICY = "policy"  # a release point name or alias (a gate's at_least: never nothing)
+READ_END = "read_end"  # a read end: a policy, or nothing (reads no scheduler-shared state)
 # Collections:
 NAME_LIST = "name_list"  # a list of names (order kept)
 NAME_SET = "name_set"  # a name or a list of names (any of)
 ENV_LIST = "env_list"  # an env var name or a list of them (first wins)
-POLICY_SET = "policy_set"  # a policy or a list of policies (any of)
+POLICY_SET = "policy_set"  # a read end or a list of read ends (any of)
 MODE_SET = "mode_set"  # a mode or a list of modes (any of)
 MODE_POLICY_MAP = "mode_policy_map"  # mode -> policy
 MODE_NAME_MAP = "mode_name_map"  # mode -> backend name
@@ -54,7 +57,7 @@ BOOL_MAP = "bool_map"  # name -> bool
 PLANT = "plant"  # a placement for every mode, or mode -> placement
 LAST_READER = "last_reader"  # draft_extend or target_verify
 FACT_TYPE = "fact_type"  # int, bool, action or name
-MODE_DECLARATION_MAP = "mode_declaration_map"  # mode -> policy | {policy, after, otherwise}
+MODE_DECLARATION_MAP = "mode_declaration_map"  # mode -> read end | {policy, after, otherwise}
 CAPABILITY_MAP = "capability_map"  # name -> bool | {after: ACTION}
 LABEL_MAP = "label_map"  # label -> backend name
 FACT_TESTS = "fact_tests"  # fact -> bool | int | {gt|ge|lt|le|eq: int} | name(s)
@@ -155,7 +158,9 @@ BACKEND_KEYS: tuple[Key, ...] = (
         "reads_end",
         MODE_DECLARATION_MAP,
         "Forward mode -> where the backend's last read of "
-        "scheduler-shared state ends; an undeclared mode is none (not audited). "
+        "scheduler-shared state ends; an undeclared mode is none (not audited, the coarse "
+        "barrier); nothing: the mode reads no scheduler-shared state (declare it only where "
+        "that is proven). "
         "{policy: P, after: ACTION, otherwise: Q}: P holds only for a batch whose per-batch "
         "action succeeded, else Q (default none).",
     ),
@@ -258,9 +263,9 @@ ROUTE_KEYS: tuple[Key, ...] = (
 )
 
 DECLARATION_KEYS: tuple[Key, ...] = (
-    Key("policy", POLICY, "The read end once the action succeeded.", required=True),
+    Key("policy", READ_END, "The read end once the action succeeded.", required=True),
     Key("after", NAME, "The action fact that must have succeeded for the batch.", required=True),
-    Key("otherwise", POLICY, "The read end for any other batch (default none)."),
+    Key("otherwise", READ_END, "The read end for any other batch (default none)."),
 )
 
 CAPABILITY_AFTER_KEYS: tuple[Key, ...] = (
@@ -306,6 +311,11 @@ _SCHEMA_ID = "https://warpolicy.dev/schema/capabilities-v1.json"
 
 
 def _policy_enum() -> list[str]:
+    names = release_point_names()
+    return names + sorted(set(RELEASE_ALIASES) - set(names))
+
+
+def _read_end_enum() -> list[str]:
     return list(policy_names()) + sorted(set(_POLICY_ALIASES) - set(policy_names()))
 
 
@@ -408,10 +418,11 @@ def _kind_schema(kind: str) -> dict:
         TEXT: {"type": "string", "pattern": TEXT_PATTERN},
         NAME: name,
         POLICY: {"$ref": "#/$defs/policy"},
+        READ_END: {"$ref": "#/$defs/read_end"},
         NAME_LIST: {"type": "array", "items": name, "minItems": 1, "uniqueItems": True},
         NAME_SET: _one_or_many(name),
         ENV_LIST: _one_or_many({"oneOf": [env_name, inverted]}, unique=True),
-        POLICY_SET: _one_or_many({"$ref": "#/$defs/policy"}),
+        POLICY_SET: _one_or_many({"$ref": "#/$defs/read_end"}),
         MODE_SET: _one_or_many({"$ref": "#/$defs/mode"}),
         MODE_POLICY_MAP: _mode_map({"$ref": "#/$defs/policy"}),
         MODE_NAME_MAP: _mode_map(name),
@@ -419,7 +430,7 @@ def _kind_schema(kind: str) -> dict:
         LAST_READER: {"enum": [ForwardMode.DRAFT_EXTEND.value, ForwardMode.TARGET_VERIFY.value]},
         FACT_TYPE: {"enum": [t.value for t in FactType]},
         MODE_DECLARATION_MAP: _mode_map(
-            {"oneOf": [{"$ref": "#/$defs/policy"}, {"$ref": "#/$defs/declaration"}]}
+            {"oneOf": [{"$ref": "#/$defs/read_end"}, {"$ref": "#/$defs/declaration"}]}
         ),
         CAPABILITY_MAP: {
             "type": "object",
@@ -519,6 +530,13 @@ def registry_json_schema() -> dict:
             "description": "Where the read-done event is published, earliest first: "
             "pre_replay < in_graph < post_replay < none "
             "(aliases: coarse, unknown = none; in_replay = in_graph).",
+        },
+        "read_end": {
+            "enum": _read_end_enum(),
+            "description": "Where a forward's last read of scheduler-shared state ends, "
+            "earliest first: nothing < pre_replay < in_graph < post_replay < none. nothing: "
+            "it reads no scheduler-shared state (an explicit declaration; undeclared is none, "
+            "the coarse barrier).",
         },
         "mode": {
             "enum": _mode_enum(),

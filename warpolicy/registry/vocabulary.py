@@ -2,7 +2,9 @@
 and the types of per-batch facts.
 
 `WarReadDonePolicy` is ordered by *lateness*: a later point is always safe where an earlier
-one is, so every rule in the engine is a ``max`` over these values.
+one is, so every rule in the engine is a ``max`` over these values. ``nothing`` is the bottom: a
+read end that says the forward reads no scheduler-shared state at all (an explicit declaration,
+never a default: an undeclared read end is ``none``, unknown, the coarse barrier).
 """
 
 from __future__ import annotations
@@ -13,8 +15,16 @@ from warpolicy.errors import UnknownNameError
 
 
 class WarReadDonePolicy(enum.IntEnum):
-    """Where the forward publishes its read-done event, earliest first."""
+    """Where the forward publishes its read-done event, earliest first.
 
+    ``NOTHING`` is a read end, not a release point: the forward reads no scheduler-shared state.
+    A single forward that reads nothing publishes at ``PRE_REPLAY`` (`warpolicy.runtime.release.
+    sound`); a speculative step skips a phase after its declared last reader only when that
+    phase reads nothing. Any matching gate makes it a reader (every rule is a ``max``), and a
+    gate's ``at_least`` is never ``nothing``.
+    """
+
+    NOTHING = -1  # reads no scheduler-shared state (declared explicitly; never a default)
     PRE_REPLAY = 0  # fresh event recorded on the forward stream just before replay()
     IN_GRAPH = 1  # event-record node planted inside the captured graph
     POST_REPLAY = 2  # fresh event recorded right after replay() is enqueued
@@ -44,11 +54,24 @@ _POLICY_ALIASES.update(
 )
 
 
+#: The spellings of a release point (a gate's ``at_least``): every policy but ``nothing``.
+RELEASE_ALIASES: dict[str, WarReadDonePolicy] = {
+    name: p for name, p in _POLICY_ALIASES.items() if p is not WarReadDonePolicy.NOTHING
+}
+
+
 def policy_names() -> list[str]:
+    """Every read-end name, earliest first (``nothing`` included)."""
     return [p.label for p in WarReadDonePolicy]
 
 
-#: Module-level names for the four policies, so hot paths and tables read plainly.
+def release_point_names() -> list[str]:
+    """The names a gate's ``at_least`` takes: every policy but ``nothing``."""
+    return [p.label for p in WarReadDonePolicy if p is not WarReadDonePolicy.NOTHING]
+
+
+#: Module-level names for the policies, so hot paths and tables read plainly.
+NOTHING = WarReadDonePolicy.NOTHING
 PRE_REPLAY = WarReadDonePolicy.PRE_REPLAY
 IN_GRAPH = WarReadDonePolicy.IN_GRAPH
 POST_REPLAY = WarReadDonePolicy.POST_REPLAY
@@ -112,6 +135,17 @@ _MODE_ALIASES.update(
         "draft_extend_v2": ForwardMode.DRAFT_EXTEND,
     }
 )
+
+#: The operator's kill switch (`warpolicy.registry.decision.FORCE_COARSE`) and its built-in
+#: environment names: set true, every decision is ``none``. No registry, layer or plugin can
+#: switch it off or invert these names (the loader refuses ``{not: NAME}`` for them).
+FORCE_COARSE_NAME = "force_coarse"
+FORCE_COARSE_ENV = ("WARPOLICY_FORCE_COARSE", "SGLANG_FORCE_COARSE_WAR_BARRIER")
+
+#: The action fact a staged draft extend reports on its target verify: once it succeeded (and
+#: verify published), the step's speculative runtime skips the draft extend (its shared reads
+#: were copied into draft-owned buffers before verify) and releases at verify's event.
+DRAFT_EXTEND_STAGED = "draft_extend_staged"
 
 #: The modes a table covers by default: the ones where any backend can publish early.
 TABLE_MODES: tuple[ForwardMode, ...] = (

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 import attrs
 
 from warpolicy.registry.vocabulary import (
+    DRAFT_EXTEND_STAGED,
     IN_GRAPH,
     NONE,
     POST_REPLAY,
@@ -44,14 +45,11 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.observers import ObserverCall, Reporter
-from warpolicy.runtime.policy import sound
+from warpolicy.runtime.policy import policy_answer, sound
 from warpolicy.runtime.release import BucketRelease, ModePolicies
 
 #: The fact a runner reports itself: the query tokens the forward sees.
 NUM_QO_TOKENS = "num_qo_tokens"
-#: The action after which target verify is a speculative step's last shared reader (the draft
-#: extend reads staged, draft-owned copies): `SpecStep` then hands verify's event.
-DRAFT_EXTEND_STAGED = "draft_extend_staged"
 
 
 class FactRule(Protocol):
@@ -172,8 +170,8 @@ def plan_cell(
             return None
         facts = tuple(str(f) for f in rule.facts)
         actions = tuple(str(a) for a in rule.actions)
-        WarReadDonePolicy(rule.earliest)
-        WarReadDonePolicy(rule.unknown)
+        policy_answer(rule.earliest)
+        policy_answer(rule.unknown)
         if not callable(rule):
             raise TypeError(f"the rule {rule!r} is not callable")
     except Exception as exc:  # noqa: BLE001 - no plan: the later answer stays
@@ -207,7 +205,7 @@ def lower_policies(policies: ModePolicies, plans: CellPlans) -> ModePolicies:
     def low(answer: WarReadDonePolicy, plan: Optional[BatchPlan]) -> WarReadDonePolicy:
         if plan is None:
             return answer
-        return min(answer, sound(WarReadDonePolicy(plan.rule.earliest), plan.eager, plan.planted))
+        return min(answer, sound(policy_answer(plan.rule.earliest), plan.eager, plan.planted))
 
     return attrs.evolve(
         policies,
@@ -305,7 +303,7 @@ def effective_policy(
     """``max(release.policy, rule(facts))`` through `sound`; an in_graph answer for a bucket
     whose release hands out no event is post_replay; a rule that raises is ``none``."""
     try:
-        answer = sound(WarReadDonePolicy(plan.rule(facts)), plan.eager, plan.planted)
+        answer = sound(policy_answer(plan.rule(facts)), plan.eager, plan.planted)
     except Exception as exc:  # noqa: BLE001 - the coarse barrier for this batch
         reporter.fallback("batch_rule", exc, f"the per-batch lookup raised ({exc!r})")
         return NONE

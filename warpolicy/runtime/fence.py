@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 from warpolicy.registry.inputs import env_switch
 from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ordering import order_after, synchronize_all
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import EventHandle, Platform, StreamHandle
 from warpolicy.runtime.release import BucketRelease, ReadDone
@@ -449,15 +450,11 @@ class SchedulerBarrier:
         try:
             self._wait_stream(schedule_stream, forward_stream)
         except BaseException:  # noqa: BLE001 - the interrupt being handled is re-raised by apply
-            self.platform.synchronize()
+            synchronize_all(self.platform)  # survives a second interrupt
         read_done.slot.taken = False
 
     def _coarse(self, schedule_stream: StreamHandle, forward_stream: StreamHandle) -> None:
-        try:
-            self._wait_stream(schedule_stream, forward_stream)
-        except Exception as exc:  # noqa: BLE001 - last resort: the host waits for everything
-            self.platform.synchronize()
-            self.reporter.fallback("wait_stream", exc)
-        except BaseException:  # KeyboardInterrupt: the host waits for everything, then raise
-            self.platform.synchronize()
-            raise
+        # else the host waits for everything, also through a second interrupt, then re-raise
+        failed = order_after(self.platform, schedule_stream, (forward_stream,), self._wait_stream)
+        if failed is not None:
+            self.reporter.fallback("wait_stream", failed)

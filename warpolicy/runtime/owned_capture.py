@@ -18,6 +18,15 @@ the same way. One mode of one engine, per capture of its buckets::
         outcome = bucket.finish(graph, shared_buffers)   # check or derive, instantiate, decide
         releases[bs] = outcome.release               # immutable: all a step reads
 
+with the warm-up and the captures inside the orderings this module owns (``finally`` included,
+``KeyboardInterrupt`` too)::
+
+    with capturing(rt.platform):                     # the first capture and every re-capture
+        with warm_up(rt.platform):                   # a side stream, joined and synchronized
+            for bs in batch_sizes:
+                forward(bs)                          # eager: cuBLAS, the allocator
+        ...                                          # the loop above
+
 and per step, on the forward stream, then on the scheduler's side::
 
     fence.before_replay(release); graph.replay(); fence.after_replay(release)
@@ -28,6 +37,10 @@ What each piece does:
 * `resolve_cell` / `cell_policy`: the policy for one (backend, mode, spec, flags), asked once
   for each set of facts a bucket can end with, and where the read-done node goes (`CellPolicy`).
   A lookup that fails (an unknown backend, say) makes every answer ``none``, with the reason;
+* `warm_up`, `capturing`, `eager_release`, `shutdown`: the orderings around the engine's own
+  code (its warm-up, its captures, steps served before any capture, the end of serving): each
+  orders what follows after what it enqueued, also when that code raises, and a second fault
+  in the fallback still leaves the host waiting (`warpolicy.runtime.ordering`);
 * `ReadDoneCapture`: one capture of one mode's buckets; it asks once whether the platform can
   walk its graphs (`WalkProbe`) and begins each bucket;
 * `BucketCapture`: one bucket. ``mark()`` records its event in the capture body (the marker,
@@ -50,7 +63,8 @@ raises `SelfCheckError` instead of demoting a marker.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Union
+import contextlib
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -64,6 +78,7 @@ from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.graphwalk.plant import RawGraph, SharedBuffers
 from warpolicy.runtime.graphwalk.restore import Rebound
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ordering import order_after, synchronize_all
 from warpolicy.runtime.placement import (
     PlacementOutcome,
     Verdict,
@@ -72,7 +87,7 @@ from warpolicy.runtime.placement import (
     plant_bucket_derived,
     walk_unavailable,
 )
-from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
+from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform, StreamHandle
 from warpolicy.runtime.policy import ExplainedPolicy, PlacedPolicy, RunnerPolicy, policy_function
 from warpolicy.runtime.rebind import RELEASE_LABEL, rebind_bucket, save_bucket
 from warpolicy.runtime.release import (
@@ -213,6 +228,91 @@ def resolve_cell(
     return cell_policy(
         compiled, mode, placement=placement, per_batch=per_batch, observers=observers
     )
+
+
+# -- the orderings around the engine's own code -------------------------------------------------
+
+
+@contextlib.contextmanager
+def warm_up(
+    platform: Platform,
+    *,
+    after: Sequence[StreamHandle] = (),
+    observers: Observers = NO_OBSERVERS,
+) -> Iterator[StreamHandle]:
+    """The engine's eager warm-up before a capture (cuBLAS, the allocator: torch's rule), on a
+    side stream it yields::
+
+        with warm_up(rt.platform):
+            for bs in batch_sizes:
+                forward(bs)
+
+    The side stream starts after the current stream and ``after`` (e.g. the schedule stream,
+    when the engine warms up while serving). On exit, whatever happened in the body
+    (``KeyboardInterrupt`` and other ``BaseException`` included), the current stream joins the
+    side stream and then the host synchronizes, so later work (an eager step, the scheduler's
+    coarse barrier on the current stream) is ordered after every read the warm-up enqueued. A
+    join that fails makes the host wait for everything instead (reported as a fallback); a
+    second interrupt there still does. The body's exception propagates."""
+    main = platform.current_stream()
+    side = platform.new_stream()
+    for stream in (main, *after):
+        platform.wait_stream(side, stream)  # nothing ran on ``side`` yet if this raises
+    try:
+        with platform.stream(side):
+            yield side
+    finally:
+        failed = order_after(platform, main, (side,))
+        if failed is None:
+            synchronize_all(platform)
+        else:
+            Reporter(observers, "warm-up").fallback(
+                "warm_up", failed, f"joining the warm-up stream failed ({failed!r}); waited"
+            )
+
+
+@contextlib.contextmanager
+def capturing(platform: Platform) -> Iterator[None]:
+    """Around one capture of a mode's buckets (warm-up, every bucket's capture and ``finish``):
+    the first capture, one after the engine served eager steps, and every re-capture.
+
+    The host waits for everything before (steps in flight may still replay graphs being
+    replaced, read the pool the capture reuses and record their events) and after, on any exit
+    (``BaseException`` included: what the captures, the events' seeding and the instantiations
+    enqueued is done before the next step or a retry). Keep the old graphs and outcomes until
+    the block succeeded, then swap them in: a capture that raises leaves no half-built set."""
+    synchronize_all(platform)
+    try:
+        yield
+    finally:
+        synchronize_all(platform)
+
+
+def eager_release(
+    cell: CellPolicy, fence: ReadDoneFence, *, observers: Observers = NO_OBSERVERS
+) -> BucketRelease:
+    """The release of a step served without a graph before any capture (the same as
+    `ReadDoneCapture.eager` afterwards): the cell's eager answer, decided once, without probing
+    the graph walk. Publish it as any step (``fence.before_replay(release)``, the eager forward,
+    ``fence.after_replay(release)``); a forward that raises publishes nothing."""
+    release = decide_bucket(cell.policies, BucketFacts(None), fence.name)
+    reporter = Reporter(observers, f"{fence.name} eager")
+    notify_decision(reporter, cell.source, cell.mode, release, eager=True, planted=False)
+    return release
+
+
+def shutdown(platform: Platform, *fences: ReadDoneFence) -> None:
+    """Before freeing graphs, their events or the shared buffers: the host waits for everything
+    in flight (replays still read the shared buffers and record the events; a second interrupt
+    still waits), then each fence's untaken read-done is dropped."""
+    synchronize_all(platform)
+    for fence in fences:
+        try:
+            read_done = fence.take()
+            if read_done is not None:
+                read_done.discard()
+        except Exception:  # noqa: BLE001 - nothing waits on it either way
+            pass
 
 
 # -- what a capture established ---------------------------------------------------------------
@@ -833,11 +933,15 @@ __all__ = [
     "SchedulerBarrier",
     "SelfCheckError",
     "WalkProbe",
+    "capturing",
     "cell_policy",
     "decide_bucket",
+    "eager_release",
     "explain",
     "notify_decision",
     "parse_placement",
     "placement_of",
     "resolve_cell",
+    "shutdown",
+    "warm_up",
 ]

@@ -17,7 +17,9 @@ from warpolicy.errors import InputError
 from warpolicy.registry.decision import Decision
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
+    NOTHING,
     POST_REPLAY,
+    PRE_REPLAY,
     ForwardMode,
     Placement,
     WarReadDonePolicy,
@@ -68,10 +70,26 @@ class NamedPolicy(Protocol):
 RunnerPolicy = Union[PolicyTable, PolicyFn]
 
 
+def policy_answer(answer: object) -> WarReadDonePolicy:
+    """``answer`` if it is a `WarReadDonePolicy`, else `TypeError`: a policy callable that
+    answers anything else (``True``, ``0.0``, ``1``, a string) fails closed at its caller, never
+    reads as the release point its number happens to equal."""
+    if isinstance(answer, WarReadDonePolicy):
+        return answer
+    raise TypeError(
+        f"a policy answered {answer!r} ({type(answer).__name__}), not a WarReadDonePolicy"
+    )
+
+
 def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDonePolicy:
     """The runtime's own safety net: ``IN_GRAPH`` without a planted node, or in an eager step, is
     at least ``POST_REPLAY`` (never ``PRE_REPLAY``: that is only sound for snapshotting
-    backends). The engine already does this; a hand-written policy callable might not."""
+    backends). The engine already does this; a hand-written policy callable might not.
+
+    ``NOTHING`` (the forward reads no scheduler-shared state) publishes at ``PRE_REPLAY``: the
+    fence only ever sees release points."""
+    if policy is NOTHING:
+        return PRE_REPLAY
     if policy == IN_GRAPH and (eager or not planted):
         return POST_REPLAY
     return policy
@@ -85,7 +103,8 @@ def fixed_policy(policy: Union[WarReadDonePolicy, str]) -> PolicyFn:
     answer = policy
 
     def lookup(mode: ForwardMode, eager: bool = False, planted: bool = True) -> WarReadDonePolicy:
-        return sound(answer, eager, planted)
+        # ``nothing`` is an answer the runtime must see as is (a phase that reads nothing)
+        return answer if answer is NOTHING else sound(answer, eager, planted)
 
     lookup.__name__ = f"fixed_{answer.label}"
     return lookup
@@ -112,6 +131,7 @@ __all__ = [
     "PolicyTable",
     "RunnerPolicy",
     "fixed_policy",
+    "policy_answer",
     "policy_function",
     "sound",
 ]

@@ -31,11 +31,12 @@ import attrs
 from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
+    NOTHING,
     ForwardMode,
     WarReadDonePolicy,
 )
 from warpolicy.runtime.platforms import EventHandle
-from warpolicy.runtime.policy import PolicyFn, sound
+from warpolicy.runtime.policy import PolicyFn, policy_answer, sound
 
 
 class EventSlot:
@@ -92,14 +93,21 @@ class ModePolicies:
     failure: Optional[str] = None
     #: the exception the lookup raised (for the fallback observers), else None
     error: Optional[Exception] = attrs.field(default=None, eq=False)
+    #: every answer was ``NOTHING``: the policy declares that this mode reads no
+    #: scheduler-shared state (the answers above are then ``PRE_REPLAY``, what it publishes)
+    reads_nothing: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if NOTHING in (self.planted, self.unplanted, self.eager):
+            raise ValueError("answers are release points: NOTHING publishes at PRE_REPLAY (sound)")
+        if self.reads_nothing and self.failure is not None:
+            raise ValueError("a failed lookup is unknown (a reader), never reads_nothing")
 
     @property
     def reads_shared_state(self) -> bool:
-        """Whether the policy says this mode reads shared state: some answer names a release
-        point, or the lookup failed (unknown is a reader)."""
-        return self.failure is not None or any(
-            answer is not NONE for answer in (self.planted, self.unplanted, self.eager)
-        )
+        """Whether this mode may read shared state: unless the policy explicitly answered
+        ``NOTHING`` for every fact set, it does (``NONE`` is unknown, and a failed lookup too)."""
+        return not self.reads_nothing
 
     @classmethod
     def coarse(
@@ -112,17 +120,28 @@ class ModePolicies:
 def resolve_policies(policy: PolicyFn, mode: ForwardMode) -> ModePolicies:
     """Ask ``policy`` once for each fact set a bucket of ``mode`` can end with, through `sound`.
 
-    Any exception (or an answer that is not a policy) makes every answer ``NONE`` with the
-    failure recorded: no answer is ever asked again, so a lookup that fails once cannot be
-    read as a different answer later. ``BaseException`` propagates (the capture is abandoned).
+    Any exception, or an answer that is not a `WarReadDonePolicy` (a bool, a float, an int:
+    `policy_answer`), makes every answer ``NONE`` with the failure recorded: no answer is ever
+    asked again, so a lookup that fails once cannot be read as a different answer later.
+    ``BaseException`` propagates (the capture is abandoned). ``reads_nothing`` holds only when
+    every answer is ``NOTHING``.
     """
     try:
-        planted = sound(WarReadDonePolicy(policy(mode, False, True)), False, True)
-        unplanted = sound(WarReadDonePolicy(policy(mode, False, False)), False, False)
-        eager = sound(WarReadDonePolicy(policy(mode, True, False)), True, False)
+        answers = (
+            policy_answer(policy(mode, False, True)),
+            policy_answer(policy(mode, False, False)),
+            policy_answer(policy(mode, True, False)),
+        )
     except Exception as exc:  # noqa: BLE001 - any failure means coarse, never earlier
         return ModePolicies.coarse(mode, f"policy lookup failed ({exc!r})", exc)
-    return ModePolicies(mode, planted, unplanted, eager)
+    planted, unplanted, eager = answers
+    return ModePolicies(
+        mode,
+        sound(planted, False, True),
+        sound(unplanted, False, False),
+        sound(eager, True, False),
+        reads_nothing=all(answer is NOTHING for answer in answers),
+    )
 
 
 @attrs.frozen(eq=False)

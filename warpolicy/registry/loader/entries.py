@@ -39,7 +39,14 @@ from warpolicy.registry.model import (
     SpecAlgorithm,
     shape_problems,
 )
-from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import (
+    FORCE_COARSE_ENV,
+    FORCE_COARSE_NAME,
+    FactType,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+)
 
 
 @attrs.frozen
@@ -164,6 +171,18 @@ class EntryBuilder:
         if not f.ok:
             return None
         env: list[Located[EnvName]] = f.get("env", list) or []
+        if name == FORCE_COARSE_NAME:
+            inverted = [e for e in env if e.value.inverted and e.value.name in FORCE_COARSE_ENV]
+            for e in inverted:
+                self.report.at(
+                    e.origin,
+                    f"{path}.env",
+                    f"{e.value.name} is a built-in name of the kill switch: it cannot be "
+                    f"inverted ({{not: {e.value.name}}}); {e.value.name}=1 always forces the "
+                    "coarse barrier",
+                )
+            if inverted:
+                return None
         flag = Flag(
             name=name,
             default=bool(f.get("default", bool)),

@@ -24,6 +24,8 @@ from warpolicy.registry.model import FactTest, Origin
 from warpolicy.registry.vocabulary import (
     _MODE_ALIASES,
     _POLICY_ALIASES,
+    NOTHING,
+    RELEASE_ALIASES,
     FactType,
     ForwardMode,
     Placement,
@@ -166,6 +168,7 @@ class Converter:
             S.TEXT: self.text,
             S.NAME: self.name,
             S.POLICY: self.policy,
+            S.READ_END: self.read_end_value,
             S.NAME_LIST: self.name_list,
             S.NAME_SET: self.name_set,
             S.ENV_LIST: self.env_list,
@@ -339,12 +342,31 @@ class Converter:
         return None
 
     def policy(self, node: Node, path: str) -> Optional[WarReadDonePolicy]:
+        """A release point (a gate's ``at_least``): ``nothing`` is a read end, not one."""
+        if isinstance(node, ScalarNode) and node.tag == STR and node.value == NOTHING.label:
+            self.report.on(
+                node,
+                path,
+                "'nothing' is a read end (a reads_end value), not a release point: a gate only "
+                "makes a decision later (pre_replay, in_graph, post_replay, none)",
+            )
+            return None
+        return self._spelling(
+            node,
+            path,
+            RELEASE_ALIASES,
+            "policy",
+            "a policy (pre_replay, in_graph, post_replay, none)",
+        )
+
+    def read_end_value(self, node: Node, path: str) -> Optional[WarReadDonePolicy]:
+        """A read end: a policy, or ``nothing`` (the mode reads no scheduler-shared state)."""
         return self._spelling(
             node,
             path,
             _POLICY_ALIASES,
             "policy",
-            "a policy (pre_replay, in_graph, post_replay, none)",
+            "a read end (nothing, pre_replay, in_graph, post_replay, none)",
         )
 
     def mode(self, node: Node, path: str) -> Optional[ForwardMode]:
@@ -445,7 +467,9 @@ class Converter:
         )
 
     def policy_set(self, node: Node, path: str) -> Optional[frozenset[WarReadDonePolicy]]:
-        values = self._many(node, path, self.policy, True, "a policy or a list of policies")
+        values = self._many(
+            node, path, self.read_end_value, True, "a read end or a list of read ends"
+        )
         return None if values is None else frozenset(values)
 
     def mode_set(self, node: Node, path: str) -> Optional[frozenset[ForwardMode]]:
@@ -541,7 +565,7 @@ class Converter:
 
     def read_end(self, node: Node, path: str) -> Optional[ReadEnd]:
         if not isinstance(node, MappingNode):
-            policy = self.policy(node, path)
+            policy = self.read_end_value(node, path)
             return None if policy is None else ReadEnd(policy)
         fields = self.section(node, path, "declaration")
         if fields is None or not fields.ok:

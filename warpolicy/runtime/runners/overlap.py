@@ -52,6 +52,7 @@ from typing import Any, Callable, Optional, Protocol
 from warpolicy.runtime.canary import Canary, LeadMark, ReleaseLeadProbe
 from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ordering import order_after
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
 from warpolicy.runtime.release import ReadDone
@@ -219,16 +220,14 @@ class OverlapLoop:
         to a barrier, and make the next forward, on whatever stream, wait for every write."""
         self._whole_stream = True
         self._pending = None
+        # order first (a second interrupt here still leaves the host waiting), then clean up
+        order_after(self.platform, self.schedule_stream, (fwd,))
         try:
             read_done = runner.fence.take()
             if read_done is not None:
                 read_done.discard()
         except Exception:  # noqa: BLE001 - nothing to hand out either way
             pass
-        try:
-            self.platform.wait_stream(self.schedule_stream, fwd)
-        except Exception:  # noqa: BLE001 - last resort: the host waits for everything
-            self.platform.synchronize()
 
     def _record_writes(self) -> None:
         """Record a ring event after the writes; on failure the next forward waits for the
@@ -266,10 +265,7 @@ class OverlapLoop:
                 self._whole_stream = False
                 return
             pending.taken = False
-        try:
-            p.wait_stream(fwd, self.schedule_stream)
-        except Exception:  # noqa: BLE001 - last resort: the host waits for everything
-            p.synchronize()
+        order_after(p, fwd, (self.schedule_stream,))  # else the host waits for everything
         self._whole_stream = False
         if error is not None:
             self.reporter.fallback(
@@ -285,10 +281,7 @@ class OverlapLoop:
         try:
             return str(self.barrier.apply(self.schedule_stream, fwd, read_done))
         except Exception as exc:  # noqa: BLE001 - fail closed
-            try:
-                self.platform.wait_stream(self.schedule_stream, fwd)
-            except Exception:  # noqa: BLE001
-                self.platform.synchronize()
+            order_after(self.platform, self.schedule_stream, (fwd,))  # else the host waits
             if read_done is not None:
                 read_done.slot.taken = False
             self.reporter.fallback(

@@ -8,12 +8,13 @@ event: the one published by the last phase that reads shared state.
 
 Which phases read shared state: every phase up to and including the one the speculative
 algorithm declares as its last shared reader (``SpecAlgorithm.last_reader``; ``None`` means the
-last phase the step runs), and **any later phase whose policy names a release point** for its
-mode (or whose lookup failed): that answer says it reads shared state, whatever the
-declaration says, so the step releases at the latest such phase (one warning per phase, and
-every occurrence counted) rather than before that phase's reads; if that phase then publishes
-nothing (it decided ``none`` for the step, or failed closed), the step is coarse. A later phase
-whose policy answers ``none`` throughout is taken at the declaration's word (it reads nothing).
+last phase the step runs), and **every later phase unless its policy explicitly answers
+``nothing``** for its mode (`ModePolicies.reads_nothing`: the registry declares that the phase
+reads no scheduler-shared state). ``none`` means unknown, so a later phase that answers ``none``
+(an undeclared draft extend, a gate that makes it coarse), names a release point, or whose
+lookup failed is a reader: the step releases at the latest such phase (one warning per phase,
+and every occurrence counted) rather than before that phase's reads; if that phase then
+publishes nothing (it decided ``none`` for the step, or failed closed), the step is coarse.
 
 Per step, for each reading phase in order, what its fence published replaces the step's
 mailbox (nothing if it decided ``none``). The release is sound for earlier phases too: they ran
@@ -283,7 +284,7 @@ class SpecStep:
                         read_done.slot.taken = False
                     continue
                 if i > self.last_index and not phase.runner.mode_policies().reads_shared_state:
-                    if read_done is not None:  # declared a non-reader, and answers so: discard
+                    if read_done is not None:  # it reads nothing (declared): discard its event
                         read_done.slot.taken = False
                     continue
                 if i > self.last_index:

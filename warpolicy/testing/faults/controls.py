@@ -179,6 +179,36 @@ class JoinCatchesException:
         return self.runner.run(batch)
 
 
+class PlainWarmUp:
+    """An engine owning its capture that warms up as 0.3.0's guide and example did: the join
+    and the synchronize as plain statements after the side-stream block, so a warm-up that
+    raises leaves its shared reads unjoined (issue 26 finding 1)."""
+
+    def __init__(self, harness: Harness, engine: OwnedCaptureEngine) -> None:
+        self.engine = engine
+        self.name, self.mode = engine.name, engine.mode
+        self.fence, self.platform = engine.fence, engine.platform
+        self.model, self.observers = engine.model, engine.observers
+
+    @property
+    def last_step(self) -> Any:
+        return self.engine.last_step
+
+    def capture(self) -> None:
+        p = self.platform
+        main, side = p.current_stream(), p.new_stream()
+        p.wait_stream(side, main)
+        with p.stream(side):
+            for bucket in sorted(self.model.bucket_sizes(self.mode)):
+                self.engine._body(bucket, None)
+        p.wait_stream(main, side)
+        p.synchronize()
+        self.engine.capture()
+
+    def run(self, batch: Any) -> Any:
+        return self.engine.run(batch)
+
+
 class TrustsItsMarker:
     """An engine owning its capture that publishes its marker's event whatever ``finish``
     decided: it ignores the self-check's demotion of a bucket with a late reader."""
@@ -237,6 +267,10 @@ class Control:
 _RECAPTURE_FAILS = Fault("capture_callable", "raise", nth=1, phase="recapture")
 _ACTION_FAILS = Fault("warpolicy_batch_action", "false", phase="run")
 _JOIN_INTERRUPTED = Fault("wait_stream", "interrupt", nth=2, phase="capture")
+#: the warm-up's first read, then the warm-up fails (the read is enqueued)
+_WARM_UP_FAILS = Fault("graph_prep", "act_then_raise", nth=1, phase="capture")
+#: the two-fault mode: an interrupt in the next stream wait after the first fault (the join)
+_THEN_JOIN_INTERRUPTED = Fault("wait_stream", "interrupt", nth=1)
 
 POSITIVE_CONTROLS: tuple[Control, ...] = (
     Control(
@@ -293,6 +327,20 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         Case("decode", "post_replay", _JOIN_INTERRUPTED),
         wrapper=JoinCatchesException,
         intact=Case("decode", "post_replay"),
+    ),
+    Control(
+        "two_faults_join_catches_exception",
+        "two faults: the warm-up fails after a shared read, then an interrupt hits the join, "
+        "which catches Exception only (skips the synchronize)",
+        Case("decode", "post_replay", _WARM_UP_FAILS, second=_THEN_JOIN_INTERRUPTED),
+        wrapper=JoinCatchesException,
+    ),
+    Control(
+        "owned_plain_warm_up",
+        "an engine owning its capture joins its warm-up in plain statements after the block "
+        "(0.3.0's guide): a warm-up that fails after a shared read leaves it unjoined",
+        Case("owned_capture", "post_replay", _WARM_UP_FAILS),
+        wrapper=PlainWarmUp,
     ),
     Control(
         "owned_ignores_self_check",

@@ -58,6 +58,7 @@ class Outcome:
     first_early: Optional[str]
     calls: tuple[tuple[str, int], ...]  # calls per target (for sizing n-th call faults)
     phases: tuple[tuple[str, str], ...]  # (target, phase) pairs that saw calls
+    fired_second: int = 0  # hits of the second fault (the two-fault mode)
 
 
 _MANAGER: Optional[tuple[Any, HarnessObservers]] = None
@@ -141,6 +142,7 @@ class Harness:
     def __init__(
         self,
         *faults: Fault,
+        second: Optional[Fault] = None,
         check_stale: bool = True,
         external_events: bool = True,
         yield_points: bool = False,
@@ -148,7 +150,7 @@ class Harness:
         runner_options: Optional[dict[str, Any]] = None,
         wrap_runner: Optional[Callable[[Harness, Any], Any]] = None,
     ) -> None:
-        self.injector = Injector(*faults, on_fire=self.fired)
+        self.injector = Injector(*faults, second=second, on_fire=self.fired)
         self.oracle = Oracle(check_stale=check_stale)
         self.oracle.on_early = self._classify
         self.impl = SimPlatform(external_events, log_cap=64)
@@ -333,4 +335,5 @@ class Harness:
             first_early=verdict.first_early,
             calls=tuple(sorted(self.injector.calls.items())),
             phases=tuple(sorted(self.injector.by_phase)),
+            fired_second=self.injector.fired_second,
         )

@@ -116,17 +116,28 @@ class Injector:
 
     ``faults`` are the case's fault first, then any trigger (a second fault that makes the
     runtime take the path the first one aims at); ``fired`` counts the first one's hits.
+    ``second`` (the two-fault mode) arms once the first fault has fired: its ``nth`` counts the
+    calls of its target from then on (its phase, if any, still applies), so it lands in the
+    fallback the first fault sent the runtime down; ``fired_second`` counts its hits.
     ``phase`` is the scenario's current phase; calls made while `quiet` (the harness's own
     calls to the platform, as the engine) are neither counted nor faulted. Thread-safe counts.
     """
 
-    def __init__(self, *faults: Fault, on_fire: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        *faults: Fault,
+        second: Optional[Fault] = None,
+        on_fire: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.faults = faults
+        self.second = second
         self.on_fire = on_fire
         self.phase = "setup"
         self.calls: dict[str, int] = {}
         self.by_phase: dict[tuple[str, str], int] = {}
         self.fired = 0
+        self.fired_second = 0
+        self._after_first: dict[str, int] = {}  # calls per target since the first fault fired
         self._lock = threading.Lock()
         self._quiet = threading.local()
 
@@ -148,18 +159,34 @@ class Injector:
             count = self.calls[target] = self.calls.get(target, 0) + 1
             key = (target, self.phase)
             in_phase = self.by_phase[key] = self.by_phase.get(key, 0) + 1
+            second = self._second_due(target)
             due = [
                 i
                 for i, f in enumerate(self.faults)
                 if f.target == target and f.due(count, self.phase, in_phase)
             ]
-            if due and due[0] == 0:
+            if second is None and due and due[0] == 0:
                 self.fired += 1
+        if second is not None:
+            return fail(second, act)
         if not due:
             return act()
         if self.on_fire is not None:
             self.on_fire()
         return fail(self.faults[due[0]], act)
+
+    def _second_due(self, target: str) -> Optional[Fault]:
+        """The second fault, when this call is the one it fails (under the lock)."""
+        second = self.second
+        if second is None or not self.fired or second.target != target:
+            return None
+        count = self._after_first[target] = self._after_first.get(target, 0) + 1
+        if second.phase is not None and second.phase != self.phase:
+            return None
+        if second.nth is not None and second.nth != count:
+            return None
+        self.fired_second += 1
+        return second
 
     def wrap(self, target: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function`` with its calls routed through `call` as ``target``."""

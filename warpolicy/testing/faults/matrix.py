@@ -11,6 +11,7 @@ has no cases and shows in the report as never firing.
 from __future__ import annotations
 
 import functools
+import random
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import attrs
@@ -47,6 +48,9 @@ class Case:
     variant: str
     fault: Optional[Fault] = None
     trigger: Optional[Fault] = None
+    #: the two-fault mode: a fault that arms once ``fault`` fired (`Injector`), e.g. a
+    #: KeyboardInterrupt in the fallback the first fault sent the runtime down
+    second: Optional[Fault] = None
 
     @property
     def target(self) -> str:
@@ -59,7 +63,8 @@ class Case:
     def describe(self) -> str:
         fault = self.fault.describe() if self.fault is not None else "no fault"
         trigger = f" (after {self.trigger.describe()})" if self.trigger is not None else ""
-        return f"{self.scenario}/{self.variant}: {fault}{trigger}"
+        second = f", then {self.second.describe()} after it" if self.second is not None else ""
+        return f"{self.scenario}/{self.variant}: {fault}{trigger}{second}"
 
 
 @attrs.frozen
@@ -70,6 +75,11 @@ class CaseResult:
     @property
     def fired(self) -> bool:
         return self.outcome.fired > 0
+
+    @property
+    def both_fired(self) -> bool:
+        """A two-fault case whose second fault fired too (after the first)."""
+        return self.case.second is not None and self.outcome.fired_second > 0
 
     @property
     def early(self) -> bool:
@@ -101,6 +111,7 @@ def run_case(
     scenario = SCENARIOS[case.scenario]
     harness = Harness(
         *case.faults,
+        second=case.second,
         check_stale=scenario.check_stale,
         yield_points=scenario.yield_points,
         platform_hook=platform_hook,
@@ -199,6 +210,39 @@ def _target_cases(name: str, variant: str, target: str, full: bool) -> Iterator[
         for t, phase in base.phases:
             if t == target and phase not in ("setup", "drain"):
                 yield Case(name, variant, Fault(target, mode, phase=phase), trigger)
+
+
+#: The second faults of the two-fault mode: an interrupt (or another BaseException) in an
+#: ordering operation the runtime calls after the first fault, i.e. in its fallback.
+SECOND_TARGETS = ("wait_stream", "synchronize", "wait_event", "record")
+SECOND_MODES = ("interrupt", "base")
+#: Two-fault cases the default (CI) run samples, and its seed (reproducible).
+TWO_FAULT_SAMPLE = 1500
+TWO_FAULT_SEED = 26
+
+
+def two_fault_cases(
+    *,
+    sample: Optional[int] = TWO_FAULT_SAMPLE,
+    seed: int = TWO_FAULT_SEED,
+    scenarios: Optional[Iterable[str]] = None,
+) -> list[Case]:
+    """Two faults in one run: every raising single-fault case of the matrix (``full=False``),
+    followed by each second fault (`SECOND_TARGETS` x `SECOND_MODES`, on the first or second
+    call of its target after the first fault fired). ``sample``: that many of them, drawn with
+    ``seed`` (None: all), in a stable order."""
+    pool: list[Case] = []
+    for case in cases(scenarios=scenarios):
+        if case.fault is None or case.fault.mode not in RAISING_MODES:
+            continue
+        for target in SECOND_TARGETS:
+            for mode in SECOND_MODES:
+                for nth in (1, 2):
+                    pool.append(attrs.evolve(case, second=Fault(target, mode, nth=nth)))
+    if sample is None or sample >= len(pool):
+        return pool
+    chosen = sorted(random.Random(seed).sample(range(len(pool)), sample))
+    return [pool[i] for i in chosen]
 
 
 def run_cases(

@@ -1,10 +1,14 @@
 """An engine that owns its capture, as a subject of the fault matrix.
 
 `OwnedCaptureEngine` is ``examples/owned_capture.py``'s ``CudaGraphRunner`` on the harness's
-model: it warms up, captures one graph per bucket itself through the platform, with one
-`ReadDoneCapture` per capture, ``BucketCapture.mark`` right after the in-graph prep and
-``BucketCapture.finish`` after each capture (the bucket's release decided there), and its
-steps publish through its own `ReadDoneFence`. Everything on the release path is
+model, written as ``docs/integrating.md`` says: inside `capturing` it warms up through
+`warm_up` (a side stream, joined and synchronized on any exit), captures one graph per bucket
+itself through the platform, with one `ReadDoneCapture` per capture, ``BucketCapture.mark``
+right after the in-graph prep and ``BucketCapture.finish`` after each capture (the bucket's
+release decided there), and swaps the complete set in; its steps publish through its own
+`ReadDoneFence`, and a batch no graph holds (none captured yet, a capture that failed, a batch
+larger than every bucket) is served eagerly under `eager_release`, so the scheduler writes and
+the oracle sees every step. Everything on the release path is
 `warpolicy.runtime.owned_capture`'s; the engine's own code is only the loop around it, so a
 fault the matrix injects into the platform, the policy, the model or an observer lands inside
 the engine API, as it would in an engine adopting it.
@@ -25,9 +29,13 @@ from warpolicy.runtime.owned_capture import (
     BucketOutcome,
     ReadDoneCapture,
     ReadDoneFence,
+    capturing,
     cell_policy,
+    eager_release,
+    warm_up,
 )
 from warpolicy.runtime.platforms import Platform
+from warpolicy.runtime.release import BucketRelease
 from warpolicy.runtime.runners.protocols import CapturedBucket, StepInfo
 from warpolicy.testing.faults.model import HarnessModel
 
@@ -64,6 +72,7 @@ class OwnedCaptureEngine:
         self.graphs: dict[int, Any] = {}
         self.outcomes: dict[int, BucketOutcome] = {}
         self.last_step: Optional[StepInfo] = None
+        self._eager: Optional[BucketRelease] = None
 
     @property
     def captured(self) -> Mapping[int, CapturedBucket]:
@@ -74,7 +83,9 @@ class OwnedCaptureEngine:
         return bool(self.graphs)
 
     def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
-        outcome = self.outcomes.get(bucket) if bucket is not None else None
+        if bucket is None:
+            return self._eager_release().policy
+        outcome = self.outcomes.get(bucket)
         return outcome.policy if outcome is not None else WarReadDonePolicy.NONE
 
     def _body(self, bucket: int, mark: Optional[Callable[[], Any]]) -> Any:
@@ -85,36 +96,48 @@ class OwnedCaptureEngine:
 
     def capture(self) -> None:
         p = self.platform
-        # a capture that fails part-way leaves no bucket of the last one behind
-        self.graphs, self.outcomes = {}, {}
         buckets = sorted(self.model.bucket_sizes(self.mode))
-        main, side = p.current_stream(), p.new_stream()
-        p.wait_stream(side, main)
-        with p.stream(side):
-            for bucket in buckets:
-                self._body(bucket, None)
-        p.wait_stream(main, side)
-        p.synchronize()
-        capture = ReadDoneCapture(p, self.cell, self.fence, observers=self.observers)
-        pool = p.graph_pool()
         graphs: dict[int, Any] = {}
         outcomes: dict[int, BucketOutcome] = {}
-        for bucket in reversed(buckets):
-            begun = capture.begin(bucket)
-            graph = p.new_graph(keep_graph=begun.keep_graph or self.keep_graphs)
-            p.capture_callable(graph, functools.partial(self._body, bucket, begun.mark), pool=pool)
-            outcomes[bucket] = begun.finish(graph, self._shared)
-            graphs[bucket] = graph
-        p.synchronize()
-        self.graphs, self.outcomes = graphs, outcomes
+        with capturing(p):
+            with warm_up(p, observers=self.observers):
+                for bucket in buckets:
+                    self._body(bucket, None)
+            capture = ReadDoneCapture(p, self.cell, self.fence, observers=self.observers)
+            pool = p.graph_pool()
+            for bucket in reversed(buckets):
+                begun = capture.begin(bucket)
+                graph = p.new_graph(keep_graph=begun.keep_graph or self.keep_graphs)
+                p.capture_callable(
+                    graph, functools.partial(self._body, bucket, begun.mark), pool=pool
+                )
+                outcomes[bucket] = begun.finish(graph, self._shared)
+                graphs[bucket] = graph
+        self.graphs, self.outcomes = graphs, outcomes  # complete: swap the set in
+
+    def _eager_release(self) -> BucketRelease:
+        if self._eager is None:
+            self._eager = eager_release(self.cell, self.fence, observers=self.observers)
+        return self._eager
 
     def run(self, batch: Any) -> Any:
-        """One captured step (a batch larger than every bucket raises: the engine's choice)."""
+        """One step: the smallest captured bucket that holds the batch, else eagerly."""
         size = self.model.batch_size(batch)
-        bucket = min(b for b in self.graphs if b >= size)
+        fits = [b for b in self.graphs if b >= size]
+        if not fits:  # no graph holds it: served eagerly, as before any capture
+            release = self._eager_release()
+            self.model.prepare_bucket(size)
+            self.model.host_prep(batch, size)
+            self.fence.before_replay(release)
+            self._body(size, None)
+            self.fence.after_replay(release)
+            self.last_step = StepInfo(self.fence.step, size, None, self.fence.published)
+            return (self.name, None)
+        bucket = min(fits)
         self.model.host_prep(batch, bucket)
         release = self.outcomes[bucket].release
         self.fence.before_replay(release)
         self.platform.replay(self.graphs[bucket])
         self.fence.after_replay(release)
+        self.last_step = StepInfo(self.fence.step, size, bucket, self.fence.published)
         return (self.name, bucket)

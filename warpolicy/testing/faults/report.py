@@ -52,6 +52,16 @@ class MatrixResult:
         """Cases whose fault fired."""
         return sum(1 for r in self.results if r.fired)
 
+    @property
+    def both_fired(self) -> int:
+        """Two-fault cases whose second fault fired too."""
+        return sum(1 for r in self.results if r.both_fired)
+
+    @property
+    def two_faults(self) -> int:
+        """Cases of the two-fault mode."""
+        return sum(1 for r in self.results if r.case.second is not None)
+
     def never_fired(self, targets: Iterable[str] = TARGETS) -> list[str]:
         """Targets that never fired in any case here."""
         fired = {r.case.target for r in self.results if r.fired}
@@ -117,8 +127,14 @@ def format_matrix(result: MatrixResult, *, scenarios: bool = False) -> str:
     and the first early releases, described."""
     dirty = result.dirty()
     clean = len(result.clean())
+    two = (
+        f" ({result.two_faults} of them two-fault cases, {result.both_fired} with both faults "
+        "fired)"
+        if result.two_faults
+        else ""
+    )
     parts = [
-        f"{len(result.results)} cases, {result.fired} with the fault fired; "
+        f"{len(result.results)} cases{two}, {result.fired} with the fault fired; "
         f"{len(result.early)} cases release early, {len(result.stale)} read stale",
         f"per target, over the {clean} cases of configurations clean without a fault:",
         format_rows(result.rows()),

@@ -90,7 +90,7 @@ DRAFT_TOKENS = 2
 STEPS: Mapping[str, tuple[int, ...]] = {
     "decode": (2, 4, 8, 2, 4, 3),
     "tokens": (4, 8, 16, 4, 8, 6),
-    "owned": (2, 4, 3, 2, 4, 1),  # an engine owning its capture replays captured buckets only
+    "owned": (2, 4, 8, 2, 4, 3),  # as decode: 8 fits no bucket (the engine serves it eagerly)
 }
 RECAPTURE_AT = 3
 LAG_STEPS = 12  # steps of the lagging scheduler
