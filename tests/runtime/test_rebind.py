@@ -273,3 +273,14 @@ def test_hostile_saved_text_is_one_line():
     with pytest.raises(PlacementError) as info:
         SavedAnchors.from_json('{"format": 1, "anchors": [{"label": 3}]}')
     assert "\n" not in str(info.value)
+
+
+def test_the_after_a_restore_block_of_the_guide_runs_as_written():
+    """docs/integrating.md's "After a restore" block (on the simulated platform) runs."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "integrating.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if ".restore(" in b]
+    assert "clone_graph(graph, private_events=True)" in block
+    exec(compile(block, "docs/integrating.md", "exec"), {"__name__": "guide"})
