@@ -431,3 +431,63 @@ def test_pre_commit_try_repo_runs_both_hooks(repo, tmp_path):
     done = try_repo("warpolicy-diff")
     assert done.returncode == 1, done.stdout[-2000:]
     assert row(done.stdout, "mine", "decode")[4:] == ["post_replay", "in_graph", "earlier"]
+
+
+# -- issue 26 finding 8: symlinked and renamed registries ----------------------------------------
+
+
+def _symlinked(repo: pathlib.Path) -> None:
+    """``capabilities.yaml -> configs/prod.yaml`` at origin/main."""
+    (repo / "configs").mkdir()
+    git(repo, "mv", "capabilities.yaml", "configs/prod.yaml")
+    (repo / "capabilities.yaml").symlink_to("configs/prod.yaml")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "symlinked")
+    git(repo, "update-ref", "refs/remotes/origin/main", "HEAD")
+
+
+def test_the_hooks_select_a_symlinked_registry(repo):
+    """0.3.0's ``types: [yaml]`` never matched a symlink: pre-commit skipped it."""
+    import re
+
+    identify = pytest.importorskip("identify.identify")
+    _symlinked(repo)
+    tags = identify.tags_from_path("capabilities.yaml")
+    for h in yaml.safe_load(MANIFEST.read_text()):
+        wanted = set(h.get("types_or", [])) or None
+        assert re.search(h["files"], "capabilities.yaml")
+        assert wanted is not None and wanted & tags, (h["id"], tags)
+        assert not set(h.get("types", [])) - tags
+
+
+def test_diff_follows_a_symlinked_registry_to_its_target_at_the_ref(repo):
+    _symlinked(repo)
+    edit(repo / "configs" / "prod.yaml", "decode: post_replay", "decode: in_graph")
+    done = hook("warpolicy-diff", "capabilities.yaml")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert row(done.stdout, "mine", "decode")[4:] == ["post_replay", "in_graph", "earlier"]
+    assert "origin/main:configs/prod.yaml" in done.stderr
+
+
+def test_diff_compares_a_renamed_registry_with_its_old_path(repo):
+    """0.3.0 compared a file renamed in the same commit as an earlier change as a new file
+    (absent at the ref): exit 0."""
+    git(repo, "mv", "capabilities.yaml", "capabilities-prod.yaml")
+    edit(repo / "capabilities-prod.yaml", "decode: post_replay", "decode: in_graph")
+    git(repo, "add", ".")
+    done = hook("warpolicy-diff", "capabilities-prod.yaml")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert row(done.stdout, "mine", "decode")[4:] == ["post_replay", "in_graph", "earlier"]
+    assert "origin/main:capabilities.yaml" in done.stderr
+
+
+def test_a_symlink_out_of_the_repository_at_the_ref_fails_closed(repo, tmp_path):
+    outside = tmp_path / "outside.yaml"
+    outside.write_text(REGISTRY)
+    (repo / "capabilities.yaml").unlink()
+    (repo / "capabilities.yaml").symlink_to(outside)
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "link out")
+    git(repo, "update-ref", "refs/remotes/origin/main", "HEAD")
+    done = hook("warpolicy-diff", "capabilities.yaml")
+    assert done.returncode == 2 and "out of the repository" in done.stderr

@@ -590,3 +590,18 @@ def test_past_the_case_limit_the_layer_warning_compares_the_earliest_of_each(mon
     assert found is not None and "the earliest of each" in found
     assert "post_replay -> pre_replay" in found
     assert engine_module._earlier_cell(cells[1], cells[0], "none") is None  # later only
+
+
+def test_a_gates_platform_is_case_folded_like_the_clis():
+    """Issue 26 finding 9: ``platform: CUDA`` validated but never matched (the CLI folds
+    ``--platform``, 0.3.0's registry did not)."""
+    from warpolicy.registry.loader import Fragment, load_registry
+
+    text = (
+        "version: 1\nbackends:\n  b: {reads_end: {decode: in_graph}, doc: x}\n"
+        "gates:\n  - {id: g, when: {platform: CUDA}, at_least: none, because: x}\n"
+    )
+    engine = PolicyEngine(load_registry([Fragment("r", text)]), environ={})
+    assert engine.decide(Context("b", M.DECODE)) is P.NONE  # the runtime says "cuda"
+    assert engine.decide(Context("b", M.DECODE, platform="Cuda")) is P.NONE
+    assert engine.decide(Context("b", M.DECODE, platform="hip")) is P.IN_GRAPH

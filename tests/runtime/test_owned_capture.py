@@ -664,3 +664,16 @@ def test_the_guides_warm_up_runs_as_written_on_sim():
     ]
     assert "warm_up(rt.platform)" in block and "capturing(rt.platform)" in block
     exec(compile(block, "docs/integrating.md", "exec"), {"__name__": "guide"})
+
+
+@pytest.mark.parametrize("bucket", ["x", None, -1, 0, 2.0, True])
+def test_begin_refuses_what_is_not_a_batch_size_in_one_line(bucket):
+    """Issue 26 finding 9: 0.3.0 raised raw errors for 'x' / None and accepted -1."""
+    from warpolicy.testing import sim_platform
+
+    platform = sim_platform()
+    fence = ReadDoneFence(platform, name="decode")
+    capture = ReadDoneCapture(platform, cell_policy(fixed_policy("in_graph"), "decode"), fence)
+    with pytest.raises(InputError, match="a bucket is a batch size, a positive int"):
+        capture.begin(bucket)
+    assert capture.begin(torch.tensor(2)).bucket == 2

@@ -441,3 +441,53 @@ def test_a_capabilities_wrapper_is_not_taken_for_a_fragment(pm, register):
     register(Wrapper(), "wrapper")
     register(contributes({"version": 1, "flags": {}}), "plain")
     assert [f.name for f in collect_fragments(pm)] == ["plugin:plain"]
+
+
+class _PluginBaseException(BaseException):
+    """A plugin's own BaseException (neither Exception nor KeyboardInterrupt)."""
+
+
+class _FailingEntryPoint:
+    name = "broken_import"
+    group = "warpolicy"
+    value = "broken_import:plugin"
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def load(self):
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error", [GeneratorExit("gen"), _PluginBaseException("custom"), SystemExit(3)]
+)
+def test_a_plugin_raising_a_base_exception_at_import_is_one_line_exit_2(monkeypatch, capsys, error):
+    """Issue 26 finding 9: 0.3.0 let GeneratorExit or a custom BaseException out of the import
+    (a traceback, exit 1); now it is a broken plugin: one line naming it, exit 2."""
+    from warpolicy.cli.main import ExitCode, main
+    from warpolicy.runtime import manager
+
+    monkeypatch.setattr(
+        manager, "_entry_points", lambda: [(_FailingEntryPoint(error), "broken-dist", "1.0")]
+    )
+    monkeypatch.setattr(manager, "_DEFAULT", None)  # the CLI builds its manager afresh
+    with pytest.raises(manager.PluginError, match="broken_import.*failed to import"):
+        manager.new_plugin_manager(load_entry_points=True, environ={})
+    code = main(["plugins"])
+    out, err = capsys.readouterr()
+    assert code == ExitCode.USAGE and "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert "broken_import" in line and type(error).__name__ in line
+
+
+def test_a_keyboard_interrupt_at_plugin_import_is_the_operators(monkeypatch):
+    from warpolicy.runtime import manager
+
+    monkeypatch.setattr(
+        manager,
+        "_entry_points",
+        lambda: [(_FailingEntryPoint(KeyboardInterrupt()), "broken-dist", "1.0")],
+    )
+    with pytest.raises(KeyboardInterrupt):
+        manager.new_plugin_manager(load_entry_points=True, environ={})

@@ -20,15 +20,22 @@ class GitError(InputError):
     """git is missing or cannot give the old file exactly (the diff fails closed)."""
 
 
+#: Symbolic links followed at a ref, at most (a longer chain or a loop fails closed).
+MAX_LINKS = 8
+
+
 @attrs.frozen
 class OldVersion:
     """``path`` (as given) is ``relpath`` from the repository root; ``text`` is its content at
-    the ref, or None when no file exists there (a new file)."""
+    the ref, or None when no file exists there (a new file). ``spec`` names the blob read: a
+    symbolic link is followed to its target, and a file renamed since the ref is read at its
+    old path (``renamed_from``)."""
 
     path: str
     relpath: str
-    spec: str  # ``REF:relpath``, as git names it
+    spec: str  # ``REF:relpath`` of the blob read, as git names it
     text: Optional[str]
+    renamed_from: Optional[str] = None
 
 
 def _git(args: Sequence[str], cwd: Optional[str] = None) -> subprocess.CompletedProcess[bytes]:
@@ -64,27 +71,77 @@ def repository_path(path: str) -> str:
 
 
 def old_version(ref: str, path: str) -> OldVersion:
-    """The text of ``path`` at ``ref`` (None: absent there). Raises `GitError`."""
+    """The text of ``path`` at ``ref`` (None: absent there, and not renamed from a file that
+    was there). A symbolic link (at the ref) is followed to its target; a path absent at the
+    ref that git sees as renamed (or copied) from another path since is read at that path.
+    Raises `GitError`."""
     probe = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
     if probe.returncode != 0:
         why = _first_line(probe.stderr) if probe.stderr else "not found"
         raise GitError(f"unknown git ref {ref!r} ({why}); fetch it or pass --ref")
     rel = repository_path(path)
-    spec = f"{ref}:{rel}"
-    listed = _git(["ls-tree", "-z", "--full-tree", ref, "--", rel])
-    if listed.returncode != 0:
-        raise GitError(f"git ls-tree {ref} -- {rel} failed: {_first_line(listed.stderr)}")
-    entry = listed.stdout.split(b"\0", 1)[0]
-    if not entry:
+    spec, text = _blob_at(ref, rel)
+    if text is not None:
+        return OldVersion(path, rel, spec, text)
+    source = _renamed_from(ref, rel)
+    if source is None:
         return OldVersion(path, rel, spec, None)
-    mode, kind = entry.split(b" ", 2)[:2]
-    if kind != b"blob" or mode not in (b"100644", b"100755"):
-        what = "a symbolic link" if mode == b"120000" else f"a {kind.decode(errors='replace')}"
-        raise GitError(f"{spec} is {what}, not a regular file")
-    shown = _git(["cat-file", "blob", spec])
-    if shown.returncode != 0:
-        raise GitError(f"git cat-file blob {spec} failed: {_first_line(shown.stderr)}")
-    try:
-        return OldVersion(path, rel, spec, shown.stdout.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise GitError(f"{spec} is not UTF-8 (byte {exc.start})") from exc
+    spec, text = _blob_at(ref, source)
+    return OldVersion(path, rel, spec, text, renamed_from=source)
+
+
+def _blob_at(ref: str, rel: str) -> tuple[str, Optional[str]]:
+    """``(REF:path, text)`` of the regular file at ``rel`` at ``ref``, following symbolic links
+    (relative to the link's directory, inside the repository); text None when absent."""
+    seen: list[str] = []
+    while True:
+        spec = f"{ref}:{rel}"
+        listed = _git(["ls-tree", "-z", "--full-tree", ref, "--", rel])
+        if listed.returncode != 0:
+            raise GitError(f"git ls-tree {ref} -- {rel} failed: {_first_line(listed.stderr)}")
+        entry = listed.stdout.split(b"\0", 1)[0]
+        if not entry:
+            return spec, None
+        mode, kind = entry.split(b" ", 2)[:2]
+        shown = _git(["cat-file", "blob", spec]) if kind == b"blob" else None
+        if shown is not None and shown.returncode != 0:
+            raise GitError(f"git cat-file blob {spec} failed: {_first_line(shown.stderr)}")
+        if mode == b"120000" and shown is not None:
+            seen.append(rel)
+            target = shown.stdout.decode("utf-8", "replace")
+            joined = os.path.normpath(os.path.join(os.path.dirname(rel), target)).replace(
+                os.sep, "/"
+            )
+            if os.path.isabs(target) or joined.startswith("../") or joined == "..":
+                raise GitError(f"{spec} is a symbolic link out of the repository ({target})")
+            if joined in seen or len(seen) > MAX_LINKS:
+                raise GitError(f"{spec}: symbolic links loop or chain too long ({target})")
+            rel = joined
+            continue
+        if kind != b"blob" or mode not in (b"100644", b"100755") or shown is None:
+            raise GitError(f"{spec} is a {kind.decode(errors='replace')}, not a regular file")
+        try:
+            return spec, shown.stdout.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GitError(f"{spec} is not UTF-8 (byte {exc.start})") from exc
+
+
+def _renamed_from(ref: str, rel: str) -> Optional[str]:
+    """The path at ``ref`` that ``rel`` was renamed or copied from since, as git sees it in
+    the index (what a commit will hold) or, failing that, in the working tree; None if none."""
+    for cached in (["--cached"], []):
+        found = _git(["diff", *cached, "-M", "-C", "-z", "--name-status", ref, "--"])
+        if found.returncode != 0:
+            raise GitError(f"git diff {ref} failed: {_first_line(found.stderr)}")
+        fields = found.stdout.decode("utf-8", "replace").split("\0")
+        i = 0
+        while i < len(fields) - 1:
+            status = fields[i]
+            if status[:1] in ("R", "C"):
+                old, new = fields[i + 1], fields[i + 2]
+                if new == rel:
+                    return old
+                i += 3
+            else:
+                i += 2
+    return None

@@ -276,6 +276,11 @@ def _live(gate: Gate, modes: Sequence[ForwardMode], spec: SpecAlgorithm) -> bool
     return not (when.spec_lacks is not None and all(spec.has(c) for c in when.spec_lacks))
 
 
+def live_in(gate: Gate, modes: Sequence[ForwardMode], spec: SpecAlgorithm) -> bool:
+    """Whether ``gate`` can match somewhere in the columns of ``modes`` x ``spec``."""
+    return _live(gate, modes, spec)
+
+
 def _makes_all_none(gate: Gate, spec: SpecAlgorithm) -> bool:
     """A global gate that, once live, makes every cell none whatever the setting, backend or
     batch (a ``spec_lacks`` capability ``spec`` has after an action depends on the batch)."""

@@ -44,6 +44,7 @@ from warpolicy.registry.cells import (
     Setting,
     all_gates,
     cell_space,
+    live_in,
     reach,
     summarize,
 )
@@ -51,7 +52,7 @@ from warpolicy.registry.decision import FORCE_COARSE, IMPLICIT_SPEC, Context
 from warpolicy.registry.engine import Decision, PolicyEngine, layer_label
 from warpolicy.registry.facts import ABSENT as NOT_REPORTED
 from warpolicy.registry.loader import Source, load_registry
-from warpolicy.registry.model import Flag, Registry
+from warpolicy.registry.model import Flag, Gate, Registry, SpecAlgorithm
 from warpolicy.registry.vocabulary import (
     DRAFT_EXTEND_STAGED,
     IN_GRAPH,
@@ -543,12 +544,16 @@ def diff_engines(
     *,
     earlier_only: bool = False,
     expand: Optional[int] = None,
+    prune_gates: bool = True,
 ) -> Diff:
     """Every cell of ``space`` whose value differs between two engines.
 
     ``earlier_only`` (layer reports, hooks) skips what can never need an audit: backends and
     spec algorithms on one side only. ``expand`` bounds how many rows of one-sided backends or
     specs are evaluated per kind (None: all); the rest are counted in `Diff.unlisted`.
+    ``prune_gates``: when only global gates differ, evaluate only the columns and settings
+    where a changed gate can match (the rest decide alike); False evaluates every one (the
+    baseline ``python -m warpolicy.bench.diff_scale`` times it against).
     """
     a, b = _Side(old), _Side(new)
     ra, rb = old.registry, new.registry
@@ -583,6 +588,22 @@ def diff_engines(
         and set(specs_a) == set(specs_b)
     )
 
+    # only global gates differ: a setting none of the changed gates can match decides alike
+    # on both sides (every other rule is the same), so only the others are evaluated
+    changed_gates: Optional[list[Gate]] = None
+    if (
+        prune_gates
+        and not changed_specs
+        and keys_a == keys_b
+        and _keyed(ra.flags) == _keyed(rb.flags)
+        and _keyed(ra.facts) == _keyed(rb.facts)
+        and set(specs_a) == set(specs_b)
+    ):
+        keys_old = {str(semantic_key(g)) for g in ra.gates}
+        keys_new = {str(semantic_key(g)) for g in rb.gates}
+        changed_gates = [g for g in ra.gates if str(semantic_key(g)) not in keys_new]
+        changed_gates += [g for g in rb.gates if str(semantic_key(g)) not in keys_old]
+
     cells: list[DiffCell] = []
     evaluated: set[str] = set()
     uncompared: list[str] = []
@@ -597,7 +618,10 @@ def diff_engines(
             if why:
                 uncompared.append(f"{mode.label} spec {spec}: {why}")
                 continue
-            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope)
+            relevant = _relevant(changed_gates, (mode,), old.spec(spec), new.spec(spec))
+            if relevant is not None and not relevant.gates:
+                continue  # no changed gate can match in this column
+            cells += _compare_column(a, b, names, mode, spec, space, plugins, scope, relevant)
         if spec == IMPLICIT_SPEC.name or not any(m in space.modes for m in _PHASES):
             continue  # no speculative step (or its phases are not compared)
         why = space.column(_PHASES, spec, scope).uncompared
@@ -605,7 +629,12 @@ def diff_engines(
             uncompared.append(f"step spec {spec}: {why}")
             continue
         readers = (_step_reader(old.spec(spec)), _step_reader(new.spec(spec)))
-        cells += _compare_steps(a, b, names, spec, readers, space, plugins, scope)
+        relevant = _relevant(changed_gates, _PHASES, old.spec(spec), new.spec(spec), True)
+        if relevant is not None and any(g.when.facts for g in relevant.gates):
+            relevant = None  # a fact test may change what verify's rule reads: every setting
+        if relevant is not None and not relevant.gates:
+            continue
+        cells += _compare_steps(a, b, names, spec, readers, space, plugins, scope, relevant)
 
     result = Diff(
         tuple(c for c in cells if not earlier_only or c.needs_audit),
@@ -645,6 +674,7 @@ def _compare_column(
     space: CellSpace,
     plugins: Optional[str],
     scope: Optional[frozenset[str]] = None,
+    relevant: Optional[_ChangedGates] = None,
 ) -> list[DiffCell]:
     column = space.column(mode, spec, scope)
     if column.all_none:
@@ -653,6 +683,8 @@ def _compare_column(
     for base in column.base:
         if a.same_rules and a.resolved(base) == b.resolved(base):
             continue  # same rules, same flag values: the same decisions
+        if relevant is not None and not relevant.may_match(base):
+            continue  # no changed gate can match here: the same decisions
         before = a.values(names, mode, column, spec, base)
         after = b.values(names, mode, column, spec, base)
         for name in names:
@@ -672,6 +704,57 @@ def _compare_column(
     return _cells(groups, mode.label, spec, column, plugins)
 
 
+@attrs.frozen
+class _ChangedGates:
+    """The global gates on one side only (everything else alike), live in a column."""
+
+    gates: tuple[Gate, ...]
+    #: a step reads every runner cell of a phase (whether it reads nothing): eager and planted
+    #: conditions may hold whatever the setting says
+    any_cell: bool = False
+
+    def may_match(self, setting: Setting) -> bool:
+        """Whether some changed gate can match under ``setting`` for some backend and batch
+        (its flag and runner-fact conditions; per backend and per batch ones may hold)."""
+        flags = dict(setting.flags)
+        facts = dict(setting.facts)
+        for gate in self.gates:
+            when = gate.when
+            if any(
+                isinstance(flags.get(name), bool) and flags[name] != want
+                for name, want in when.flags.items()
+            ):
+                continue
+            if when.platform is not None and facts.get("platform") not in when.platform:
+                continue
+            runner = ("external_events",) if self.any_cell else RUNNER_CELL_FACTS
+            if any(
+                getattr(when, name) is not None and facts.get(name) != getattr(when, name)
+                for name in runner
+            ):
+                continue
+            return True
+        return False
+
+
+#: The runner facts a setting fixes for one cell (a step reads every cell: not these).
+RUNNER_CELL_FACTS = ("eager", "planted", "external_events")
+
+
+def _relevant(
+    changed: Optional[list[Gate]],
+    modes: Sequence[ForwardMode],
+    old_spec: SpecAlgorithm,
+    new_spec: SpecAlgorithm,
+    any_cell: bool = False,
+) -> Optional[_ChangedGates]:
+    """None: compare every setting; else the changed gates live in the column(s)."""
+    if changed is None:
+        return None
+    live = [g for g in changed if live_in(g, modes, old_spec) or live_in(g, modes, new_spec)]
+    return _ChangedGates(tuple(live), any_cell)
+
+
 def _step_reader(spec: object) -> ForwardMode:
     """The declared last reader; undeclared: the last phase the step runs (draft extend)."""
     reader = getattr(spec, "last_reader", None)
@@ -687,6 +770,7 @@ def _compare_steps(
     space: CellSpace,
     plugins: Optional[str],
     scope: Optional[frozenset[str]] = None,
+    relevant: Optional[_ChangedGates] = None,
 ) -> list[DiffCell]:
     """Step cells: the event a speculative step of target verify then draft extend hands the
     scheduler, for every setting and class of batch of both phases' columns.
@@ -701,6 +785,8 @@ def _compare_steps(
     for setting in column.settings:
         if a.same_rules and a.resolved(setting) == b.resolved(setting):
             continue  # same rules, same flag values: the same steps
+        if relevant is not None and not relevant.may_match(setting):
+            continue  # no changed gate can match here: the same steps
         values = [
             _step_values(side, names, spec, reader, setting)
             for side, reader in ((a, readers[0]), (b, readers[1]))

@@ -18,6 +18,7 @@ from warpolicy.registry.vocabulary import (
     ForwardMode,
     Placement,
     WarReadDonePolicy,
+    platform_key,
 )
 
 BUILT_IN = "built-in (warpolicy.registry.engine)"
@@ -75,7 +76,7 @@ class Context:
     mode: ForwardMode = attrs.field(converter=_mode)
     spec: str = "none"
     flags: Mapping[str, Union[bool, str]] = attrs.field(factory=dict, converter=_flag_dict)
-    platform: str = "cuda"
+    platform: str = attrs.field(default="cuda", converter=platform_key)
     external_events: bool = True
     eager: bool = False
     planted: bool = True

@@ -25,7 +25,13 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import attrs
 
 from warpolicy.errors import InputError, Problem, RegistryError, UnknownNameError
-from warpolicy.registry.vocabulary import FactType, ForwardMode, Placement, WarReadDonePolicy
+from warpolicy.registry.vocabulary import (
+    FactType,
+    ForwardMode,
+    Placement,
+    WarReadDonePolicy,
+    platform_key,
+)
 
 
 def _frozen_map(value: Mapping | None) -> Mapping:
@@ -38,6 +44,10 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 def _gates(value: Iterable[Gate]) -> tuple[Gate, ...]:
     return tuple(value)
+
+
+def _platform_set(value: Optional[Iterable[str]]) -> Optional[frozenset[str]]:
+    return None if value is None else frozenset(platform_key(v) for v in value)
 
 
 def _name_set(value: Iterable[str]) -> frozenset[str]:
@@ -253,7 +263,8 @@ class Conditions:
     spec_lacks: Optional[frozenset[str]] = None  # spec lacks any of these capabilities
     flags: Mapping[str, bool] = attrs.field(factory=dict, converter=_frozen_map)  # all must hold
     declared: Optional[frozenset[WarReadDonePolicy]] = None
-    platform: Optional[frozenset[str]] = None
+    #: case-folded (`platform_key`): ``CUDA`` matches the runtime's ``cuda``
+    platform: Optional[frozenset[str]] = attrs.field(default=None, converter=_platform_set)
     eager: Optional[bool] = None
     planted: Optional[bool] = None
     external_events: Optional[bool] = None

@@ -136,6 +136,13 @@ _MODE_ALIASES.update(
     }
 )
 
+
+def platform_key(name: str) -> str:
+    """How a platform name is compared everywhere (a gate's ``platform:``, a context, the
+    CLI's ``--platform``): case-folded, so ``CUDA`` in a registry is ``cuda`` at runtime."""
+    return str(name).strip().lower()
+
+
 #: The operator's kill switch (`warpolicy.registry.decision.FORCE_COARSE`) and its built-in
 #: environment names: set true, every decision is ``none``. No registry, layer or plugin can
 #: switch it off or invert these names (the loader refuses ``{not: NAME}`` for them).

@@ -231,7 +231,9 @@ def load_entry_point_plugins(pm: WarpolicyPluginManager) -> list[str]:
             )
         try:
             plugin = ep.load()
-        except (Exception, SystemExit) as exc:
+        except KeyboardInterrupt:
+            raise  # the operator's Ctrl-C, not the plugin's failure
+        except BaseException as exc:  # GeneratorExit, a custom BaseException too: broken plugin
             raise PluginError(
                 ep.name,
                 _one_line(f"failed to import: {type(exc).__name__}: {exc}"),

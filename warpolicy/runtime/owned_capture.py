@@ -64,6 +64,7 @@ raises `SelfCheckError` instead of demoting a marker.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import attrs
@@ -485,13 +486,22 @@ class ReadDoneCapture:
         """Before capturing ``bucket``: a fresh read-done event for its graph (none without
         external events, or when this capture plants nothing; a failure to create it is a doubt
         that `BucketCapture.finish` reports)."""
+        try:
+            size = operator.index(bucket)  # an int, or an integer numpy / torch scalar
+        except TypeError:
+            size = 0
+        if isinstance(bucket, bool) or size < 1:
+            raise InputError(
+                f"{self.name}: begin(bucket): a bucket is a batch size, a positive int, "
+                f"not {bucket!r}"
+            )
         event: Optional[EventHandle] = None
         doubt: Optional[str] = None
         if self.platform.external_events_supported() and (self.derived or self.marker):
             event = self.fence.prepare()
             if event is None:
                 doubt = "creating or seeding the read-done event failed"
-        return BucketCapture(self, int(bucket), event, doubt)
+        return BucketCapture(self, size, event, doubt)
 
     def eager(self) -> BucketRelease:
         """The release of a step that runs without a graph (a batch no bucket holds)."""

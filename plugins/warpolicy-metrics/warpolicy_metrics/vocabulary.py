@@ -91,6 +91,8 @@ FALLBACK_PLACES: Mapping[str, frozenset[str]] = {
     "consistency": frozenset({"consistency"}),
     # the WAR canary's session of a runner (warpolicy.runtime.canary)
     "canary": frozenset({"begin", "observe", "check", "on_demote"}),
+    # the engine API's warm-up (warpolicy.runtime.owned_capture.warm_up): its join failed
+    "warm_up": frozenset({"warm_up"}),
 }
 COMPONENTS = (*FALLBACK_PLACES, OTHER)
 PLACES = frozenset().union(*FALLBACK_PLACES.values()) | {"observer", OTHER}
@@ -132,6 +134,8 @@ def _component(who: str) -> tuple[str, str]:
         return "runner", ident(who[: -len(" runner")])
     if who == "overlap loop":
         return "overlap_loop", ""
+    if who == "warm-up":
+        return "warm_up", ""
     return OTHER, ""
 
 
