@@ -334,6 +334,19 @@ MUTATIONS: dict[str, tuple[Callable[[dict], object], Callable[[dict], object]]] 
         set_in("backends", "router", value=_router()),
         set_in("backends", "router", "routes", "pinned", value=True),
     ),
+    # the cell (the latest class) stays post_replay; only the metadata class moves earlier
+    "Backend.reads_end_classes": (
+        set_in(
+            "backends",
+            "lin",
+            value={
+                "reads_end": {
+                    "decode": {"metadata": "post_replay", "recurrent_state": "post_replay"}
+                }
+            },
+        ),
+        set_in("backends", "lin", "reads_end", "decode", "metadata", value="in_graph"),
+    ),
 }
 
 MOVES_RELEASES = {CELLS, DEFAULTS, ENV, STEP_CELLS, PLACEMENT, PER_BATCH}

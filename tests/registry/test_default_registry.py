@@ -258,7 +258,16 @@ def test_wrappers(reg):
     for name in ["minimax_sparse", "hybrid_linear", "hybrid_attention", "dots_hybrid"]:
         assert "0.5.23" in reg.backend(name).doc, name
     linear = reg.backend("linear_attn")
-    assert linear.abstract and linear.inherits == "base" and not linear.reads_end
+    assert (
+        linear.abstract
+        and linear.inherits == "base"
+        and linear.reads_classes == {"recurrent_state"}
+    )
+    for mode in (DECODE, VERIFY):  # every class it reads says where its reads end
+        assert dict(linear.declared_classes(mode)) == {
+            "metadata": P.IN_GRAPH,
+            "recurrent_state": P.POST_REPLAY,
+        }
     routers = {n: b.routes for n, b in reg.backends.items() if b.routes}
     assert set(routers) == {"image_prefill_trtllm_mha"}
     route = routers["image_prefill_trtllm_mha"]
@@ -362,11 +371,12 @@ CELLS = [
     ("minimax_sparse_nvfp4", VERIFY, "eagle", {}, P.NONE),
     ("minimax_sparse_nvfp4", EXTEND, "none", ON, P.PRE_REPLAY),
     ("minimax_sparse_nvfp4", DRAFT_EXTEND, "eagle", {}, P.PRE_REPLAY),
-    # minimax sparse and hybrid linear: the latest of their children
+    # minimax sparse and hybrid linear: the latest of their children; hybrid linear's
+    # linear-attention layers read recurrent state until the forward ends
     ("minimax_sparse", DECODE, "none", {}, P.IN_GRAPH),
     ("minimax_sparse", EXTEND, "none", ON, P.NONE),
-    ("hybrid_linear", DECODE, "none", {}, P.IN_GRAPH),
-    ("hybrid_linear", VERIFY, "dflash", {}, P.IN_GRAPH),
+    ("hybrid_linear", DECODE, "none", {}, P.POST_REPLAY),
+    ("hybrid_linear", VERIFY, "dflash", {}, P.POST_REPLAY),
     ("hybrid_linear", EXTEND, "none", ON, P.NONE),
     ("hybrid_linear", DRAFT_EXTEND, "eagle", {}, P.NONE),
     # hybrid attention: the child chosen for the mode

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from warpolicy.audit.dynamic import SIMULATED, audit_mode
+from warpolicy.audit.dynamic import SIMULATED, audit_classes, audit_mode
 from warpolicy.audit.report import AuditEntry, AuditReport
 from warpolicy.audit.subject import DEFAULT_STALL_US, AuditSubject
 from warpolicy.errors import CudaUnavailableError, InputError, UnknownNameError, WarpolicyError
@@ -75,6 +75,7 @@ def run_audit(
     for subject in subjects:
         for mode in mode_list if mode_list is not None else list(subject.runners):
             entries.append(audit_mode(subject, mode, trials, stall_us, static=static))
+            entries += audit_classes(subject, mode, trials, stall_us)
     return AuditReport(
         tuple(entries),
         device=describe_device(platform),

@@ -42,7 +42,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 
+from warpolicy.audit.class_poisons import class_poisons
 from warpolicy.audit.poison import (
+    Poison,
     first_mismatch,
     poison_set,
     snapshot_outputs,
@@ -69,7 +71,7 @@ from warpolicy.errors import WarpolicyError
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.fence import SchedulerBarrier
 from warpolicy.runtime.platforms import SIM_DEVICE_TYPES
-from warpolicy.runtime.runners.protocols import Runner
+from warpolicy.runtime.runners.protocols import ClassMailbox, Runner
 
 #: The head stall holds the forward stream while the host enqueues step + poison.
 HEAD_STALL_MIN_US = 2000.0
@@ -124,14 +126,26 @@ class _Harness:
     """Runs reference and poisoned steps of one runner and keeps the subject's state honest."""
 
     def __init__(
-        self, subject: AuditSubject, mode: ForwardMode, runner: Runner, stall_us: float
+        self,
+        subject: AuditSubject,
+        mode: ForwardMode,
+        runner: Runner,
+        stall_us: float,
+        buffer_class: Optional[str] = None,
     ) -> None:
         self.subject = subject
         self.mode = mode
         self.runner = runner
         self.platform = runner.platform
         self.simulated = getattr(self.platform, "name", "") in SIMULATED
+        # buffer_class: the scheduler writes (poisons) only that class's buffers, released by
+        # that class's read-done (`ReadDoneFence.take_class`)
+        self.buffer_class = buffer_class
         self.shared = dict(subject.model.shared_buffers)
+        if buffer_class is not None:
+            self.shared = {
+                n: t for n, t in self.shared.items() if subject.class_of(n) == buffer_class
+            }
         self.written = dict(subject.extra_outputs)
         self.forward = self.platform.new_stream()
         self.schedule = self.platform.new_stream()
@@ -159,7 +173,7 @@ class _Harness:
         poison leaves some element unchanged."""
         self.platform.synchronize()
         self.state = self._clone()
-        sets = {n: poison_set(self.subject.poison.get(n), self.state[n]) for n in self.shared}
+        sets = {n: self._poisons(n) for n in self.shared}
         count = max((len(p) for p in sets.values()), default=0)
         self.rounds = [] if count else [("nothing", {})]  # no shared buffer: one plain step
         for k in range(count):
@@ -178,6 +192,14 @@ class _Harness:
                         f"under {label}: late reads of those are not checked there"
                     )
         return notes
+
+    def _poisons(self, name: str) -> tuple[Poison, ...]:
+        """The subject's override for buffer ``name``, else, for a subject that names its
+        buffers' classes, the poisons that fit the buffer's class, else the defaults."""
+        override = self.subject.poison.get(name)
+        if override is None and self.subject.buffer_classes:
+            return class_poisons(self.subject.class_of(name), self.state[name])
+        return poison_set(override, self.state[name])
 
     def step(self, batch: Any) -> Any:
         """One step as the engine runs it, on the forward stream."""
@@ -199,7 +221,7 @@ class _Harness:
         """Undisturbed step: outputs, what it published, and (simulated) the release position."""
         with _watch_records(self.log) as records:
             out = self.step(batch)
-        read_done = self.runner.fence.take()
+        read_done = self._take()
         self.platform.synchronize()
         if read_done is not None:
             read_done.discard()  # the host waited: no barrier will
@@ -218,7 +240,7 @@ class _Harness:
             with self.platform.stream(self.forward):
                 self.head_stall()
         out = self.step(batch)
-        read_done = self.runner.fence.take()  # right after the launch, like the scheduler
+        read_done = self._take()  # right after the launch, like the scheduler
         self.barrier.apply(self.schedule, self.forward, read_done)
         with self.platform.stream(self.schedule):
             self._poison()
@@ -235,7 +257,7 @@ class _Harness:
 
         with _watch_records(self.log, on_record):
             out = self.step(batch)
-        read_done = self.runner.fence.take()
+        read_done = self._take()
         self.barrier.apply(self.schedule, self.forward, read_done)
         # whether the poison landed on the published event's record (checked by the caller
         # once it knows the step published what the reference did)
@@ -245,6 +267,31 @@ class _Harness:
             and fired[0][1] == getattr(read_done.event, "id", None)
         )
         return snapshot_outputs(out, self.written), self.published(read_done)
+
+    def expected(
+        self, reference: list[tuple[str, Any]], poisoned: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
+        """What a poisoned step must leave: the reference step's outputs, except state the step
+        writes that the scheduler also wrote after the release (a recurrent state slot, say):
+        that must hold the scheduler's write, the poison; a forward that still wrote it after
+        the release leaves something else there."""
+        both = set(self.shared) & set(self.written)
+        if not both:
+            return reference
+        return [(label, poisoned[label] if label in both else t) for label, t in reference]
+
+    def _take(self) -> Any:
+        """The read-done the audited writes wait for: the step's latest (`take`), or the
+        audited class's (`take_class`; the latest is then discarded: the host synchronizes
+        before the next step)."""
+        fence = self.runner.fence
+        if self.buffer_class is None:
+            return fence.take()
+        read_done = fence.take_class(self.buffer_class) if isinstance(fence, ClassMailbox) else None
+        latest = fence.take()
+        if latest is not None and latest is not read_done:
+            latest.discard()
+        return read_done
 
     def _poison(self) -> None:
         for name, tensor in self.shared.items():
@@ -336,6 +383,35 @@ def audit_mode(
         )
 
 
+def audit_classes(
+    subject: AuditSubject,
+    mode: ForwardMode,
+    trials: int,
+    stall_us: float = DEFAULT_STALL_US,
+) -> list[AuditEntry]:
+    """Audit each buffer class ``subject`` declares for ``mode`` separately: only that class's
+    buffers are poisoned, the moment that class's read-done releases (one entry per class,
+    named ``SUBJECT:CLASS``; the whole step's audit is `audit_mode`'s). A class no buffer
+    belongs to is INCONCLUSIVE (nothing to poison)."""
+    builder = subject.runners.get(mode)
+    out = []
+    for buffer_class, declared in subject.declared_classes.get(mode, {}).items():
+        name = f"{subject.name}:{buffer_class}"
+        if builder is None:
+            continue
+        try:
+            out.append(
+                _audit_mode(subject, mode, builder, declared, trials, stall_us, False, buffer_class)
+            )
+        except WarpolicyError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failing audit is reported, never a crash
+            why = f"audit failed: {type(exc).__name__}: {exc}"
+            dynamic = DynamicResult(INCONCLUSIVE, reason=why, failed=True)
+            out.append(attrs.evolve(_entry(subject, mode, declared, None, dynamic), backend=name))
+    return out
+
+
 def _audit_mode(
     subject: AuditSubject,
     mode: ForwardMode,
@@ -344,12 +420,13 @@ def _audit_mode(
     trials: int,
     stall_us: float,
     static: bool,
+    buffer_class: Optional[str] = None,
 ) -> AuditEntry:
     stall = make_stall(subject.platform, stall_us)
     model = stalled_model(subject.model, stall) if stall is not None else subject.model
     runner = builder(model)
     runner.capture()
-    harness = _Harness(subject, mode, runner, stall_us)
+    harness = _Harness(subject, mode, runner, stall_us, buffer_class)
     try:
         out = _trials(harness, subject, mode, trials, declared)
     finally:
@@ -363,6 +440,19 @@ def _audit_mode(
         if static
         else StaticResult(INCONCLUSIVE, reason="static audit skipped")
     )
+    if buffer_class is not None:  # the class's own published point, not the step's
+        static_result = StaticResult(
+            INCONCLUSIVE, reason="per-class entry: the step's static audit covers the graph"
+        )
+        return AuditEntry(
+            f"{subject.name}:{buffer_class}",
+            mode,
+            subject.spec,
+            declared,
+            out.class_policy,
+            dynamic,
+            static_result,
+        )
     refuted = self_check_refutation(runner, harness.shared, declared, out.policy)
     return AuditEntry(
         subject.name, mode, subject.spec, declared, out.policy, dynamic, static_result, refuted
@@ -377,6 +467,7 @@ class _Outcome:
     corrupted: int = 0
     first: Optional[Mismatch] = None
     policy: Optional[WarReadDonePolicy] = None  # published by the last step
+    class_policy: Optional[WarReadDonePolicy] = None  # the audited class's, last step
     replayed: set[int] = attrs.field(factory=set)  # captured buckets the checked trials replayed
     eager: int = 0  # trials that ran eagerly
     demoted: int = 0  # trials that published later than declared
@@ -414,6 +505,9 @@ def _trials(
         reference, published, position = harness.reference(batch)
         step = runner.last_step
         out.policy = step.policy if step is not None else None
+        if harness.buffer_class is not None:  # judged by what the class published
+            out.class_policy = published.policy
+            out.policy = published.policy if published.policy is not None else NONE
         if published.policy is None or out.policy is None or out.policy == NONE:
             out.note(_nothing_published(out.policy))
             break
@@ -437,7 +531,7 @@ def _trials(
                     "order than the reference step; cannot place the release"
                 )
             counted = True
-            mismatch = first_mismatch(reference, observed, trial, label)
+            mismatch = first_mismatch(harness.expected(reference, poisoned), observed, trial, label)
             if mismatch is not None:
                 out.caught[label] += 1
                 caught = caught or mismatch

@@ -9,7 +9,7 @@ import attrs
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.runners.adapters import ModelView
-from warpolicy.runtime.runners.protocols import CanaryAdapter, Runner
+from warpolicy.runtime.runners.protocols import CanaryAdapter, ClassedModel, Runner
 
 #: Default stall before each captured segment, in microseconds.
 DEFAULT_STALL_US = 200.0
@@ -59,6 +59,18 @@ class AuditSubject:
     post_step: Optional[PostStep] = None
     poison: Mapping[str, PoisonOverride] = attrs.field(factory=dict)
     extra_outputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_names)
+    #: per mode declared per buffer class (``declared`` is then their latest): the overlap
+    #: benchmark's per-class rows (`warpolicy.bench.overlap_classes`)
+    declared_classes: Mapping[ForwardMode, Mapping[str, WarReadDonePolicy]] = attrs.field(
+        factory=dict, converter=_modes
+    )
+    #: the buffer class of each shared buffer (one not listed: ``metadata``); the per-class
+    #: audit poisons a class's buffers at that class's read-done
+    buffer_classes: Mapping[str, str] = attrs.field(factory=dict, converter=_names)
+
+    def class_of(self, buffer: str) -> str:
+        """The buffer class of shared buffer ``buffer``."""
+        return str(self.buffer_classes.get(buffer, "metadata"))
 
 
 def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:
@@ -86,6 +98,8 @@ class StalledModel(ModelView):
     def __init__(self, model: Any, stall: Callable[[], None]) -> None:
         super().__init__(model)
         self.stall = stall
+        if isinstance(model, ClassedModel):  # an instance attribute: protocol checks see it
+            self.buffer_classes = model.buffer_classes
 
     def graph_prep(self, bucket: int) -> None:
         self.stall()

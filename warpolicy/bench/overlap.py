@@ -46,7 +46,7 @@ import argparse
 import json
 import statistics
 import warnings
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from warpolicy.bench import restored as restored_rows
 from warpolicy.bench.command import Report, Variant, option, targets_line
@@ -68,7 +68,7 @@ from warpolicy.registry.vocabulary import (
     WarReadDonePolicy,
 )
 from warpolicy.runtime.platforms import Platform
-from warpolicy.runtime.policy import fixed_policy
+from warpolicy.runtime.policy import PolicyFn, fixed_policy
 from warpolicy.runtime.runners import GraphRunner, OverlapLoop
 from warpolicy.runtime.runners.adapters import ModelView
 
@@ -116,6 +116,10 @@ class PrepOnly(ModelView):
 
     def forward(self, bucket: int) -> None:
         return None
+
+
+#: ``(step, in_flight) -> [(class, write), ...]``: a step's writes per buffer class
+ClassWrites = Callable[[int, Callable[[], Any]], Sequence[tuple[str, Callable[[], Any]]]]
 
 
 class Schedule(Protocol):
@@ -226,10 +230,18 @@ class OverlapBench:
         self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
         self.restored: dict[str, dict] = {}  # per restored row, what the restore did
 
-    def runner(self, policy: Any, name: str, model: Any = None) -> GraphRunner:
+    def runner(
+        self,
+        policy: Any,
+        name: str,
+        model: Any = None,
+        class_policies: Optional[Mapping[str, PolicyFn]] = None,
+        self_check: str = "warn",
+    ) -> GraphRunner:
         """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
         policy function such as a consistency-guarded one); the row named ``derived`` plants
-        by the graph walk, every other row by the marker."""
+        by the graph walk, every other row by the marker. ``class_policies``: one read-done
+        per buffer class; ``self_check``: the runner's marker self-check."""
         policy_fn = fixed_policy(policy) if isinstance(policy, WarReadDonePolicy) else policy
         placement = "derived" if name == "derived" else "marker"
         runner = GraphRunner(
@@ -240,6 +252,8 @@ class OverlapBench:
             mode=self.mode,
             placement=placement,
             keep_graphs=name in restored_rows.ROWS,  # saved and cloned from the raw graph
+            class_policies=class_policies,
+            self_check=self_check,
         )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
@@ -263,8 +277,15 @@ class OverlapBench:
         return outs
 
     def overlapped(
-        self, runner: Any, skip_barrier: bool
+        self,
+        runner: Any,
+        skip_barrier: bool,
+        class_writes: Optional[ClassWrites] = None,
     ) -> tuple[list[Any], dict[str, list[float]]]:
+        """One overlapped run. ``class_writes(k, in_flight)``: the scheduler's writes for step
+        ``k`` per buffer class, earliest first (each after its own class's barrier; the
+        bookkeeping right after the first class's writes), instead of ``write_step`` after one
+        barrier; ``in_flight()`` is the latest read-done of the step in flight."""
         p, plan = self.platform, self.plan
         plan.reset()
         plan.write_step(0)
@@ -273,6 +294,22 @@ class OverlapBench:
         loop = OverlapLoop(runner, p, probe=probe, unsafe_skip_barrier=skip_barrier)
         outs = []
         for k in range(self.steps):
+            if class_writes is not None:
+                writes = (
+                    list(class_writes(k + 1, lambda: loop.last_read_done))
+                    if k + 1 < self.steps
+                    else []
+                )
+                first = writes[0] if writes else ("", lambda: None)
+
+                def first_and_bookkeeping(write: Callable[[], Any] = first[1]) -> None:
+                    write()
+                    self.bookkeeping()
+
+                writes[:1] = [(first[0] or "metadata", first_and_bookkeeping)]
+                out = loop.step(plan.batch(k), None, class_writes=writes)
+                outs.append(snapshot(out))
+                continue
 
             def write_next(k: int = k) -> None:
                 if k + 1 < self.steps:
@@ -566,10 +603,11 @@ def format_overlap(result: dict) -> str:
 def format_measurement(result: dict) -> list[str]:
     """The lines of one measured model: the ideal release, a row per variant, what each capture
     did, the targets (``result``: ``ideal_release_us``, ``rows``, ``capture``, ``targets``)."""
+    width = max([12] + [len(r["name"]) for r in result["rows"]])
     lines = [
         f"ideal release (end of in-graph prep): {result['ideal_release_us']:.1f} us after launch",
         "",
-        f"{'variant':14s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
+        f"{'variant':{width}s} {'resolved':12s} {'hold us':>9s} {'step us':>9s} {'idle us':>9s} "
         f"{'tokens/s':>10s} {'gap closed':>10s} {'corrupted':>10s}  note",
     ]
     for r in result["rows"]:
@@ -582,8 +620,11 @@ def format_measurement(result: dict) -> list[str]:
             note = f"release - in_graph marker = {r['release_minus_marker_us']:+.1f} us"
         if r["resolved"] != r["policy"]:
             note += f" (capture demoted {r['policy']} to {r['resolved']})"
+        if "classes" in r:  # a per-class row (warpolicy.bench.overlap_classes)
+            declared = ", ".join(f"{c} {p}" for c, p in r["classes"].items())
+            note = f"{r['events']} read-done ({declared}); {note}".rstrip("; ")
         lines.append(
-            f"{r['name']:14s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
+            f"{r['name']:{width}s} {r['resolved']:12s} {r['hold_us']:9.1f} {r['step_us']:9.1f} "
             f"{r['idle_gap_us']:9.1f} {rate:>10s} {gap:>10s} "
             f"{r['corrupted']:>4d}/{r['checked']:<5d}  {note}"
         )

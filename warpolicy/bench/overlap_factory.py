@@ -35,7 +35,13 @@ from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.bench.command import Report, Variant, option
 from warpolicy.bench.overlap import ROWS as OVERLAP_ROWS
-from warpolicy.bench.overlap import OverlapBench, format_measurement, write_trace
+from warpolicy.bench.overlap import OverlapBench, format_measurement, gap_closed, write_trace
+from warpolicy.bench.overlap_classes import (
+    ClassScheduled,
+    class_targets,
+    lifetime_notes,
+    measure_classes,
+)
 from warpolicy.bench.restored import ROWS as RESTORED_ROWS
 from warpolicy.bench.rig import check_sched_kind, device_name, open_rig, rig_of, torch_version
 from warpolicy.errors import InputError
@@ -79,6 +85,15 @@ class SubjectSchedule:
 
     def write_step(self, step: int) -> None:
         self._batches[step] = self.subject.make_batch(self.mode, step)
+
+    def write_class(self, step: int, buffer_class: str, read_done: Any = None) -> None:
+        """The writes of one buffer class for ``step`` (a `ClassScheduled` model's; ``read_done``
+        the step in flight's latest); the batch of ``step`` is known once a class is written."""
+        model = self.subject.model
+        if not isinstance(model, ClassScheduled):
+            raise InputError(f"subject {self.subject.name!r}: its model writes no class")
+        model.write_class(buffer_class, step, read_done)
+        self._batches[step] = model.batch_of(step)
 
     def batch(self, step: int) -> Any:
         return self._batches[step]
@@ -187,11 +202,16 @@ def _measure_subject(
     )
     ideal = bench.ideal_us()
     rows, traces, captures = bench.measure(ROWS, repeats)
+    declared = subject.declared_classes.get(mode, {})
+    if declared and isinstance(subject.model, ClassScheduled):
+        tokens = rows[0].get("tokens_per_step") if rows else None
+        rows += measure_classes(bench, schedule, subject.model, declared, repeats, tokens)
+        gap_closed(rows)
     writes_shared = schedule.writes_shared()  # after the last run's steps (the device is idle)
     by = {r["name"]: r for r in rows}
     for name in ("in_graph", "derived"):
         by[name]["release_minus_ideal_us"] = by[name]["hold_us"] - ideal
-    notes = []
+    notes = lifetime_notes(subject.model)
     if not writes_shared:
         notes.append(
             "make_batch wrote no shared buffer: the scheduler's writes race nothing here, so the "
@@ -206,7 +226,7 @@ def _measure_subject(
         "ideal_release_us": ideal,
         "rows": rows,
         "capture": captures,
-        "targets": targets(rows),
+        "targets": {**targets(rows), **class_targets(rows)},
         "writes_shared": writes_shared,
         "notes": notes,
     }

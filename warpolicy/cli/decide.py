@@ -56,5 +56,6 @@ def cmd_table(args: argparse.Namespace) -> int:
     rows = engine.table(
         args.backend, args.spec, args.mode, flags, batch_facts=given, **common.facts(args)
     )
-    common.out(format_table(rows, args.format))
+    classes = engine.class_table(rows, flags, batch_facts=given, **common.facts(args))
+    common.out(format_table(rows, args.format, classes))
     return ExitCode.OK

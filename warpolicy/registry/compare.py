@@ -158,6 +158,11 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Backend.plant": PLACEMENT,
     "Backend.reads_end_after": CELLS,
     "Backend.routes": CELLS,
+    # per class: where each class's reads end is compared for every backend naming a class
+    "Backend.reads_end_classes": CELLS,
+    # a registry that loads declares every class it lists (`class_problems`): the list itself
+    # moves no release (the declarations it forces are compared as reads_end_classes)
+    "Backend.reads_classes": COSMETIC,
     "After.action": PER_BATCH,
     "After.otherwise": CELLS,
     "Route.fact": PER_BATCH,
@@ -171,6 +176,11 @@ FIELD_COVERAGE: Mapping[str, str] = {
     "Registry.gates": CELLS,
     "Registry.sources": COSMETIC,
     "Registry.facts": CONTAINER,
+    "Registry.buffer_classes": CONTAINER,
+    "BufferClass.name": IDENTITY,
+    "BufferClass.doc": COSMETIC,
+    "BufferClass.origin": COSMETIC,
+    "BufferClass.built_in": COSMETIC,
     "Registry._lineages": COSMETIC,  # a cache of inheritance walks
 }
 
@@ -321,9 +331,11 @@ _PHASES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)  # in step order
 class _Side:
     """One engine's values, cached per comparison."""
 
-    def __init__(self, engine: PolicyEngine) -> None:
+    def __init__(self, engine: PolicyEngine, buffer_class: Optional[str] = None) -> None:
         self.engine = engine
         self.registry = engine.registry
+        #: compare where this buffer class's reads end instead of the cell (None)
+        self.buffer_class = buffer_class
         self._placement: dict[tuple[str, ForwardMode], Placement] = {}
         self.classes = engine.facts()
         self._labels: dict[tuple, frozenset[str]] = {}
@@ -370,6 +382,7 @@ class _Side:
             flags,
             batch_facts=setting.batch_values(self.registry.facts),
             cases=cases,
+            buffer_class=self.buffer_class,
             **setting.fact_values(),  # type: ignore[arg-type]
         )
         return {d.context.backend: d for d in decisions}
@@ -622,6 +635,7 @@ def diff_engines(
             if relevant is not None and not relevant.gates:
                 continue  # no changed gate can match in this column
             cells += _compare_column(a, b, names, mode, spec, space, plugins, scope, relevant)
+            cells += _compare_classes(old, new, names, mode, spec, space, plugins, scope)
         if spec == IMPLICIT_SPEC.name or not any(m in space.modes for m in _PHASES):
             continue  # no speculative step (or its phases are not compared)
         why = space.column(_PHASES, spec, scope).uncompared
@@ -753,6 +767,30 @@ def _relevant(
         return None
     live = [g for g in changed if live_in(g, modes, old_spec) or live_in(g, modes, new_spec)]
     return _ChangedGates(tuple(live), any_cell)
+
+
+def _compare_classes(
+    old: PolicyEngine,
+    new: PolicyEngine,
+    names: Sequence[str],
+    mode: ForwardMode,
+    spec: str,
+    space: CellSpace,
+    plugins: Optional[str],
+    scope: Optional[frozenset[str]] = None,
+) -> list[DiffCell]:
+    """Per buffer class, where its reads end, for the backends whose declaration of ``mode``
+    names a class on either side (a class one side does not declare is none there); the
+    rows' mode reads ``MODE:CLASS``. A change that leaves the cell (the latest class) alone
+    but makes one class earlier is ``earlier`` here."""
+    per_backend = {n: set(old.classes(n, mode)) | set(new.classes(n, mode)) for n in names}
+    out: list[DiffCell] = []
+    for buffer_class in sorted({c for cs in per_backend.values() for c in cs}):
+        classed = [n for n in names if buffer_class in per_backend[n]]
+        a, b = _Side(old, buffer_class), _Side(new, buffer_class)
+        for cell in _compare_column(a, b, classed, mode, spec, space, plugins, scope):
+            out.append(attrs.evolve(cell, mode=f"{mode.label}:{buffer_class}"))
+    return out
 
 
 def _step_reader(spec: object) -> ForwardMode:

@@ -233,6 +233,9 @@ class Explanation:
     placement: Placement = Placement.MARKER  # where a runner puts the node (top level only)
     #: the per-batch facts this decision read (its children's included), as reported
     facts: tuple[FactValue, ...] = ()
+    #: per buffer class the backend declares, where that class's reads end (top level only;
+    #: empty when no declaration names a class: the cell is all there is)
+    classes: tuple[tuple[str, Decision], ...] = ()
 
     @property
     def backend(self) -> str:
@@ -258,10 +261,20 @@ class Explanation:
             )
         return "marker (the runner records the event right after graph_prep)"
 
+    def class_lines(self) -> list[str]:
+        """One line per buffer class: where its reads end, and what moved it."""
+        return [
+            f"class {name}: {d.policy.label}"
+            + (f" ({', '.join(r.id for r in d.reasons[1:])})" if len(d.reasons) > 1 else "")
+            for name, d in self.classes
+        ]
+
     def to_json(self) -> dict:
         """A JSON-ready dict; a child seen earlier in the walk is ``{"backend", "see_above"}``."""
         out = self._json(set())
         out["placement"] = self.placement.value  # the runner's placement for this cell
+        if self.classes:
+            out["classes"] = {name: d.to_json() for name, d in self.classes}
         return out
 
     def _json(self, seen: set[str]) -> dict:

@@ -37,11 +37,11 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
-from warpolicy.errors import InputError, WarpolicyError
+from warpolicy.errors import InputError, UnknownNameError, WarpolicyError
 from warpolicy.registry.compiled import BatchRule, CompiledPolicy
 from warpolicy.registry.decision import (  # noqa: F401 - the records are re-exported
     AFTER_PREFIX,
@@ -80,7 +80,14 @@ from warpolicy.registry.loader import (
     assemble_registry,
     load_registry,
 )
-from warpolicy.registry.model import Flag, Registry, SpecAlgorithm
+from warpolicy.registry.model import (
+    METADATA,
+    Flag,
+    Registry,
+    SpecAlgorithm,
+    declared_tree,
+    names_a_class,
+)
 from warpolicy.registry.vocabulary import (
     NONE,
     TABLE_MODES,
@@ -230,6 +237,9 @@ class PolicyEngine:
         placement = self.placement(ctx.backend, ctx.mode)
         if placement is not explanation.placement:
             explanation = attrs.evolve(explanation, placement=placement)
+        classes = self.class_decisions(ctx)
+        if classes:
+            explanation = attrs.evolve(explanation, classes=tuple(classes.items()))
         return explanation
 
     def decision(self, ctx: Context) -> Decision:
@@ -252,6 +262,110 @@ class PolicyEngine:
         evaluation = self._evaluation(ctx)
         evaluation.explain(ctx.backend)
         return self._cases(ctx, evaluation.facts_read[ctx.backend], {})
+
+    # -- buffer classes ---------------------------------------------------------------------
+
+    def classes(self, backend: str, mode: Optional[ForwardMode] = None) -> tuple[str, ...]:
+        """The buffer classes ``backend`` declares anything for (its own, inherited and its
+        children's declarations; in ``mode``, or in any mode), ``metadata`` first; empty when
+        none of them names a class (a one-policy registry: the cell is all there is)."""
+        modes = [mode] if mode is not None else list(ForwardMode)
+        memo: dict = {}
+        named: set[str] = set()
+        classed = False
+        for m in modes:
+            tree = declared_tree(self.registry, backend, m, memo)
+            named |= set(tree)
+            classed = classed or names_a_class(self.registry, backend, m)
+        if not classed:
+            return ()
+        return tuple(sorted(named, key=lambda c: (c != METADATA, c)))
+
+    def class_decisions(self, ctx: Context) -> dict[str, Decision]:
+        """Per buffer class the cell's backend declares (`classes`), where that class's reads
+        end: each no later than the cell, a class nobody in its tree declares none. Raises like
+        `decision`."""
+        return {
+            name: self._evaluation(ctx, buffer_class=name).explain(ctx.backend).decision
+            for name in self.classes(ctx.backend, ctx.mode)
+        }
+
+    def class_table(
+        self,
+        decisions: Sequence[Decision],
+        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        *,
+        batch_facts: Optional[Mapping[str, object]] = None,
+        **facts: Union[str, bool],
+    ) -> dict[tuple[str, ForwardMode, str], dict[str, WarReadDonePolicy]]:
+        """For the rows of a `table` (same flags and facts) whose backend declares buffer
+        classes, where each class's reads end (`classes`); other rows are left out."""
+        out: dict[tuple[str, ForwardMode, str], dict[str, WarReadDonePolicy]] = {}
+        rows = [
+            (d.context.backend, d.context.mode, d.context.spec, self.classes(d.context.backend))
+            for d in decisions
+        ]
+        for name in sorted({c for *_key, classes in rows for c in classes}):
+            backends = sorted({b for b, _m, _s, classes in rows if name in classes})
+            specs = sorted({s for _b, _m, s, classes in rows if name in classes})
+            modes = sorted(
+                {m for _b, m, _s, classes in rows if name in classes}, key=list(ForwardMode).index
+            )
+            found = self.table(
+                backends,
+                specs,
+                modes,
+                flags,
+                batch_facts=batch_facts,
+                cases=False,
+                buffer_class=name,
+                **facts,
+            )
+            for d in found:
+                key = (d.context.backend, d.context.mode, d.context.spec)
+                out.setdefault(key, {})[name] = d.policy
+        return out
+
+    def decide_class(self, ctx: Context, buffer_class: str) -> WarReadDonePolicy:
+        """Runtime decision for one buffer class: fails closed to ``NONE`` (coarse) with one
+        warning on any error, an unknown class included."""
+        try:
+            if buffer_class not in self.registry.buffer_classes:
+                raise UnknownNameError("buffer class", buffer_class, self.registry.buffer_classes)
+            return (
+                self._evaluation(ctx, buffer_class=buffer_class)
+                .explain(ctx.backend)
+                .decision.policy
+            )
+        except Exception as exc:  # noqa: BLE001 - fail closed on anything
+            self._warn_once(f"decide_class({ctx.backend!r}, {buffer_class!r})", exc)
+            return NONE
+
+    def compile_classes(
+        self,
+        backend: str,
+        spec: str = "none",
+        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        *,
+        platform: str = "cuda",
+        external_events: bool = True,
+    ) -> dict[str, ClassPolicy]:
+        """Per buffer class ``backend`` declares (`classes`), a ``(mode, eager, planted)``
+        policy callable for a runner's ``class_policies``: resolved now for every mode, for a
+        batch that reports no per-batch fact (fail closed: a class never releases earlier than
+        such a batch's cell). Empty for a backend that names no class; any error: every class
+        ``none`` (one warning)."""
+        out: dict[str, ClassPolicy] = {}
+        for name in self.classes(backend):
+            table: dict[tuple[ForwardMode, bool, bool], WarReadDonePolicy] = {}
+            for mode in ForwardMode:
+                for eager, planted in ((False, True), (False, False), (True, False)):
+                    ctx = Context(
+                        backend, mode, spec, flags or {}, platform, external_events, eager, planted
+                    )
+                    table[(mode, eager, planted)] = self.decide_class(ctx, name)
+            out[name] = _class_lookup(name, table)
+        return out
 
     def rule_facts(self, ctx: Context) -> frozenset[str]:
         """The per-batch facts the compiled rule of ``ctx``'s cell reads (`compile`): what a
@@ -324,6 +438,7 @@ class PolicyEngine:
         *,
         batch_facts: Optional[Mapping[str, object]] = None,
         cases: bool = True,
+        buffer_class: Optional[str] = None,
         **facts: Union[str, bool],
     ) -> list[Decision]:
         """The decision for every (backend, mode, spec) combination, in a stable order.
@@ -336,6 +451,7 @@ class PolicyEngine:
         one for the batch given, every other fact unreported. One evaluation (and its memo)
         serves every backend of a (mode, spec), and of each combination of fact classes, so a
         table over a registry of shared composites costs one visit per backend per column.
+        ``buffer_class``: where that class's reads end instead of the cell's (`classes`).
         """
         backend_names = list(backends) if backends else self.registry.concrete_backends()
         spec_names = list(specs) if specs else self.spec_names()
@@ -355,28 +471,41 @@ class PolicyEngine:
                     **facts,  # type: ignore[arg-type]
                     facts=batch_facts or {},
                 )
-                evaluation = self._evaluation(ctx, record_checks=False)  # decisions only
+                evaluation = self._evaluation(  # decisions only
+                    ctx, record_checks=False, buffer_class=buffer_class
+                )
                 shared: dict[tuple, Evaluation] = {}
                 for b in backend_names:
                     decision = evaluation.explain(b).decision
                     read = evaluation.facts_read[b]
                     if read and cases:
-                        rows = self._cases(attrs.evolve(ctx, backend=b), read, shared)
+                        rows = self._cases(attrs.evolve(ctx, backend=b), read, shared, buffer_class)
                         decision = attrs.evolve(decision, cases=rows)
                     found[(b, m, s)] = decision
         return [found[(b, m, s)] for b in backend_names for m in mode_list for s in spec_names]
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def _evaluation(self, ctx: Context, *, record_checks: bool = True) -> Evaluation:
+    def _evaluation(
+        self, ctx: Context, *, record_checks: bool = True, buffer_class: Optional[str] = None
+    ) -> Evaluation:
         check_facts(self.registry.facts, ctx.facts)
         flags = self.flag_values(ctx.flags)
         return Evaluation(
-            self.registry, ctx, self.spec(ctx.spec), flags, record_checks=record_checks
+            self.registry,
+            ctx,
+            self.spec(ctx.spec),
+            flags,
+            record_checks=record_checks,
+            buffer_class=buffer_class,
         )
 
     def _enumerate(
-        self, ctx: Context, read: Iterable[str], shared: dict[tuple, Evaluation]
+        self,
+        ctx: Context,
+        read: Iterable[str],
+        shared: dict[tuple, Evaluation],
+        buffer_class: Optional[str] = None,
     ) -> Optional[_Cells]:
         """The policy of ``ctx``'s cell for one value per class of every per-batch fact it
         reads (``ctx.facts`` held), until the facts read stop growing; None past
@@ -402,7 +531,9 @@ class PolicyEngine:
                 evaluation = shared.get(cache_key)
                 if evaluation is None:
                     probe = attrs.evolve(ctx, facts=given)
-                    evaluation = shared[cache_key] = self._evaluation(probe, record_checks=False)
+                    evaluation = shared[cache_key] = self._evaluation(
+                        probe, record_checks=False, buffer_class=buffer_class
+                    )
                 table[key] = evaluation.explain(ctx.backend).decision.policy
                 grown |= evaluation.facts_read[ctx.backend]
             more = sorted((set(names) | grown) - set(ctx.facts))
@@ -411,9 +542,13 @@ class PolicyEngine:
             names = more
 
     def _cases(
-        self, ctx: Context, read: Iterable[str], shared: dict[tuple, Evaluation]
+        self,
+        ctx: Context,
+        read: Iterable[str],
+        shared: dict[tuple, Evaluation],
+        buffer_class: Optional[str] = None,
     ) -> tuple[BatchCase, ...]:
-        cells = self._enumerate(ctx, read, shared) if read else None
+        cells = self._enumerate(ctx, read, shared, buffer_class) if read else None
         return () if cells is None else _batch_cases(*cells)
 
     def _compiled(
@@ -691,3 +826,20 @@ def _flag_from_env(flag: Flag, environ: Mapping[str, str]) -> FlagValue:
 
 def _inverted(var: str, inverted: frozenset[str]) -> str:
     return " (inverted: its true means false)" if var in inverted else ""
+
+
+#: ``(mode, eager, planted) -> policy``: one buffer class's runner policy (`compile_classes`).
+ClassPolicy = Callable[[ForwardMode, bool, bool], WarReadDonePolicy]
+
+
+def _class_lookup(
+    name: str, table: Mapping[tuple[ForwardMode, bool, bool], WarReadDonePolicy]
+) -> ClassPolicy:
+    """A class's resolved table as a policy callable (a fact set it was not resolved for:
+    none)."""
+
+    def lookup(mode: ForwardMode, eager: bool = False, planted: bool = True) -> WarReadDonePolicy:
+        return table.get((mode, bool(eager), bool(planted)), NONE)
+
+    lookup.__name__ = f"class_{name}"
+    return lookup

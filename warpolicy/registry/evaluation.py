@@ -50,10 +50,15 @@ class Evaluation:
         flags: tuple[FlagValue, ...],
         *,
         record_checks: bool = True,
+        buffer_class: Optional[str] = None,
     ) -> None:
         # record_checks=False (tables, diffs, compiled tables): the same decisions and reasons,
         # but gates that cannot raise the decision are skipped and no per-gate check is kept
         self.record_checks = record_checks
+        # buffer_class: decide where the reads of that class end (None: the cell, the latest
+        # of every class); a backend whose tree never names it is none for it ("silent")
+        self.buffer_class = buffer_class
+        self.silent: set[str] = set()
         self.registry = registry
         self.ctx = ctx
         self.spec = spec
@@ -231,13 +236,17 @@ class Evaluation:
         the per-batch requirements of its declarations become ``batch_reasons``."""
         mode = self.ctx.mode
         name = lineage[0].name
+        cls = self.buffer_class
         declarations = []
         batch_reasons = []
         chain: list[str] = []
+        covered: set[str] = set()
         for entry in lineage:
-            if mode not in entry.reads_end:
+            classes = entry.declared_classes(mode)
+            if not classes or (cls is not None and cls not in classes):
                 continue
-            policy = entry.reads_end[mode]
+            covered |= set(classes)
+            policy = entry.reads_end[mode] if cls is None else classes[cls]
             origin = str(entry.reads_end_origins.get(mode, entry.origin))
             via = "own" if entry.name == name else f"inherited from {entry.name}"
             after = entry.reads_end_after.get(mode)
@@ -252,6 +261,10 @@ class Evaluation:
                 )
             )
             line = f"{name} declares {mode.label}: {policy.label}"
+            if cls is not None:
+                line = f"{name} declares {mode.label} {cls}: {policy.label}"
+            elif mode in entry.reads_end_classes:
+                line += f" ({_classes_text(classes)})"
             if after is not None:
                 line += f" after {after.action} (else {after.otherwise.label})"
                 done = self.facts.succeeded(after.action)
@@ -268,12 +281,24 @@ class Evaluation:
                     )
                 line += f"; {self.facts.describe(after.action)}"
             chain.append(line + ("" if via == "own" else f" ({via})"))
+        reads = frozenset().union(*(entry.reads_classes for entry in lineage))
+        unsaid = sorted(reads - covered) if cls is None else sorted({cls} & reads - covered)
+        if unsaid:  # read, but no declaration says where those reads end: unknown
+            origin = str(lineage[0].origin)
+            declarations.append(Declaration(name, NONE, origin, "reads_classes", None, None))
+            chain.append(
+                f"{name} reads {', '.join(unsaid)} but declares no read end for it in "
+                f"{mode.label}: none"
+            )
         for entry in lineage:
             if entry.routes is not None and entry.routes.routed(mode):
                 chain.append(self._route(entry)[1])
         children = []
         parts = [f"{d.backend}={d.policy.label}" for d in declarations]
         for child_name, how in self._children(lineage):
+            if child_name in self.silent:  # never names the class: it does not read it
+                chain.append(f"{name} runs {child_name}, which declares no {cls} reads")
+                continue
             child = self.memo[child_name]
             children.append(child)
             parts.append(f"{child_name}={child.declared.label}")
@@ -282,7 +307,11 @@ class Evaluation:
                 f"{child.declared.label}, decided {child.decision.policy.label}"
             )
         if not declarations and not children:
-            chain.append(f"{name} does not declare {mode.label}: not audited, none")
+            if cls is not None:
+                self.silent.add(name)
+                chain.append(f"{name} declares no {cls} reads in {mode.label}: unknown, none")
+            else:
+                chain.append(f"{name} does not declare {mode.label}: not audited, none")
             return Declared(
                 NONE, NONE, str(lineage[0].origin), tuple(chain), (), (), frozenset({NONE})
             )
@@ -330,6 +359,10 @@ class Evaluation:
             options = self.possible[child.backend]
             acc = frozenset(max(a, p) for a in acc for p in options) if acc else options
         return acc or frozenset({NONE})
+
+
+def _classes_text(classes: Mapping[str, WarReadDonePolicy]) -> str:
+    return ", ".join(f"{n}: {p.label}" for n, p in sorted(classes.items()))
 
 
 def _sound_demotion(policy: WarReadDonePolicy, ctx: Context) -> Optional[Reason]:

@@ -71,6 +71,49 @@ class Origin:
 UNKNOWN_ORIGIN = Origin("<unknown>")
 
 
+#: The class a plain (one-policy) declaration means: the scheduler's metadata tables.
+METADATA = "metadata"
+
+#: The buffer classes every registry knows, with what each holds.
+BUILT_IN_CLASSES: Mapping[str, str] = MappingProxyType(
+    {
+        METADATA: "The scheduler's metadata tables a forward reads: request-to-token rows, "
+        "sequence lengths, SWA maps, page tables (what a one-policy declaration means).",
+        "recurrent_state": "Per-request recurrent state slots of linear-attention layers "
+        "(Mamba / GDN): read and updated by every such layer of the forward.",
+        "kv_pages": "KV cache pages by slot: a page or request slot the scheduler frees and "
+        "hands to the next batch while the forward may still read it.",
+        "host_staging": "Pinned host staging and device-visible host rings the scheduler "
+        "refills (inputs copied to the device, outputs copied back).",
+    }
+)
+
+
+@attrs.frozen
+class BufferClass:
+    """A class of scheduler-shared state a declaration may end reads of separately."""
+
+    name: str
+    doc: str = ""
+    origin: Origin = UNKNOWN_ORIGIN
+    built_in: bool = False
+
+
+def built_in_classes() -> dict[str, BufferClass]:
+    """The built-in buffer classes (`BUILT_IN_CLASSES`) as models."""
+    return {n: BufferClass(n, doc, built_in=True) for n, doc in BUILT_IN_CLASSES.items()}
+
+
+def _with_built_in_classes(value: Mapping[str, BufferClass] | None) -> Mapping:
+    merged = built_in_classes()
+    merged.update(value or {})
+    return MappingProxyType(merged)
+
+
+def _class_maps(value: Mapping | None) -> Mapping:
+    return MappingProxyType({m: MappingProxyType(dict(c)) for m, c in (value or {}).items()})
+
+
 @attrs.frozen
 class Flag:
     """An operator switch: a default plus the environment variables that set it.
@@ -349,6 +392,23 @@ class Backend:
     #: declarations of ``reads_end`` that hold only after a per-batch action
     reads_end_after: Mapping[ForwardMode, After] = attrs.field(factory=dict, converter=_frozen_map)
     routes: Optional[Route] = None
+    #: per mode declared as ``{CLASS: policy}``: where each buffer class's reads end (the
+    #: mode's ``reads_end`` is then the latest of them); a one-policy declaration is
+    #: ``{metadata: policy}`` (`declared_classes`)
+    reads_end_classes: Mapping[ForwardMode, Mapping[str, WarReadDonePolicy]] = attrs.field(
+        factory=dict, converter=_class_maps
+    )
+    #: buffer classes this backend's kernels read (inherited): a declaration that does not say
+    #: where one of them ends is none for that class (unknown), and validate refuses it
+    reads_classes: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
+
+    def declared_classes(self, mode: ForwardMode) -> Mapping[str, WarReadDonePolicy]:
+        """This backend's own declaration of ``mode`` per buffer class (empty: undeclared)."""
+        classes = self.reads_end_classes.get(mode)
+        if classes is not None:
+            return classes
+        policy = self.reads_end.get(mode)
+        return {} if policy is None else {METADATA: policy}
 
     def __attrs_post_init__(self) -> None:
         problems = [
@@ -365,6 +425,7 @@ class Backend:
                 per_mode=self.per_mode,
                 routes=self.routes,
                 reads_end_after=self.reads_end_after,
+                reads_end_classes=self.reads_end_classes,
             )
         ]
         if problems:
@@ -394,6 +455,7 @@ def shape_problems(
     per_mode: Mapping[ForwardMode, str],
     routes: Optional[Route] = None,
     reads_end_after: Optional[Mapping[ForwardMode, After]] = None,
+    reads_end_classes: Optional[Mapping[ForwardMode, Mapping[str, object]]] = None,
 ) -> list[tuple[str, Optional[ForwardMode], str]]:
     """Why a backend with these fields has no single shape, as ``(key, mode, message)``
     (key ``""`` is the entry).
@@ -438,6 +500,24 @@ def shape_problems(
                     f"mode {mode.label!r}: otherwise ({after.otherwise.label}) must be later "
                     f"than policy ({policy.label}), or the action would not matter",
                 )
+            )
+    for mode, classes in sorted((reads_end_classes or {}).items(), key=lambda i: _mode_order(i[0])):
+        cell = reads_end.get(mode)
+        latest = max(classes.values(), default=None)  # type: ignore[type-var]
+        if not classes:
+            out.append(("reads_end", mode, f"mode {mode.label!r}: a class map names a class"))
+        elif cell != latest:
+            out.append(
+                (
+                    "reads_end",
+                    mode,
+                    f"mode {mode.label!r}: the mode's read end must be the latest of its "
+                    f"classes ({getattr(latest, 'label', latest)})",
+                )
+            )
+        if mode in (reads_end_after or {}):
+            out.append(
+                ("reads_end", mode, f"mode {mode.label!r}: a class map cannot hold after an action")
             )
     if latest_of and per_mode:
         out.append(
@@ -488,6 +568,10 @@ class Registry:
     gates: tuple[Gate, ...] = attrs.field(default=(), converter=_gates)
     sources: tuple[str, ...] = attrs.field(default=(), converter=_names)
     facts: Mapping[str, Fact] = attrs.field(factory=dict, converter=_frozen_map)
+    #: buffer classes declarations may name: the built-in ones plus the registry's own
+    buffer_classes: Mapping[str, BufferClass] = attrs.field(
+        factory=dict, converter=_with_built_in_classes
+    )
     #: lineages walked so far (the registry is immutable, so each is walked once)
     _lineages: dict[str, tuple[Backend, ...]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False
@@ -574,6 +658,16 @@ def registry_problems(registry: Registry) -> list[Problem]:
                 backend.origin,
                 f"backends.{backend.name}.routes.default: {route.default!r} is not one of its "
                 f"children's labels ({', '.join(sorted(route.children))})",
+            )
+    known_classes = registry.buffer_classes
+    for backend in backends.values():
+        named = set(backend.reads_classes)
+        for classes in backend.reads_end_classes.values():
+            named |= set(classes)
+        for name in sorted(named - set(known_classes)):
+            add(
+                backend.origin,
+                f"backends.{backend.name}: {UnknownNameError('buffer class', name, known_classes)}",
             )
     cycle = find_cycle(backends)
     if cycle:
@@ -716,3 +810,136 @@ def find_cycle(backends: Mapping[str, Backend]) -> Optional[list[str]]:
                 path.append(child)
                 stack.append(iter(list(backends[child].children())))
     return None
+
+
+def class_problems(registry: Registry) -> list[Problem]:
+    """Declarations that do not say where every class a backend runs reads ends, one located
+    problem each (the loader refuses them; call it on a registry `registry_problems` accepts):
+
+    * a backend (or one it inherits) lists a class in ``reads_classes`` that its declaration of a mode
+      does not name: its kernels read that class and nothing says where those reads end
+      (a hybrid model's linear-attention layers that keep the base declaration);
+    * a wrapper (``latest_of``, ``per_mode``, ``routes``) with its own declaration of a mode
+      that is earlier, for some class, than a child that runs in that mode, or that does not
+      name a class such a child reads (a composite declaring only its primary child's read
+      end). A per-mode wrapper declares only modes it does not delegate, where no child
+      runs, so it cannot under-declare (the shape rules keep the two apart).
+
+    The engine is sound without this check (it takes the latest of everything and an
+    undeclared class that is read is none); the check keeps declarations honest for review.
+    """
+    found: list[Problem] = []
+    trees: dict[tuple[str, ForwardMode], Mapping[str, WarReadDonePolicy]] = {}
+
+    def add(origin: Origin, message: str) -> None:
+        found.append(Problem(origin.file, origin.line, origin.col, message))
+
+    for backend in registry.backends.values():
+        lineage = registry.lineage(backend.name)
+        reads = frozenset().union(*(entry.reads_classes for entry in lineage))
+        for mode in ForwardMode:
+            own = own_classes(lineage, mode)
+            if own is None:
+                continue
+            origin = backend.reads_end_origins.get(mode, backend.origin)  # inherited: the entry
+            where = f"backends.{backend.name}.reads_end.{mode.label}"
+            missing = sorted(reads - set(own))
+            if missing:
+                add(
+                    origin,
+                    f"{where}: {backend.name} reads {', '.join(missing)} (reads_classes), but its "
+                    f"declaration ({_classes_text(own)}) does not say where those reads end; "
+                    "declare {CLASS: policy} for every class it reads",
+                )
+            for child in running_children(backend, mode):
+                tree = declared_tree(registry, child, mode, trees)
+                for name, policy in sorted(tree.items()):
+                    mine = own.get(name)
+                    if mine is None or mine < policy:
+                        said = "does not name it" if mine is None else f"says {mine.label}"
+                        add(
+                            origin,
+                            f"{where}: {backend.name} runs {child} for {mode.label}, whose "
+                            f"{name} reads end at {policy.label}, but its own declaration "
+                            f"{said}; a wrapper declares at least the latest of every child "
+                            "that runs (or leave the mode undeclared: the engine takes it)",
+                        )
+    return found
+
+
+def own_classes(
+    lineage: Iterable[Backend], mode: ForwardMode
+) -> Optional[dict[str, WarReadDonePolicy]]:
+    """The latest of the lineage's own declarations of ``mode`` per class, or None (undeclared)."""
+    out: Optional[dict[str, WarReadDonePolicy]] = None
+    for entry in lineage:
+        for name, policy in entry.declared_classes(mode).items():
+            out = {} if out is None else out
+            out[name] = max(policy, out.get(name, policy))
+    return out
+
+
+def running_children(backend: Backend, mode: ForwardMode) -> tuple[str, ...]:
+    """The children of a wrapper that may run in ``mode``, as the engine evaluates it: every
+    child of a composite, a per-mode wrapper's delegate (none in a mode it does not delegate:
+    its own declaration holds there), every child a router may route to (its default child in
+    a mode it does not route)."""
+    if backend.latest_of:
+        return backend.latest_of
+    if backend.per_mode:
+        delegate = backend.per_mode.get(mode)
+        return (delegate,) if delegate is not None else ()
+    route = backend.routes
+    if route is not None:
+        if route.routed(mode):
+            return tuple(route.children.values())
+        return (route.children[route.default],) if route.default is not None else ()
+    return ()
+
+
+def declared_tree(
+    registry: Registry,
+    name: str,
+    mode: ForwardMode,
+    memo: Optional[dict[tuple[str, ForwardMode], Mapping[str, WarReadDonePolicy]]] = None,
+) -> Mapping[str, WarReadDonePolicy]:
+    """Per class, the latest declared read end of ``name`` in ``mode``: its lineage's own
+    declarations, the classes it reads without declaring (none) and every child that may run.
+    Declarations only (no gates): what a reviewer compares a wrapper's declaration against."""
+    memo = {} if memo is None else memo
+    key = (name, mode)
+    cached = memo.get(key)
+    if cached is not None:
+        return cached
+    lineage = registry.lineage(name)
+    out = dict(own_classes(lineage, mode) or {})
+    reads = frozenset().union(*(entry.reads_classes for entry in lineage))
+    for missing in reads - set(out):
+        out[missing] = WarReadDonePolicy.NONE
+    for entry in lineage:
+        for child in running_children(entry, mode):
+            for cls, policy in declared_tree(registry, child, mode, memo).items():
+                out[cls] = max(policy, out.get(cls, policy))
+    memo[key] = out
+    return out
+
+
+def _classes_text(classes: Mapping[str, WarReadDonePolicy]) -> str:
+    return ", ".join(f"{n}: {p.label}" for n, p in sorted(classes.items()))
+
+
+def names_a_class(registry: Registry, name: str, mode: ForwardMode) -> bool:
+    """Whether ``name``'s declaration of ``mode`` says anything per buffer class: a class map
+    or ``reads_classes`` along its lineage or in a child that runs in ``mode``."""
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for entry in registry.lineage(current):
+            if entry.reads_classes or mode in entry.reads_end_classes:
+                return True
+            stack.extend(running_children(entry, mode))
+    return False

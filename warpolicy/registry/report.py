@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 from warpolicy.registry.cells import CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
 from warpolicy.registry.engine import Decision, Explanation, GateCheck
+from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 
 #: Every output format a command may offer.
 FORMATS = ("text", "json", "markdown")
@@ -81,16 +82,27 @@ def format_decision(decision: Decision, fmt: str = "text") -> str:
     return "\n".join(lines)
 
 
-def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
+def format_table(
+    decisions: Sequence[Decision],
+    fmt: str = "text",
+    classes: Optional[
+        Mapping[tuple[str, ForwardMode, str], Mapping[str, WarReadDonePolicy]]
+    ] = None,
+) -> str:
     """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration.
 
     A cell whose policy varies with per-batch facts is marked ``*`` after its policy (the
     policy for a batch that reports none of them, or the facts given) and its cases are the
     ``per batch`` column (text and markdown: ``pre_replay when num_qo_tokens <= 11673; ...``,
     cut at `MAX_CELL`; JSON: ``per_batch``, every case whole). The column appears only when
-    some cell varies."""
+    some cell varies. ``classes`` (`PolicyEngine.class_table`): where each buffer class's reads
+    end, for the rows whose backend declares classes (the ``classes`` column, JSON
+    ``classes``), shown only when some row has them."""
     varies = any(d.cases for d in decisions)
+    classes = classes or {}
+    classed = any(_key(d) in classes for d in decisions)
     header = ("backend", "mode", "spec", "policy", "because") + (("per batch",) if varies else ())
+    header += ("classes",) if classed else ()
     rows, records = [], []
     for d in decisions:
         why = ",".join(r.id for r in d.reasons[1:]) or "declared"
@@ -104,6 +116,9 @@ def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
         )
         if varies:
             row += (_cut("; ".join(c.text for c in d.cases)) if d.cases else "-",)
+        per_class = classes.get(_key(d), {})
+        if classed:
+            row += (", ".join(f"{n} {p.label}" for n, p in per_class.items()) or "-",)
         rows.append(row)
         record: dict[str, object] = {
             "backend": d.context.backend,
@@ -114,6 +129,8 @@ def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
         }
         if d.cases:
             record["per_batch"] = [c.to_json() for c in d.cases]
+        if per_class:
+            record["classes"] = {n: p.label for n, p in per_class.items()}
         records.append(record)
     table = render_table(header, rows, fmt, records)
     if varies and fmt != "json":
@@ -124,6 +141,11 @@ def format_table(decisions: Sequence[Decision], fmt: str = "text") -> str:
         )
         table += "\n\n" + (f"_{note}_" if fmt == "markdown" else note)
     return table
+
+
+def _key(decision: Decision) -> tuple[str, ForwardMode, str]:
+    ctx = decision.context
+    return (ctx.backend, ctx.mode, ctx.spec)
 
 
 # -- explain -----------------------------------------------------------------------------------
@@ -203,8 +225,9 @@ def _explanation_text(exp: Explanation, indent: str, seen: set[str]) -> list[str
         )
     if not exp.gates:
         lines.append(f"{indent}    (none)")
-    if not indent:  # the facts the whole decision read, and its cases
+    if not indent:  # the facts the whole decision read, its cases, its buffer classes
         lines += [f"  {line}" for line in exp.fact_lines()]
+        lines += [f"  {line}" for line in exp.class_lines()]
     if exp.force_coarse is not None:
         lines.append(f"{indent}  kill switch: {exp.force_coarse.message}")
     if exp.demotion is not None:
@@ -278,6 +301,17 @@ def _explanation_markdown(exp: Explanation) -> str:
     facts = exp.fact_lines()
     if facts:
         parts += ["", "**Per-batch facts**", ""] + [f"- {_md(line)}" for line in facts]
+    if exp.classes:
+        parts += [
+            "",
+            "**Buffer classes**",
+            "",
+            render_table(
+                ("class", "reads end", "reasons"),
+                [(n, d.policy.label, ",".join(r.id for r in d.reasons)) for n, d in exp.classes],
+                "markdown",
+            ),
+        ]
     parts += ["", "**Gates**", ""]
     if exp.gates:
         parts.append(

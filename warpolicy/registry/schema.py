@@ -58,11 +58,13 @@ PLANT = "plant"  # a placement for every mode, or mode -> placement
 LAST_READER = "last_reader"  # draft_extend or target_verify
 FACT_TYPE = "fact_type"  # int, bool, action or name
 MODE_DECLARATION_MAP = "mode_declaration_map"  # mode -> read end | {policy, after, otherwise}
+#                                                 | {CLASS: read end}
 CAPABILITY_MAP = "capability_map"  # name -> bool | {after: ACTION}
 LABEL_MAP = "label_map"  # label -> backend name
 FACT_TESTS = "fact_tests"  # fact -> bool | int | {gt|ge|lt|le|eq: int} | name(s)
 # Nested sections:
 FLAG_MAP = "flag_map"
+BUFFER_CLASS_MAP = "buffer_class_map"
 FACT_MAP = "fact_map"
 SPEC_MAP = "spec_map"
 BACKEND_MAP = "backend_map"
@@ -95,6 +97,12 @@ TOP_KEYS: tuple[Key, ...] = (
         required=True,
     ),
     Key("flags", FLAG_MAP, "Operator switches, by name."),
+    Key(
+        "buffer_classes",
+        BUFFER_CLASS_MAP,
+        "Classes of scheduler-shared state a declaration may end reads of separately, by name, "
+        "beyond the built-in metadata, recurrent_state, kv_pages and host_staging.",
+    ),
     Key(
         "facts",
         FACT_MAP,
@@ -162,7 +170,15 @@ BACKEND_KEYS: tuple[Key, ...] = (
         "barrier); nothing: the mode reads no scheduler-shared state (declare it only where "
         "that is proven). "
         "{policy: P, after: ACTION, otherwise: Q}: P holds only for a batch whose per-batch "
-        "action succeeded, else Q (default none).",
+        "action succeeded, else Q (default none). {CLASS: P, ...}: where the reads of each "
+        "buffer class end (a single policy means {metadata: P}); the mode's release is the "
+        "latest of its classes, and a class the mode does not name is none.",
+    ),
+    Key(
+        "reads_classes",
+        NAME_LIST,
+        "Buffer classes this backend's kernels read (inherited): every declared mode must say "
+        "where each ends ({CLASS: policy}); e.g. recurrent_state for linear-attention layers.",
     ),
     Key(
         "inherits",
@@ -268,6 +284,11 @@ DECLARATION_KEYS: tuple[Key, ...] = (
     Key("otherwise", READ_END, "The read end for any other batch (default none)."),
 )
 
+BUFFER_CLASS_KEYS: tuple[Key, ...] = (
+    Key("doc", TEXT, "What state the class holds and who writes it.", required=True),
+    Key("override", BOOL, _OVERRIDE_DOC),
+)
+
 CAPABILITY_AFTER_KEYS: tuple[Key, ...] = (
     Key("after", NAME, "The action fact that must have succeeded for the batch.", required=True),
 )
@@ -286,6 +307,7 @@ EXCLUSIVE_BACKEND_KEYS: tuple[tuple[str, str], ...] = (
 SECTIONS: Mapping[str, tuple[Key, ...]] = {
     "registry": TOP_KEYS,
     "flag": FLAG_KEYS,
+    "buffer_class": BUFFER_CLASS_KEYS,
     "fact": FACT_KEYS,
     "spec_algorithm": SPEC_KEYS,
     "backend": BACKEND_KEYS,
@@ -295,6 +317,10 @@ SECTIONS: Mapping[str, tuple[Key, ...]] = {
     "declaration": DECLARATION_KEYS,
     "capability_after": CAPABILITY_AFTER_KEYS,
 }
+
+#: Names no buffer class may take: a mapping with them is a ``{policy, after, otherwise}``
+#: declaration, never a class map.
+CLASS_MAP_RESERVED: tuple[str, ...] = tuple(k.name for k in DECLARATION_KEYS)
 
 #: The comparisons of an int fact test (``{gt: N}``), as the loader and the schema spell them.
 COMPARISON_KEYS: tuple[str, ...] = ("gt", "ge", "lt", "le", "eq")
@@ -430,7 +456,13 @@ def _kind_schema(kind: str) -> dict:
         LAST_READER: {"enum": [ForwardMode.DRAFT_EXTEND.value, ForwardMode.TARGET_VERIFY.value]},
         FACT_TYPE: {"enum": [t.value for t in FactType]},
         MODE_DECLARATION_MAP: _mode_map(
-            {"oneOf": [{"$ref": "#/$defs/read_end"}, {"$ref": "#/$defs/declaration"}]}
+            {
+                "oneOf": [
+                    {"$ref": "#/$defs/read_end"},
+                    {"$ref": "#/$defs/declaration"},
+                    {"$ref": "#/$defs/class_map"},
+                ]
+            }
         ),
         CAPABILITY_MAP: {
             "type": "object",
@@ -464,6 +496,7 @@ def _kind_schema(kind: str) -> dict:
             "additionalProperties": {"type": "boolean"},
         },
         FLAG_MAP: _named_map("flag"),
+        BUFFER_CLASS_MAP: _named_map("buffer_class"),
         FACT_MAP: _named_map("fact"),
         SPEC_MAP: _named_map("spec_algorithm"),
         BACKEND_MAP: _named_map("backend"),
@@ -503,6 +536,8 @@ def _section_schema(section: str, description: str) -> dict:
 
 _SECTION_DOCS = {
     "flag": "An operator switch: a default plus the environment variables that set it.",
+    "buffer_class": "A class of scheduler-shared state (declarations name it in {CLASS: "
+    "policy} maps).",
     "fact": "A per-batch fact: a value the runner knows only when a batch runs, with its type.",
     "spec_algorithm": "A speculative algorithm and the capabilities gates test.",
     "backend": "An attention backend: plain (reads_end, inherits), composite (latest_of), "
@@ -546,6 +581,15 @@ def registry_json_schema() -> dict:
     }
     for section, doc in _SECTION_DOCS.items():
         defs[section] = _section_schema(section, doc)
+    defs["class_map"] = {
+        "type": "object",
+        "description": "Buffer class -> where its reads end; the mode's release is the latest.",
+        "propertyNames": {
+            "allOf": [{"$ref": "#/$defs/name"}, {"not": {"enum": list(CLASS_MAP_RESERVED)}}]
+        },
+        "additionalProperties": {"$ref": "#/$defs/read_end"},
+        "minProperties": 1,
+    }
     defs["backend"]["not"] = {
         "anyOf": [
             {"required": list(pair)}  # one shape per backend

@@ -119,6 +119,9 @@ class ReadDoneFence:
         self._pending: Optional[RingSlot] = None  # the PRE_REPLAY record (of slot.step's step)
         self._mailbox: Optional[ReadDone] = None
         self._published: WarReadDonePolicy = NONE
+        # per buffer class (only for a release with classes): this step's read-done per class
+        self._classes: dict[str, ReadDone] = {}
+        self._class_step = 0  # the step whose classes _classes holds
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -222,7 +225,7 @@ class ReadDoneFence:
         self._step += 1
         self._mailbox = None  # an untaken earlier publish is stale from now on
         self._state = self._open
-        if release.policy is PRE_REPLAY:
+        if release.policy is PRE_REPLAY or (release.early and _records_pre_replay(release)):
             self._record_pre_replay(stream)
         return self._step
 
@@ -256,6 +259,8 @@ class ReadDoneFence:
         if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
         read_done = release.read_done  # in_graph: the bucket's own record, built once
+        if release.classes:  # the classes released earlier than the step's latest
+            self._publish_classes(release)
         if self._state is _READY:  # the common cases: in_graph, then post_replay
             if read_done is None and release.policy is POST_REPLAY:
                 try:
@@ -268,10 +273,48 @@ class ReadDoneFence:
                 read_done.slot.step = self._step
                 self._mailbox = read_done
                 policy = self._published = read_done.policy
+                if release.classes:
+                    self._publish_latest_classes(release)
                 if self._observers.on_publish:
                     self.reporter.publish(self.name, self._step, policy, read_done.event)
                 return
+        failed = self._state is _FAILED
         self._publish_step(release, stream)
+        if release.classes:
+            if failed or (release.policy is not NONE and self._mailbox is None):
+                self._classes = {}  # something in this step failed: no class either
+            else:
+                self._publish_latest_classes(release)
+
+    def _publish_latest_classes(self, release: BucketRelease) -> None:
+        """The classes whose reads end last share the step's own read-done (none if it
+        published nothing)."""
+        if self._mailbox is None:
+            return
+        for name, class_release in release.classes.items():
+            if class_release.policy is release.policy:
+                self._classes[name] = self._mailbox
+
+    def _publish_classes(self, release: BucketRelease) -> None:
+        """This step's read-done of every class released earlier than the step's latest (its
+        own ``in_graph`` event, or the ``pre_replay`` record); the latest's come after."""
+        self._classes = {}
+        self._class_step = self._step
+        if self._state is _FAILED or self._state is _CLOSED:
+            return
+        by_release: dict[int, ReadDone] = {}
+        for early in release.early:
+            if early.read_done is not None:  # in_graph: the event this graph records
+                early.read_done.slot.step = self._step
+                by_release[id(early)] = early.read_done
+            elif early.policy is PRE_REPLAY:
+                slot = self._pending
+                if slot is not None and slot.step == self._step:
+                    by_release[id(early)] = slot.pre_replay
+        for name, class_release in release.classes.items():
+            found = by_release.get(id(class_release))
+            if found is not None:
+                self._classes[name] = found
 
     def _publish_step(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
         if self._state is _CLOSED:  # a step must have a number even without before_replay
@@ -324,6 +367,23 @@ class ReadDoneFence:
             return slot.pre_replay
         raise FenceError(f"cannot publish {policy!r} (an in_graph release carries its event)")
 
+    def take_class(self, buffer_class: str) -> Optional[ReadDone]:
+        """The scheduler's read of one buffer class's read-done for this step, once, then None
+        (also for a class the step's release does not name: unknown is the coarse barrier).
+
+        Additive to `take` (which keeps its meaning: the step's latest read-done): a scheduler
+        whose writes separate takes, right after the launch, the class it is about to write and
+        applies its barrier before those writes. Apply every taken class's barrier before the
+        next step launches (classes may share one event)."""
+        if self._owner.ident != get_ident():
+            self._owner.claim()
+        if self._class_step != self._step:
+            return None
+        read_done = self._classes.pop(buffer_class, None)
+        if read_done is not None:
+            read_done.slot.taken = True
+        return read_done
+
     def take(self, step: Optional[int] = None) -> Optional[ReadDone]:
         """The scheduler's read of the mailbox: this step's `ReadDone` once, then None.
 
@@ -338,6 +398,10 @@ class ReadDoneFence:
             self._mailbox = None
             read_done.slot.taken = True
         return read_done
+
+
+def _records_pre_replay(release: BucketRelease) -> bool:
+    return any(early.policy is PRE_REPLAY for early in release.early)
 
 
 class SchedulerBarrier:

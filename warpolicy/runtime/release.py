@@ -24,7 +24,7 @@ An engine that owns its capture uses the same functions the runners use: `resolv
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import attrs
 
@@ -159,6 +159,11 @@ class BucketRelease:
     event: Optional[EventHandle] = None
     reason: str = ""
     read_done: Optional[ReadDone] = attrs.field(init=False, default=None)
+    #: per buffer class, the release of the scheduler's writes to it (`decide_classes`;
+    #: classes whose reads end together share one release, so one event); empty: one event
+    classes: Mapping[str, BucketRelease] = attrs.field(factory=dict, repr=False)
+    #: the distinct class releases earlier than ``policy`` (what a step publishes besides it)
+    early: tuple[BucketRelease, ...] = attrs.field(init=False, default=(), repr=False)
 
     def __attrs_post_init__(self) -> None:
         if (self.policy is IN_GRAPH) != (self.event is not None):
@@ -170,6 +175,16 @@ class BucketRelease:
         if self.policy is IN_GRAPH:
             record = ReadDone(self.event, IN_GRAPH, self.source, EventSlot(self.event))
             object.__setattr__(self, "read_done", record)
+        if self.classes:
+            late = [c for c in self.classes.values() if c.policy > self.policy]
+            if late:
+                raise ValueError(
+                    f"{self.source} bucket {self.bucket}: a class release ({late[0].policy.label})"
+                    f" is later than the bucket's ({self.policy.label}); the bucket's is their "
+                    "latest"
+                )
+            early = {id(c): c for c in self.classes.values() if c.policy < self.policy}
+            object.__setattr__(self, "early", tuple(early.values()))
 
     @property
     def planted(self) -> bool:
@@ -217,6 +232,51 @@ def decide_bucket(policies: ModePolicies, facts: BucketFacts, source: str) -> Bu
     return BucketRelease(source, facts.bucket, policy, reason="the policy for a planted graph")
 
 
+def decide_classes(
+    policies: Mapping[str, ModePolicies], facts: BucketFacts, source: str
+) -> dict[str, BucketRelease]:
+    """Per buffer class, the release `decide_bucket` makes from the same verified facts;
+    classes that decide the same policy share one `BucketRelease` (one event a step)."""
+    shared: dict[WarReadDonePolicy, BucketRelease] = {}
+    out: dict[str, BucketRelease] = {}
+    for name, class_policies in policies.items():
+        release = decide_bucket(class_policies, facts, source)
+        out[name] = shared.setdefault(release.policy, release)
+    return out
+
+
+def with_classes(release: BucketRelease, classes: Mapping[str, BucketRelease]) -> BucketRelease:
+    """``release`` publishing ``classes`` too; a class release later than the bucket's (the
+    bucket's must be their latest) makes the bucket and every class coarse: never an earlier
+    release."""
+    if not classes:
+        return release
+    if any(c.policy > release.policy for c in classes.values()):
+        why = "a buffer class decided later than its bucket: every class coarse"
+        coarse = BucketRelease(release.source, release.bucket, NONE, reason=why)
+        return attrs.evolve(coarse, classes={name: coarse for name in classes})
+    return attrs.evolve(release, classes=dict(classes))
+
+
+def class_policy_fns(
+    classes: Mapping[str, WarReadDonePolicy],
+) -> tuple[PolicyFn, dict[str, PolicyFn]]:
+    """Fixed per-class policies (soundly demoted) and the cell's (their latest) as policy
+    callables: for benchmarks, examples and tests."""
+
+    def fixed(policy: WarReadDonePolicy) -> PolicyFn:
+        def lookup(
+            mode: ForwardMode, eager: bool = False, planted: bool = True
+        ) -> WarReadDonePolicy:
+            return sound(policy, eager, planted)
+
+        lookup.__name__ = f"fixed_{policy.label}"
+        return lookup
+
+    cell = fixed(max(classes.values(), default=NONE))
+    return cell, {name: fixed(policy) for name, policy in classes.items()}
+
+
 def coarse_release(source: str, reason: str) -> BucketRelease:
     """A release that publishes nothing (the scheduler waits for the whole forward stream)."""
     return BucketRelease(source, None, NONE, reason=reason)
@@ -237,9 +297,12 @@ __all__ = [
     "EventSlot",
     "ModePolicies",
     "ReadDone",
+    "class_policy_fns",
     "coarse_release",
+    "decide_classes",
     "decide_bucket",
     "demote_release",
     "resolve_policies",
     "sound",
+    "with_classes",
 ]

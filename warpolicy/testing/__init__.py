@@ -11,7 +11,7 @@ Nothing in the package imports it (an import-linter contract checks that).
 Importing `warpolicy.testing` does not import torch (`RecModel` imports it when built).
 """
 
-from warpolicy.testing.models import RecModel
+from warpolicy.testing.models import ClassMarkModel, RecModel
 from warpolicy.testing.sim import (
     FAULT_MODES,
     OPERATIONS,
@@ -29,6 +29,7 @@ __all__ = [
     "Fault",
     "FaultySimPlatform",
     "InjectedFault",
+    "ClassMarkModel",
     "RecModel",
     "sim_impl",
     "sim_platform",

@@ -64,4 +64,47 @@ class RecModel:
         return self.out[bucket]
 
 
-__all__ = ["RecModel"]
+class ClassMarkModel:
+    """A `ModelAdapter` of a hybrid forward on the simulated platform that stamps its reads of
+    each buffer class (`SimPlatform.mark`): the in-graph prep reads ``metadata``, every layer
+    reads ``recurrent_state`` until the last. ``marks`` keeps ``(label, Mark)`` of executed
+    steps only (replays), so a test can ask the platform's happens-before model whether a
+    scheduler write of a class (marked on the schedule stream) came after every read of it.
+    """
+
+    def __init__(self, platform: Any, layers: int = 3, buckets: Sequence[int] = (2,)) -> None:
+        self.platform = platform
+        self.impl = platform.impl
+        self.layers = layers
+        self.buckets = tuple(buckets)
+        self.shared_buffers: dict[str, Any] = {}
+        self.marks: list[tuple[str, Any]] = []
+
+    def bucket_sizes(self, mode: ForwardMode) -> tuple[int, ...]:
+        return self.buckets
+
+    def prepare_bucket(self, bucket: int) -> None:
+        return None
+
+    def host_prep(self, batch: Any, bucket: int) -> None:
+        return None
+
+    def _mark(self, label: str) -> None:
+        mark = self.impl.mark(label)
+        if mark.executed:
+            self.marks.append((label, mark))
+
+    def graph_prep(self, bucket: int) -> None:
+        self._mark("read:metadata")
+
+    def forward(self, bucket: int) -> Any:
+        for _ in range(self.layers):
+            self._mark("read:recurrent_state")
+        return bucket
+
+    def reads(self, label: str) -> list[Any]:
+        """The executed marks of ``read:CLASS``."""
+        return [m for name, m in self.marks if name == label]
+
+
+__all__ = ["ClassMarkModel", "RecModel"]

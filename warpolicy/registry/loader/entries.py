@@ -29,6 +29,7 @@ from warpolicy.registry.loader.fields import (
 from warpolicy.registry.model import (
     After,
     Backend,
+    BufferClass,
     Conditions,
     Fact,
     FactTest,
@@ -39,6 +40,7 @@ from warpolicy.registry.model import (
     SpecAlgorithm,
     shape_problems,
 )
+from warpolicy.registry.schema import CLASS_MAP_RESERVED
 from warpolicy.registry.vocabulary import (
     FORCE_COARSE_ENV,
     FORCE_COARSE_NAME,
@@ -65,7 +67,7 @@ class Ref:
     true_test: bool = False
 
 
-Value = Union[Flag, Fact, SpecAlgorithm, Backend, Gate]
+Value = Union[BufferClass, Flag, Fact, SpecAlgorithm, Backend, Gate]
 
 
 @attrs.frozen
@@ -96,6 +98,7 @@ class Parsed:
 
 
 _SECTIONS = (
+    ("buffer_classes", "buffer_class", "buffer class"),
     ("flags", "flag", "flag"),
     ("facts", "fact", "fact"),
     ("spec_algorithms", "spec_algorithm", "spec algorithm"),
@@ -127,6 +130,7 @@ class EntryBuilder:
         if top is None:
             return None
         builders: dict[str, Callable[[str, Fields, Origin, str], Optional[Entry]]] = {
+            "buffer_class": self.buffer_class,
             "flag": self.flag,
             "fact": self.fact,
             "spec_algorithm": self.spec,
@@ -166,6 +170,22 @@ class EntryBuilder:
             elif name is not None:
                 self.broken.add((kind, name))
         return out
+
+    def buffer_class(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+        if not f.ok:
+            return None
+        if name in CLASS_MAP_RESERVED:
+            self.report.at(
+                origin,
+                path,
+                f"{name!r} cannot name a buffer class ({{policy, after, otherwise}} mappings "
+                "are declarations)",
+            )
+            return None
+        value = BufferClass(name, f.get("doc", str) or "", origin)
+        return Entry(
+            "buffer class", name, value, origin, path, bool(f.get("override", bool)), self.index
+        )
 
     def flag(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
         if not f.ok:
@@ -274,6 +294,12 @@ class EntryBuilder:
         parent = inherits.value if inherits else None
         route = routes[0] if routes else None
         policies = {m: p.value.policy for m, p in reads_end.items()}
+        classes = {
+            m: {c: v.value for c, v in p.value.classes.items()}
+            for m, p in reads_end.items()
+            if p.value.classes is not None
+        }
+        reads = frozenset(r.value for r in f.get("reads_classes", list) or [])
         after = {
             m: After(p.value.after.value, p.value.otherwise)
             for m, p in reads_end.items()
@@ -286,6 +312,7 @@ class EntryBuilder:
             per_mode=delegates,
             routes=route,
             reads_end_after=after,
+            reads_end_classes=classes,
         )
         for key, mode, message in shape:
             at = per_mode[mode].origin if mode is not None and mode in per_mode else origin
@@ -306,6 +333,8 @@ class EntryBuilder:
             reads_end_origins={m: p.origin for m, p in reads_end.items()},
             reads_end_after=after,
             routes=route,
+            reads_end_classes=classes,
+            reads_classes=reads,
         )
         return Entry(
             "backend",
@@ -338,6 +367,12 @@ class EntryBuilder:
             if action is not None:
                 where = f"{path}.reads_end.{mode.label}.after"
                 refs.append(Ref("fact", action.value, action.origin, where, want="action"))
+            for name, located in (declared.value.classes or {}).items():
+                where = f"{path}.reads_end.{mode.label}"
+                refs.append(Ref("buffer class", name, located.origin, where))
+        for read in f.get("reads_classes", list) or []:
+            where = f"{path}.reads_classes"
+            refs.append(Ref("buffer class", read.value, read.origin, where))
         return refs
 
     def routes(self, node: Node, path: str) -> Optional[tuple[Route, list[Ref]]]:

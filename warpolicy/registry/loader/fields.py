@@ -72,6 +72,8 @@ class ReadEnd:
     policy: WarReadDonePolicy
     after: Optional[Located[str]] = None
     otherwise: WarReadDonePolicy = WarReadDonePolicy.NONE
+    #: ``{CLASS: policy}``: each buffer class's read end (``policy`` is then their latest)
+    classes: Optional[dict[str, Located[WarReadDonePolicy]]] = None
 
 
 @attrs.frozen
@@ -151,6 +153,14 @@ class Pairs(list[tuple[ScalarNode, Node]]):
     """A mapping's valid (key, value) pairs; ``ok`` is False when some key was left out."""
 
     ok = True
+
+
+def _is_declaration(node: MappingNode) -> bool:
+    """A mapping with a ``policy``, ``after`` or ``otherwise`` key is a ``{policy, after,
+    otherwise}`` declaration (no buffer class takes those names); any other, a class map."""
+    return any(
+        isinstance(key, ScalarNode) and key.value in S.CLASS_MAP_RESERVED for key, _ in node.value
+    )
 
 
 def is_null(node: Node) -> bool:
@@ -567,6 +577,8 @@ class Converter:
         if not isinstance(node, MappingNode):
             policy = self.read_end_value(node, path)
             return None if policy is None else ReadEnd(policy)
+        if not _is_declaration(node):
+            return self.class_map(node, path)
         fields = self.section(node, path, "declaration")
         if fields is None or not fields.ok:
             return None
@@ -586,6 +598,21 @@ class Converter:
             )
             return None
         return ReadEnd(policy, after, otherwise)
+
+    def class_map(self, node: Node, path: str) -> Optional[ReadEnd]:
+        """``{CLASS: policy}``: where each buffer class's reads end (names checked at merge)."""
+        classes = self._name_map(
+            node,
+            path,
+            "a mapping of buffer class -> read end",
+            "buffer class",
+            self.read_end_value,
+            non_empty="an empty class map; a mode that reads no class declares nothing",
+        )
+        if not classes:
+            return None
+        latest = max(c.value for c in classes.values())
+        return ReadEnd(latest, classes=classes)
 
     def capability_map(self, node: Node, path: str) -> Optional[dict[str, Located[Capability]]]:
         """name -> true/false, or ``{after: ACTION}``."""

@@ -20,13 +20,16 @@ import attrs
 from warpolicy.errors import Problem, RegistryError, UnknownNameError
 from warpolicy.registry.loader.entries import Entry, Parsed, Ref
 from warpolicy.registry.model import (
+    BUILT_IN_CLASSES,
     Backend,
+    BufferClass,
     Fact,
     Flag,
     Gate,
     Origin,
     Registry,
     SpecAlgorithm,
+    class_problems,
 )
 from warpolicy.registry.vocabulary import FactType
 
@@ -67,6 +70,7 @@ class Merger:
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
         self.tables: dict[str, dict[str, Entry]] = {
+            "buffer class": {},
             "flag": {},
             "fact": {},
             "spec algorithm": {},
@@ -136,6 +140,7 @@ class Merger:
             "spec algorithm": specs,
             "flag": self.tables["flag"],
             "fact": self.tables["fact"],
+            "buffer class": set(self.tables["buffer class"]) | set(BUILT_IN_CLASSES),
             "spec family": {s.family for s in spec_values if s.family},
             "capability": {c for s in spec_values for c in s.known_capabilities()},
         }
@@ -286,7 +291,12 @@ class Merger:
                 for name, e in self.tables["backend"].items()
                 if isinstance(e.value, Backend)
             }
-            return Registry(
+            registry = Registry(
+                buffer_classes={
+                    n: e.value
+                    for n, e in self.tables["buffer class"].items()
+                    if isinstance(e.value, BufferClass)
+                },
                 flags={n: e.value for n, e in self.tables["flag"].items()},
                 facts={n: e.value for n, e in self.tables["fact"].items()},
                 spec_algorithms={n: e.value for n, e in self.tables["spec algorithm"].items()},
@@ -298,3 +308,8 @@ class Merger:
             if not self.problems:  # the loader's checks must have found it first
                 raise
             return None
+        declared = class_problems(registry)  # a valid registry only: it walks the lineages
+        if declared:
+            self.problems.extend(declared)
+            return None
+        return registry

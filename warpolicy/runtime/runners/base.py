@@ -143,6 +143,7 @@ class GraphRunner:
         placement: Optional[Union[Placement, str]] = None,
         self_check: str = "warn",
         canary: Optional[Canary] = None,
+        class_policies: Optional[Mapping[str, RunnerPolicy]] = None,
     ) -> None:
         if not isinstance(platform, Platform):
             raise InputError(
@@ -167,6 +168,11 @@ class GraphRunner:
             platform, ring_size, self.name, observers=observers, owner=self._owner
         )
         self._set_policy(policy)
+        #: per buffer class, its policy (each no later than ``policy``, the cell's): the fence
+        #: then publishes one read-done per class (`ReadDoneFence.take_class`)
+        self._class_policy_fns = {
+            str(name): policy_function(fn) for name, fn in (class_policies or {}).items()
+        }
         # the cross-rank check (tensor parallelism): off unless a process group is given
         self.process_group = process_group
         self.consistency_strict = consistency_strict
@@ -473,6 +479,9 @@ class GraphRunner:
             keep_graphs=self.keep_graphs,
             outputs=self._outputs,
             plans=self._plans,
+            class_policies={
+                name: resolve_policies(fn, self.mode) for name, fn in self._class_policy_fns.items()
+            },
         )
 
     def _check_consistency(self) -> None:

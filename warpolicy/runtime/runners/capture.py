@@ -25,11 +25,11 @@ reader, no reader found, no external events) gives it the unplanted policy. Both
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import attrs
 
-from warpolicy.registry.vocabulary import ForwardMode, Placement
+from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement
 from warpolicy.runtime.batch import NO_PLANS, CellPlans
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.observers import Reporter
@@ -42,10 +42,18 @@ from warpolicy.runtime.owned_capture import (
     explain,
     notify_decision,
 )
+from warpolicy.runtime.placement import Verdict, check_bucket_marker, walk_unavailable
 from warpolicy.runtime.platforms import Platform, PoolHandle, StreamHandle
 from warpolicy.runtime.policy import RunnerPolicy
-from warpolicy.runtime.release import BucketRelease, ModePolicies
-from warpolicy.runtime.runners.protocols import CapturedBucket, ModelAdapter
+from warpolicy.runtime.release import (
+    BucketFacts,
+    BucketRelease,
+    ModePolicies,
+    decide_bucket,
+    decide_classes,
+    with_classes,
+)
+from warpolicy.runtime.runners.protocols import CapturedBucket, ModelAdapter, class_buffers
 
 
 @attrs.frozen
@@ -76,8 +84,14 @@ class CaptureTransaction:
         keep_graphs: bool,
         outputs: dict[int, Any],
         plans: CellPlans = NO_PLANS,
+        class_policies: Optional[Mapping[str, ModePolicies]] = None,
     ) -> None:
         self.name = name
+        #: per buffer class, its policies: each bucket publishes one read-done per class
+        self.class_policies = dict(class_policies or {})
+        #: the class self-check's walk: (why it cannot run, why its probe failed), probed in
+        #: `run` when some class answers in_graph for a marker capture
+        self._class_walk: Optional[tuple[Optional[str], Optional[str]]] = None
         self.platform = platform
         self.model = model
         self.fence = fence
@@ -109,6 +123,7 @@ class CaptureTransaction:
                 self_check=self.self_check,
                 reporter=self.reporter,
             )
+            self._class_walk = self._probe_class_walk(capture)
             pool = p.graph_pool()
             captured: dict[int, CapturedBucket] = {}
             reports: dict[int, CaptureReport] = {}
@@ -117,7 +132,80 @@ class CaptureTransaction:
         finally:
             p.synchronize()  # what the captures enqueued (and the warm-up) is done
             self.unsettled = ()
-        return CaptureResult(captured, reports, capture.eager())
+        eager = capture.eager()
+        if self.class_policies:
+            eager = with_classes(
+                eager, decide_classes(self.class_policies, BucketFacts(None), self.name)
+            )
+        return CaptureResult(captured, reports, eager)
+
+    def _probe_class_walk(
+        self, capture: ReadDoneCapture
+    ) -> Optional[tuple[Optional[str], Optional[str]]]:
+        """Whether a class's ``in_graph`` will need the marker self-check (a marker capture,
+        the check not off, some class answering in_graph): then the walk's probe."""
+        wanted = any(p.planted is IN_GRAPH for p in self.class_policies.values())
+        if not wanted or not self.marker or capture.derived or self.self_check == "off":
+            return None
+        probe = walk_unavailable(self.platform)
+        if probe[0] is not None and self.self_check == "error":
+            raise SelfCheckError(
+                f"{self.name}: self_check='error' but the class self-check cannot run: {probe[0]}"
+            )
+        return probe
+
+    def _check_classes(
+        self,
+        graph: Any,
+        release: BucketRelease,
+        classes: Mapping[str, BucketRelease],
+        facts: BucketFacts,
+    ) -> dict[str, BucketRelease]:
+        """The marker self-check per buffer class: a class released ``in_graph`` while the
+        bucket's latest is later (whose own check, over every shared buffer, did not run) is
+        confirmed by a walk over that class's buffers only (`ClassedModel`; a model that does
+        not say which buffer is which: every shared buffer). Refuted: the class gets the
+        unplanted answer; a doubt (or a failed probe): the class is coarse; the walk unavailable:
+        kept, as the bucket's own check does (on CUDA said once)."""
+        out = dict(classes)
+        probe = self._class_walk
+        if probe is None or release.policy is IN_GRAPH or facts.event is None:
+            return out
+        unavailable, failed = probe
+        for name, class_release in classes.items():
+            if class_release.policy is not IN_GRAPH:
+                continue
+            where = f"bucket {facts.bucket}: class {name}"
+            if failed is not None:
+                out[name] = decide_bucket(
+                    self.class_policies[name],
+                    attrs.evolve(facts, doubt=f"{where}: {failed}"),
+                    self.name,
+                )
+                continue
+            if unavailable is not None:
+                if self.platform.name != "cuda":  # no raw graph elsewhere: nothing is lost
+                    continue
+                self.reporter.warn(
+                    "class self-check",
+                    f"the class self-check cannot run ({unavailable}); {where} in_graph is "
+                    "not checked",
+                )
+                continue
+            outcome = check_bucket_marker(
+                self.platform, graph, class_buffers(self.model, name), facts.event
+            )
+            if outcome.verdict is Verdict.CONFIRMED:
+                continue
+            if outcome.verdict is Verdict.REFUTED:
+                if self.self_check == "error":
+                    raise SelfCheckError(f"{self.name}: {where}: {outcome.detail}")
+                refuted = attrs.evolve(facts, event=None, refuted=f"{where}: {outcome.detail}")
+            else:
+                refuted = attrs.evolve(facts, doubt=f"{where}: {outcome.detail}")
+            out[name] = decide_bucket(self.class_policies[name], refuted, self.name)
+            self.reporter.demotion(self.name, facts.bucket or 0, f"{where}: {outcome.detail}")
+        return out
 
     def _warm_up(self) -> None:
         """One eager pass per bucket on a side stream (cuBLAS, the allocator), as torch asks.
@@ -157,12 +245,18 @@ class CaptureTransaction:
             point.mark()  # nothing for derived placement or a body without a marker
             outputs[bucket] = model.forward(bucket)
 
-        kept = self.keep_graphs or capture.keep_graphs
+        class_walk = self._class_walk is not None and self._class_walk == (None, None)
+        kept = self.keep_graphs or capture.keep_graphs or class_walk
         graph = self.platform.new_graph(keep_graph=kept)
         self.platform.capture_callable(graph, body, pool=pool)
         outcome = point.finish(graph, model.shared_buffers, instantiate=kept)
+        release = outcome.release
+        if self.class_policies:  # the same verified facts decide every class
+            classes = decide_classes(self.class_policies, outcome.facts, self.name)
+            classes = self._check_classes(graph, release, classes, outcome.facts)
+            release = with_classes(release, classes)
         captured = CapturedBucket(
-            bucket, graph, outcome.release, recorded=outcome.recorded, batch=outcome.batch
+            bucket, graph, release, recorded=outcome.recorded, batch=outcome.batch
         )
         return captured, outcome.report
 

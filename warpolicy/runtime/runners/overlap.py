@@ -47,7 +47,7 @@ allocates and a later forward reads belong to the schedule stream; keep them ali
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from warpolicy.runtime.canary import Canary, LeadMark, ReleaseLeadProbe
 from warpolicy.runtime.fence import SchedulerBarrier
@@ -57,7 +57,7 @@ from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
 from warpolicy.runtime.release import ReadDone
 from warpolicy.runtime.ring import EventRing, RingSlot
-from warpolicy.runtime.runners.protocols import CanaryHost, Runner
+from warpolicy.runtime.runners.protocols import CanaryHost, ClassMailbox, Runner
 
 
 class StepProbe(Protocol):
@@ -127,6 +127,9 @@ class OverlapLoop:
         self._whole_stream = False  # the last record failed: wait for the whole stream
         self.last_read_done: Optional[ReadDone] = None
         self.last_barrier: Optional[str] = None  # "event", "coarse" or "skipped" (unsafe)
+        #: per class of the last step's ``class_writes``: its barrier ("event", "coarse",
+        #: "skipped"), in order
+        self.last_class_barriers: tuple[tuple[str, str], ...] = ()
         self.steps = 0
         # the WAR canary: each runner's check (resolved once per runner), the loop's lead probe
         self._checks: dict[int, tuple[Runner, Optional[Callable[[], None]]]] = {}
@@ -158,9 +161,15 @@ class OverlapLoop:
         batch: Any,
         write_next: Optional[Callable[[], Any]] = None,
         runner: Optional[Runner] = None,
+        class_writes: Sequence[tuple[str, Callable[[], Any]]] = (),
     ) -> Any:
         """Launch ``batch`` (on ``runner``, default the loop's), barrier, then ``write_next()``
-        on the schedule stream. Returns the runner's output."""
+        on the schedule stream. Returns the runner's output.
+
+        ``class_writes``: the scheduler's writes per buffer class, ``(class, write)``, earliest
+        read end first: each runs after a barrier on its class's read-done
+        (`ReadDoneFence.take_class`; a class the step does not publish is the coarse
+        barrier), then ``write_next`` after the barrier on the step's latest read-done."""
         if self._owner.ident != get_ident():
             self._owner.claim()
         if runner is None or runner is self.runner:
@@ -190,6 +199,8 @@ class OverlapLoop:
             if lead is not None:  # a sampled step: a timestamp when the forward ends
                 mark = lead.mark_forward(fwd)
         self.last_read_done = runner.fence.take()  # consume-once, right after the launch
+        if class_writes:
+            return self._class_step(runner, fwd, out, class_writes, write_next, check, mark)
         if self.unsafe_skip_barrier:
             if self.last_read_done is not None:
                 self.last_read_done.slot.taken = False  # nothing will wait on it
@@ -211,6 +222,62 @@ class OverlapLoop:
         self.steps += 1
         if lead is not None and lead.wants_poll:  # everything of this step is ordered: report
             lead.poll()
+        return out
+
+    def _class_step(
+        self,
+        runner: Runner,
+        fwd: StreamHandle,
+        out: Any,
+        class_writes: Sequence[tuple[str, Callable[[], Any]]],
+        write_next: Optional[Callable[[], Any]],
+        check: Optional[Callable[[], None]],
+        mark: Optional[LeadMark],
+    ) -> Any:
+        """Steps 3-4 with one barrier per class: every class's read-done is taken right after
+        the launch; on the schedule stream each class's writes follow its own barrier, and
+        ``write_next`` (and the canary's check) the barrier on the step's latest read-done."""
+        fence = runner.fence
+        taken = [
+            (fence.take_class(name) if isinstance(fence, ClassMailbox) else None, write)
+            for name, write in class_writes
+        ]
+        latest = self.last_read_done
+        p = self.platform
+        barriers: list[str] = []
+        if self.unsafe_skip_barrier:
+            for read_done in [latest] + [rd for rd, _ in taken]:
+                if read_done is not None:
+                    read_done.slot.taken = False  # nothing will wait on it
+            self.last_barrier = "skipped"
+            barriers = ["skipped"] * len(taken)
+        else:
+            self.last_barrier = self._apply_barrier(fwd, taken[0][0])
+            barriers.append(self.last_barrier)
+        if mark is not None and self._lead is not None:
+            self._lead_released(self._lead, mark, runner)
+        self._mark("released", self.schedule_stream)
+        with p.stream(self.schedule_stream):
+            try:
+                for i, (read_done, write) in enumerate(taken):
+                    if i and not self.unsafe_skip_barrier:
+                        barriers.append(self._apply_barrier(fwd, read_done))
+                    write()
+                if not self.unsafe_skip_barrier:
+                    self._apply_barrier(fwd, latest)
+                if write_next is not None:
+                    write_next()
+                if check is not None:
+                    check()
+            finally:
+                self._record_writes()
+                self.last_class_barriers = tuple(
+                    (name, barrier) for (name, _), barrier in zip(class_writes, barriers)
+                )
+        self._mark("written", self.schedule_stream)
+        self.steps += 1
+        if self._lead is not None and self._lead.wants_poll:
+            self._lead.poll()
         return out
 
     def _launch_failed(self, runner: Runner, fwd: StreamHandle) -> None:

@@ -146,6 +146,33 @@ class Mailbox(Protocol):
 
 
 @runtime_checkable
+class ClassedModel(Protocol):
+    """Optional `ModelAdapter` capability: which buffer class each shared buffer belongs to
+    (one not listed: ``metadata``); the class self-check walks only a class's own buffers."""
+
+    @property
+    def buffer_classes(self) -> Mapping[str, str]: ...
+
+
+def class_buffers(model: Any, buffer_class: str) -> Mapping[str, Any]:
+    """The shared buffers of ``buffer_class`` (a model that does not say: every one)."""
+    shared = dict(model.shared_buffers)
+    if not isinstance(model, ClassedModel):
+        return shared
+    classes = model.buffer_classes
+    return {n: t for n, t in shared.items() if classes.get(n, "metadata") == buffer_class}
+
+
+@runtime_checkable
+class ClassMailbox(Protocol):
+    """A mailbox that also hands out one read-done per buffer class (`ReadDoneFence`)."""
+
+    def take_class(self, buffer_class: str) -> Optional[ReadDone]:
+        """This step's read-done of ``buffer_class`` once, then None (None: coarse)."""
+        ...
+
+
+@runtime_checkable
 class CanaryHost(Protocol):
     """A runner that can carry the WAR canary (`GraphRunner`, `SpecStep`): the overlap loop
     runs its check after the scheduler's writes, and measures release leads with its canary."""

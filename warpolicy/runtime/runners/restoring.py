@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.owned_capture import CaptureReport, ReadDoneCapture
 from warpolicy.runtime.platforms import GraphHandle
+from warpolicy.runtime.release import BucketFacts, decide_classes, with_classes
 from warpolicy.runtime.runners.capture import CaptureResult, CaptureTransaction
 from warpolicy.runtime.runners.protocols import CapturedBucket
 
@@ -55,23 +56,28 @@ class RestoreTransaction:
                 self_check=t.self_check,
                 reporter=t.reporter,
             )
+            t._class_walk = t._probe_class_walk(capture)  # per-class checks, as at capture
             captured: dict[int, CapturedBucket] = {}
             reports: dict[int, CaptureReport] = {}
             shared = t.model.shared_buffers
             for bucket in sorted(self.graphs, reverse=True):
                 graph: Any = self.graphs[bucket]
                 outcome = capture.restore(bucket, graph, self.saved.get(bucket), shared)
+                release = outcome.release
+                if t.class_policies:  # the same verified facts decide every class
+                    classes = decide_classes(t.class_policies, outcome.facts, t.name)
+                    classes = t._check_classes(graph, release, classes, outcome.facts)
+                    release = with_classes(release, classes)
                 captured[bucket] = CapturedBucket(
-                    bucket,
-                    graph,
-                    outcome.release,
-                    recorded=outcome.recorded,
-                    batch=outcome.batch,
+                    bucket, graph, release, recorded=outcome.recorded, batch=outcome.batch
                 )
                 reports[bucket] = outcome.report
         finally:
             p.synchronize()
-        return CaptureResult(captured, reports, capture.eager())
+        eager = capture.eager()
+        if t.class_policies:
+            eager = with_classes(eager, decide_classes(t.class_policies, BucketFacts(None), t.name))
+        return CaptureResult(captured, reports, eager)
 
 
 __all__ = ["RestoreTransaction"]

@@ -274,6 +274,20 @@ _THEN_JOIN_INTERRUPTED = Fault("wait_stream", "interrupt", nth=1)
 
 POSITIVE_CONTROLS: tuple[Control, ...] = (
     Control(
+        "deferred_free_does_not_wait",
+        "the platform's waits return without waiting: a reclaimed item is reused while the "
+        "step that freed it still reads it",
+        Case("deferred_frees", "post_replay"),
+        hook=waits_do_nothing,
+    ),
+    Control(
+        "deferred_free_early_event",
+        "items freed with a read-done earlier than their last read (a marker after the prep "
+        "while the forward still reads, self-check off)",
+        Case("deferred_frees", "in_graph_late"),
+        options={"self_check": "off"},
+    ),
+    Control(
         "barrier_does_not_wait",
         "the platform's waits return without waiting",
         Case("decode", "in_graph"),

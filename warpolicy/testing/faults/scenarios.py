@@ -51,6 +51,7 @@ from warpolicy.runtime.runners import (
     VerifyRunner,
 )
 from warpolicy.testing.faults.harness import Harness
+from warpolicy.testing.faults.lifetimes import deferred_frees
 from warpolicy.testing.faults.model import (
     PER_BATCH_THRESHOLD,
     READ_PLANS,
@@ -532,6 +533,16 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("in_graph", "post_replay"),
             _lag(RING // 2),
             "a scheduler 2 launches behind (within the ring), three unordered forward streams",
+            check_stale=False,
+        ),
+        Scenario(
+            "deferred_frees",
+            ("in_graph", "in_graph_late", "post_replay", "none"),
+            functools.partial(
+                deferred_frees, variants=VARIANTS, read_plans=READ_PLANS, buckets=BUCKETS
+            ),
+            "DeferredFrees: each step frees what it read with its read-done, reused right "
+            "after reclaim on the schedule stream with no barrier; settle at a host sync",
             check_stale=False,
         ),
         Scenario(
