@@ -8,6 +8,7 @@ Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import pytest
@@ -156,7 +157,8 @@ def test_fence_bench_reports_release_and_overhead():
 def test_cuda_platform_binds_torchs_own_calls(platform):
     assert platform.record is torch.cuda.Event.record
     assert platform.wait_event is torch.cuda.Stream.wait_event
-    assert platform.replay is torch.cuda.CUDAGraph.replay
+    # replay is graph.replay(), so a restored graph torch cannot hold replays the same way
+    assert isinstance(platform.replay, operator.methodcaller)
     ev, s = platform.create_event(), platform.new_stream()
     platform.record(ev)  # None: the current stream
     platform.wait_event(s, ev)

@@ -228,6 +228,22 @@ def test_a_partial_graph_walker_is_refused():
     assert any("partial graph walker" in p for p in implementation_problems(Half()))
 
 
+def test_a_partial_graph_restorer_or_one_that_cannot_walk_is_refused():
+    class Half(SimPlatform):
+        rebind_planted = None
+
+    assert any("partial graph restorer" in p for p in implementation_problems(Half()))
+
+    class Blind(SimPlatform):
+        check_marker = None
+        plant_derived = None
+        graph_walk_unavailable = None
+        instantiate = None
+
+    assert any("restorer that cannot walk" in p for p in implementation_problems(Blind()))
+    assert Platform(SimPlatform()).restorer is not None
+
+
 def test_the_claim_calls_each_plugin_as_pluggy_does(warpolicy_pm, warpolicy_register):
     """An implementation's parameter with a default gets what the installed pluggy passes."""
     got = []

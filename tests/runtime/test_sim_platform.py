@@ -113,6 +113,31 @@ def test_callable_capture_reruns_body_on_replay_with_record_in_place(platform):
     ]
 
 
+def test_a_clone_replays_the_body_and_its_private_event_fires_in_place(platform):
+    ev = platform.create_event(external=True)
+    platform.record(ev)
+    g = platform.new_graph(keep_graph=True)
+    platform.capture_callable(g, lambda: platform.record(ev))
+    clone = platform.clone_graph(g, private_events=True)
+    private = clone.planted[0]
+    assert private is not ev and clone.origin == g.id and clone.sources == {ev.id: 0}
+    assert platform.log[-1] == ("clone", g.id, clone.id, True)
+    platform.replay(clone)
+    fired = [e for e in platform.log.of("record") if e[3] == "in_graph"]
+    assert fired == [("record", private.id, platform.current_stream().id, "in_graph")]
+    same = platform.clone_graph(clone)  # a clone of a clone keeps the first graph and the map
+    assert same.origin == g.id and same.planted == [private] and same.sources == {ev.id: 0}
+
+
+def test_only_a_kept_captured_graph_is_cloned(platform):
+    from warpolicy.runtime.graphwalk import PlacementError
+
+    g = platform.new_graph()
+    platform.capture_callable(g, lambda: None)
+    with pytest.raises(PlacementError, match="kept, captured"):
+        platform.clone_graph(g)
+
+
 def test_callable_replay_skips_records_that_made_no_node(platform):
     external = platform.create_event(external=True)
     plain = platform.create_event(external=False)

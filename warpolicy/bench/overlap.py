@@ -48,6 +48,7 @@ import statistics
 import warnings
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
+from warpolicy.bench import restored as restored_rows
 from warpolicy.bench.command import Report, Variant, option, targets_line
 from warpolicy.bench.rig import (
     check_sched_kind,
@@ -78,6 +79,9 @@ ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = (
     ("post_replay", POST_REPLAY, True, False),
     ("in_graph", IN_GRAPH, True, False),
     ("derived", IN_GRAPH, True, False),  # in_graph with derived placement
+    # in_graph after a save and a restore (private events at the node, rebound: bench.restored)
+    ("restored", IN_GRAPH, True, False),
+    ("restored_moved", IN_GRAPH, True, False),  # the control: the node moved: coarse, counted
     ("pre_replay", PRE_REPLAY, False, False),  # the graph reads shared state: unsound here
     ("no_barrier", NONE, False, True),  # the unsafe upper bound
 )
@@ -225,6 +229,7 @@ class OverlapBench:
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
         self.mode = mode
         self.capture_warnings: dict[str, list[str]] = {}  # per variant, kept for the report
+        self.restored: dict[str, dict] = {}  # per restored row, what the restore did
 
     def runner(
         self,
@@ -247,12 +252,17 @@ class OverlapBench:
             name=name,
             mode=self.mode,
             placement=placement,
+            keep_graphs=name in restored_rows.ROWS,  # saved and cloned from the raw graph
             class_policies=class_policies,
             self_check=self_check,
         )
         with warnings.catch_warnings(record=True) as caught:  # kept in the result instead
             warnings.simplefilter("always")
             runner.capture()
+            if name in restored_rows.ROWS:
+                self.restored[name] = restored_rows.restore_runner(
+                    runner, self.platform, moved=name == restored_rows.RESTORED_MOVED
+                )
         self.capture_warnings[name] = [str(w.message) for w in caught]
         return runner
 
@@ -479,7 +489,11 @@ def run_overlap_bench(
         "ideal_release_us": ideal,
         "rows": rows,
         "capture": captures,
-        "targets": _targets(rows, ideal, model_name),
+        "restored": bench.restored,
+        "targets": {
+            **_targets(rows, ideal, model_name),
+            **restored_rows.restored_targets(rows, bench.restored),
+        },
     }
     if trace:
         write_trace(trace, traces)
@@ -638,6 +652,7 @@ def format_measurement(result: dict) -> list[str]:
             lines.append(f"{what} of the {bucket}-token graph: {state}: {cap['detail']}")
         for warning in result.get("capture", {}).get(name, {}).get("warnings", []):
             lines.append(f"  {name} capture warning: {warning}")
+    lines += restored_rows.format_restored(result.get("restored", {}))
     lines.append(targets_line(result["targets"]))
     return lines
 

@@ -42,6 +42,7 @@ from warpolicy.bench.overlap_classes import (
     lifetime_notes,
     measure_classes,
 )
+from warpolicy.bench.restored import ROWS as RESTORED_ROWS
 from warpolicy.bench.rig import check_sched_kind, device_name, open_rig, rig_of, torch_version
 from warpolicy.errors import InputError
 from warpolicy.progress import NO_PROGRESS, Progress
@@ -50,10 +51,13 @@ from warpolicy.registry.vocabulary import PRE_REPLAY, ForwardMode, WarReadDonePo
 from warpolicy.runtime.platforms import Platform
 
 #: The synthetic benchmark's variants but pre_replay (a declaration, not a placement: it says
-#: nothing about a model the bench does not know). Each is sound whatever the model but the
-#: unsafe bound: the self-check demotes a refuted marker.
+#: nothing about a model the bench does not know) and the restored rows (the synthetic
+#: model's). Each is sound whatever the model but the unsafe bound: the self-check demotes a
+#: refuted marker.
 ROWS: tuple[tuple[str, WarReadDonePolicy, bool, bool], ...] = tuple(
-    variant for variant in OVERLAP_ROWS if variant[1] is not PRE_REPLAY
+    variant
+    for variant in OVERLAP_ROWS
+    if variant[1] is not PRE_REPLAY and variant[0] not in RESTORED_ROWS
 )
 
 #: The bookkeeping matmul's width when ``sched_kind="matmul"`` (as the synthetic benchmark).

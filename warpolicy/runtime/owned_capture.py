@@ -76,8 +76,10 @@ from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, Placement, WarReadDonePolicy
 from warpolicy.runtime.batch import NO_PLANS, BucketBatch, CellPlans, cell_plans, lower_policies
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
+from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.graphwalk.launch_sites import Sites
 from warpolicy.runtime.graphwalk.plant import RawGraph, SharedBuffers
+from warpolicy.runtime.graphwalk.restore import Rebound
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ordering import order_after, synchronize_all
 from warpolicy.runtime.placement import (
@@ -90,6 +92,7 @@ from warpolicy.runtime.placement import (
 )
 from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform, StreamHandle
 from warpolicy.runtime.policy import ExplainedPolicy, PlacedPolicy, RunnerPolicy, policy_function
+from warpolicy.runtime.rebind import RELEASE_LABEL, rebind_bucket, save_bucket
 from warpolicy.runtime.release import (
     BucketFacts,
     BucketRelease,
@@ -351,6 +354,10 @@ class CaptureReport:
     walk_ms: float
     detail: str
     policy: Optional[WarReadDonePolicy] = None
+    #: a restored graph (`ReadDoneCapture.restore`), not a fresh capture
+    restored: bool = False
+    #: what re-pointing the restored executable's planted nodes cost (us), None when none ran
+    rebind_us: Optional[float] = None
 
 
 @attrs.frozen(eq=False)
@@ -519,6 +526,40 @@ class ReadDoneCapture:
         self.notify(release, eager=True, planted=False)
         return release
 
+    def save(self, graph: GraphHandle, outcome: BucketOutcome) -> Optional[SavedAnchors]:
+        """After `BucketCapture.finish`: where the kept ``graph``'s read-done node sits, as plain
+        data (``saved.to_json()``) to persist beside the graph for `restore`. None, with one
+        warning, when it cannot be saved (a restore of the graph is then coarse)."""
+        planted = {RELEASE_LABEL: outcome.recorded} if outcome.recorded is not None else {}
+        saved, why = save_bucket(self.platform, graph, planted)
+        if saved is None:
+            self.reporter.warn("save", f"bucket {outcome.report.bucket}: {why}")
+        return saved
+
+    def restore(
+        self,
+        bucket: int,
+        graph: GraphHandle,
+        saved: Optional[SavedAnchors],
+        shared_buffers: SharedBuffers,
+        *,
+        events: Optional[Mapping[str, EventHandle]] = None,
+        instantiate: Optional[bool] = None,
+    ) -> BucketOutcome:
+        """A graph of ``bucket`` that was cloned, restored from a saved description or
+        recaptured: a new capture for the release decision. A fresh read-done event (as
+        `begin`), the saved nodes found again by position and rebound to it
+        (`warpolicy.runtime.rebind`), the self-check on the restored graph, the graph
+        instantiated (unless it already is, or is a `RawGraph`), and the same
+        `decide_bucket` as a capture. ``saved``: what `save` returned for the graph (None:
+        nothing known, a doubt); ``events``: events for other planted labels (one per buffer
+        class; each gets a fresh one otherwise). Never raises an ``Exception`` for a failed
+        find, rebind, check or instantiation: a doubt publishes nothing, a refutation the
+        unplanted answer; ``self_check="error"`` raises `SelfCheckError` instead."""
+        return self.begin(bucket).restore(
+            graph, saved, shared_buffers, events=events, instantiate=instantiate
+        )
+
     def eager_batch(self, release: BucketRelease) -> Optional[BucketBatch]:
         """The per-batch plan of the eager ``release`` (`eager`), for a cell resolved with
         ``per_batch=True`` whose eager cell reads facts; else None."""
@@ -624,6 +665,83 @@ class BucketCapture:
         batch = BucketBatch.bind(plan, release)
         self.outcome = BucketOutcome(release, report, facts, outcome, recorded, batch)
         return self.outcome
+
+    def restore(
+        self,
+        graph: GraphHandle,
+        saved: Optional[SavedAnchors],
+        shared_buffers: SharedBuffers,
+        *,
+        events: Optional[Mapping[str, EventHandle]] = None,
+        instantiate: Optional[bool] = None,
+    ) -> BucketOutcome:
+        """`ReadDoneCapture.restore` for this bucket (begun with a fresh event)."""
+        c = self.capture
+        if instantiate is None:
+            instantiate = not isinstance(graph, RawGraph)
+        facts, outcome, rebound = self._restored_facts(graph, saved, shared_buffers, events)
+        if instantiate and facts.doubt is None:
+            failed = instantiate_kept(c.platform, graph)
+            if failed is not None:
+                facts = BucketFacts(self.bucket, doubt=f"bucket {self.bucket}: {failed}")
+        elif instantiate:
+            instantiate_kept(c.platform, graph)  # the graph must still replay
+        release = decide_bucket(c.policies, facts, c.name)
+        report = attrs.evolve(
+            self._report(release, facts, outcome),
+            restored=True,
+            rebind_us=rebound.rebind_us if rebound is not None else None,
+        )
+        planted = saved is not None and bool(saved.anchors)
+        if facts.doubt is not None or (facts.refuted is not None and planted):
+            c.reporter.demotion(c.name, self.bucket, self._demotion_text(release, facts))
+        c.notify(release, eager=False, planted=facts.event is not None)
+        plans = c.cell.plans
+        plan = plans.planted if facts.event is not None else plans.unplanted
+        recorded = self.event if rebound is not None else None
+        batch = BucketBatch.bind(plan, release)
+        self.outcome = BucketOutcome(release, report, facts, outcome, recorded, batch)
+        return self.outcome
+
+    def _restored_facts(
+        self,
+        graph: GraphHandle,
+        saved: Optional[SavedAnchors],
+        shared: SharedBuffers,
+        given: Optional[Mapping[str, EventHandle]],
+    ) -> tuple[BucketFacts, Optional[PlacementOutcome], Optional[Rebound]]:
+        c, bucket = self.capture, self.bucket
+        where = f"bucket {bucket} (restored): "
+        if self._doubt is not None:
+            return BucketFacts(bucket, doubt=where + self._doubt), None, None
+        if saved is None:
+            why = "nothing was saved about its read-done node"
+            return BucketFacts(bucket, doubt=where + why), None, None
+        if self.event is None:
+            why = (
+                "no read-done event to rebind to"
+                if c.platform.external_events_supported()
+                else f"platform {c.platform.name!r} has no external events"
+            )
+            return BucketFacts(bucket, refuted=where + why), None, None
+        events: dict[str, EventHandle] = {RELEASE_LABEL: self.event}
+        for label in saved.labels:
+            if label in (given or {}):
+                events[label] = (given or {})[label]
+            elif label not in events:
+                extra = c.platform.create_event(external=True)
+                c.platform.record(extra)  # a handle, as the fence seeds its own
+                events[label] = extra
+        # the self-check guards a node whose event the release hands out (as at capture)
+        check = c.policies.planted is IN_GRAPH and c.self_check != "off"
+        outcome, rebound = rebind_bucket(c.platform, graph, saved, events, shared, check=check)
+        if outcome.verdict is Verdict.CONFIRMED:
+            return BucketFacts(bucket, event=self.event), outcome, rebound
+        if c.self_check == "error":
+            raise SelfCheckError(f"{c.name}: {where}{outcome.detail}")
+        if outcome.verdict is Verdict.REFUTED:
+            return BucketFacts(bucket, refuted=where + outcome.detail), outcome, rebound
+        return BucketFacts(bucket, doubt=where + outcome.detail), outcome, rebound
 
     # -- the facts -------------------------------------------------------------------------------
 
@@ -839,10 +957,12 @@ __all__ = [
     "BucketRelease",
     "CaptureReport",
     "CellPolicy",
+    "RELEASE_LABEL",
     "RawGraph",
     "ReadDone",
     "ReadDoneCapture",
     "ReadDoneFence",
+    "SavedAnchors",
     "SchedulerBarrier",
     "SelfCheckError",
     "WalkProbe",

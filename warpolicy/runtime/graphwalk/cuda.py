@@ -25,7 +25,7 @@ import ctypes.util
 import re
 import struct
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
@@ -493,3 +493,81 @@ def demangle(symbol: str) -> str:
         return text
     except Exception:  # noqa: BLE001 - a mangled name is still a name
         return symbol
+
+
+# ---------------------------------------------------------------------------------------------
+# Restoring: clone, re-point event-record nodes, instantiate, launch
+# ---------------------------------------------------------------------------------------------
+
+
+def clone_graph(raw: int) -> int:
+    """``cuGraphClone`` of the ``cudaGraph_t`` ``raw``: a new graph with the same nodes and
+    edges (and node parameters: its event-record nodes record the same events)."""
+    driver = driver_module()
+    return int(call(driver, "cuGraphClone", driver.CUgraph(int(raw)))[0])
+
+
+def set_record_event(node: Any, event: int) -> None:
+    """Re-point the event-record ``node`` of a graph (not of an executable) at ``event``."""
+    driver = driver_module()
+    call(driver, "cuGraphEventRecordNodeSetEvent", node, driver.CUevent(int(event)))
+
+
+def set_exec_record_event(exec_: int, node: Any, event: int) -> None:
+    """``cuGraphExecEventRecordNodeSetEvent``: future launches of the executable ``exec_`` record
+    ``event`` at ``node`` (a node of the graph it was instantiated from); no re-instantiation."""
+    driver = driver_module()
+    call(
+        driver,
+        "cuGraphExecEventRecordNodeSetEvent",
+        driver.CUgraphExec(int(exec_)),
+        node,
+        driver.CUevent(int(event)),
+    )
+
+
+def create_private_event() -> int:
+    """A fresh event no caller knows (what a persistence library's restore records into)."""
+    driver = driver_module()
+    return int(call(driver, "cuEventCreate", 0)[0])
+
+
+def instantiate_graph(raw: int) -> int:
+    """``cuGraphInstantiate`` of the ``cudaGraph_t`` ``raw``: the executable's handle."""
+    driver = driver_module()
+    return int(call(driver, "cuGraphInstantiate", driver.CUgraph(int(raw)), 0)[0])
+
+
+def launch_graph(exec_: int, stream: int) -> None:
+    """``cuGraphLaunch`` of the executable ``exec_`` on the stream whose handle is ``stream``."""
+    driver = driver_module()
+    call(driver, "cuGraphLaunch", driver.CUgraphExec(int(exec_)), driver.CUstream(int(stream)))
+
+
+def launcher(exec_: int) -> Callable[[int], None]:
+    """``launch(stream)``: `launch_graph` of ``exec_`` with the driver objects made once (the
+    per-step replay of a restored graph)."""
+    driver = driver_module()
+    launch = driver.cuGraphLaunch
+    handle = driver.CUgraphExec(int(exec_))
+    stream_of = driver.CUstream
+    success = driver.CUresult.CUDA_SUCCESS
+
+    def run(stream: int) -> None:
+        result = launch(handle, stream_of(int(stream)))
+        if result[0] != success:
+            raise CudaCallError("cuGraphLaunch", getattr(result[0], "name", str(result[0])))
+
+    return run
+
+
+def destroy_graph(raw: int, exec_: int = 0) -> None:
+    """Destroy an executable (when given) and its graph; errors are ignored (teardown)."""
+    try:
+        driver = driver_module()
+        if exec_:
+            driver.cuGraphExecDestroy(driver.CUgraphExec(int(exec_)))
+        if raw:
+            driver.cuGraphDestroy(driver.CUgraph(int(raw)))
+    except Exception:  # noqa: BLE001 - teardown at interpreter exit may find no driver
+        pass

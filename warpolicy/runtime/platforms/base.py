@@ -14,10 +14,12 @@ module, the graph walk and `warpolicy.runtime.markers`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, ContextManager, Mapping, Optional, Protocol, runtime_checkable
 
 from warpolicy.runtime.graphwalk import DerivedPlant, SelfCheck
+from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.graphwalk.plant import SharedBuffers
+from warpolicy.runtime.graphwalk.restore import Rebound
 
 # Opaque platform handles. A platform hands them out and takes them back; the fence and the
 # runners never look inside (a torch.cuda.Event / Stream / CUDAGraph on CUDA, sim objects on
@@ -122,6 +124,31 @@ class GraphWalker(Protocol):
         """Build the executable graph of a kept graph before its first replay."""
 
 
+@runtime_checkable
+class GraphRestorer(Protocol):
+    """Optional `PlatformImpl` capability (with `GraphWalker`): keep the release point of a
+    graph across a clone, a restore from a saved description, or a recapture. The planted
+    read-done nodes are found again by position (`warpolicy.runtime.graphwalk.anchor`), never
+    by a handle of the old process. Each method raises
+    `warpolicy.runtime.graphwalk.PlacementError` on any failure.
+    """
+
+    def save_planted(self, graph: GraphHandle, planted: Mapping[str, EventHandle]) -> SavedAnchors:
+        """Where the planted nodes of a kept graph sit (``planted``: label -> the event its
+        node records now), as plain data to persist beside the graph."""
+
+    def rebind_planted(
+        self, graph: GraphHandle, saved: SavedAnchors, events: Mapping[str, EventHandle]
+    ) -> Rebound:
+        """Find every planted node of ``saved`` in the restored ``graph`` and make it record
+        ``events[label]`` (the graph, and its executable when already instantiated)."""
+
+    def clone_graph(self, graph: GraphHandle, private_events: bool) -> GraphHandle:
+        """A copy of a kept graph, not instantiated, replayable on this platform;
+        ``private_events=True``: its event-record nodes record fresh events nobody knows
+        (what a persistence library's restore leaves)."""
+
+
 #: The operations every `PlatformImpl` provides (its methods), in one place for the claim check
 #: and the simulated platform's fault injection (`warpolicy.testing`).
 PLATFORM_OPERATIONS = (
@@ -142,6 +169,8 @@ PLATFORM_OPERATIONS = (
 )
 #: The methods of `GraphWalker`.
 GRAPH_WALK_METHODS = ("graph_walk_unavailable", "plant_derived", "check_marker", "instantiate")
+#: The methods of `GraphRestorer`.
+RESTORE_METHODS = ("save_planted", "rebind_planted", "clone_graph")
 
 #: Device types of the simulated platform (``fake`` is its 0.1 name, kept as an alias): the one
 #: list every module asks through `is_simulated`.
@@ -174,6 +203,14 @@ def implementation_problems(impl: object) -> list[str]:
     if walk and len(walk) != len(GRAPH_WALK_METHODS):
         absent = [m for m in GRAPH_WALK_METHODS if m not in walk]
         problems.append(f"a partial graph walker: has {', '.join(walk)}, lacks {', '.join(absent)}")
+    restore = [m for m in RESTORE_METHODS if callable(getattr(impl, m, None))]
+    if restore and len(restore) != len(RESTORE_METHODS):
+        absent = [m for m in RESTORE_METHODS if m not in restore]
+        problems.append(
+            f"a partial graph restorer: has {', '.join(restore)}, lacks {', '.join(absent)}"
+        )
+    if restore and len(walk) != len(GRAPH_WALK_METHODS):
+        problems.append("a graph restorer that cannot walk its graphs")
     return problems
 
 
@@ -202,9 +239,11 @@ def cuda_available() -> bool:
 __all__ = [
     "GRAPH_WALK_METHODS",
     "PLATFORM_OPERATIONS",
+    "RESTORE_METHODS",
     "SIM_DEVICE_TYPES",
     "EventHandle",
     "GraphHandle",
+    "GraphRestorer",
     "GraphWalker",
     "PlatformImpl",
     "PoolHandle",

@@ -6,8 +6,11 @@ recorded during capture becomes a graph node) are detected from the signature of
 ``stream=None`` uses the *current* stream: during a capture that is the capture stream, which
 is what makes torch emit the node.
 
-The per-step operations (record, wait_event, wait_stream, replay, is_capturing) are torch's
-own functions bound once, so the fence pays no wrapper frame on top of the raw torch call.
+The per-step operations (record, wait_event, wait_stream, is_capturing) are torch's own
+functions bound once, so the fence pays no wrapper frame on top of the raw torch call; replay is
+``operator.methodcaller("replay")`` (C-level: ``graph.replay()``), so a restored graph
+(`warpolicy.runtime.graphwalk.restore.RestoredGraph`, which torch cannot hold) replays the same
+way as a torch ``CUDAGraph``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import contextlib
 import functools
 import gc
 import inspect
-from typing import Any, Callable, ContextManager, Iterator, Optional
+import operator
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional
 
 from warpolicy.runtime.graphwalk import (
     DerivedPlant,
@@ -25,8 +29,15 @@ from warpolicy.runtime.graphwalk import (
     check_marker,
     derive_and_plant,
 )
+from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.graphwalk.cuda import driver_module
 from warpolicy.runtime.graphwalk.plant import SharedBuffers, is_instantiated
+from warpolicy.runtime.graphwalk.restore import (
+    Rebound,
+    clone_restored,
+    rebind_planted,
+    save_planted,
+)
 from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.platforms.base import cuda_available, device_type
 
@@ -73,7 +84,9 @@ class CudaPlatform:
         self.record = torch.cuda.Event.record  # (event, stream=None): None = current stream
         self.wait_event = torch.cuda.Stream.wait_event  # (stream, event)
         self.wait_stream = torch.cuda.Stream.wait_stream  # (stream, other)
-        self.replay = torch.cuda.CUDAGraph.replay  # (graph)
+        # (graph): ``graph.replay()``, one C-level attribute call: a torch CUDAGraph, or a
+        # restored graph (`warpolicy.runtime.graphwalk.restore.RestoredGraph`) torch cannot hold
+        self.replay = operator.methodcaller("replay")
         self.is_capturing = torch.cuda.is_current_stream_capturing
         self._torch = torch
 
@@ -144,6 +157,23 @@ class CudaPlatform:
         first replay, after a derived node could still be added)."""
         if not is_instantiated(graph):
             graph.instantiate()
+
+    # -- restoring (clone, find the planted nodes again, rebind) ---------------------------------
+
+    def save_planted(self, graph: Any, planted: Mapping[str, Any]) -> SavedAnchors:
+        return save_planted(graph, planted)
+
+    def rebind_planted(self, graph: Any, saved: SavedAnchors, events: Mapping[str, Any]) -> Rebound:
+        return rebind_planted(graph, saved, events)
+
+    def clone_graph(self, graph: Any, private_events: bool) -> Any:
+        torch = self._torch
+        index = self._index
+
+        def current_stream() -> int:
+            return int(torch.cuda.current_stream(index).cuda_stream)
+
+        return clone_restored(graph, current_stream, private_events=private_events)
 
 
 @hookimpl

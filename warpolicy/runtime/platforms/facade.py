@@ -13,14 +13,17 @@ passed to the components that report (`warpolicy.runtime.observers`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from warpolicy.errors import WarpolicyError
 from warpolicy.runtime.graphwalk import DerivedPlant, PlacementError, SelfCheck
+from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.graphwalk.plant import SharedBuffers
+from warpolicy.runtime.graphwalk.restore import Rebound
 from warpolicy.runtime.platforms.base import (
     EventHandle,
     GraphHandle,
+    GraphRestorer,
     GraphWalker,
     PlatformImpl,
     PoolHandle,
@@ -69,6 +72,10 @@ class Platform:
         self._name = impl.name
         self._external = impl.external_events_supported
         self.walker: Optional[GraphWalker] = impl if isinstance(impl, GraphWalker) else None
+        #: the implementation when it can keep a release point across a clone or a restore
+        self.restorer: Optional[GraphRestorer] = (
+            impl if self.walker is not None and isinstance(impl, GraphRestorer) else None
+        )
         # the hot path: bound once, called directly (no dispatch, no wrapper frame)
         self.record = impl.record  # (event, stream=None): None = the current stream
         self.wait_event = impl.wait_event  # (stream, event)
@@ -239,6 +246,58 @@ class Platform:
         cannot walk its graphs instantiates at replay). Raises what the platform raises."""
         if self.walker is not None:
             self.walker.instantiate(graph)
+
+    # -- restoring (clone, find the planted nodes again, rebind) ---------------------------------
+
+    def save_planted(self, graph: GraphHandle, planted: Mapping[str, EventHandle]) -> SavedAnchors:
+        """Where the planted nodes of the kept ``graph`` sit (``planted``: label -> the event
+        its node records), to persist beside it. Raises `PlacementError` (one line)."""
+        result = self._restore_call("save_planted", lambda r: r.save_planted(graph, planted))
+        if not isinstance(result, SavedAnchors):
+            raise PlacementError(
+                f"platform {self._name!r}: save_planted returned {type(result).__name__}"
+            )
+        return result
+
+    def rebind_planted(
+        self, graph: GraphHandle, saved: SavedAnchors, events: Mapping[str, EventHandle]
+    ) -> Rebound:
+        """Find the planted nodes of ``saved`` in the restored ``graph`` by position and make
+        each record ``events[label]``. Raises `PlacementError` (one line) on any doubt."""
+        result = self._restore_call(
+            "rebind_planted", lambda r: r.rebind_planted(graph, saved, events)
+        )
+        if not isinstance(result, Rebound):
+            raise PlacementError(
+                f"platform {self._name!r}: rebind_planted returned {type(result).__name__}"
+            )
+        return result
+
+    def clone_graph(self, graph: GraphHandle, *, private_events: bool = False) -> GraphHandle:
+        """A copy of the kept ``graph``, not instantiated, replayable here (``private_events``:
+        its event-record nodes record fresh events nobody knows, as after a persistence
+        library's restore). Raises `PlacementError` (one line)."""
+        result = self._restore_call(
+            "clone_graph", lambda r: r.clone_graph(graph, bool(private_events))
+        )
+        if result is None:
+            raise PlacementError(f"platform {self._name!r}: clone_graph returned None")
+        return result
+
+    def _restore_call(self, op: str, call: Callable[[GraphRestorer], Any]) -> Any:
+        restorer = self.restorer
+        if restorer is None:
+            raise PlacementError(
+                f"platform {self._name!r} cannot restore its captured graphs (no {op})"
+            )
+        try:
+            return call(restorer)
+        except PlacementError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fail closed: the caller makes it coarse
+            raise PlacementError(
+                f"{op} failed: {type(exc).__name__}: {_one_line(str(exc))}"
+            ) from None
 
     def _walker(self, op: str) -> GraphWalker:
         if self.walker is None:

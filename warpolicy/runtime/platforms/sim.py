@@ -14,6 +14,7 @@ demo can inspect:
       ("wait_stream", stream_id, other_stream_id)
       ("capture_begin", graph_id) / ("capture_end", graph_id)
       ("replay", graph_id)
+      ("clone", graph_id, clone_id, private_events) / ("rebind", graph_id, labels)
       ("synchronize",)
 
 * **A happens-before model**: every stream carries a vector clock; a record snapshots its
@@ -55,6 +56,16 @@ walk, the plant and ``instantiate`` also take a raw handle (`warpolicy.runtime.g
 naming it, as the CUDA platform takes a ``cudaGraph_t``. A derived node fires at each replay after the whole
 body (the sim cannot place it inside the body), on the launching stream; a test's graph model
 says which readers it found.
+
+Restoring (`warpolicy.runtime.platforms.base.GraphRestorer`): ``clone_graph`` copies a kept,
+captured graph (a new id, the same body and nodes; ``origin`` names the first graph), and with
+``private_events`` every node of the copy records a fresh event nobody knows, as after a
+persistence library's restore: the body's record of the fence's event then fires that private
+event (``SimGraph.sources`` maps the body's events to the nodes). ``save_planted`` /
+``rebind_planted`` find the planted nodes on the graph model (derived nodes added after their
+frontier, as the CUDA walk sees them) by position (`warpolicy.runtime.graphwalk.anchor`) and
+re-point them for future replays. A test's ``graph_model`` is asked for the clone too (build it
+from ``graph.planted``, and from ``graph.origin`` for what the capture logged).
 """
 
 from __future__ import annotations
@@ -63,19 +74,23 @@ import collections
 import contextlib
 import itertools
 import weakref
-from typing import Any, Callable, Iterator, Optional, Union, overload
+from typing import Any, Callable, Iterator, Mapping, Optional, Union, overload
 
 import attrs
 
 from warpolicy.runtime.graphwalk import (
     DerivedPlant,
     Graph,
+    Node,
+    NodeKind,
     Outcome,
     PlacementError,
     SelfCheck,
     derive_plan,
 )
+from warpolicy.runtime.graphwalk.anchor import SavedAnchors, find_anchored, save_anchors
 from warpolicy.runtime.graphwalk.plant import SharedBuffers, check_walked, ranges_of
+from warpolicy.runtime.graphwalk.restore import Rebound
 from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.platforms.base import is_simulated
 from warpolicy.runtime.platforms.tape import Tape
@@ -132,9 +147,27 @@ class SimGraph:
     instantiated: bool = False
     #: the clock at the end of the latest replay: the next launch starts after it
     done_clock: Optional[Clock] = None
+    #: per derived node, the walk-model nodes it depends on (its frontier)
+    derived_after: list[tuple[int, ...]] = attrs.Factory(list)
+    #: a clone's (or a rebound graph's) nodes: the event the capture body records -> the index
+    #: in ``planted`` of the node that record made (empty: each planted node records the
+    #: body's own event)
+    sources: dict[int, int] = attrs.Factory(dict)
+    #: the graph this one was cloned from (its first ancestor), else None
+    origin: Optional[int] = None
 
     def planted_ids(self) -> set[int]:
         return {e.id for e in self.planted}
+
+    def node_event(self, event: SimEvent) -> Optional[SimEvent]:
+        """The event the node made by the body's record of ``event`` records now (None: that
+        record made no node)."""
+        if any(e is event for e in self.planted):  # a node's own event (no body to re-run)
+            return event
+        if not self.sources:
+            return event if event.id in self.planted_ids() else None
+        index = self.sources.get(event.id)
+        return self.planted[index] if index is not None and index < len(self.planted) else None
 
     def raw_cuda_graph(self) -> int:
         """The graph's id, as torch's ``CUDAGraph.raw_cuda_graph()`` answers the ``cudaGraph_t``
@@ -334,11 +367,12 @@ class SimPlatform:
         self.log.emit(("record", event.id, stream.id, True))
 
     def _fire_in_replay(self, graph: SimGraph, event: SimEvent, stream: SimStream) -> None:
-        if event.id in graph.planted_ids():
-            event.records += 1
-            event.invalid = False
-            event.clock = dict(stream.clock)
-            self.log.emit(("record", event.id, stream.id, "in_graph"))
+        node = graph.node_event(event)  # a clone's node may record another event now
+        if node is not None:
+            node.records += 1
+            node.invalid = False
+            node.clock = dict(stream.clock)
+            self.log.emit(("record", node.id, stream.id, "in_graph"))
         # any other record in the body made no node at capture: nothing fires
 
     def wait_event(self, stream: SimStream, event: SimEvent) -> None:
@@ -420,6 +454,8 @@ class SimPlatform:
         graph.stream = stream if stream is not None else self._stream()
         graph.planted.clear()
         graph.derived.clear()
+        graph.derived_after.clear()
+        graph.sources.clear()
         graph.instantiated = False
         graph.captured = False
         graph.fn = None
@@ -544,6 +580,7 @@ class SimPlatform:
                 no_readers=True,
             )
         graph.derived.append(event)
+        graph.derived_after.append(plan.frontier)
         by_index = {r.index: r for r in plan.readers}
         return DerivedPlant(
             plan.readers, tuple(by_index[i] for i in plan.frontier), plan.nodes, 0.0, 0.0, 0.0
@@ -553,12 +590,96 @@ class SimPlatform:
         """The marker self-check on the graph model (the marker node records ``event.id``)."""
         if not isinstance(event, SimEvent):
             raise PlacementError("the marker event has no handle; nothing to look for")
-        return check_walked(
-            self._model_of(self.graph_of(graph)), ranges_of(shared_buffers), event.id
-        )
+        return check_walked(self._walked(self.graph_of(graph)), ranges_of(shared_buffers), event.id)
 
     def instantiate(self, graph: Any) -> None:
         self.graph_of(graph).instantiated = True
+
+    # -- restoring (clone, find the planted nodes again, rebind) ---------------------------------
+
+    def _walked(self, graph: SimGraph) -> Graph:
+        """The graph model with each derived node added after its frontier (as the CUDA walk
+        sees a planted derived node)."""
+        model = self._model_of(graph)
+        if not graph.derived:
+            return model
+        nodes = list(model.nodes)
+        for event, after in zip(graph.derived, graph.derived_after):
+            nodes.append(Node(len(nodes), NodeKind.EVENT_RECORD, deps=after, event=event.id))
+        return Graph(nodes)
+
+    def save_planted(self, graph: Any, planted: Mapping[str, SimEvent]) -> SavedAnchors:
+        """The anchors of the planted nodes of a kept graph, on its graph model."""
+        handles = {}
+        for label, event in planted.items():
+            if not isinstance(event, SimEvent):
+                raise PlacementError(f"planted node {label!r}: not an event of this platform")
+            handles[label] = event.id
+        return save_anchors(self._walked(self.graph_of(graph)), handles)
+
+    def rebind_planted(
+        self, graph: Any, saved: SavedAnchors, events: Mapping[str, SimEvent]
+    ) -> Rebound:
+        """Find the planted nodes of ``saved`` on the restored graph's model by position and
+        make each record ``events[label]`` (for future replays, instantiated or not)."""
+        target = self.graph_of(graph)
+        for label in saved.labels:
+            event = events.get(label)
+            if not isinstance(event, SimEvent) or event.records == 0:
+                raise PlacementError(
+                    f"the new event of planted node {label!r} has no handle yet; record it "
+                    f"once eagerly before rebinding"
+                )
+        model = self._walked(target)
+        found = find_anchored(model, saved)
+        if not target.sources:  # the body's records now name nodes, not events
+            target.sources = {e.id: i for i, e in enumerate(target.planted)}
+        for item in found:
+            recorded = model.nodes[item.index].event
+            new = events[item.label]
+            slots = [i for i, e in enumerate(target.planted) if e.id == recorded]
+            derived = [i for i, e in enumerate(target.derived) if e.id == recorded]
+            if slots:
+                target.planted[slots[0]] = new
+            elif derived:
+                target.derived[derived[0]] = new
+            else:
+                raise PlacementError(
+                    f"planted node {item.label!r} (#{item.index}) records no event of the graph"
+                )
+        self.log.emit(("rebind", target.id, tuple(f.label for f in found)))
+        return Rebound(found, len(model), 0.0, 0.0, 0.0, target.instantiated)
+
+    def clone_graph(self, graph: Any, private_events: bool) -> SimGraph:
+        """A copy of a kept, captured graph (``cudaGraphClone``), not instantiated; with
+        ``private_events`` each node records a fresh event nobody knows (a restore's)."""
+        source = self.graph_of(graph)
+        if not source.captured or not source.keep_graph:
+            raise PlacementError(
+                f"sim graph {source.id}: only a kept, captured graph can be cloned"
+            )
+
+        def node_event(event: SimEvent) -> SimEvent:
+            if not private_events:
+                return event
+            return self.create_event(external=True)
+
+        # every field copied (what the capture recorded, however it replays), then the copy's own
+        clone = attrs.evolve(
+            source,
+            id=self._next_id(),
+            planted=[node_event(e) for e in source.planted],
+            derived=[node_event(e) for e in source.derived],
+            derived_after=list(source.derived_after),
+            sources=dict(source.sources) or {e.id: i for i, e in enumerate(source.planted)},
+            origin=source.origin if source.origin is not None else source.id,
+            instantiated=False,
+            replays=0,
+            done_clock=None,
+        )
+        self._graphs[clone.id] = clone
+        self.log.emit(("clone", source.id, clone.id, bool(private_events)))
+        return clone
 
 
 class SimPlugin:

@@ -66,11 +66,13 @@ from warpolicy.runtime.batch import (
 from warpolicy.runtime.canary import Canary, CanarySession
 from warpolicy.runtime.distributed import ConsistencyResult, consistent_policy
 from warpolicy.runtime.fence import ReadDoneFence
+from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.owned_capture import SELF_CHECK_MODES, placement_of
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
 from warpolicy.runtime.policy import NamedPolicy, RunnerPolicy, policy_function
+from warpolicy.runtime.rebind import RELEASE_LABEL, save_bucket
 from warpolicy.runtime.release import (
     BucketFacts,
     BucketRelease,
@@ -92,6 +94,7 @@ from warpolicy.runtime.runners.protocols import (
     ModelAdapter,
     StepInfo,
 )
+from warpolicy.runtime.runners.restoring import RestoreTransaction
 from warpolicy.runtime.runners.widen import RaceWidener
 
 log = logging.getLogger("warpolicy")
@@ -199,6 +202,8 @@ class GraphRunner:
         self.buckets: tuple[int, ...] = check_buckets(self.name, model.bucket_sizes(self.mode))
         self.placement = self._placement_of(policy, placement)
         self._captured: dict[int, CapturedBucket] = {}
+        #: per bucket, the captured bucket a restore replaced (`restore`)
+        self._restored_from: dict[int, CapturedBucket] = {}
         self._reports: dict[int, CaptureReport] = {}
         self._outputs: dict[int, Any] = {}  # latest output per bucket
         self._eager_sizes: set[int] = set()
@@ -384,6 +389,59 @@ class GraphRunner:
             result = transaction.run()
         finally:
             self._unsettled = transaction.unsettled  # () once its synchronize succeeded
+        self._captured = result.captured
+        self._reports = result.reports
+        self._set_eager(result.eager)
+        self._coarse = None
+        for bucket, reason in self._demoted.items():  # for the rest of the process
+            self._apply_demotion(bucket, reason)
+
+    # -- persistence: save, restore -------------------------------------------------------------
+
+    def save(self) -> dict[int, Optional[SavedAnchors]]:
+        """Where each captured bucket's read-done node sits, as plain data to persist beside its
+        graph (``saved[bucket].to_json()``) for `restore`: None for a bucket whose node cannot be
+        described (one warning; its restore is coarse). Needs kept graphs (``keep_graphs=True``,
+        or a placement that walks them)."""
+        self._owner.check()
+        out: dict[int, Optional[SavedAnchors]] = {}
+        for bucket, captured in self._captured.items():
+            planted = {RELEASE_LABEL: captured.recorded} if captured.recorded is not None else {}
+            saved, why = save_bucket(self.platform, captured.graph, planted)
+            if saved is None:
+                self.reporter.warn("save", f"bucket {bucket}: {why}")
+            out[bucket] = saved
+        return out
+
+    def restore(
+        self,
+        graphs: Mapping[int, Any],
+        saved: Mapping[int, Optional[SavedAnchors]],
+        outputs: Optional[Mapping[int, Any]] = None,
+    ) -> None:
+        """Install graphs that were cloned, restored from a saved description or recaptured
+        (``graphs``: by bucket; ``saved``: what `save` returned for them): each bucket's planted
+        node is found again by position, rebound to a fresh event of this runner's fence,
+        self-checked on the restored graph and decided as at capture
+        (`warpolicy.runtime.runners.restoring`). A transaction like `capture`: every graph is
+        dropped first, and anything raised leaves the runner coarse. ``outputs``: each restored
+        graph's static output (default: the captured ones, for graphs restored from this
+        runner's own, which write the same memory)."""
+        self._owner.check()
+        if self.canary_session is not None:  # a sample of an old graph is never replayed
+            self.canary_session.discard()
+        # the graphs restored from these may use their memory pool, and each still records
+        # its event (a graph whose event was destroyed is undefined behaviour): kept alive
+        self._restored_from.update(self._captured)
+        self._captured = {}
+        self._reports = {}
+        self._coarse = "a restore is in progress or failed; every step is eager and coarse"
+        self._eager = None
+        self._eager_batch = None
+        transaction = RestoreTransaction(self._transaction(self._mode_policies()), graphs, saved)
+        result = transaction.run()
+        if outputs is not None:
+            self._outputs.update(outputs)
         self._captured = result.captured
         self._reports = result.reports
         self._set_eager(result.eager)

@@ -22,6 +22,7 @@ from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import Fault
 from warpolicy.testing.faults.matrix import Case, CaseResult, run_case
 from warpolicy.testing.faults.owned import OwnedCaptureEngine
+from warpolicy.testing.faults.restored import TrustsSavedRelease
 
 # -- broken platforms ---------------------------------------------------------------------------
 
@@ -369,6 +370,13 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         Case("owned_capture", "in_graph_late"),
         wrapper=TrustsItsMarker,
     ),
+    Control(
+        "restore_keeps_saved_release",
+        "an engine that restores its saved graphs publishes each bucket's capture-time event "
+        "(the restored clone records a fresh private event)",
+        Case("restored", "in_graph"),
+        wrapper=TrustsSavedRelease,
+    ),
 )
 
 #: Correct configurations: the matrix must report no early release and no stale read.
@@ -386,6 +394,10 @@ NEGATIVE_CONTROLS: tuple[Case, ...] = (
     Case("lag_within", "post_replay"),
     Case("owned_capture", "in_graph_late"),
     Case("owned_capture_derived", "in_graph_late"),
+    Case("restored", "in_graph"),
+    Case("restored", "in_graph_late"),
+    Case("restored_derived", "in_graph_late"),
+    Case("restored_runner", "in_graph"),
 )
 
 

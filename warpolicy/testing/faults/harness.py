@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Optional
 import attrs
 
 from warpolicy.runtime.manager import new_plugin_manager
-from warpolicy.runtime.platforms import PLATFORM_OPERATIONS
+from warpolicy.runtime.platforms import PLATFORM_OPERATIONS, RESTORE_METHODS
 from warpolicy.runtime.platforms.sim import SimGraph, SimPlatform
 from warpolicy.testing.faults.compat import component_kwargs, make_platform
 from warpolicy.testing.faults.injection import Fault, Injector, injected
@@ -32,9 +32,13 @@ from warpolicy.testing.faults.oracle import Oracle, Point
 
 #: The graph-walk operations of the simulated platform (the probe first).
 WALK_TARGETS = ("graph_walk_unavailable", "plant_derived", "check_marker", "instantiate")
+#: The restoring operations (clone, save and rebind the planted nodes).
+RESTORE_TARGETS = RESTORE_METHODS
 #: Platform operations the harness can fail. ``capture`` (the context-manager form) is left
 #: out: no runner captures through it (they use ``capture_callable``), so it never fires.
-PLATFORM_TARGETS = tuple(op for op in PLATFORM_OPERATIONS if op != "capture") + WALK_TARGETS
+PLATFORM_TARGETS = (
+    tuple(op for op in PLATFORM_OPERATIONS if op != "capture") + WALK_TARGETS + RESTORE_TARGETS
+)
 
 
 @attrs.frozen
@@ -168,6 +172,7 @@ class Harness:
         self.steps: dict[int, int] = {}
         self._local = threading.local()
         self.launching: list[int] = []  # graphs being replayed (innermost last)
+        self.origins: dict[int, int] = {}  # launched graph -> the graph whose capture it replays
         self._fired_at: Optional[tuple[int, int]] = None  # (errors, warnings) at first fire
         self._install()
         if platform_hook is not None:  # positive controls: a platform that misbehaves
@@ -184,6 +189,8 @@ class Harness:
 
         def launch(graph: Any) -> None:
             gid, sid = getattr(graph, "id", -1), self.stream_id()
+            origin = getattr(graph, "origin", None)
+            self.origins[gid] = origin if origin is not None else gid
             self.emit(("launch", gid, sid))
             self.launching.append(gid)
             try:
@@ -204,14 +211,18 @@ class Harness:
 
     def replay_stage(self, graph: int, label: str) -> None:
         """Repeat what the capture of ``graph`` logged for ``label``."""
-        for entry in self.oracle.captured.get(graph, ()):
+        for entry in self.oracle.captured.get(self.origins.get(graph, graph), ()):
             if entry[0] == "read" and entry[4] == label:
                 self.read(label)
             elif entry[0] == "work" and entry[2] == label:
                 self.work(label)
 
     def _graph_model(self, graph: SimGraph) -> Any:
-        return graph_model(self.oracle.captured.get(graph.id, ()), graph.planted_ids())
+        # a clone replays what its first graph's capture logged; its nodes may record other
+        # events than the ones the capture recorded (`SimGraph.sources`)
+        origin = graph.origin if graph.origin is not None else graph.id
+        renamed = {body: graph.planted[i].id for body, i in graph.sources.items()}
+        return graph_model(self.oracle.captured.get(origin, ()), graph.planted_ids(), renamed)
 
     def _platform(self) -> Any:
         """The platform the runtime uses, with the harness's observers (composition root);

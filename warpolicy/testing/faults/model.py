@@ -344,8 +344,11 @@ class _TrustingRule:
         return self.rule({**(facts or {}), **dict.fromkeys(self.actions, True)})
 
 
-def graph_model(captured: Sequence[tuple], planted: set[int]) -> Graph:
-    """The chain of nodes one capture logged (see the module docstring)."""
+def graph_model(
+    captured: Sequence[tuple], planted: set[int], renamed: Optional[Mapping[int, int]] = None
+) -> Graph:
+    """The chain of nodes one capture logged (see the module docstring); ``renamed``: the event
+    a node records now for the event the capture recorded (a restored clone's)."""
     nodes: list[Node] = []
 
     def add(kind: NodeKind, **fields: Any) -> None:
@@ -359,8 +362,10 @@ def graph_model(captured: Sequence[tuple], planted: set[int]) -> Graph:
             add(NodeKind.KERNEL, name=str(entry[4]), words=(shared[len(nodes) % len(shared)],))
         elif kind == "work":
             add(NodeKind.KERNEL, name=str(entry[2]), words=(_PRIVATE_BASE + 8 * len(nodes),))
-        elif kind == "record" and entry[3] is True and entry[1] in planted:
-            add(NodeKind.EVENT_RECORD, event=int(entry[1]))
+        elif kind == "record" and entry[3] is True:
+            event = (renamed or {}).get(entry[1], entry[1])
+            if event in planted:
+                add(NodeKind.EVENT_RECORD, event=int(event))
     return Graph(nodes)
 
 

@@ -44,6 +44,8 @@ class OwnedCaptureEngine:
     """Decode graphs captured by the engine; warpolicy decides each bucket's release."""
 
     mode = ForwardMode.DECODE
+    #: capture every graph kept (a subclass that saves and restores them needs the raw graph)
+    keep_graphs = False
 
     def __init__(
         self,
@@ -105,7 +107,7 @@ class OwnedCaptureEngine:
             pool = p.graph_pool()
             for bucket in reversed(buckets):
                 begun = capture.begin(bucket)
-                graph = p.new_graph(keep_graph=begun.keep_graph)
+                graph = p.new_graph(keep_graph=begun.keep_graph or self.keep_graphs)
                 p.capture_callable(
                     graph, functools.partial(self._body, bucket, begun.mark), pool=pool
                 )

@@ -64,6 +64,7 @@ from warpolicy.testing.faults.model import (
     policy_table,
 )
 from warpolicy.testing.faults.owned import OwnedCaptureEngine
+from warpolicy.testing.faults.restored import RestoredCaptureEngine, RestoringRunner
 from warpolicy.testing.faults.staging import spec_stager_scenario
 
 #: variant -> (declared policy, read plan)
@@ -283,12 +284,14 @@ def _canary_scenario(h: Harness, variant: str) -> None:
         overlap(h, runner, STEPS["decode"], canary=canary)
 
 
-def _owned(placement: Optional[str]) -> Callable[[Harness, str], None]:
+def _owned(
+    placement: Optional[str], engine_class: type[OwnedCaptureEngine] = OwnedCaptureEngine
+) -> Callable[[Harness, str], None]:
     def run(h: Harness, variant: str) -> None:
         policy, reads = VARIANTS[variant]
         model = HarnessModel(h, READ_PLANS[reads], BUCKETS, name="owned")
         engine = h.guard(
-            lambda: OwnedCaptureEngine(
+            lambda: engine_class(
                 model,
                 policy_table(h, dict.fromkeys(BUCKETS, policy)),
                 h.platform,
@@ -300,6 +303,15 @@ def _owned(placement: Optional[str]) -> Callable[[Harness, str], None]:
             overlap(h, engine, STEPS["owned"])
 
     return run
+
+
+def _restoring_runner(h: Harness, variant: str) -> None:
+    """DecodeRunner (kept graphs) whose every capture is followed by save, clone with private
+    events and `GraphRunner.restore`; OverlapLoop steps the restored clones."""
+    policy, reads = VARIANTS[variant]
+    runner = _runner(h, DecodeRunner, reads, dict.fromkeys(BUCKETS, policy), keep_graphs=True)
+    if runner is not None:
+        overlap(h, RestoringRunner(runner), STEPS["decode"])
 
 
 def _streams_scenario(h: Harness, variant: str) -> None:
@@ -493,6 +505,27 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("in_graph", "in_graph_late"),
             _owned("derived"),
             "the engine-owned capture with derived placement",
+        ),
+        Scenario(
+            "restored",
+            ("in_graph", "in_graph_late", "post_replay"),
+            _owned(None, RestoredCaptureEngine),
+            "an engine that saves its graphs and steps restored clones (fresh private events, "
+            "as a persistence library's load leaves them) through ReadDoneCapture.save / "
+            "restore: the node found by position, rebound, self-checked again; re-capture",
+        ),
+        Scenario(
+            "restored_derived",
+            ("in_graph", "in_graph_late"),
+            _owned("derived", RestoredCaptureEngine),
+            "the restoring engine with derived placement",
+        ),
+        Scenario(
+            "restored_runner",
+            ("in_graph", "in_graph_late"),
+            _restoring_runner,
+            "DecodeRunner whose captures are saved, cloned with private events and restored "
+            "(GraphRunner.save / restore); OverlapLoop steps the clones; re-capture",
         ),
         Scenario(
             "streams",
