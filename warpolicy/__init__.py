@@ -7,6 +7,6 @@ audit) imports torch lazily.
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.hookspecs import hookimpl, hookspec
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["ForwardMode", "WarReadDonePolicy", "__version__", "hookimpl", "hookspec"]
