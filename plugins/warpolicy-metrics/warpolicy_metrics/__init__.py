@@ -75,7 +75,7 @@ from warpolicy_metrics.vocabulary import (
     mode_label,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 hookimpl = pluggy.HookimplMarker("warpolicy")
 log = logging.getLogger("warpolicy")

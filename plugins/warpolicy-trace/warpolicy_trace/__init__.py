@@ -20,7 +20,7 @@ import pluggy
 
 from warpolicy import environment
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 hookimpl = pluggy.HookimplMarker("warpolicy")
 
