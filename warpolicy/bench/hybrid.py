@@ -25,17 +25,17 @@ Torch ops only (runs on CUDA, and on CPU under the simulated platform for tests)
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import attrs
 import torch
 
 from warpolicy.audit.subject import AuditSubject
+from warpolicy.bench.class_decode import OneBucketDecode, class_decode_subject, positive
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.platforms import Platform
-from warpolicy.runtime.release import ReadDone, class_policy_fns
-from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.runtime.release import ReadDone
 
 DECODE = ForwardMode.DECODE
 
@@ -54,21 +54,16 @@ BUFFER_CLASSES: Mapping[str, str] = {
 }
 
 
-def _positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
-
-
 @attrs.frozen
 class HybridConfig:
     """Sizes of the hybrid decode (the defaults: ~0.5 ms per step on an H100)."""
 
-    hidden: int = attrs.field(default=1024, validator=_positive)
-    ffn: int = attrs.field(default=4096, validator=_positive)
-    layers: int = attrs.field(default=16, validator=_positive)  # even: linear, odd: attention
-    batch: int = attrs.field(default=32, validator=_positive)
-    ctx: int = attrs.field(default=256, validator=_positive)
-    new_per_step: int = attrs.field(default=4, validator=_positive)
+    hidden: int = attrs.field(default=1024, validator=positive)
+    ffn: int = attrs.field(default=4096, validator=positive)
+    layers: int = attrs.field(default=16, validator=positive)  # even: linear, odd: attention
+    batch: int = attrs.field(default=32, validator=positive)
+    ctx: int = attrs.field(default=256, validator=positive)
+    new_per_step: int = attrs.field(default=4, validator=positive)
     seed: int = 0
     dtype: str = "float32"
 
@@ -81,8 +76,11 @@ class HybridConfig:
         return self.batch * self.ctx * 2 + 1
 
 
-class HybridDecode:
+class HybridDecode(OneBucketDecode):
     """The hybrid decode as a `ModelAdapter` (one bucket: ``batch``)."""
+
+    BUFFER_CLASSES = BUFFER_CLASSES
+    cfg: HybridConfig
 
     def __init__(self, cfg: HybridConfig, device: Any) -> None:
         self.cfg = cfg
@@ -125,20 +123,9 @@ class HybridDecode:
         }
 
     @property
-    def buffer_classes(self) -> Mapping[str, str]:
-        """Which class each shared buffer belongs to (the class self-check walks by it)."""
-        return BUFFER_CLASSES
-
-    @property
     def extra_outputs(self) -> Mapping[str, torch.Tensor]:
         """The recurrent state the step updates (compared by the audit besides the output)."""
         return {"state": self.state}
-
-    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
-        return (self.cfg.batch,) if mode is DECODE else ()
-
-    def batch_size(self, batch: torch.Tensor) -> int:
-        return int(batch.shape[0])
 
     def prepare_bucket(self, bucket: int) -> None:
         if bucket in self._buckets:
@@ -152,13 +139,6 @@ class HybridDecode:
             "positions": torch.arange(cfg.ctx, device=dev),
             "out": torch.zeros(bucket, cfg.hidden, dtype=self.state.dtype, device=dev),
         }
-
-    def host_prep(self, batch: torch.Tensor, bucket: int) -> None:
-        static = self._buckets[bucket]["req"]
-        n = int(batch.shape[0])
-        static[:n].copy_(batch, non_blocking=True)
-        if n < bucket:
-            static[n:].fill_(0)
 
     def graph_prep(self, bucket: int) -> None:
         """The in-graph metadata prep: every read of the metadata tables."""
@@ -270,31 +250,13 @@ def subject(
         cfg = HybridConfig(hidden=32, ffn=64, layers=4, batch=4, ctx=8, new_per_step=2)
     device = platform.device if on_cuda else "cpu"
     model = HybridDecode(cfg, device)
-    classes = dict(declared if declared is not None else DECLARED_CLASSES)
-    cell, per_class = class_policy_fns(classes)
-
-    def runner(m: Any) -> DecodeRunner:
-        return DecodeRunner(
-            m,
-            cell,
-            platform,
-            f"{name}:decode",
-            keep_graphs=True,
-            class_policies=per_class,
-            self_check=self_check,
-        )
-
-    return AuditSubject(
+    return class_decode_subject(
+        platform,
+        model,
+        declared if declared is not None else DECLARED_CLASSES,
+        BUFFER_CLASSES,
         name=name,
-        model=model,
-        runners={DECODE: runner},
-        make_batch=model.make_batch,
-        platform=platform,
-        declared={DECODE: max(classes.values())},
-        spec="none",
-        extra_outputs=model.extra_outputs,
-        declared_classes={DECODE: classes},
-        buffer_classes=BUFFER_CLASSES,
+        self_check=self_check,
     )
 
 

@@ -28,12 +28,12 @@ import attrs
 import torch
 
 from warpolicy.audit.subject import AuditSubject
+from warpolicy.bench.class_decode import OneBucketDecode, class_decode_subject, positive
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.lifetimes import DeferredFrees, LifetimeStats
 from warpolicy.runtime.platforms import Platform
-from warpolicy.runtime.release import ReadDone, class_policy_fns
-from warpolicy.runtime.runners import DecodeRunner
+from warpolicy.runtime.release import ReadDone
 
 DECODE = ForwardMode.DECODE
 
@@ -51,22 +51,17 @@ STAGING_ROWS = 512
 BUFFER_CLASSES: Mapping[str, str] = {"req_to_token": "metadata", "kv": "kv_pages"}
 
 
-def _positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
-
-
 @attrs.frozen
 class PageReuseConfig:
     """Sizes of the page-reuse decode."""
 
-    hidden: int = attrs.field(default=1024, validator=_positive)
-    ffn: int = attrs.field(default=4096, validator=_positive)
-    layers: int = attrs.field(default=8, validator=_positive)
-    batch: int = attrs.field(default=32, validator=_positive)
-    page: int = attrs.field(default=16, validator=_positive)  # tokens per page
-    pages_per_request: int = attrs.field(default=16, validator=_positive)
-    new_per_step: int = attrs.field(default=4, validator=_positive)
+    hidden: int = attrs.field(default=1024, validator=positive)
+    ffn: int = attrs.field(default=4096, validator=positive)
+    layers: int = attrs.field(default=8, validator=positive)
+    batch: int = attrs.field(default=32, validator=positive)
+    page: int = attrs.field(default=16, validator=positive)  # tokens per page
+    pages_per_request: int = attrs.field(default=16, validator=positive)
+    new_per_step: int = attrs.field(default=4, validator=positive)
     seed: int = 0
 
     @property
@@ -83,9 +78,12 @@ class PageReuseConfig:
         return self.batch * self.pages_per_request + self.spare_pages
 
 
-class PageReuseDecode:
+class PageReuseDecode(OneBucketDecode):
     """The page-reuse decode as a `ModelAdapter` (one bucket: ``batch``) whose scheduler
     writes per class (`warpolicy.bench.overlap_classes.ClassScheduled`)."""
+
+    BUFFER_CLASSES = BUFFER_CLASSES
+    cfg: PageReuseConfig
 
     def __init__(self, cfg: PageReuseConfig, device: Any, platform: Platform) -> None:
         self.cfg = cfg
@@ -159,19 +157,8 @@ class PageReuseDecode:
         return {"req_to_token": self.req_to_token, "kv": self.kv}
 
     @property
-    def buffer_classes(self) -> Mapping[str, str]:
-        """Which class each shared buffer belongs to (the class self-check walks by it)."""
-        return BUFFER_CLASSES
-
-    @property
     def extra_outputs(self) -> Mapping[str, torch.Tensor]:
         return {}
-
-    def bucket_sizes(self, mode: ForwardMode) -> Sequence[int]:
-        return (self.cfg.batch,) if mode is DECODE else ()
-
-    def batch_size(self, batch: torch.Tensor) -> int:
-        return int(batch.shape[0])
 
     def prepare_bucket(self, bucket: int) -> None:
         if bucket in self._buckets:
@@ -182,13 +169,6 @@ class PageReuseDecode:
             "locs": torch.zeros(bucket, cfg.ctx, dtype=torch.int64, device=dev),
             "out": torch.zeros(bucket, cfg.hidden, device=dev),
         }
-
-    def host_prep(self, batch: torch.Tensor, bucket: int) -> None:
-        static = self._buckets[bucket]["req"]
-        n = int(batch.shape[0])
-        static[:n].copy_(batch, non_blocking=True)
-        if n < bucket:
-            static[n:].fill_(0)
 
     def graph_prep(self, bucket: int) -> None:
         """The in-graph metadata prep: the page table gathered once."""
@@ -287,24 +267,12 @@ def subject(
             hidden=32, ffn=64, layers=2, batch=4, page=2, pages_per_request=2, new_per_step=2
         )
     model = PageReuseDecode(cfg, platform.device if on_cuda else "cpu", platform)
-    classes = dict(declared if declared is not None else DECLARED_CLASSES)
-    cell, per_class = class_policy_fns(classes)
-
-    def runner(m: Any) -> DecodeRunner:
-        return DecodeRunner(
-            m, cell, platform, f"{name}:decode", keep_graphs=True, class_policies=per_class
-        )
-
-    return AuditSubject(
+    return class_decode_subject(
+        platform,
+        model,
+        declared if declared is not None else DECLARED_CLASSES,
+        BUFFER_CLASSES,
         name=name,
-        model=model,
-        runners={DECODE: runner},
-        make_batch=model.make_batch,
-        platform=platform,
-        declared={DECODE: max(classes.values())},
-        spec="none",
-        declared_classes={DECODE: classes},
-        buffer_classes=BUFFER_CLASSES,
     )
 
 

@@ -643,28 +643,14 @@ class BucketCapture:
         Never raises an ``Exception`` for a failed plant, check or instantiation: the bucket
         fails closed (see the module docstring); ``self_check="error"`` raises `SelfCheckError`.
         """
-        c = self.capture
-        if instantiate is None:
-            instantiate = not isinstance(graph, RawGraph)
         self.sites = sites
         facts, outcome = self._facts(graph, shared_buffers, marker)
-        if instantiate and facts.doubt is None:
-            failed = instantiate_kept(c.platform, graph)
-            if failed is not None:
-                facts = BucketFacts(self.bucket, doubt=f"bucket {self.bucket}: {failed}")
-        elif instantiate:
-            instantiate_kept(c.platform, graph)  # the graph must still replay
-        release = decide_bucket(c.policies, facts, c.name)
+        facts = self._instantiated(graph, facts, instantiate)
+        release = decide_bucket(self.capture.policies, facts, self.capture.name)
         report = self._report(release, facts, outcome)
-        if facts.doubt is not None or (facts.refuted is not None and outcome is not None):
-            c.reporter.demotion(c.name, self.bucket, self._demotion_text(release, facts))
-        c.notify(release, eager=False, planted=facts.event is not None)
-        recorded = marker if marker is not None and not c.derived else self.event
-        plans = c.cell.plans
-        plan = plans.planted if facts.event is not None else plans.unplanted
-        batch = BucketBatch.bind(plan, release)
-        self.outcome = BucketOutcome(release, report, facts, outcome, recorded, batch)
-        return self.outcome
+        recorded = marker if marker is not None and not self.capture.derived else self.event
+        demote_refuted = outcome is not None
+        return self._settled(release, report, facts, outcome, recorded, demote_refuted)
 
     def restore(
         self,
@@ -676,29 +662,51 @@ class BucketCapture:
         instantiate: Optional[bool] = None,
     ) -> BucketOutcome:
         """`ReadDoneCapture.restore` for this bucket (begun with a fresh event)."""
-        c = self.capture
-        if instantiate is None:
-            instantiate = not isinstance(graph, RawGraph)
         facts, outcome, rebound = self._restored_facts(graph, saved, shared_buffers, events)
-        if instantiate and facts.doubt is None:
-            failed = instantiate_kept(c.platform, graph)
-            if failed is not None:
-                facts = BucketFacts(self.bucket, doubt=f"bucket {self.bucket}: {failed}")
-        elif instantiate:
-            instantiate_kept(c.platform, graph)  # the graph must still replay
-        release = decide_bucket(c.policies, facts, c.name)
+        facts = self._instantiated(graph, facts, instantiate)
+        release = decide_bucket(self.capture.policies, facts, self.capture.name)
         report = attrs.evolve(
             self._report(release, facts, outcome),
             restored=True,
             rebind_us=rebound.rebind_us if rebound is not None else None,
         )
+        recorded = self.event if rebound is not None else None
         planted = saved is not None and bool(saved.anchors)
-        if facts.doubt is not None or (facts.refuted is not None and planted):
+        return self._settled(release, report, facts, outcome, recorded, planted)
+
+    def _instantiated(
+        self, graph: GraphHandle, facts: BucketFacts, instantiate: Optional[bool]
+    ) -> BucketFacts:
+        """Instantiates ``graph`` where asked (by default unless it is a `RawGraph`): sound
+        facts become a doubt when the instantiation fails; with a doubt already, the graph is
+        instantiated all the same (it must still replay)."""
+        if instantiate is None:
+            instantiate = not isinstance(graph, RawGraph)
+        if instantiate and facts.doubt is None:
+            failed = instantiate_kept(self.capture.platform, graph)
+            if failed is not None:
+                return BucketFacts(self.bucket, doubt=f"bucket {self.bucket}: {failed}")
+        elif instantiate:
+            instantiate_kept(self.capture.platform, graph)  # the graph must still replay
+        return facts
+
+    def _settled(
+        self,
+        release: BucketRelease,
+        report: CaptureReport,
+        facts: BucketFacts,
+        outcome: Optional[PlacementOutcome],
+        recorded: Optional[EventHandle],
+        demote_refuted: bool,
+    ) -> BucketOutcome:
+        """The bucket's decided release reported (a demotion on a doubt, or on a refuted
+        placement where ``demote_refuted``), notified and bound to its plan: the outcome."""
+        c = self.capture
+        if facts.doubt is not None or (facts.refuted is not None and demote_refuted):
             c.reporter.demotion(c.name, self.bucket, self._demotion_text(release, facts))
         c.notify(release, eager=False, planted=facts.event is not None)
         plans = c.cell.plans
         plan = plans.planted if facts.event is not None else plans.unplanted
-        recorded = self.event if rebound is not None else None
         batch = BucketBatch.bind(plan, release)
         self.outcome = BucketOutcome(release, report, facts, outcome, recorded, batch)
         return self.outcome

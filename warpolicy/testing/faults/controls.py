@@ -21,7 +21,7 @@ from warpolicy.testing.faults.compat import publish_args
 from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.injection import Fault
 from warpolicy.testing.faults.matrix import Case, CaseResult, run_case
-from warpolicy.testing.faults.owned import OwnedCaptureEngine
+from warpolicy.testing.faults.owned import EngineWrapper
 from warpolicy.testing.faults.restored import TrustsSavedRelease
 
 # -- broken platforms ---------------------------------------------------------------------------
@@ -179,20 +179,10 @@ class JoinCatchesException:
         return self.runner.run(batch)
 
 
-class PlainWarmUp:
+class PlainWarmUp(EngineWrapper):
     """An engine owning its capture that warms up as 0.3.0's guide and example did: the join
     and the synchronize as plain statements after the side-stream block, so a warm-up that
     raises leaves its shared reads unjoined (issue 26 finding 1)."""
-
-    def __init__(self, harness: Harness, engine: OwnedCaptureEngine) -> None:
-        self.engine = engine
-        self.name, self.mode = engine.name, engine.mode
-        self.fence, self.platform = engine.fence, engine.platform
-        self.model, self.observers = engine.model, engine.observers
-
-    @property
-    def last_step(self) -> Any:
-        return self.engine.last_step
 
     def capture(self) -> None:
         p = self.platform
@@ -205,23 +195,10 @@ class PlainWarmUp:
         p.synchronize()
         self.engine.capture()
 
-    def run(self, batch: Any) -> Any:
-        return self.engine.run(batch)
 
-
-class TrustsItsMarker:
+class TrustsItsMarker(EngineWrapper):
     """An engine owning its capture that publishes its marker's event whatever ``finish``
     decided: it ignores the self-check's demotion of a bucket with a late reader."""
-
-    def __init__(self, harness: Harness, engine: OwnedCaptureEngine) -> None:
-        self.engine = engine
-        self.name, self.mode = engine.name, engine.mode
-        self.fence, self.platform = engine.fence, engine.platform
-        self.model, self.observers = engine.model, engine.observers
-
-    @property
-    def last_step(self) -> Any:
-        return self.engine.last_step
 
     def capture(self) -> None:
         self.engine.capture()
@@ -232,9 +209,6 @@ class TrustsItsMarker:
                 outcome = attrs.evolve(outcome, release=release)
             trusted[bucket] = outcome
         self.engine.outcomes = trusted
-
-    def run(self, batch: Any) -> Any:
-        return self.engine.run(batch)
 
 
 # -- the controls -------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from warpolicy.runtime.owned_capture import (
 from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.release import BucketRelease
 from warpolicy.runtime.runners.protocols import CapturedBucket, StepInfo
+from warpolicy.testing.faults.harness import Harness
 from warpolicy.testing.faults.model import HarnessModel
 
 
@@ -141,3 +142,22 @@ class OwnedCaptureEngine:
         self.fence.after_replay(release)
         self.last_step = StepInfo(self.fence.step, size, bucket, self.fence.published)
         return (self.name, bucket)
+
+
+class EngineWrapper:
+    """An `OwnedCaptureEngine` behind a wrapper that carries a known bug in its `capture` (a
+    positive control's engine, which defines ``capture``): the engine's surface as the scenario
+    reads it, its steps delegated unchanged."""
+
+    def __init__(self, harness: Harness, engine: OwnedCaptureEngine) -> None:
+        self.engine = engine
+        self.name, self.mode = engine.name, engine.mode
+        self.fence, self.platform = engine.fence, engine.platform
+        self.model, self.observers = engine.model, engine.observers
+
+    @property
+    def last_step(self) -> Any:
+        return self.engine.last_step
+
+    def run(self, batch: Any) -> Any:
+        return self.engine.run(batch)

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.owned_capture import BucketOutcome, ReadDoneCapture
-from warpolicy.testing.faults.owned import OwnedCaptureEngine
+from warpolicy.testing.faults.owned import EngineWrapper, OwnedCaptureEngine
 
 
 class RestoredCaptureEngine(OwnedCaptureEngine):
@@ -65,26 +65,15 @@ def _persisted(saved: Optional[SavedAnchors]) -> Optional[SavedAnchors]:
     return SavedAnchors.from_json(json.dumps(saved.to_json()))
 
 
-class TrustsSavedRelease:
+class TrustsSavedRelease(EngineWrapper):
     """An engine that publishes each bucket's capture-time release for its restored clone."""
 
-    def __init__(self, harness: Any, engine: RestoredCaptureEngine) -> None:
-        self.engine = engine
-        self.name, self.mode = engine.name, engine.mode
-        self.fence, self.platform = engine.fence, engine.platform
-        self.model, self.observers = engine.model, engine.observers
-
-    @property
-    def last_step(self) -> Any:
-        return self.engine.last_step
+    engine: RestoredCaptureEngine
 
     def capture(self) -> None:
         self.engine.capture()
         kept = self.engine.captured_outcomes
         self.engine.outcomes = {b: kept[b] for b in self.engine.outcomes if b in kept}
-
-    def run(self, batch: Any) -> Any:
-        return self.engine.run(batch)
 
 
 class RestoringRunner:
