@@ -277,6 +277,24 @@ def test_two_faults_release_nothing_early():
     assert second == {"wait_stream", "synchronize", "wait_event", "record"}
 
 
+def test_an_interrupted_settle_after_a_failed_capture_still_orders_the_step():
+    """The capture's host synchronize is interrupted (the warm-up's side stream unsettled),
+    then the first step's settle (its stream waits for the capture's streams) is interrupted
+    too: the step must still be ordered after the warm-up's reads (the host waits) before the
+    interrupt propagates, or the scheduler's write after that step's coarse barrier lands
+    before them (found by the two-fault sample)."""
+    case = faults.Case(
+        "lag_within",
+        "post_replay",
+        Fault("synchronize", "interrupt", phase="capture"),
+        second=Fault("wait_stream", "interrupt", nth=1),
+    )
+    result = faults.run_case(case)
+    assert result.both_fired and len(result.outcome.errors) == 2  # both interrupts reached it
+    assert result.outcome.writes > 0
+    assert result.outcome.early_writes == 0, result.outcome.first_early
+
+
 def test_the_second_fault_counts_calls_after_the_first_fired():
     first = Fault("replay", "raise", nth=2)
     second = Fault("wait_stream", "interrupt", nth=1)

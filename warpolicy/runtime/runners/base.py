@@ -68,6 +68,7 @@ from warpolicy.runtime.distributed import ConsistencyResult, consistent_policy
 from warpolicy.runtime.fence import ReadDoneFence
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
+from warpolicy.runtime.ordering import order_after, synchronize_all
 from warpolicy.runtime.owned_capture import SELF_CHECK_MODES, placement_of
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import Platform, StreamHandle
@@ -652,16 +653,24 @@ class GraphRunner:
 
     def _settle(self) -> None:
         """After a capture that failed before its host synchronize: order this step (on the
-        current stream) after the capture's unfinished work, or make the host wait for it."""
+        current stream) after the capture's unfinished work, or make the host wait for it.
+        Interrupted (a ``BaseException``), the host waits first, then the interrupt propagates:
+        the engine's coarse barrier on this stream must still cover the capture's reads."""
         p = self.platform
+        failed: Optional[Exception]
         try:
             current = p.current_stream()
-            for stream in self._unsettled:
-                p.wait_stream(current, stream)
-        except Exception as exc:  # noqa: BLE001 - the host waits instead (raises if it cannot)
-            p.synchronize()
+        except Exception as exc:  # noqa: BLE001 - no stream to order: the host waits instead
+            synchronize_all(p)
+            failed = exc
+        except BaseException:  # KeyboardInterrupt: order first, then re-raise
+            synchronize_all(p)
+            raise
+        else:  # a wait that raises makes the host wait; a BaseException after it did
+            failed = order_after(p, current, self._unsettled)
+        if failed is not None:  # the host waited for everything
             self._unsettled = ()
-            self.reporter.fallback("settle", exc)
+            self.reporter.fallback("settle", failed)
 
     # Publishing through the fence. The fence fails closed on its own; these guard a fence that
     # raises anyway: the step then publishes nothing, and ``last_step.policy`` says so.
