@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+pytest.importorskip("torch")  # the benchmarks/subjects run torch models (the no-torch nox sessions)
+
 from warpolicy.audit import EXIT_INCONCLUSIVE, Verdict, run_audit
 from warpolicy.audit.isolation import device_healthy
 from warpolicy.testing import sim_platform

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytest.importorskip("torch")  # the benchmarks/subjects run torch models (the no-torch nox sessions)
+
 from warpolicy.cli.main import main
 
 
