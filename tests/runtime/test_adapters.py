@@ -6,7 +6,7 @@ import inspect
 
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.runners.adapters import ModelView, batch_measure
-from warpolicy.runtime.runners.protocols import SizedModelAdapter
+from warpolicy.runtime.runners.protocols import ClassedModel, SizedModelAdapter, class_buffers
 from warpolicy.testing import RecModel
 
 DECODE = ForwardMode.DECODE
@@ -47,3 +47,19 @@ def test_a_view_is_a_sized_adapter_statically_and_keeps_overrides():
     for member in ("batch_size", "graph_prep", "forward", "shared_buffers"):
         assert inspect.getattr_static(view, member) is not None  # Python 3.12's isinstance
     assert view.forward(2) is None
+
+
+def test_views_of_views_keep_the_buffer_classes_statically():
+    class Classed(RecModel):
+        buffer_classes = {"table": "recurrent_state"}
+
+    inner = Classed()
+    views = [ModelView(ModelView(inner)), ModelView(RecModel())]
+    # Python 3.12's isinstance reads attributes statically: the class self-check must still
+    # walk only a class's own buffers through every view (found on an H100: the audit's
+    # launch-site view hid them, and the metadata class was checked against every buffer)
+    assert inspect.getattr_static(views[0], "buffer_classes") == {"table": "recurrent_state"}
+    assert isinstance(views[0], ClassedModel) and not isinstance(views[1], ClassedModel)
+    assert set(class_buffers(views[0], "recurrent_state")) == {"table"}
+    assert set(class_buffers(views[0], "metadata")) == set()
+    assert set(class_buffers(views[1], "metadata")) == {"table"}  # not said: every buffer

@@ -9,7 +9,7 @@ import attrs
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.runners.adapters import ModelView
-from warpolicy.runtime.runners.protocols import CanaryAdapter, ClassedModel, Runner
+from warpolicy.runtime.runners.protocols import CanaryAdapter, Runner
 
 #: Default stall before each captured segment, in microseconds.
 DEFAULT_STALL_US = 200.0
@@ -98,8 +98,6 @@ class StalledModel(ModelView):
     def __init__(self, model: Any, stall: Callable[[], None]) -> None:
         super().__init__(model)
         self.stall = stall
-        if isinstance(model, ClassedModel):  # an instance attribute: protocol checks see it
-            self.buffer_classes = model.buffer_classes
 
     def graph_prep(self, bucket: int) -> None:
         self.stall()

@@ -13,7 +13,11 @@ end there); every attention layer reads the pages (``kv_pages`` reads last the w
 So the page writes need no barrier of their own: the deferred free orders them after the
 reads of the step that freed the pages, and the metadata class's read-done releases the
 scheduler at the end of the prep. A declaration that omits ``kv_pages`` hands the deferred free
-the prep's read-done instead, and reused pages are overwritten while still read.
+the prep's read-done instead. In this schedule that races nothing (on an H100 the ``omit:kv_pages``
+row corrupts no step): a group is reclaimed a step after its free, when even the prep's read-done
+of the step that read it has long fired. The class's read-done is what a scheduler short of
+pages relies on (it reclaims the newest group, ordered after that event), so the benchmark
+shows the omitted row without judging it (`warpolicy.bench.overlap_classes.class_targets`).
 
 What the deferred frees held is reported (`PageReuseDecode.lifetime_stats`): at most the
 pages of the steps in flight.

@@ -27,7 +27,8 @@ runs **the same kernel** for the draft extend's bucket during target verify's pe
 SWA translation, so it reads no scheduler-shared buffer. Under ``skip_page_table`` the kernel does
 not read ``req_to_token``; the graph passes it a draft-owned one-row stand-in so the captured graph
 holds no pointer into the live table at all. A batch that was not staged is staged late by the
-draft extend itself (its host prep): it then releases at its own point.
+draft extend itself (its host prep): it then releases at its own point, ``pre_replay`` (the
+late staging kernels precede the replay; `SpeculativeStep.extend_policy`).
 
 **Lying stager** (the positive control): it stages the page tables but not the SWA write slots,
 so the draft extend's graph translates ``out_cache_loc`` through the live ``full_to_swa`` after
@@ -62,10 +63,11 @@ from warpolicy.conformance.paged import DECODE, VERIFY, PagedBatch, PagedConfig,
 from warpolicy.registry.decision import Context
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.loader import default_registry_path, load_registry
-from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode, WarReadDonePolicy
+from warpolicy.registry.vocabulary import IN_GRAPH, PRE_REPLAY, ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.batch import DRAFT_EXTEND_STAGED
 from warpolicy.runtime.manager import new_plugin_manager
 from warpolicy.runtime.markers import hookimpl
+from warpolicy.runtime.policy import RunnerPolicy, fixed_policy
 from warpolicy.runtime.runners import (
     DecodeRunner,
     DraftExtendRunner,
@@ -320,6 +322,16 @@ class SpeculativeStep:
         return candidate_engine().decide(Context(BACKEND, DRAFT_EXTEND, self.spec))
 
     @property
+    def extend_policy(self) -> RunnerPolicy:
+        """The draft extend runner's policy. Honestly staged, its graph reads no shared buffer
+        (a derived placement would find no reader to place after, and refuse); a batch that was
+        not staged is staged late by its host prep, so its shared reads end before the replay:
+        ``pre_replay``. Unstaged or lying, the registry's (the graph reads the live tables)."""
+        if self.staged and not self.lying:
+            return fixed_policy(PRE_REPLAY)
+        return self.policy
+
+    @property
     def extra_outputs(self) -> dict[str, Any]:
         """The KV pools both models write."""
         pools = {f"target.{n}": t for n, t in self.target.kv_pools.items()}
@@ -370,7 +382,7 @@ class SpeculativeStep:
                 draft_tokens=self.target.cfg.draft_tokens,
                 **kw,
             ),
-            DraftExtendRunner(extend, policy, p, "draft_extend", **kw),
+            DraftExtendRunner(extend, self.extend_policy, p, "draft_extend", **kw),
         ]
         phases = [Phase(runners[0], lambda batch, _: draft_decode_batch(batch))]
         phases += [Phase(r) for r in runners[1:]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from warpolicy.registry.vocabulary import ForwardMode
-from warpolicy.runtime.runners.protocols import ModelAdapter, SizedModelAdapter
+from warpolicy.runtime.runners.protocols import ClassedModel, ModelAdapter, SizedModelAdapter
 
 
 def batch_measure(model: ModelAdapter) -> Callable[[Any], int]:
@@ -21,11 +21,15 @@ def batch_measure(model: ModelAdapter) -> Callable[[Any], int]:
 class ModelView:
     """A `SizedModelAdapter` handing every member to ``model``; subclasses override what they
     change. Every member is defined on the class, so protocol checks see them (Python 3.12's
-    ``isinstance`` ignores ``__getattr__``)."""
+    ``isinstance`` ignores ``__getattr__``); a `ClassedModel`'s ``buffer_classes`` is kept as an
+    instance attribute, which those checks see too."""
 
     def __init__(self, model: ModelAdapter) -> None:
         self.model = model
         self._measure = batch_measure(model)
+        if isinstance(model, ClassedModel):  # an instance attribute: protocol checks see it
+            # (without it a view would make the class self-check walk every shared buffer)
+            self.buffer_classes = model.buffer_classes
 
     @property
     def shared_buffers(self) -> Mapping[str, Any]:
