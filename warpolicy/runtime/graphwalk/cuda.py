@@ -73,13 +73,25 @@ def call(driver: ModuleType, name: str, *args: Any) -> tuple[Any, ...]:
     Raises `BindingsMissingError` when the function does not exist and `CudaCallError` when
     the code is not ``CUDA_SUCCESS`` or the answer is not a ``(CUresult, ...)`` tuple.
     """
-    fn = getattr(driver, name, None)
-    if fn is None:
-        raise BindingsMissingError(f"cuda-bindings lacks driver.{name} (needs 12.4 or newer)")
+    fn = entry_point(driver, name)
     try:
         result = fn(*args)
     except (TypeError, ValueError, OverflowError) as exc:  # wrong argument types
         raise CudaCallError(name, type(exc).__name__, _one_line(str(exc))) from None
+    return checked(driver, name, result)
+
+
+def entry_point(driver: ModuleType, name: str) -> Callable[..., Any]:
+    """``driver.<name>``; `BindingsMissingError` when this cuda-bindings lacks it."""
+    fn = getattr(driver, name, None)
+    if fn is None:
+        raise BindingsMissingError(f"cuda-bindings lacks driver.{name} (needs 12.4 or newer)")
+    return fn
+
+
+def checked(driver: ModuleType, name: str, result: Any) -> tuple[Any, ...]:
+    """The values after the result code of ``driver.<name>``'s answer ``result``; raises
+    `CudaCallError` when the code is not ``CUDA_SUCCESS`` or the answer is not a tuple."""
     if not isinstance(result, tuple) or not result:
         raise CudaCallError(name, "unexpected answer", f"{type(result).__name__}, not a tuple")
     err = result[0]
@@ -513,17 +525,33 @@ def set_record_event(node: Any, event: int) -> None:
     call(driver, "cuGraphEventRecordNodeSetEvent", node, driver.CUevent(int(event)))
 
 
-def set_exec_record_event(exec_: int, node: Any, event: int) -> None:
-    """``cuGraphExecEventRecordNodeSetEvent``: future launches of the executable ``exec_`` record
-    ``event`` at ``node`` (a node of the graph it was instantiated from); no re-instantiation."""
-    driver = driver_module()
-    call(
-        driver,
-        "cuGraphExecEventRecordNodeSetEvent",
-        driver.CUgraphExec(int(exec_)),
-        node,
-        driver.CUevent(int(event)),
-    )
+class EventRepointer:
+    """Re-points event-record nodes of one graph, and of its executable ``exec_`` (0: not
+    instantiated), at new events. The driver entry points and the executable's handle are
+    resolved once, and `prepare` wraps each (node, event) pair beforehand, so `repoint` is the
+    driver calls alone: what a rebind costs per executable."""
+
+    def __init__(self, exec_: int = 0) -> None:
+        driver = self._driver = driver_module()
+        self._graph_set = entry_point(driver, "cuGraphEventRecordNodeSetEvent")
+        self._exec_set = entry_point(driver, "cuGraphExecEventRecordNodeSetEvent")
+        self._exec = driver.CUgraphExec(int(exec_)) if exec_ else None
+        self._event = driver.CUevent
+
+    def prepare(self, node: Any, event: int) -> tuple[Any, Any]:
+        """The arguments of re-pointing ``node`` (a graph node handle) at ``event``."""
+        return node, self._event(int(event))
+
+    def repoint(self, pairs: Sequence[tuple[Any, Any]]) -> None:
+        """Each prepared (node, event): the graph's node (what a self-check walks and an
+        instantiation uses), then the executable's (future launches record the new event; no
+        re-instantiation)."""
+        driver = self._driver
+        for node, event in pairs:
+            checked(driver, "cuGraphEventRecordNodeSetEvent", self._graph_set(node, event))
+            if self._exec is not None:
+                result = self._exec_set(self._exec, node, event)
+                checked(driver, "cuGraphExecEventRecordNodeSetEvent", result)
 
 
 def create_private_event() -> int:
