@@ -221,7 +221,7 @@ def test_backend_exceptions(reg):
     declared = {n: dict(reg.backend(n).reads_end) for n in BASE_CONTRACT}
     exceptions = {n: d for n, d in declared.items() if d}
     assert exceptions == {
-        "trtllm_mha": {EXTEND: P.PRE_REPLAY},
+        "trtllm_mha": {EXTEND: P.PRE_REPLAY, DRAFT_EXTEND: P.IN_GRAPH},
         "dsv4": {VERIFY: P.IN_GRAPH, EXTEND: P.PRE_REPLAY},
     }
     assert "32460" in reg.backend("trtllm_mha").doc
@@ -289,10 +289,10 @@ def test_only_sglang_backends_and_wrappers_are_concrete(reg):
 
 def test_draft_extend_is_declared_only_where_audited(reg):
     """The draft-extend rule: unknown (none) unless a backend declares it: minimax sparse NVFP4
-    (SGLang 0.5.23). trtllm_mha's candidate (in_graph, derived) waits for its GPU proof in a
-    layer of its own, which the doc names with the proving command."""
+    (SGLang 0.5.23) and trtllm_mha, whose in_graph (derived) declaration names the audit that
+    proved it on a GPU."""
     declared = {n for n, b in reg.backends.items() if DRAFT_EXTEND in b.reads_end}
-    assert declared == {"minimax_sparse_nvfp4"}
+    assert declared == {"minimax_sparse_nvfp4", "trtllm_mha"}
     assert "warpolicy.conformance.speculative:steps" in reg.backend("trtllm_mha").doc
     for backend in reg.backends.values():
         assert set(backend.reads_end) <= {DECODE, EXTEND, VERIFY, DRAFT_EXTEND}, backend.name
@@ -301,25 +301,15 @@ def test_draft_extend_is_declared_only_where_audited(reg):
     }
 
 
-def test_the_trtllm_mha_candidate_layer_declares_the_draft_extend():
-    from pathlib import Path
-
-    import warpolicy.conformance
-
-    candidate = Path(warpolicy.conformance.__file__).with_name("trtllm_mha_draft_extend.yaml")
-    layered = load_registry([default_registry_path(), candidate])
-    trtllm = layered.backend("trtllm_mha")
+def test_trtllm_mha_declares_the_draft_extend_in_graph_derived(reg):
+    trtllm = reg.backend("trtllm_mha")
     assert dict(trtllm.reads_end) == {EXTEND: P.PRE_REPLAY, DRAFT_EXTEND: P.IN_GRAPH}
-    engine = PolicyEngine(layered, environ={})
+    engine = PolicyEngine(reg, environ={})
     assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle") is P.IN_GRAPH
     assert decide(engine, "trtllm_mha", DRAFT_EXTEND, "eagle", planted=False) is P.POST_REPLAY
-    # everything else as packaged
-    base = PolicyEngine(load_registry([default_registry_path()]), environ={})
-    for mode in (DECODE, VERIFY, EXTEND):
-        for spec in ("none", "eagle", "dflash"):
-            assert decide(engine, "trtllm_mha", mode, spec, **ON) is decide(
-                base, "trtllm_mha", mode, spec, **ON
-            )
+    placement = engine.compile("trtllm_mha", "eagle", platform="cuda", external_events=True)
+    assert placement.placement(DRAFT_EXTEND).value == "derived"
+    assert decide(engine, "trtllm_mha", DECODE, "none") is P.IN_GRAPH  # the base contract
 
 
 def gate(reg: Registry, gate_id: str):
@@ -434,9 +424,9 @@ CELLS = [
     ("trtllm_mha", EXTEND, "none", {**ON, "hicache_storage": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {**ON, "lmcache": True}, P.NONE),
     ("trtllm_mha", EXTEND, "none", {}, P.NONE),
-    # the draft-extend rule: unknown unless declared (trtllm_mha: no GPU proof yet)
+    # the draft-extend rule: unknown unless declared (trtllm_mha: proven on a GPU)
     ("fa3", DRAFT_EXTEND, "eagle", {}, P.NONE),
-    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.NONE),
+    ("trtllm_mha", DRAFT_EXTEND, "eagle", {}, P.IN_GRAPH),
     # a drafter in another process (sglang #27634): every cell coarse
     ("trtllm_mha", DRAFT_EXTEND, "decoupled", {}, P.NONE),
     ("trtllm_mha", DECODE, "decoupled", {}, P.NONE),
@@ -472,9 +462,14 @@ def test_eager_prefill_publishes_too(engine):
     assert decide(engine, "trtllm_mha", EXTEND, "none", eager=True, **ON) is P.PRE_REPLAY
 
 
-def test_draft_extend_is_none_for_every_backend_but_the_declaring_one(engine, reg):
+def test_draft_extend_is_none_for_every_backend_but_the_declaring_ones(engine, reg):
+    declaring = {
+        "minimax_sparse_nvfp4": P.PRE_REPLAY,
+        "trtllm_mha": P.IN_GRAPH,
+        "image_prefill_trtllm_mha": P.IN_GRAPH,  # routes every mode but extend to trtllm_mha
+    }
     for name in reg.concrete_backends():
-        expected = P.PRE_REPLAY if name == "minimax_sparse_nvfp4" else P.NONE
+        expected = declaring.get(name, P.NONE)
         assert decide(engine, name, DRAFT_EXTEND, "eagle") is expected, name
 
 

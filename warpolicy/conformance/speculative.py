@@ -35,9 +35,8 @@ so the draft extend's graph translates ``out_cache_loc`` through the live ``full
 verify's release: its KV writes for sliding-window layers race the scheduler.
 
 Subjects (`steps`), each an EAGLE-family `SpecStep` audited at its release, declared and compiled
-for ``trtllm_mha`` by the packaged registry with the candidate layer `CANDIDATE`
-(``trtllm_mha_draft_extend.yaml``: ``draft_extend: in_graph``, derived placement; the packaged
-registry leaves the draft extend undeclared until this audit has passed on a GPU):
+for ``trtllm_mha`` by the packaged registry (``draft_extend: in_graph``, derived placement: the
+declaration this audit proved on an H100, see capabilities.yaml):
 
 * ``trtllm_mha/<spec>`` for EAGLE, EAGLE3 and FROZEN_KV_MTP, unstaged: the step releases at the
   draft extend as the registry declares it;
@@ -49,7 +48,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import attrs
@@ -80,9 +78,6 @@ from warpolicy.runtime.runners.staging import Stager
 
 DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND
 BACKEND = "trtllm_mha"
-#: The candidate declaration these subjects audit: trtllm_mha's ``draft_extend: in_graph``
-#: (derived placement), layered over the packaged registry until a GPU run proves it.
-CANDIDATE = Path(__file__).with_name("trtllm_mha_draft_extend.yaml")
 #: The EAGLE-family algorithms SGLang's EAGLE worker runs (``is_eagle()``), audited here.
 SPECS = ("eagle", "eagle3", "frozen_kv_mtp")
 #: What a draft extend stages: the page tables (KV plan) and the SWA write slots.
@@ -175,11 +170,9 @@ class DraftExtendAdapter(TrtllmMhaAdapter):
 
 
 @functools.lru_cache(maxsize=1)
-def candidate_engine() -> PolicyEngine:
-    """The packaged registry with the candidate layer (`CANDIDATE`) merged into one registry
-    (the candidate is what is audited: no layer warning for the cells it makes earlier), no
-    environment flags."""
-    return PolicyEngine(load_registry([default_registry_path(), CANDIDATE]), environ={})
+def packaged_engine() -> PolicyEngine:
+    """The packaged registry's engine, no environment flags."""
+    return PolicyEngine(load_registry([default_registry_path()]), environ={})
 
 
 def _plan_bytes(adapter: DraftExtendAdapter) -> int:
@@ -302,7 +295,7 @@ class SpeculativeStep:
         self.verify = TrtllmMhaAdapter(self.target, self.kernels, VERIFY)
         self.draft_decode = TrtllmMhaAdapter(self.draft, self.kernels, DECODE)
         self.extend = DraftExtendAdapter(self.draft, self.kernels, staged=staged_reads)
-        self.policy = candidate_engine().compile(
+        self.policy = packaged_engine().compile(
             BACKEND,
             spec,
             platform=platform.name,
@@ -319,7 +312,7 @@ class SpeculativeStep:
         draft extend's declaration (the EAGLE family's last reader)."""
         if self.staged:
             return IN_GRAPH
-        return candidate_engine().decide(Context(BACKEND, DRAFT_EXTEND, self.spec))
+        return packaged_engine().decide(Context(BACKEND, DRAFT_EXTEND, self.spec))
 
     @property
     def extend_policy(self) -> RunnerPolicy:
@@ -386,7 +379,7 @@ class SpeculativeStep:
         ]
         phases = [Phase(runners[0], lambda batch, _: draft_decode_batch(batch))]
         phases += [Phase(r) for r in runners[1:]]
-        spec = candidate_engine().spec(self.spec)
+        spec = packaged_engine().spec(self.spec)
         return SpecStep.for_algorithm(phases, spec, name=self.name)
 
 
@@ -415,7 +408,6 @@ def steps(platform: Any) -> list[AuditSubject]:
 
 
 __all__ = [
-    "CANDIDATE",
     "PLAN",
     "SPECS",
     "SWA_OUT",
@@ -424,7 +416,7 @@ __all__ = [
     "PlanStaging",
     "SpeculativeStep",
     "SwaOutStaging",
-    "candidate_engine",
+    "packaged_engine",
     "draft_decode_batch",
     "step_subject",
     "steps",
