@@ -99,9 +99,11 @@ def test_default_table_decode_in_graph_everywhere(capsys):
 
 def test_unknown_modes_are_none(capsys):
     rows = table_json(capsys, "--mode", "mixed", "--mode", "idle", "--mode", "draft_extend")
-    # draft extend is unknown unless a backend declares it (only minimax sparse NVFP4 does)
-    declared = {(r["backend"], r["mode"]) for r in rows if r["policy"] != "none"}
-    assert rows and declared == {("minimax_sparse_nvfp4", "draft_extend")}
+    # draft extend is unknown unless a backend declares it (minimax sparse NVFP4 and trtllm_mha,
+    # which image_prefill_trtllm_mha routes it to)
+    declared = {r["backend"] for r in rows if r["policy"] != "none"}
+    assert rows and {r["mode"] for r in rows if r["policy"] != "none"} == {"draft_extend"}
+    assert declared == {"minimax_sparse_nvfp4", "trtllm_mha", "image_prefill_trtllm_mha"}
 
 
 def test_target_verify_in_graph_only_when_verify_is_the_last_reader(capsys):

@@ -1,7 +1,6 @@
 """EAGLE-family speculative steps on SGLang's trtllm_mha metadata kernel, on the GPU (issue 28
-item 3): the proof the candidate layer ``warpolicy/conformance/trtllm_mha_draft_extend.yaml``
-(trtllm_mha ``draft_extend: in_graph``, derived placement) needs before the packaged registry
-adopts it.
+item 3): the proof behind the packaged declaration of trtllm_mha's ``draft_extend: in_graph``
+(derived placement).
 
 `warpolicy.conformance.speculative`: draft decode -> target verify -> draft extend
 (DRAFT_EXTEND_V2, ``Q_MODE_STRIDED``), every forward's metadata built by
