@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -126,7 +127,7 @@ class CudaGraphRunner:
     def _inputs(self, bs: int) -> dict[str, torch.Tensor]:
         return {name: t[:bs] for name, t in self.inputs.items()}
 
-    def _body(self, bs: int, mark: Optional[Callable[[], Any]]) -> None:
+    def _body(self, bs: int, mark: Callable[[], Any] | None) -> None:
         inputs = self._inputs(bs)
         self.backend.init_forward_metadata(bs, inputs["req_pool_indices"])  # in-graph prep
         if mark is not None:
@@ -242,7 +243,7 @@ def run(
 
 
 def build(
-    runtime: Runtime, backend: str = "triton", placement: Optional[str] = None
+    runtime: Runtime, backend: str = "triton", placement: str | None = None
 ) -> tuple[CudaGraphRunner, SharedState]:
     """The engine: state, backend, model, and the runner (not captured yet) with the
     registry's policy for (``backend``, decode, no speculative algorithm), resolved once."""
@@ -256,7 +257,7 @@ def build(
     return CudaGraphRunner(model, runtime, cell, capture_bs=(1, 2, 4, 8)), state
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cuda or sim (default: CUDA if present)")
     ap.add_argument("--steps", type=int, default=200)

@@ -25,7 +25,8 @@ import argparse
 import random
 import sys
 from collections import Counter
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -151,7 +152,7 @@ class TinyEngine:
         cfg: TinyConfig = EXAMPLE_CONFIG,
         *,
         device: Any = None,
-        platform: Optional[Platform] = None,
+        platform: Platform | None = None,
         observers: Observers = NO_OBSERVERS,
         late_shared_read: bool = False,
     ) -> None:
@@ -199,7 +200,7 @@ class TinyEngine:
         overlap: bool = True,
         force_coarse: bool = False,
         unsafe_skip_barrier: bool = False,
-        on_step: Optional[Callable[[int, GraphRunner], None]] = None,
+        on_step: Callable[[int, GraphRunner], None] | None = None,
     ) -> list[torch.Tensor]:
         """Run the schedule from a clean state; returns each step's logits (on the CPU).
 
@@ -263,7 +264,7 @@ def resolve_policy(name: str, platform: Any, backend: str, spec: str) -> Any:
     )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--device", default=None, help="cuda, cuda:N or fake (default: CUDA if present)"

@@ -7,8 +7,6 @@ reread the live table from some trial on (a reader after every release point).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import attrs
 import torch
 
@@ -115,8 +113,8 @@ def fixed(policy: WarReadDonePolicy):
 def table_subject(
     policy: WarReadDonePolicy = IN_GRAPH,
     *,
-    late_from: Optional[int] = None,
-    declared: Optional[WarReadDonePolicy] = None,
+    late_from: int | None = None,
+    declared: WarReadDonePolicy | None = None,
     fail: bool = False,
     platform=None,
     model=None,

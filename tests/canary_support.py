@@ -5,7 +5,8 @@ with it, docs/canary.md)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ class TableModel:
         counter: bool = False,
         list_counter: bool = False,
         spec: str = "default",
-        tolerance: Optional[Tolerance] = None,
+        tolerance: Tolerance | None = None,
         compare_output: bool = True,
     ) -> None:
         self.buckets = buckets
@@ -107,7 +108,7 @@ class TableModel:
 
     # -- CanaryAdapter ------------------------------------------------------------------------
 
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec | None:
         self.spec_calls += 1
         if self.spec == "none":
             return None
@@ -268,7 +269,7 @@ class HeadStall:
     step and the scheduler's writes before the GPU starts it), and optionally lands the writes
     at the release on the simulated platform (`SimRace`)."""
 
-    def __init__(self, stall: Optional[Callable[[], None]], race: Optional[SimRace] = None) -> None:
+    def __init__(self, stall: Callable[[], None] | None, race: SimRace | None = None) -> None:
         self.stall = stall
         self.race = race
 
@@ -293,7 +294,7 @@ def reference_run(
     steps: int,
     batch: int,
     cfg: Any = None,
-    model_factory: Optional[ModelFactory] = None,
+    model_factory: ModelFactory | None = None,
 ) -> tuple[list, list]:
     """The independent reference: each step eagerly, sequentially (writes, then the step, on
     one stream: nothing can race), no graph and no canary. Returns each step's fingerprint
@@ -345,11 +346,11 @@ class ShapeTrial:
         cfg: Any = None,
         observers: Any = None,
         sim_race: bool = False,
-        stall: Optional[Callable[[], None]] = None,
-        head_stall: Optional[Callable[[], None]] = None,
+        stall: Callable[[], None] | None = None,
+        head_stall: Callable[[], None] | None = None,
         canary_state: str = "whole",
-        tolerance: Optional[Tolerance] = None,
-        model_factory: Optional[ModelFactory] = None,
+        tolerance: Tolerance | None = None,
+        model_factory: ModelFactory | None = None,
         policy: Any = None,
     ) -> None:
         from warpolicy.audit.subject import stalled_model

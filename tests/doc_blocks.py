@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-from typing import Optional
 
 import attrs
 
@@ -34,8 +33,8 @@ class Block:
     line: int  # of the opening fence, 1-based
     language: str
     text: str
-    skip: Optional[str] = None  # the reason, for a marked block
-    write: Optional[str] = None  # `docs: write PATH`
+    skip: str | None = None  # the reason, for a marked block
+    write: str | None = None  # `docs: write PATH`
 
     @property
     def where(self) -> str:
@@ -46,7 +45,7 @@ class Block:
         return self.skip is None and (self.write is not None or self.language in PYTHON | SHELL)
 
 
-def _mark(path: str, number: int, line: str) -> Optional[tuple[str, str]]:
+def _mark(path: str, number: int, line: str) -> tuple[str, str] | None:
     found = _MARK.match(line)
     if found is None:
         if re.match(r"^\s*<!--\s*docs:", line):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
 
 import attrs
 
@@ -53,11 +53,11 @@ class Variable:
         if value not in OWNERS:
             raise ValueError(f"{self.name}: owner {value!r} is not one of {', '.join(OWNERS)}")
 
-    def get(self, environ: Optional[Mapping[str, str]] = None) -> str:
+    def get(self, environ: Mapping[str, str] | None = None) -> str:
         """The raw value in ``environ`` (default: the process environment); "" when unset."""
         return (PROCESS if environ is None else environ).get(self.name, "")
 
-    def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
         """Present in ``environ`` at all (even empty), the test prometheus_client makes."""
         return self.name in (PROCESS if environ is None else environ)
 
@@ -100,7 +100,7 @@ def variables() -> tuple[Variable, ...]:
     return tuple(_DECLARED.values())
 
 
-def lookup(name: str, environ: Optional[Mapping[str, str]] = None) -> str:
+def lookup(name: str, environ: Mapping[str, str] | None = None) -> str:
     """The raw value of a variable a registry declares for a flag (its ``env:`` names), which
     no code can list in advance; "" when unset."""
     return (PROCESS if environ is None else environ).get(name, "")

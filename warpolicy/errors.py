@@ -7,7 +7,7 @@ subclass of `WarpolicyError`; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -26,7 +26,7 @@ class UnknownNameError(WarpolicyError, KeyError):
         kind: str,
         name: str,
         candidates: Iterable[str] = (),
-        suggestions: Optional[Sequence[str]] = None,
+        suggestions: Sequence[str] | None = None,
     ) -> None:
         self.kind = kind
         self.name = name

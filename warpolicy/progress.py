@@ -9,7 +9,7 @@ calls on stderr (`warpolicy.cli.progress`). Depends on nothing in the package.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Protocol
 
 __all__ = ["NO_PROGRESS", "Progress", "Silent"]
 
@@ -17,7 +17,7 @@ __all__ = ["NO_PROGRESS", "Progress", "Silent"]
 class Progress(Protocol):
     """Receives an operation's progress; must not raise (the operation does not catch)."""
 
-    def planned(self, total: Optional[int]) -> None:
+    def planned(self, total: int | None) -> None:
         """The number of items the operation will run (None: not known)."""
 
     def started(self, label: str) -> None:
@@ -33,7 +33,7 @@ class Progress(Protocol):
 class Silent:
     """A `Progress` that says nothing (the API's default)."""
 
-    def planned(self, total: Optional[int]) -> None:
+    def planned(self, total: int | None) -> None:
         pass
 
     def started(self, label: str) -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ class Forward:
     def shared(self) -> dict[str, Any]:
         return {"req_to_token": self.table, "swa_map": self.mapping}
 
-    def body(self, mark: Optional[Callable[[], Any]] = None) -> None:
+    def body(self, mark: Callable[[], Any] | None = None) -> None:
         torch.cuda._sleep(self.cycles)
         torch.index_select(self.table, 0, self.index, out=self.h)  # the prep: shared read
         if mark is not None:

@@ -9,7 +9,8 @@ import copy
 import itertools
 import json
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import pytest

@@ -10,7 +10,7 @@ its call log and happens-before clocks show what the scheduler's barrier really 
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -480,7 +480,7 @@ class RunnerModel:
     def graph_prep(self, bucket: int) -> None:
         pass
 
-    def forward(self, bucket: int) -> Optional[torch.Tensor]:
+    def forward(self, bucket: int) -> torch.Tensor | None:
         return None
 
 

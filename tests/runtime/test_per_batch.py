@@ -6,7 +6,7 @@ max rule as a property."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -68,7 +68,7 @@ def prefill(policy, *answers, buckets=BUCKETS, observers: Any = None, model=None
     return runner, plugins
 
 
-def step(runner, size: int) -> tuple[Optional[P], Any]:
+def step(runner, size: int) -> tuple[P | None, Any]:
     """Run a batch of ``size`` tokens; what the scheduler takes (its policy, or None)."""
     runner.run([1.0] * size)
     taken = runner.fence.take()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

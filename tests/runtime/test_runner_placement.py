@@ -9,7 +9,8 @@ cannot see, the ``self_check`` option) then runs exactly as on CUDA.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ def kernel(i: int, deps=(), ptr: int = 0, name: str = "") -> Node:
     return Node(i, NodeKind.KERNEL, name or f"k{i}", deps=deps, words=(ptr,) if ptr else ())
 
 
-def marker_graph(model: Model, graph: SimGraph, *, late: Optional[NodeKind] = None) -> Graph:
+def marker_graph(model: Model, graph: SimGraph, *, late: NodeKind | None = None) -> Graph:
     """prep (reads table) -> marker -> forward (reads weight) [-> a late node]."""
     table, weight = model.table.data_ptr(), model.weight.data_ptr()
     marker_event = graph.planted[0].id if graph.planted else 0
@@ -76,9 +77,7 @@ def marker_graph(model: Model, graph: SimGraph, *, late: Optional[NodeKind] = No
     return Graph(nodes)
 
 
-def derived_graph(
-    model: Model, *, readers: bool = True, opaque: Optional[NodeKind] = None
-) -> Graph:
+def derived_graph(model: Model, *, readers: bool = True, opaque: NodeKind | None = None) -> Graph:
     """prep -> layer 0 -> late read of table -> layer 1 (no marker) [+ an opaque node]."""
     table, weight = model.table.data_ptr(), model.weight.data_ptr()
     nodes = [
@@ -104,7 +103,7 @@ class Demotions:
 
 def setup(
     placement: str,
-    graph_model: Optional[Callable[[Model, SimGraph], Graph]],
+    graph_model: Callable[[Model, SimGraph], Graph] | None,
     policy: str = "in_graph",
     cls=DecodeRunner,
     **kw,

@@ -12,7 +12,8 @@ same steps run sequentially (writes, then the step) with no staging and no canar
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -99,7 +100,7 @@ class StepRace:
         self.impl = sim_impl(platform)
         self.verify = verify
         self.stager = stager
-        self._fn: Optional[Callable[[], None]] = None
+        self._fn: Callable[[], None] | None = None
         self._done = False
         self.fired = 0
         self.impl.listeners.append(self._on_entry)
@@ -161,7 +162,7 @@ class Step:
         canary: bool = False,
         race: bool = False,
         register: bool = True,
-        fail: Optional[BaseException] = None,
+        fail: BaseException | None = None,
         extra: tuple[Any, ...] = (),
     ) -> None:
         self.rt = rt = sim_runtime()

@@ -10,7 +10,8 @@ raises `CudaUnavailableError` (unless the simulated device is asked for).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -30,9 +31,9 @@ ALL = "all"
 
 
 def run_audit(
-    factory: Optional[str] = None,
-    synthetic: Optional[str] = None,
-    modes: Union[str, Iterable[Union[str, ForwardMode]], None] = None,
+    factory: str | None = None,
+    synthetic: str | None = None,
+    modes: str | Iterable[str | ForwardMode] | None = None,
     trials: int = 50,
     stall_us: float = DEFAULT_STALL_US,
     device: Any = None,
@@ -40,7 +41,7 @@ def run_audit(
     platform: Any = None,
     static: bool = True,
     allow_inconclusive: bool = False,
-    placement: Optional[str] = None,
+    placement: str | None = None,
     progress: Progress = NO_PROGRESS,
     isolate: bool = False,
 ) -> AuditReport:
@@ -114,9 +115,9 @@ def run_audit(
 class SubjectSource:
     """Where the subjects come from (picklable: an isolated child rebuilds them from it)."""
 
-    factory: Optional[str] = None  # MODULE:CALLABLE
+    factory: str | None = None  # MODULE:CALLABLE
     synthetic: tuple[str, ...] = ()
-    placement: Optional[str] = None
+    placement: str | None = None
 
     def __call__(self, platform: Any) -> list[AuditSubject]:
         if self.factory is not None:
@@ -132,7 +133,7 @@ class SubjectSource:
 class ModeAuditor:
     """Audits every chosen mode of one subject (picklable, like `SubjectSource`)."""
 
-    modes: Optional[tuple[ForwardMode, ...]]  # None: every mode the subject has a runner for
+    modes: tuple[ForwardMode, ...] | None  # None: every mode the subject has a runner for
     trials: int
     stall_us: float
     static: bool = True
@@ -164,8 +165,8 @@ class ModeAuditor:
 
 
 def parse_modes(
-    modes: Union[str, Iterable[Union[str, ForwardMode]], None],
-) -> Optional[list[ForwardMode]]:
+    modes: str | Iterable[str | ForwardMode] | None,
+) -> list[ForwardMode] | None:
     """Mode names (or one comma-separated string) -> modes, deduplicated in order."""
     if modes is None:
         return None

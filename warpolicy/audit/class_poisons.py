@@ -19,7 +19,8 @@ first, then the defaults.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from warpolicy.audit.poison import Poison, default_poisons
 

@@ -8,7 +8,7 @@ into a kept, never-instantiated graph. torch is imported inside the functions th
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from warpolicy.runtime.graphwalk.errors import PlacementError
 from warpolicy.runtime.graphwalk.plant import event_handle, raw_graph_of
@@ -28,7 +28,7 @@ class graph_for:  # noqa: N801 - used like a function: ``with graph_for(...) as 
         self.bucket = bucket
         self._own: Any = None  # (graph, event) of our own capture, kept alive while walked
 
-    def __enter__(self) -> tuple[int, Optional[int]]:
+    def __enter__(self) -> tuple[int, int | None]:
         captured = getattr(self.runner, "captured", {}).get(self.bucket)
         raw = _raw_graph(getattr(captured, "graph", None))
         if raw:  # the event the bucket's own graph records (each bucket has its own), else

@@ -38,7 +38,8 @@ trials. INCONCLUSIVE with the reasons otherwise.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -87,7 +88,7 @@ SIMULATED = SIM_DEVICE_TYPES  # the one alias list (warpolicy.runtime.platforms)
 def dynamic_verdict(
     trials: int,
     corrupted: int,
-    first: Optional[Mismatch],
+    first: Mismatch | None,
     notes: Sequence[str] = (),
     caught: Sequence[tuple[str, int]] = (),
 ) -> DynamicResult:
@@ -113,9 +114,9 @@ def dynamic_verdict(
 class Publication:
     """What one step published: the two steps of a trial must publish the same."""
 
-    policy: Optional[WarReadDonePolicy]  # None: nothing (the scheduler waits coarsely)
-    bucket: Optional[int]  # the captured bucket replayed (None: eager)
-    event: Optional[int] = None  # identity of the planted event an in_graph publish hands out
+    policy: WarReadDonePolicy | None  # None: nothing (the scheduler waits coarsely)
+    bucket: int | None  # the captured bucket replayed (None: eager)
+    event: int | None = None  # identity of the planted event an in_graph publish hands out
 
     def describe(self) -> str:
         what = self.policy.label if self.policy is not None else "nothing"
@@ -132,7 +133,7 @@ class _Harness:
         mode: ForwardMode,
         runner: Runner,
         stall_us: float,
-        buffer_class: Optional[str] = None,
+        buffer_class: str | None = None,
     ) -> None:
         self.subject = subject
         self.mode = mode
@@ -218,7 +219,7 @@ class _Harness:
         event = id(read_done.event) if read_done.policy == IN_GRAPH else None
         return Publication(read_done.policy, bucket, event)
 
-    def reference(self, batch: Any) -> tuple[list, Publication, Optional[int]]:
+    def reference(self, batch: Any) -> tuple[list, Publication, int | None]:
         """Undisturbed step: outputs, what it published, and (simulated) the release position."""
         with _watch_records(self.log) as records:
             out = self.step(batch)
@@ -230,7 +231,7 @@ class _Harness:
         return snapshot_outputs(out, self.written), self.published(read_done), position
 
     def poisoned_step(
-        self, batch: Any, position: Optional[int], poisoned: Optional[dict[str, Any]] = None
+        self, batch: Any, position: int | None, poisoned: dict[str, Any] | None = None
     ) -> tuple[list, Publication]:
         """The step with the scheduler poisoning shared state (with ``poisoned``, else the
         first round's poison) the moment the fence releases."""
@@ -247,7 +248,7 @@ class _Harness:
         self.platform.synchronize()
         return snapshot_outputs(out, self.written), self.published(read_done)
 
-    def _simulated(self, batch: Any, position: Optional[int]) -> tuple[list, Publication]:
+    def _simulated(self, batch: Any, position: int | None) -> tuple[list, Publication]:
         fired: list[tuple] = []
 
         def on_record(index: int, entry: tuple) -> None:
@@ -336,7 +337,7 @@ def _host_side(platform: Any, tensor: Any) -> bool:
 
 @contextlib.contextmanager
 def _watch_records(
-    log: Any, on_record: Optional[Callable[[int, tuple], None]] = None
+    log: Any, on_record: Callable[[int, tuple], None] | None = None
 ) -> Iterator[list]:
     """Collect the ``record`` entries a simulated log emits inside the block."""
     records: list[tuple] = []
@@ -357,7 +358,7 @@ def _watch_records(
         log.listeners.remove(listener)
 
 
-def _release_position(records: Sequence[tuple], read_done: Any) -> Optional[int]:
+def _release_position(records: Sequence[tuple], read_done: Any) -> int | None:
     """Index of the last record of the published event (a wait binds to the latest record)."""
     if read_done is None:
         return None
@@ -442,11 +443,11 @@ def _audit_mode(
     subject: AuditSubject,
     mode: ForwardMode,
     builder: RunnerBuilder,
-    declared: Optional[WarReadDonePolicy],
+    declared: WarReadDonePolicy | None,
     trials: int,
     stall_us: float,
     static: bool,
-    buffer_class: Optional[str] = None,
+    buffer_class: str | None = None,
 ) -> AuditEntry:
     stall = make_stall(subject.platform, stall_us)
     model = stalled_model(subject.model, stall) if stall is not None else subject.model
@@ -495,13 +496,13 @@ class _Outcome:
 
     ran: int = 0  # trials run to the comparison
     corrupted: int = 0
-    first: Optional[Mismatch] = None
-    policy: Optional[WarReadDonePolicy] = None  # published by the last step
-    class_policy: Optional[WarReadDonePolicy] = None  # the audited class's, last step
+    first: Mismatch | None = None
+    policy: WarReadDonePolicy | None = None  # published by the last step
+    class_policy: WarReadDonePolicy | None = None  # the audited class's, last step
     replayed: set[int] = attrs.field(factory=set)  # captured buckets the checked trials replayed
     eager: int = 0  # trials that ran eagerly
     demoted: int = 0  # trials that published later than declared
-    demoted_to: Optional[WarReadDonePolicy] = None  # the latest policy those published
+    demoted_to: WarReadDonePolicy | None = None  # the latest policy those published
     unmatched: int = 0  # poisoned steps that published something else than the reference
     caught: dict[str, int] = attrs.field(factory=dict)  # poison -> trials its step differed in
     notes: list[str] = attrs.field(factory=list)
@@ -516,7 +517,7 @@ def _trials(
     subject: AuditSubject,
     mode: ForwardMode,
     trials: int,
-    declared: Optional[WarReadDonePolicy] = None,
+    declared: WarReadDonePolicy | None = None,
 ) -> _Outcome:
     """Run the trials; every reason a clean run would not prove the declaration is a note."""
     runner = harness.runner
@@ -542,7 +543,7 @@ def _trials(
             out.note(_nothing_published(out.policy))
             break
         counted = False
-        caught: Optional[Mismatch] = None
+        caught: Mismatch | None = None
         for label, poisoned in harness.rounds:
             out.caught.setdefault(label, 0)
             harness.restore()  # each poisoned step starts from the reference step's state
@@ -584,7 +585,7 @@ def _trials(
     return out
 
 
-def _nothing_published(policy: Optional[WarReadDonePolicy]) -> str:
+def _nothing_published(policy: WarReadDonePolicy | None) -> str:
     label = policy.label if policy is not None else "none"
     return (
         f"policy {label}: the step published no read-done event, the scheduler waits for "
@@ -593,7 +594,7 @@ def _nothing_published(policy: Optional[WarReadDonePolicy]) -> str:
 
 
 def _exercise_notes(
-    out: _Outcome, declared: Optional[WarReadDonePolicy], harness: _Harness
+    out: _Outcome, declared: WarReadDonePolicy | None, harness: _Harness
 ) -> list[str]:
     """Why a clean run would not prove the declaration: every trial must have exercised it,
     the trials must have replayed every captured bucket, and (real devices) there must be
@@ -632,8 +633,8 @@ def _exercise_notes(
 def _entry(
     subject: AuditSubject,
     mode: ForwardMode,
-    declared: Optional[WarReadDonePolicy],
-    policy: Optional[WarReadDonePolicy],
+    declared: WarReadDonePolicy | None,
+    policy: WarReadDonePolicy | None,
     dynamic: DynamicResult,
 ) -> AuditEntry:
     static = StaticResult(INCONCLUSIVE, reason="not run")

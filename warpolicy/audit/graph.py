@@ -11,7 +11,7 @@ child or conditional graph, unknown type, a kernel whose arguments cannot be rea
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from warpolicy.audit.report import INCONCLUSIVE, SAFE, UNSAFE, Offender, StaticResult
 from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
@@ -29,7 +29,7 @@ from warpolicy.runtime.graphwalk.model import BufferRange, Graph, NodeKind
 _DRIVER_NAMES = {kind: name for name, kind in NODE_KINDS.items()}
 
 
-def planted_node(graph: Graph, event: Optional[int]) -> Optional[int]:
+def planted_node(graph: Graph, event: int | None) -> int | None:
     """The event-record node recording ``event``; failing that, the graph's only event-record
     node (a graph with several is reported without one). Raises `PlacementError` when several
     nodes record ``event`` itself (the release point would be ambiguous)."""
@@ -46,7 +46,7 @@ def analyze_graph(
     ranges: Sequence[BufferRange],
     policy: WarReadDonePolicy,
     *,
-    event: Optional[int] = None,
+    event: int | None = None,
     post_step: bool = False,
 ) -> StaticResult:
     """Which shared-buffer readers does ``policy``'s release point not cover?

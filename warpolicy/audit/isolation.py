@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import multiprocessing
 import traceback
-from typing import Any, Callable, Optional, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -66,7 +67,7 @@ class IsolatedJob:
     open_platform: Callable[[Any], Any]
 
 
-def device_healthy(platform: Any) -> Optional[str]:
+def device_healthy(platform: Any) -> str | None:
     """None when the device still runs work; else why not (a lost CUDA context)."""
     try:
         platform.synchronize()
@@ -109,14 +110,14 @@ def audit_isolated(job: IsolatedJob) -> list[Any]:
     ctx = multiprocessing.get_context("spawn")  # a forked child would inherit a CUDA context
     entries: list[Any] = []
     start = 0
-    count: Optional[int] = None
+    count: int | None = None
     while count is None or start < count:
         receive, send = ctx.Pipe(duplex=False)
         child = ctx.Process(target=_child, args=(job, start, send), daemon=True)
         child.start()
         send.close()
-        current: Optional[tuple[int, Any]] = None
-        resume: Optional[int] = None
+        current: tuple[int, Any] | None = None
+        resume: int | None = None
         try:
             while True:
                 if not receive.poll(CHILD_TIMEOUT_S):

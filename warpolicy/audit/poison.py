@@ -56,7 +56,8 @@ shared with the WAR canary.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -66,7 +67,7 @@ from warpolicy.runtime.canary.compare import first_difference, flatten_outputs
 PoisonFn = Callable[[Any], Any]
 #: What ``AuditSubject.poison`` maps a buffer to: one poison, or a set of them
 #: (``warpolicy.audit.subject.PoisonOverride``).
-PoisonSpec = Union[PoisonFn, Sequence[PoisonFn]]
+PoisonSpec = PoisonFn | Sequence[PoisonFn]
 
 
 @attrs.frozen
@@ -92,7 +93,7 @@ def sentinel_mask(tensor: Any) -> Any:
     return negative
 
 
-def _int_range(live: Any) -> Optional[tuple[int, int, int]]:
+def _int_range(live: Any) -> tuple[int, int, int] | None:
     """``(lo, hi, m)`` of the live entries (``lo = min(0, min)``), or None when ``m`` would not
     fit the arithmetic (a range spanning most of int64)."""
     lo = min(0, int(live.min().item()))
@@ -228,7 +229,7 @@ def default_poison(tensor: Any) -> Any:
     return default_poisons(tensor)[0](tensor)
 
 
-def poison_set(spec: Optional[PoisonSpec], tensor: Any) -> tuple[Poison, ...]:
+def poison_set(spec: PoisonSpec | None, tensor: Any) -> tuple[Poison, ...]:
     """The poisons for one buffer: ``spec`` (a callable or a sequence of callables, from
     ``AuditSubject.poison``) or, when None, `default_poisons`."""
     if spec is None:
@@ -265,9 +266,7 @@ def unchanged_elements(poison: Any, state: Any) -> int:
     return int(same.sum().item())
 
 
-def snapshot_outputs(
-    output: Any, extra: Optional[Mapping[str, Any]] = None
-) -> list[tuple[str, Any]]:
+def snapshot_outputs(output: Any, extra: Mapping[str, Any] | None = None) -> list[tuple[str, Any]]:
     """Detached clones of every output tensor, then of every ``extra`` tensor under its own
     name (state the step writes, such as KV pools). Call after the device is idle."""
     tensors = flatten_outputs(output) + sorted((extra or {}).items())
@@ -279,7 +278,7 @@ def first_mismatch(
     observed: Sequence[tuple[str, Any]],
     trial: int,
     poison: str = "",
-) -> Optional[Mismatch]:
+) -> Mismatch | None:
     """The first element where ``observed`` differs from ``reference`` (NaN equals NaN), by the
     comparison the WAR canary uses (`warpolicy.runtime.canary.first_difference`, bitwise);
     ``poison`` names the poison of the step that produced ``observed``."""

@@ -14,7 +14,8 @@ with, so the audit cannot pass by default:
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -97,7 +98,7 @@ class DynamicResult:
     verdict: Verdict
     trials: int = 0  # trials run
     corrupted: int = 0  # trials whose output differed from the reference
-    first: Optional[Mismatch] = None
+    first: Mismatch | None = None
     reason: str = ""  # why INCONCLUSIVE, or a note
     failed: bool = False  # the audit itself raised (the subject crashed): never passes
     #: per poison of the set (in order): the trials whose step under that poison differed
@@ -138,7 +139,7 @@ class Offender:
     name: str  # short kernel name (demangled when possible), or the node kind
     buffers: tuple[str, ...]  # the shared buffers its arguments point into
     symbol: str = ""  # the full (demangled when possible) symbol, when known
-    bucket: Optional[int] = None  # the captured bucket whose graph holds the node
+    bucket: int | None = None  # the captured bucket whose graph holds the node
     #: ``file.py:line`` of the Python line that launched it during capture (empty: unknown;
     #: `warpolicy.audit.sites`)
     site: str = ""
@@ -225,7 +226,7 @@ class Refutation:
     on it keeps failing; this record says why)."""
 
     declared: WarReadDonePolicy
-    published: Optional[WarReadDonePolicy]
+    published: WarReadDonePolicy | None
     buckets: tuple[int, ...] = attrs.field(converter=_ints)
     late: tuple[Offender, ...] = attrs.field(converter=_offenders)  # each tagged with its bucket
     detail: tuple[str, ...] = attrs.field(default=(), converter=_strs)  # the runner's lines
@@ -271,12 +272,12 @@ class AuditEntry:
     backend: str
     mode: ForwardMode
     spec: str
-    declared: Optional[WarReadDonePolicy]  # the declaration under audit (None: not given)
-    policy: Optional[WarReadDonePolicy]  # what the runner actually published (None: not run)
+    declared: WarReadDonePolicy | None  # the declaration under audit (None: not given)
+    policy: WarReadDonePolicy | None  # what the runner actually published (None: not run)
     dynamic: DynamicResult
     static: StaticResult
     #: the runner's capture self-check refuted the declaration (None: it did not)
-    refuted: Optional[Refutation] = None
+    refuted: Refutation | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -426,7 +427,7 @@ def _common_static_reason(entries: Sequence[AuditEntry]) -> str:
     return ""
 
 
-def _label(policy: Optional[WarReadDonePolicy]) -> str:
+def _label(policy: WarReadDonePolicy | None) -> str:
     return policy.label if policy is not None else "-"
 
 

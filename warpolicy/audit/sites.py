@@ -10,7 +10,8 @@ records nothing and the offenders keep their kernel names alone.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -66,7 +67,7 @@ class SitedCanaryModel(SitedModel):
         return self._canary_model.canary_spec(mode, bucket, batch)
 
 
-def sited_model(model: Any, platform: Any) -> Optional[SitedModel]:
+def sited_model(model: Any, platform: Any) -> SitedModel | None:
     """``model`` recording launch sites during capture, or None where none can be recorded (not
     CUDA, or no cuda-bindings)."""
     if getattr(platform, "name", "") != "cuda":
@@ -97,7 +98,7 @@ def static_with_sites(result: StaticResult, sites: Sites) -> StaticResult:
     return attrs.evolve(result, offenders=tuple(_tag(o, sites) for o in result.offenders))
 
 
-def refutation_with_sites(refuted: Optional[Refutation], sites: Sites) -> Optional[Refutation]:
+def refutation_with_sites(refuted: Refutation | None, sites: Sites) -> Refutation | None:
     """``refuted`` with each late reader's launch site, where one was recorded."""
     if refuted is None or not sites:
         return refuted

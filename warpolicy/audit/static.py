@@ -16,7 +16,8 @@ platform's graph model and CUDA graphs are read alike.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -45,9 +46,9 @@ def unavailable(why: str) -> StaticResult:
 
 def audit_static(
     runner: Runner,
-    bucket: Optional[int],
+    bucket: int | None,
     shared: Mapping[str, Any],
-    policy: Optional[WarReadDonePolicy],
+    policy: WarReadDonePolicy | None,
     *,
     post_step: bool = False,
 ) -> StaticResult:
@@ -166,9 +167,9 @@ def combine_buckets(results: Mapping[int, StaticResult]) -> StaticResult:
 
 def _audit_static(
     runner: Runner,
-    bucket: Optional[int],
+    bucket: int | None,
     shared: Mapping[str, Any],
-    policy: Optional[WarReadDonePolicy],
+    policy: WarReadDonePolicy | None,
     post_step: bool,
 ) -> StaticResult:
     if policy is None or policy == NONE:
@@ -191,9 +192,9 @@ def _audit_static(
 def self_check_refutation(
     runner: Any,
     shared: Mapping[str, Any],
-    declared: Optional[WarReadDonePolicy],
-    published: Optional[WarReadDonePolicy],
-) -> Optional[Refutation]:
+    declared: WarReadDonePolicy | None,
+    published: WarReadDonePolicy | None,
+) -> Refutation | None:
     """The `Refutation` of a declared ``in_graph`` by the runner's capture self-check, or None.
 
     A bucket counts when its capture report says a marker was self-checked and failed

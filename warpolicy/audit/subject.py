@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -21,7 +22,7 @@ BatchMaker = Callable[[ForwardMode, int], Any]  # (mode, trial) -> a batch on th
 PostStep = Callable[[ForwardMode, Any, Any], Any]  # (mode, batch, output) -> step output
 #: A buffer's poison override: one poison (tensor -> tensor) or a set of them, one poisoned
 #: step each (`warpolicy.audit.poison`).
-PoisonOverride = Union[Callable[[Any], Any], Sequence[Callable[[Any], Any]]]
+PoisonOverride = Callable[[Any], Any] | Sequence[Callable[[Any], Any]]
 
 
 def _modes(value: Mapping) -> Mapping[ForwardMode, Any]:
@@ -56,7 +57,7 @@ class AuditSubject:
     platform: Any
     declared: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(factory=dict, converter=_modes)
     spec: str = "none"
-    post_step: Optional[PostStep] = None
+    post_step: PostStep | None = None
     poison: Mapping[str, PoisonOverride] = attrs.field(factory=dict)
     extra_outputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_names)
     #: per mode declared per buffer class (``declared`` is then their latest): the overlap
@@ -73,7 +74,7 @@ class AuditSubject:
         return str(self.buffer_classes.get(buffer, "metadata"))
 
 
-def make_stall(platform: Any, stall_us: float) -> Optional[Callable[[], None]]:
+def make_stall(platform: Any, stall_us: float) -> Callable[[], None] | None:
     """A callable enqueueing a ``stall_us`` GPU spin on the current stream (None: no stall)."""
     if stall_us <= 0 or getattr(platform, "name", "") != "cuda":
         return None
@@ -120,7 +121,7 @@ class StalledCanaryModel(StalledModel):
         super().__init__(model, stall)
         self._canary_model = model
 
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec | None:
         return self._canary_model.canary_spec(mode, bucket, batch)
 
 

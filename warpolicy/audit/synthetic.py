@@ -52,7 +52,8 @@ self-check (``self_check="off"``): the audit judges the declaration itself.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -90,9 +91,9 @@ class SyntheticBackend:
     expected: Verdict = SAFE
     static_visible: bool = False  # the static audit can name the late reader
     offender_hint: str = ""  # a substring of the late reader's kernel name
-    expected_derived: Optional[Verdict] = None  # with derived placement (None: as ``expected``)
+    expected_derived: Verdict | None = None  # with derived placement (None: as ``expected``)
 
-    def expected_with(self, placement: Optional[Placement]) -> Verdict:
+    def expected_with(self, placement: Placement | None) -> Verdict:
         """What the audit must find with ``placement`` (None: the declared one, the marker)."""
         if placement is Placement.DERIVED and self.expected_derived is not None:
             return self.expected_derived
@@ -229,7 +230,7 @@ def _tensor_device(platform: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def parse_placement(text: Optional[str]) -> Optional[Placement]:
+def parse_placement(text: str | None) -> Placement | None:
     """``declared`` / None -> None (the registry's own); ``marker`` / ``derived`` -> forced."""
     if text is None or text == "declared":
         return None
@@ -246,7 +247,7 @@ def _runner(
     platform: Any,
     name: str,
     cfg: SyntheticConfig,
-    placement: Optional[Placement],
+    placement: Placement | None,
     model: Any,
 ) -> Any:
     label = f"{name}:{mode.label}"
@@ -263,8 +264,8 @@ def make_synthetic(
     device: Any = None,
     *,
     platform: Any = None,
-    config: Optional[SyntheticConfig] = None,
-    placement: Optional[str] = None,
+    config: SyntheticConfig | None = None,
+    placement: str | None = None,
 ) -> AuditSubject:
     """The audit subject of synthetic backend ``name`` on ``device`` (or ``platform``), with
     ``placement`` ``declared`` (None), ``marker`` or ``derived``; a derived subject's name

@@ -27,7 +27,7 @@ audit's ``extra_outputs``), whole, or (``canary_state="rows"``) only the slots t
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -54,7 +54,7 @@ class SyntheticConfig:
     )
     layer_rows: int = 0  # rows of each layer's activation (0: the bucket; wider = slower layers)
     window_rows: int = 0  # rows of extra in-graph work before the prep's reads (0: none)
-    dtype: Optional[torch.dtype] = None  # activations and weights (None: float32)
+    dtype: torch.dtype | None = None  # activations and weights (None: float32)
     # the batch itself is scheduler-shared: the scheduler writes each step's (request row,
     # position) pairs into ``batch_index`` and the in-graph prep reads them (host_prep copies
     # nothing), so the index and the table rows it selects are both rewritten per step
@@ -108,7 +108,7 @@ class SyntheticModel:
         if cfg.shared_index:
             self.shared_buffers["batch_index"] = self.batch_index
         #: called with each layer's output, in place (e.g. a tensor-parallel all-reduce)
-        self.after_layer: Optional[Callable[[torch.Tensor], object]] = None
+        self.after_layer: Callable[[torch.Tensor], object] | None = None
         self.k_full = torch.randn(slots, cfg.hidden, generator=g).to(device, self.dtype)
         self.k_swa = torch.randn(cfg.swa_slots, cfg.hidden, generator=g).to(device, self.dtype)
         self.kv_pool = torch.zeros(slots, cfg.hidden, device=device, dtype=self.dtype)
@@ -121,11 +121,11 @@ class SyntheticModel:
             device, self.dtype
         )
         self.static: dict[int, _BucketBuffers] = {}
-        self.last_bucket: Optional[int] = None
+        self.last_bucket: int | None = None
         #: the WAR canary: the KV pool ``"whole"`` or only the ``"rows"`` a step writes, and the
         #: comparison's tolerance (None: bitwise; a replay of the same graph is deterministic)
         self.canary_state = "whole"
-        self.canary_tolerance: Optional[Tolerance] = None
+        self.canary_tolerance: Tolerance | None = None
 
     # -- ModelAdapter ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ returns False) the snapshot. The fault matrix and the CPU tests use the same dec
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Protocol
 
 from warpolicy.errors import InputError
 from warpolicy.registry.compiled import CompiledPolicy
@@ -105,8 +105,8 @@ class SnapshotAction:
 
     @hookimpl
     def warpolicy_batch_action(
-        self, action: str, mode: ForwardMode, bucket: Optional[int]
-    ) -> Optional[bool]:
+        self, action: str, mode: ForwardMode, bucket: int | None
+    ) -> bool | None:
         if action != SNAPSHOT_ACTION or mode is not ForwardMode.EXTEND or bucket is None:
             return None  # not ours (an eager batch has no static buffers to snapshot into)
         self.answered += 1

@@ -23,7 +23,7 @@ the big buckets publish nothing (coarse: nothing to audit there).
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -62,7 +62,7 @@ class PerBatchModel(SyntheticModel):
         #: per bucket: whether this batch's snapshot was built (a device flag the graph reads)
         self.flags: dict[int, torch.Tensor] = {}
         #: the action plugin `make_perbatch` registered (its counts say what the hook did)
-        self.plugin: Optional[SnapshotAction] = None
+        self.plugin: SnapshotAction | None = None
 
     def prepare_bucket(self, bucket: int) -> None:
         super().prepare_bucket(bucket)
@@ -113,7 +113,7 @@ def make_perbatch(
     *,
     action: str = "honest",
     threshold: int = THRESHOLD,
-    config: Optional[SyntheticConfig] = None,
+    config: SyntheticConfig | None = None,
     device: Any = None,
 ) -> AuditSubject:
     """The audit subject of the per-batch prefill with a ``action`` snapshot plugin (see

@@ -20,7 +20,7 @@ of the step it audits.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -58,7 +58,7 @@ class StagedEagle:
     (its tables are the staged copies; with ``lying``, ``full_to_swa`` is the live one)."""
 
     def __init__(
-        self, platform: Any, *, lying: bool = False, config: Optional[SyntheticConfig] = None
+        self, platform: Any, *, lying: bool = False, config: SyntheticConfig | None = None
     ) -> None:
         self.platform = platform
         device = torch.device(platform.device) if platform.name == "cuda" else torch.device("cpu")
@@ -120,7 +120,7 @@ class StagedEagle:
 
 
 def staged_subject(
-    platform: Any, *, lying: bool = False, config: Optional[SyntheticConfig] = None
+    platform: Any, *, lying: bool = False, config: SyntheticConfig | None = None
 ) -> AuditSubject:
     """The staged EAGLE step's `AuditSubject`; ``lying``: the stager copies one table fewer."""
     eagle = StagedEagle(platform, lying=lying, config=config)

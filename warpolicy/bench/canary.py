@@ -39,7 +39,8 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
@@ -97,7 +98,7 @@ class SubjectCanaryModel(ModelView):
     canary saves, puts back and compares them as the audit does); ``tolerance`` None compares
     bitwise. Every `ModelAdapter` member is the model's own."""
 
-    def __init__(self, subject: AuditSubject, tolerance: Optional[Tolerance] = None) -> None:
+    def __init__(self, subject: AuditSubject, tolerance: Tolerance | None = None) -> None:
         super().__init__(subject.model)
         self.extra_outputs: Mapping[str, Any] = dict(subject.extra_outputs)
         self.tolerance = tolerance
@@ -123,7 +124,7 @@ class _Bench:
         self.bookkeeping = bookkeeping
         self.steps, self.warmup, self.probe_factory = steps, warmup, probe_factory
 
-    def runner(self, policy: WarReadDonePolicy, name: str, canary: Optional[Canary]) -> GraphRunner:
+    def runner(self, policy: WarReadDonePolicy, name: str, canary: Canary | None) -> GraphRunner:
         runner = DecodeRunner(
             self.model, fixed_policy(policy), self.platform, name=name, canary=canary
         )
@@ -137,7 +138,7 @@ class _Bench:
         policy: WarReadDonePolicy,
         name: str,
         config: CanaryConfig,
-        steps: Optional[int] = None,
+        steps: int | None = None,
     ) -> dict:
         """One overlapped run of ``steps`` (default: the bench's) with a canary of ``config``."""
         p, schedule = self.platform, self.schedule
@@ -242,13 +243,13 @@ def run_canary_bench(
     batch: int = 64,
     device: Any = None,
     *,
-    factory: Optional[str] = None,
+    factory: str | None = None,
     repeats: int = 2,
     layer_us: float = 100.0,
     hidden: int = 2048,
     warmup: int = 20,
     lead_rate: float = 0.1,
-    tolerance: Optional[float] = None,
+    tolerance: float | None = None,
     sched_kind: str = "copy",
     sched_us: float = 300.0,
     pm: Any = None,
@@ -345,7 +346,7 @@ def _synthetic(
     return "synthetic decode", model, SchedulePlan(model, steps, batch)
 
 
-def _pct(value: Optional[float]) -> str:
+def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.3f}%"
 
 

@@ -5,7 +5,8 @@ batch, and the `AuditSubject` whose runner decides the declaration per class.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import torch

@@ -19,7 +19,8 @@ in the subcommand's list.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -39,7 +40,7 @@ class Option:
     default: Any = None
     settings: Mapping[str, Any] = attrs.field(factory=dict)
     #: the ``--help`` section it is listed in (None: the subcommand's own options)
-    section: Optional[str] = None
+    section: str | None = None
 
     def add(self, parser: Any, default: Any) -> argparse.Action:
         """Add it to ``parser`` (a parser or an argument group) with ``default``."""
@@ -93,7 +94,7 @@ class Benchmark:
     name: str
     help: str
     options: tuple[Option, ...]
-    measure: Callable[[argparse.Namespace], Optional[Report]]
+    measure: Callable[[argparse.Namespace], Report | None]
     #: whether it needs torch (the CLI imports it first, quietly; without it: one line)
     torch: bool = True
 
@@ -113,17 +114,17 @@ class Variant:
     """One variant of a subcommand with variants (see the module docstring)."""
 
     #: the flag of the option that selects it (None: the default variant)
-    selector: Optional[str]
+    selector: str | None
     #: what it measures, for ``--help`` (its options' section)
     title: str
     #: its own options (the selecting one first)
     options: tuple[Option, ...]
     #: the dests of the subcommand's shared options it reads
     reads: frozenset[str]
-    measure: Callable[[argparse.Namespace], Optional[Report]]
+    measure: Callable[[argparse.Namespace], Report | None]
     #: what a refused option is told (after the option names); None: "is not supported with"
     #: the selector
-    refusal: Optional[str] = None
+    refusal: str | None = None
 
 
 def variants(
@@ -143,7 +144,7 @@ def variants(
             (attrs.evolve(one, section=section), frozenset({member})) for one in member.options
         ]
 
-    def measure(args: argparse.Namespace) -> Optional[Report]:
+    def measure(args: argparse.Namespace) -> Report | None:
         given = {_dest(one): one for one, _ in declared if hasattr(args, _dest(one))}
         picked = next(
             (m for m in members if m.selector is not None and _dest_of(m.selector) in given),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from warpolicy.bench.command import Benchmark, Report, option
 from warpolicy.registry.engine import PolicyEngine
@@ -137,7 +137,7 @@ class AnchorPerBatchRunner(AnchorRunner):
     def __init__(self, spec: str = "none", prefill_flag: bool = True) -> None:
         super().__init__(spec, planted=True, prefill_flag=prefill_flag)
         self.prefill_backend = _AnchorSparseBackend()
-        self.stager: Optional[Callable[[_AnchorBatch], bool]] = None
+        self.stager: Callable[[_AnchorBatch], bool] | None = None
 
     def war_read_done_policy_batch(
         self, forward_mode: _AnchorMode, batch: _AnchorBatch
@@ -196,7 +196,7 @@ def _interleaved(runs: dict[str, _Run], repeats: int) -> dict[str, list[float]]:
     return samples
 
 
-def _median_ratio(top: Sequence[float], bottom: Sequence[float]) -> Optional[float]:
+def _median_ratio(top: Sequence[float], bottom: Sequence[float]) -> float | None:
     """The median of the per-pass ratios (each pass measured side by side)."""
     ratios = [t / b for t, b in zip(top, bottom) if b > 0]
     return round(statistics.median(ratios), 3) if ratios else None
@@ -399,7 +399,7 @@ def run_decide_bench(iterations: int = 200_000, repeats: int = 7) -> dict:
     return result
 
 
-def _show_ratio(value: Optional[float]) -> str:
+def _show_ratio(value: float | None) -> str:
     return f"{value:8.3f}" if value is not None else "     n/a"
 
 

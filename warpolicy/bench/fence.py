@@ -29,7 +29,8 @@ import argparse
 import contextlib
 import statistics
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from warpolicy.bench.command import Benchmark, Report, device_option, option
 from warpolicy.bench.rig import device_name, torch_version
@@ -58,14 +59,12 @@ class _NoOpObserver:
 
     @hookimpl
     def warpolicy_on_publish(
-        self, runner: str, step: int, policy: P, event: Optional[EventHandle]
+        self, runner: str, step: int, policy: P, event: EventHandle | None
     ) -> None:
         pass
 
     @hookimpl
-    def warpolicy_on_barrier(
-        self, runner: str, step: Optional[int], kind: str, reason: str
-    ) -> None:
+    def warpolicy_on_barrier(self, runner: str, step: int | None, kind: str, reason: str) -> None:
         pass
 
 
@@ -319,7 +318,7 @@ def _release(
 
 def run_fence_bench(
     iters: int = 3000,
-    device: Optional[str] = None,
+    device: str | None = None,
     *,
     replays: int = 50,
     spin_cycles: int = 2_000_000,

@@ -13,7 +13,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from warpolicy.runtime.graphwalk.analysis import (
     ancestors,
@@ -43,9 +43,9 @@ def forward_graph(nodes: int = 1000, words: int = 40) -> Graph:
     def add(
         kind: NodeKind,
         deps: Sequence[int],
-        hit: Optional[BufferRange] = None,
+        hit: BufferRange | None = None,
         name: str = "",
-        event: Optional[int] = None,
+        event: int | None = None,
     ) -> int:
         i = len(out)
         if kind is NodeKind.KERNEL:
@@ -120,7 +120,7 @@ def run(nodes: int = 1000, repeat: int = 20) -> dict[str, float]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warpolicy.bench.graphwalk")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=20)

@@ -25,7 +25,8 @@ Torch ops only (runs on CUDA, and on CPU under the simulated platform for tests)
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -201,9 +202,7 @@ class HybridDecode(OneBucketDecode):
             self._plans[step] = plan
         return plan
 
-    def write_class(
-        self, buffer_class: str, step: int, read_done: Optional[ReadDone] = None
-    ) -> None:
+    def write_class(self, buffer_class: str, step: int, read_done: ReadDone | None = None) -> None:
         """The scheduler's writes of one class for step ``step`` (on the current stream; it
         frees nothing, so ``read_done`` goes unused)."""
         plan = self._plan(step)
@@ -235,9 +234,9 @@ class HybridDecode(OneBucketDecode):
 
 def subject(
     platform: Platform,
-    config: Optional[HybridConfig] = None,
+    config: HybridConfig | None = None,
     *,
-    declared: Optional[Mapping[str, WarReadDonePolicy]] = None,
+    declared: Mapping[str, WarReadDonePolicy] | None = None,
     name: str = "hybrid-decode",
     self_check: str = "warn",
 ) -> AuditSubject:

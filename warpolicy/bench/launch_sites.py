@@ -15,7 +15,8 @@ import argparse
 import itertools
 import statistics
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from warpolicy.bench.command import Benchmark, Report, device_option, option
 from warpolicy.registry.inputs import positive_int_argument
@@ -33,7 +34,7 @@ def _body(model: Any) -> Callable[[], Any]:
     return body
 
 
-def _capture_cuda(body: Callable[[], Any], recorder: Optional[LaunchRecorder]) -> float:
+def _capture_cuda(body: Callable[[], Any], recorder: LaunchRecorder | None) -> float:
     import torch  # noqa: PLC0415 - deferred: importing the benchmarks does not need torch
 
     graph = torch.cuda.CUDAGraph()
@@ -50,7 +51,7 @@ def _capture_cuda(body: Callable[[], Any], recorder: Optional[LaunchRecorder]) -
     return elapsed * 1000
 
 
-def _capture_cpu(body: Callable[[], Any], recorder: Optional[LaunchRecorder]) -> float:
+def _capture_cpu(body: Callable[[], Any], recorder: LaunchRecorder | None) -> float:
     start = time.perf_counter()
     if recorder is None:
         body()

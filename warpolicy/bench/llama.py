@@ -39,7 +39,7 @@ simulated platform through Triton's interpreter).
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import attrs
 import torch
@@ -335,9 +335,9 @@ def default_engine() -> PolicyEngine:
 
 def subject(
     platform: Platform,
-    config: Optional[LlamaConfig] = None,
+    config: LlamaConfig | None = None,
     *,
-    kernels: Optional[SGLangKernels] = None,
+    kernels: SGLangKernels | None = None,
     name: str = "llama-decode",
 ) -> AuditSubject:
     """The `AuditSubject` of a Llama-shaped decode of ``config`` on ``platform``, declared and

@@ -46,7 +46,8 @@ import argparse
 import json
 import statistics
 import warnings
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from warpolicy.bench import restored as restored_rows
 from warpolicy.bench.command import Report, Variant, option, targets_line
@@ -236,7 +237,7 @@ class OverlapBench:
         policy: Any,
         name: str,
         model: Any = None,
-        class_policies: Optional[Mapping[str, PolicyFn]] = None,
+        class_policies: Mapping[str, PolicyFn] | None = None,
         self_check: str = "warn",
     ) -> GraphRunner:
         """A captured runner of the bench's mode answering ``policy`` (a fixed policy, or a
@@ -281,7 +282,7 @@ class OverlapBench:
         self,
         runner: Any,
         skip_barrier: bool,
-        class_writes: Optional[ClassWrites] = None,
+        class_writes: ClassWrites | None = None,
     ) -> tuple[list[Any], dict[str, list[float]]]:
         """One overlapped run. ``class_writes(k, in_flight)``: the scheduler's writes for step
         ``k`` per buffer class, earliest first (each after its own class's barrier; the
@@ -359,7 +360,7 @@ class OverlapBench:
         capture did). ``progress`` hears of each variant (labelled ``subject`` and its name)
         as it starts, and its step time when it ends: the first capture compiles kernels."""
         rows, traces, captures = [], {}, {}
-        tokens: Optional[float] = None
+        tokens: float | None = None
         for name, policy, is_sound, skip in variants:
             label = f"{subject} {name}".strip()
             progress.started(label)
@@ -398,7 +399,7 @@ def run_overlap_bench(
     layers: int = 32,
     batch: int = 64,
     steps: int = 150,
-    trace: Optional[str] = None,
+    trace: str | None = None,
     device: Any = None,
     *,
     repeats: int = 3,

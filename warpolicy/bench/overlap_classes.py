@@ -21,14 +21,10 @@ release; gap closed against the ``coarse`` and ``no_barrier`` rows of the same r
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import (
     Any,
-    Callable,
-    Collection,
-    Mapping,
-    Optional,
     Protocol,
-    Sequence,
     runtime_checkable,
 )
 
@@ -47,9 +43,7 @@ class ClassScheduled(Protocol):
         """The classes the scheduler writes, earliest read end first."""
         ...
 
-    def write_class(
-        self, buffer_class: str, step: int, read_done: Optional[ReadDone] = None
-    ) -> None:
+    def write_class(self, buffer_class: str, step: int, read_done: ReadDone | None = None) -> None:
         """The scheduler's writes of ``buffer_class`` for ``step``, on the current stream;
         ``read_done``: the latest read-done of the step in flight (what deferred frees of the
         resources it reads wait for), None when unknown."""
@@ -108,7 +102,7 @@ def measure_classes(
     model: ClassScheduled,
     declared: Mapping[str, WarReadDonePolicy],
     repeats: int,
-    tokens: Optional[float],
+    tokens: float | None,
 ) -> list[dict]:
     """Every `class_variants` row of ``declared`` on ``bench`` (an `OverlapBench`), in the
     row format of `OverlapBench.measure`."""
@@ -116,7 +110,7 @@ def measure_classes(
     order = list(model.write_classes())
 
     def writes(
-        step: int, in_flight: Callable[[], Optional[ReadDone]]
+        step: int, in_flight: Callable[[], ReadDone | None]
     ) -> Sequence[tuple[str, Callable[[], Any]]]:
         return [(c, _writer(schedule, c, step, in_flight)) for c in order]
 
@@ -155,7 +149,7 @@ def measure_classes(
 
 
 def _writer(
-    schedule: Any, buffer_class: str, step: int, in_flight: Callable[[], Optional[ReadDone]]
+    schedule: Any, buffer_class: str, step: int, in_flight: Callable[[], ReadDone | None]
 ) -> Callable[[], Any]:
     return lambda: schedule.write_class(step, buffer_class, in_flight())
 

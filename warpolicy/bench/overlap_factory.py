@@ -29,7 +29,8 @@ attention (``--factory warpolicy.bench.llama:decode``).
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from warpolicy.audit.api import call_factory, resolve_factory
 from warpolicy.audit.subject import AuditSubject
@@ -132,8 +133,8 @@ def run_factory_overlap(
     sched_kind: str = "copy",
     sched_us: float = 300.0,
     warmup: int = 10,
-    trace: Optional[str] = None,
-    platform: Optional[Platform] = None,
+    trace: str | None = None,
+    platform: Platform | None = None,
     pm: Any = None,
     progress: Progress = NO_PROGRESS,
 ) -> dict:

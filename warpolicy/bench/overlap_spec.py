@@ -37,7 +37,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from warpolicy.bench.command import Report, Variant, option, targets_line
 from warpolicy.bench.overlap import SchedulePlan, same, snapshot

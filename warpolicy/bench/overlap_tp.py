@@ -34,8 +34,9 @@ import datetime
 import json
 import socket
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import attrs
 
@@ -114,7 +115,7 @@ class TpConfig:
     backend: str = "fa3"  # the registry backend whose compiled policy the check compares
     spec: str = "none"
     device: str = "cuda"  # "cuda" (NCCL) or "sim"/"fake" (the simulated platform, gloo)
-    mismatch_rank: Optional[int] = None  # this rank gets ``mismatch_env`` on top of its env
+    mismatch_rank: int | None = None  # this rank gets ``mismatch_env`` on top of its env
     mismatch_env: str = attrs.field(default="WARPOLICY_FORCE_COARSE=1", validator=_env_assignment)
     strict: bool = False  # a mismatch raises on every rank instead of falling back
 
@@ -259,7 +260,7 @@ def rank_report(rank: int, world_size: int, config: TpConfig, device: Any) -> di
     bench = OverlapBench(platform, model, plan, bookkeeping, config.steps, warmup, probe_factory)
     ideal = bench.ideal_us()
     rows: list[dict[str, Any]] = []
-    checksum: Optional[float] = None
+    checksum: float | None = None
     for name, policy, is_sound, skip in ROWS:
         runner = bench.runner(guard_policy(fixed_policy(policy), consistency), name)
         per_run, corrupted = [], 0
@@ -312,7 +313,7 @@ def run_rank(
     config: TpConfig,
     *,
     init_method: str = "env://",
-    local_rank: Optional[int] = None,
+    local_rank: int | None = None,
     timeout_s: float = 300.0,
 ) -> dict:
     """Run this process's rank and return the combined result (the same on every rank).
@@ -403,9 +404,7 @@ def _spawned(rank: int, world_size: int, config: dict, init_method: str, outdir:
         Path(outdir, "result.json").write_text(json.dumps(result), encoding="utf-8")
 
 
-def run_overlap_tp(
-    tp: int = 1, *, init_method: Optional[str] = None, **config: Any
-) -> Optional[dict]:
+def run_overlap_tp(tp: int = 1, *, init_method: str | None = None, **config: Any) -> dict | None:
     """Run the benchmark on ``tp`` ranks; the combined result (None on torchrun ranks > 0).
 
     Under torchrun this process runs its own rank (``tp`` must match ``WORLD_SIZE``); else
@@ -498,7 +497,7 @@ def format_overlap_tp(result: dict) -> str:
 # -- the command line ------------------------------------------------------------------------------
 
 
-def _measure(args: argparse.Namespace) -> Optional[Report]:
+def _measure(args: argparse.Namespace) -> Report | None:
     extra = {} if args.mismatch_env is None else {"mismatch_env": args.mismatch_env}
     result = run_overlap_tp(
         args.tp,

@@ -26,7 +26,8 @@ pages of the steps in flight.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -210,7 +211,7 @@ class PageReuseDecode(OneBucketDecode):
         self,
         buffer_class: str,
         step: int,
-        read_done: Optional[ReadDone] = None,
+        read_done: ReadDone | None = None,
         *,
         ordered: bool = False,
     ) -> None:
@@ -257,9 +258,9 @@ class PageReuseDecode(OneBucketDecode):
 
 def subject(
     platform: Platform,
-    config: Optional[PageReuseConfig] = None,
+    config: PageReuseConfig | None = None,
     *,
-    declared: Optional[Mapping[str, WarReadDonePolicy]] = None,
+    declared: Mapping[str, WarReadDonePolicy] | None = None,
     name: str = "page-reuse",
 ) -> AuditSubject:
     """The `AuditSubject` of the page-reuse decode, its runner deciding ``declared`` per

@@ -17,7 +17,8 @@ the CLI's ``bench`` listing) does not.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 
@@ -57,7 +58,7 @@ class Rig:
         return calibrate_rows(target_us, hidden, self.device, tanh=True)
 
     def bookkeeping(
-        self, kind: str, target_us: float, hidden: int, *, rows: Optional[int] = None
+        self, kind: str, target_us: float, hidden: int, *, rows: int | None = None
     ) -> Callable[[], None]:
         """The scheduler's GPU bookkeeping after its writes: about ``target_us`` of ``kind``
         (a ``matmul`` of ``rows``, calibrated when None); a tiny matmul when simulated."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: The points a `StepProbe` marks in each step (see `warpolicy.runtime.runners.OverlapLoop`).
 POINTS = ("launch", "launched", "released", "written")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 from warpolicy.audit.api import platform_for
 from warpolicy.bench.command import Benchmark, Report, device_option, option
@@ -23,7 +23,7 @@ from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import POST_REPLAY, ForwardMode
 
 
-def _runner(platform: Any, widen_race_us: Optional[float]) -> tuple[Any, Any]:
+def _runner(platform: Any, widen_race_us: float | None) -> tuple[Any, Any]:
     """A captured decode runner on a fresh zoo model and its batch (a post_replay fixed
     declaration: every step publishes); ``widen_race_us`` None: from the environment."""
     import attrs  # noqa: PLC0415 - deferred: only the benchmark needs it here

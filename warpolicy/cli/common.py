@@ -17,7 +17,8 @@ import enum
 import functools
 import sys
 import warnings
-from typing import Iterable, Mapping, NoReturn, Optional, Sequence, TypedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NoReturn, TypedDict
 
 import attrs
 import pluggy
@@ -267,10 +268,10 @@ def plugin_manager() -> pluggy.PluginManager:
 
 
 def engine(
-    files: Optional[Sequence[str]],
+    files: Sequence[str] | None,
     *,
     plugins: bool = True,
-    environ: Optional[Mapping[str, str]] = None,
+    environ: Mapping[str, str] | None = None,
 ) -> PolicyEngine:
     """The engine over ``files`` (else $WARPOLICY_CAPABILITIES, else the default), plus the
     installed plugins' fragments unless ``plugins`` is False."""
@@ -311,7 +312,7 @@ def with_default_hint(problems: Sequence[Problem]) -> list[Problem]:
     return out
 
 
-def _unknown_backend(message: str) -> Optional[str]:
+def _unknown_backend(message: str) -> str | None:
     marker = "unknown backend '"
     at = message.find(marker)
     if at < 0:

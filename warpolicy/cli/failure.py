@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -65,7 +66,7 @@ class Failure:
     text: str  # the line(s) the text mode prints, without the trailing newline
     message: str  # the message alone (no command prefix)
     problems: tuple[Problem, ...] = ()
-    location: Optional[dict[str, Any]] = None
+    location: dict[str, Any] | None = None
     details: dict[str, Any] = attrs.field(factory=dict)
 
     @classmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import attrs
 
@@ -34,11 +34,11 @@ class OldVersion:
     path: str
     relpath: str
     spec: str  # ``REF:relpath`` of the blob read, as git names it
-    text: Optional[str]
-    renamed_from: Optional[str] = None
+    text: str | None
+    renamed_from: str | None = None
 
 
-def _git(args: Sequence[str], cwd: Optional[str] = None) -> subprocess.CompletedProcess[bytes]:
+def _git(args: Sequence[str], cwd: str | None = None) -> subprocess.CompletedProcess[bytes]:
     git = shutil.which("git")
     if git is None:
         raise GitError("git is not available")
@@ -90,7 +90,7 @@ def old_version(ref: str, path: str) -> OldVersion:
     return OldVersion(path, rel, spec, text, renamed_from=source)
 
 
-def _blob_at(ref: str, rel: str) -> tuple[str, Optional[str]]:
+def _blob_at(ref: str, rel: str) -> tuple[str, str | None]:
     """``(REF:path, text)`` of the regular file at ``rel`` at ``ref``, following symbolic links
     (relative to the link's directory, inside the repository); text None when absent."""
     seen: list[str] = []
@@ -126,7 +126,7 @@ def _blob_at(ref: str, rel: str) -> tuple[str, Optional[str]]:
             raise GitError(f"{spec} is not UTF-8 (byte {exc.start})") from exc
 
 
-def _renamed_from(ref: str, rel: str) -> Optional[str]:
+def _renamed_from(ref: str, rel: str) -> str | None:
     """The path at ``ref`` that ``rel`` was renamed or copied from since, as git sees it in
     the index (what a commit will hold) or, failing that, in the working tree; None if none."""
     for cached in (["--cached"], []):

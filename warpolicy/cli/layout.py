@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional
 
 from warpolicy import environment
 
@@ -22,7 +21,7 @@ def add_wide(p: argparse.ArgumentParser) -> None:
     )
 
 
-def output_width(wide: bool = False) -> Optional[int]:
+def output_width(wide: bool = False) -> int | None:
     """The columns text output should fit: None for no limit (``wide``); else a positive
     ``COLUMNS``; else the size of the terminal stdout is, if it is one; else None."""
     if wide:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from warpolicy import __version__
 from warpolicy.cli import audit, bench, common, decide, plugins, review, variables
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its `ExitCode`: known errors become one line on stderr, or
     one JSON object there when the command line asks for ``--format json`` (`failure`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -90,7 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _failed(failure, as_json)
 
 
-def _failure(exc: BaseException, command: str) -> Optional[Failure]:
+def _failure(exc: BaseException, command: str) -> Failure | None:
     """The `Failure` a known error makes (None: a bug, which keeps its traceback)."""
     usage = ExitCode.USAGE
     if isinstance(exc, OutputError):

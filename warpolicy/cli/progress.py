@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable, Optional, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from warpolicy.progress import NO_PROGRESS, Progress
 
@@ -45,21 +46,21 @@ class StderrProgress:
         self,
         command: str,
         *,
-        stream: Optional[TextIO] = None,
-        terminal: Optional[bool] = None,
+        stream: TextIO | None = None,
+        terminal: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.command = command
         self._stream = stream
         self._terminal = terminal
         self._clock = clock
-        self.total: Optional[int] = None
+        self.total: int | None = None
         self.done = 0
         self._since: dict[str, float] = {}
         self._drawn = False  # a bar is on the terminal's current line
-        self._phase: Optional[tuple[str, float]] = None  # a slow phase not said yet (no terminal)
+        self._phase: tuple[str, float] | None = None  # a slow phase not said yet (no terminal)
 
-    def planned(self, total: Optional[int]) -> None:
+    def planned(self, total: int | None) -> None:
         self.total = total
 
     def started(self, label: str) -> None:
@@ -90,7 +91,7 @@ class StderrProgress:
 
     # -- output ------------------------------------------------------------------------------
 
-    def _out(self) -> Optional[TextIO]:
+    def _out(self) -> TextIO | None:
         return self._stream if self._stream is not None else sys.stderr
 
     def _is_terminal(self) -> bool:

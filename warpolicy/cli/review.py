@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from warpolicy.cli import common, git
 from warpolicy.cli.common import ExitCode, UsageError
@@ -43,7 +43,7 @@ from warpolicy.runtime import manager
 
 #: ``diff --plugins``: which sides load installed plugin fragments, per comparison.
 PLUGIN_MODES = ("both", "none", "on", "new")
-_PLUGIN_RUNS: dict[str, tuple[tuple[Optional[str], bool, bool], ...]] = {
+_PLUGIN_RUNS: dict[str, tuple[tuple[str | None, bool, bool], ...]] = {
     "none": ((None, False, False),),
     "on": ((None, True, True),),
     "new": ((None, False, True),),
@@ -271,7 +271,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 # -- diff ------------------------------------------------------------------------------------
 
 
-def _fails(diff: Diff, fail_on: Optional[str]) -> bool:
+def _fails(diff: Diff, fail_on: str | None) -> bool:
     if fail_on == "any":
         return bool(diff.cells or diff.flags or any(diff.unlisted.values()))
     return fail_on == "earlier" and diff.needs_audit
@@ -286,7 +286,7 @@ def _compare(
     new: PolicyEngine,
     args: argparse.Namespace,
     fixed: dict[str, object],
-    label: Optional[str] = None,
+    label: str | None = None,
 ) -> tuple[Diff, CellSpace]:
     for name in fixed:
         if name not in common.FACT_OPTIONS:
@@ -310,7 +310,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     old_files, new_files = (p.split(os.pathsep) for p in args.paths)
     fixed = _fixed(args)
     plugins = args.plugins or "both"
-    total: Optional[Diff] = None
+    total: Diff | None = None
     space = None
     compared = []
     for label, old_plugins, new_plugins in _PLUGIN_RUNS[plugins]:

@@ -9,7 +9,7 @@ edited by hand.
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from warpolicy import environment
 from warpolicy.cli import common
@@ -96,7 +96,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def flag_list(files: Optional[Sequence[str]]) -> list[Flag]:
+def flag_list(files: Sequence[str] | None) -> list[Flag]:
     """The flags of the registry ``files`` (default: the packaged registry alone, whatever
     $WARPOLICY_CAPABILITIES says, so the generated page does not depend on the shell)."""
     chosen = list(files) if files else [str(default_registry_path())]

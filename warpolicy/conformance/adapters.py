@@ -54,7 +54,8 @@ stream). The graph's static inputs are written on the forward stream before repl
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -96,7 +97,7 @@ class SGLangAdapter:
         kernels: SGLangKernels,
         mode: ForwardMode,
         *,
-        mutant: Optional[str] = None,
+        mutant: str | None = None,
     ) -> None:
         if mutant is not None and mutant not in MUTANTS[self.backend]:
             raise ValueError(
@@ -431,7 +432,7 @@ def make_adapter(
     kernels: SGLangKernels,
     mode: ForwardMode,
     *,
-    mutant: Optional[str] = None,
+    mutant: str | None = None,
 ) -> SGLangAdapter:
     """The adapter of ``backend`` (``triton`` or ``trtllm_mha``) for ``mode``."""
     try:

@@ -28,7 +28,8 @@ builds the `AuditSubject`; `controls` / `safe_controls` are ``--factory`` callab
 from __future__ import annotations
 
 import zlib
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -185,7 +186,7 @@ def control_subject(
     platform: Any,
     *,
     late: bool = True,
-    poison: Optional[Mapping[str, PoisonSpec]] = None,
+    poison: Mapping[str, PoisonSpec] | None = None,
 ) -> AuditSubject:
     """The `AuditSubject` of control ``kind`` (``lone_length`` or ``page_aligned``), declared
     ``in_graph``; ``poison`` overrides the audit's default poisons (e.g. 0.2's ``plus_one``)."""

@@ -30,7 +30,8 @@ kernels`` first; a missing file is one line at the CLI, exit 2)::
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ def _runner(
     platform: Any,
     name: str,
     draft_tokens: int,
-    placement: Optional[str],
+    placement: str | None,
     self_check: str,
     model: Any,
 ) -> Any:
@@ -92,12 +93,12 @@ def subject(
     mode: Any,
     platform: Any,
     *,
-    mutant: Optional[str] = None,
-    placement: Optional[str] = None,
+    mutant: str | None = None,
+    placement: str | None = None,
     self_check: str = "warn",
-    config: Optional[PagedConfig] = None,
-    kernels: Optional[SGLangKernels] = None,
-    poison: Optional[Mapping[str, PoisonSpec]] = None,
+    config: PagedConfig | None = None,
+    kernels: SGLangKernels | None = None,
+    poison: Mapping[str, PoisonSpec] | None = None,
 ) -> AuditSubject:
     """One `AuditSubject`: ``backend``'s adapter in ``mode`` (``decode`` / ``target_verify``),
     optionally a ``mutant``, with ``placement`` (None: the registry's) and ``self_check``.

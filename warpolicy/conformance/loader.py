@@ -33,8 +33,9 @@ import importlib.util
 import sys
 import threading
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import attrs
 
@@ -66,7 +67,7 @@ class KernelFile:
     def pinned(self) -> wheels.PinnedFile:
         return next(f for f in self.wheel.files if f.path == self.path)
 
-    def location(self, root: Optional[Path] = None) -> Path:
+    def location(self, root: Path | None = None) -> Path:
         return wheels.file_path(self.wheel, self.pinned, root)
 
 
@@ -278,7 +279,7 @@ _LOCK = threading.Lock()
 _LOADED: dict[Path, SGLangKernels] = {}
 
 
-def load_kernels(root: Optional[Path] = None) -> SGLangKernels:
+def load_kernels(root: Path | None = None) -> SGLangKernels:
     """Load (once per folder and process) the four kernels from the extracted pinned files.
 
     Raises `KernelsUnavailable` (one line, naming ``scripts/fetch-sglang-kernels`` when files

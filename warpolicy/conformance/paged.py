@@ -28,7 +28,8 @@ no kernel of SGLang's): what the numerics tests compare the adapters with.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -122,7 +123,7 @@ class PagedBatch:
 class PagedState:
     """The shared tables, the KV pools and the model's weights (see the module doc)."""
 
-    def __init__(self, config: Optional[PagedConfig] = None, device: Any = "cpu") -> None:
+    def __init__(self, config: PagedConfig | None = None, device: Any = "cpu") -> None:
         cfg = self.cfg = config or PagedConfig()
         self.device = torch.device(device)
         g = torch.Generator().manual_seed(cfg.seed)
@@ -137,7 +138,7 @@ class PagedState:
         table[1:, : cfg.context] = rows.view(cfg.requests, cfg.context).to(torch.int32)
         self.req_to_token = table.to(self.device)
         self.shared_buffers: dict[str, torch.Tensor] = {"req_to_token": self.req_to_token}
-        self.full_to_swa: Optional[torch.Tensor] = None
+        self.full_to_swa: torch.Tensor | None = None
         if cfg.swa_window:
             swa_pages = torch.randperm(pool_pages - 1, generator=g)[:used] + 1
             mapping = torch.zeros(self.slots + page + 1, dtype=torch.int64)

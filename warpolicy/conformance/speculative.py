@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import bisect
 import functools
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -237,8 +238,8 @@ class NoStaging:
 
     @hookimpl
     def warpolicy_batch_action(
-        self, action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
-    ) -> Optional[bool]:
+        self, action: str, runner: str, mode: ForwardMode, bucket: int | None, batch: object
+    ) -> bool | None:
         return False if action == DRAFT_EXTEND_STAGED else None
 
 
@@ -268,8 +269,8 @@ class SpeculativeStep:
         *,
         staged: bool = False,
         lying: bool = False,
-        config: Optional[PagedConfig] = None,
-        kernels: Optional[SGLangKernels] = None,
+        config: PagedConfig | None = None,
+        kernels: SGLangKernels | None = None,
         self_check: str = "warn",
     ) -> None:
         on_cuda = check_platform(platform)
@@ -331,7 +332,7 @@ class SpeculativeStep:
         pools.update({f"draft.{n}": t for n, t in self.draft.kv_pools.items()})
         return pools
 
-    def stager(self) -> Optional[Stager]:
+    def stager(self) -> Stager | None:
         if not self.staged:
             return None
         reads: list[Any] = [PlanStaging(self.extend)]

@@ -19,8 +19,8 @@ Pure Python and no torch: the CPU tests and the script import it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 import attrs
 
@@ -120,13 +120,13 @@ def repository_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def kernel_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
+def kernel_dir(environ: Mapping[str, str] | None = None) -> Path:
     """``$WARPOLICY_SGLANG_DIR`` when set (and not blank), else ``<repository>/.sglang``."""
     given = environment.SGLANG_DIR.get(environ).strip()
     return Path(given).expanduser() if given else repository_root() / DEFAULT_DIR_NAME
 
 
-def file_path(wheel: PinnedWheel, pinned: PinnedFile, root: Optional[Path] = None) -> Path:
+def file_path(wheel: PinnedWheel, pinned: PinnedFile, root: Path | None = None) -> Path:
     """Where ``pinned`` of ``wheel`` lives once extracted."""
     return (root if root is not None else kernel_dir()) / wheel.version / pinned.dest
 
@@ -139,7 +139,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def missing(root: Optional[Path] = None) -> list[str]:
+def missing(root: Path | None = None) -> list[str]:
     """One line per pinned file that is absent or whose sha256 differs (empty: all present)."""
     base = root if root is not None else kernel_dir()
     problems = []
@@ -153,7 +153,7 @@ def missing(root: Optional[Path] = None) -> list[str]:
     return problems
 
 
-def absent_reason(root: Optional[Path] = None) -> Optional[str]:
+def absent_reason(root: Path | None = None) -> str | None:
     """None when every pinned file is present and intact; else one line saying what to run."""
     problems = missing(root)
     if not problems:

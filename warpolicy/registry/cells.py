@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import itertools
 import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -89,7 +89,7 @@ class FactAxis:
     fast: object
     values: Callable[[frozenset], tuple[object, ...]] = attrs.field(eq=False)
 
-    def tested(self, when: Conditions) -> Optional[frozenset]:
+    def tested(self, when: Conditions) -> frozenset | None:
         """The values a gate's condition names, or None when it does not test this fact."""
         value = getattr(when, self.name)
         if value is None:
@@ -107,7 +107,7 @@ FACT_AXES: tuple[FactAxis, ...] = (
 FACT_NAMES = tuple(a.name for a in FACT_AXES)
 FAST_PATH: Mapping[str, object] = {a.name: a.fast for a in FACT_AXES}
 
-FlagSetting = Union[bool, str]  # True / False, or DEFAULT
+FlagSetting = bool | str  # True / False, or DEFAULT
 
 
 @attrs.frozen
@@ -126,7 +126,7 @@ class BatchClass:
     def reported(self) -> bool:
         return self.value is not ABSENT
 
-    def given(self, fact: Optional[Fact]) -> Optional[object]:
+    def given(self, fact: Fact | None) -> object | None:
         """The value one side's engine is given: None (not reported) when the side does not
         declare the fact or the value is not one of its values (unknown there, as at runtime)."""
         if fact is None or not self.reported or not fact.valid(self.value):
@@ -144,7 +144,7 @@ def _batch_facts_read(
     live: Sequence[Gate],
     modes: Sequence[ForwardMode],
     spec: str,
-    scope: Optional[frozenset[str]] = None,
+    scope: frozenset[str] | None = None,
 ) -> set[str]:
     """Per-batch facts a decision in the columns ``modes`` x ``spec`` may read: those a live
     gate tests, the actions of a ``spec_lacks`` capability it names and of declarations that
@@ -231,7 +231,7 @@ class Column:
         return self._expanded[base]
 
 
-def _spec_of(registry: Registry, name: str) -> Optional[SpecAlgorithm]:
+def _spec_of(registry: Registry, name: str) -> SpecAlgorithm | None:
     spec = registry.spec_algorithms.get(name)
     if spec is None and name == IMPLICIT_SPEC.name:
         return IMPLICIT_SPEC
@@ -323,9 +323,9 @@ class CellSpace:
 
     def column(
         self,
-        modes: Union[ForwardMode, Sequence[ForwardMode]],
+        modes: ForwardMode | Sequence[ForwardMode],
         spec: str,
-        scope: Optional[frozenset[str]] = None,
+        scope: frozenset[str] | None = None,
     ) -> Column:
         """The axes and settings of the column(s) of ``modes`` x ``spec`` (several modes: one
         setting list that serves each of them, for step cells). ``scope``: the backends whose
@@ -339,7 +339,7 @@ class CellSpace:
         return self._columns[key]
 
     def _build_column(
-        self, modes: tuple[ForwardMode, ...], spec: str, scope: Optional[frozenset[str]] = None
+        self, modes: tuple[ForwardMode, ...], spec: str, scope: frozenset[str] | None = None
     ) -> Column:
         live: list[Gate] = []
         all_none = True
@@ -604,8 +604,8 @@ def _is_batch(values: object) -> bool:
 def cell_space(
     registries: Sequence[Registry],
     *,
-    modes: Optional[Iterable[Union[str, ForwardMode]]] = None,
-    fixed: Optional[Mapping[str, object]] = None,
+    modes: Iterable[str | ForwardMode] | None = None,
+    fixed: Mapping[str, object] | None = None,
     max_settings: int = MAX_SETTINGS,
 ) -> CellSpace:
     """The cells worth comparing across ``registries`` (see the module docstring).
@@ -642,7 +642,7 @@ def summarize(found: Sequence[Setting], every: Sequence[Setting], column: Column
 
 def _conjunction(
     found: Sequence[Setting], every: Sequence[Setting], axes: Sequence[str]
-) -> Optional[str]:
+) -> str | None:
     """The assignments all of ``found`` share, if exactly those settings have them."""
     values = [{n: s.assignments()[n] for n in axes} for s in found]
     common = {n: v for n, v in values[0].items() if all(x[n] == v for x in values)}

@@ -32,7 +32,7 @@ the environment, so an operator's variables never mask a change.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -230,7 +230,7 @@ class DiffCell:
     when: str  # "any" or the assignments that select the differing settings
     change: str  # one of CHANGES
     settings: tuple[Setting, ...] = ()
-    plugins: Optional[str] = None  # "off" / "on" when a diff compares both
+    plugins: str | None = None  # "off" / "on" when a diff compares both
     batches: int = 1  # combinations of per-batch classes per setting in the cell's column
 
     def settings_json(self) -> dict[str, object]:
@@ -268,7 +268,7 @@ class FlagChange:
     old_env: tuple[str, ...]
     new_env: tuple[str, ...]
     change: str  # "earlier" (may resolve to the value that releases sooner) or "later"
-    plugins: Optional[str] = None
+    plugins: str | None = None
 
     @property
     def needs_audit(self) -> bool:
@@ -332,7 +332,7 @@ _PHASES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)  # in step order
 class _Side:
     """One engine's values, cached per comparison."""
 
-    def __init__(self, engine: PolicyEngine, buffer_class: Optional[str] = None) -> None:
+    def __init__(self, engine: PolicyEngine, buffer_class: str | None = None) -> None:
         self.engine = engine
         self.registry = engine.registry
         #: compare where this buffer class's reads end instead of the cell (None)
@@ -396,7 +396,7 @@ class _Side:
 
     def values(
         self, backends: Sequence[str], mode: ForwardMode, column: Column, spec: str, base: Setting
-    ) -> dict[str, Union[str, dict[Setting, str]]]:
+    ) -> dict[str, str | dict[Setting, str]]:
         """Per backend, its label for every setting of ``column`` that shares ``base``'s flags
         and runner facts: one label where no per-batch fact matters (`Decision.cases` empty:
         the engine's enumeration of the cell's fact classes found one policy), else a label per
@@ -404,7 +404,7 @@ class _Side:
         class of the union falls in one class of this side's (`FactClasses.classify`), and
         exactly one case's conditions hold for a combination of this side's classes."""
         found = self.decisions(backends, mode, spec, base, cases=len(column.batches) > 1)
-        out: dict[str, Union[str, dict[Setting, str]]] = {}
+        out: dict[str, str | dict[Setting, str]] = {}
         for name in backends:
             decision = found[name]
             if not decision.cases:
@@ -474,7 +474,7 @@ class _Side:
         return policy.label
 
 
-def _mode_change(old: str, new: str) -> Optional[str]:
+def _mode_change(old: str, new: str) -> str | None:
     if old == new:
         return None
     old_policy = WarReadDonePolicy.parse(old.split(" ", 1)[0])
@@ -533,7 +533,7 @@ def _env_spelled(flag: Flag) -> tuple[str, ...]:
     return tuple(f"not:{var}" if var in flag.inverted else var for var in flag.env)
 
 
-def _flag_changes(old: Registry, new: Registry, tested: set[str], plugins: Optional[str]) -> list:
+def _flag_changes(old: Registry, new: Registry, tested: set[str], plugins: str | None) -> list:
     out = []
     for name in sorted(set(old.flags) & set(new.flags)):
         before, after = _env_spelled(old.flags[name]), _env_spelled(new.flags[name])
@@ -554,10 +554,10 @@ def diff_engines(
     old: PolicyEngine,
     new: PolicyEngine,
     space: CellSpace,
-    plugins: Optional[str] = None,
+    plugins: str | None = None,
     *,
     earlier_only: bool = False,
-    expand: Optional[int] = None,
+    expand: int | None = None,
     prune_gates: bool = True,
 ) -> Diff:
     """Every cell of ``space`` whose value differs between two engines.
@@ -604,7 +604,7 @@ def diff_engines(
 
     # only global gates differ: a setting none of the changed gates can match decides alike
     # on both sides (every other rule is the same), so only the others are evaluated
-    changed_gates: Optional[list[Gate]] = None
+    changed_gates: list[Gate] | None = None
     if (
         prune_gates
         and not changed_specs
@@ -687,9 +687,9 @@ def _compare_column(
     mode: ForwardMode,
     spec: str,
     space: CellSpace,
-    plugins: Optional[str],
-    scope: Optional[frozenset[str]] = None,
-    relevant: Optional[_ChangedGates] = None,
+    plugins: str | None,
+    scope: frozenset[str] | None = None,
+    relevant: _ChangedGates | None = None,
 ) -> list[DiffCell]:
     column = space.column(mode, spec, scope)
     if column.all_none:
@@ -757,12 +757,12 @@ RUNNER_CELL_FACTS = ("eager", "planted", "external_events")
 
 
 def _relevant(
-    changed: Optional[list[Gate]],
+    changed: list[Gate] | None,
     modes: Sequence[ForwardMode],
     old_spec: SpecAlgorithm,
     new_spec: SpecAlgorithm,
     any_cell: bool = False,
-) -> Optional[_ChangedGates]:
+) -> _ChangedGates | None:
     """None: compare every setting; else the changed gates live in the column(s)."""
     if changed is None:
         return None
@@ -777,8 +777,8 @@ def _compare_classes(
     mode: ForwardMode,
     spec: str,
     space: CellSpace,
-    plugins: Optional[str],
-    scope: Optional[frozenset[str]] = None,
+    plugins: str | None,
+    scope: frozenset[str] | None = None,
 ) -> list[DiffCell]:
     """Per buffer class, where its reads end, for the backends whose declaration of ``mode``
     names a class on either side (a class one side does not declare is none there); the
@@ -807,9 +807,9 @@ def _compare_steps(
     spec: str,
     readers: tuple[ForwardMode, ForwardMode],
     space: CellSpace,
-    plugins: Optional[str],
-    scope: Optional[frozenset[str]] = None,
-    relevant: Optional[_ChangedGates] = None,
+    plugins: str | None,
+    scope: frozenset[str] | None = None,
+    relevant: _ChangedGates | None = None,
 ) -> list[DiffCell]:
     """Step cells: the event a speculative step of target verify then draft extend hands the
     scheduler, for every setting and class of batch of both phases' columns.
@@ -866,7 +866,7 @@ def _cells(
     mode: str,
     spec: str,
     column: Column,
-    plugins: Optional[str],
+    plugins: str | None,
 ) -> list[DiffCell]:
     """One `DiffCell` per (backend, old, new, change) with the settings where it holds."""
     return [
@@ -891,8 +891,8 @@ def _one_sided(
     pairs: Sequence[tuple[str, str]],
     kind: str,
     space: CellSpace,
-    plugins: Optional[str],
-    expand: Optional[int],
+    plugins: str | None,
+    expand: int | None,
 ) -> tuple[list[DiffCell], int]:
     """Rows of backends or specs on one side only, evaluated in order until ``expand`` rows;
     returns the rows and how many cells were left unevaluated."""
@@ -957,7 +957,7 @@ class LayerChange:
 def earlier_layers(
     layers: Sequence[Source],
     *,
-    modes: Optional[Iterable[str]] = None,
+    modes: Iterable[str] | None = None,
     max_settings: int = MAX_SETTINGS,
 ) -> list[LayerChange]:
     """For each layer k > 0: the cells where ``layers[0..k]`` is earlier than ``layers[0..k-1]``
@@ -966,7 +966,7 @@ def earlier_layers(
     A prefix that does not load on its own (a fragment that refers to a later layer) is skipped
     with a note; the comparison resumes at the next prefix that loads.
     """
-    engines: list[tuple[str, Optional[PolicyEngine], str]] = []
+    engines: list[tuple[str, PolicyEngine | None, str]] = []
     for k, source in enumerate(layers):
         try:
             loaded = PolicyEngine(load_registry(list(layers[: k + 1])), environ={})
@@ -974,7 +974,7 @@ def earlier_layers(
         except WarpolicyError as exc:
             engines.append((layer_label(source), None, str(exc).splitlines()[0]))
     out: list[LayerChange] = []
-    below: Optional[PolicyEngine] = None
+    below: PolicyEngine | None = None
     for label, engine, problem in engines:
         if engine is None:
             out.append(

@@ -11,7 +11,7 @@ action that was not reported as succeeded did not succeed: both give the later p
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from warpolicy.errors import InputError
 from warpolicy.registry.decision import BatchCase, Context, Decision, Reason
@@ -19,7 +19,7 @@ from warpolicy.registry.facts import ABSENT, FactClasses
 from warpolicy.registry.vocabulary import NONE, FactType, ForwardMode, Placement, WarReadDonePolicy
 
 #: ``explain(mode, eager, planted, facts) -> Decision``: the full decision behind a lookup.
-Explain = Callable[[ForwardMode, bool, bool, Optional[Mapping[str, object]]], Decision]
+Explain = Callable[[ForwardMode, bool, bool, Mapping[str, object] | None], Decision]
 
 
 class BatchRule:
@@ -53,14 +53,14 @@ class BatchRule:
         self.cases = tuple(cases)
         self.fast = _fast_rule(self.classes, self.table, self.unknown)
 
-    def __call__(self, facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+    def __call__(self, facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
         return self.fast(facts)
 
     def __repr__(self) -> str:
         return f"BatchRule(facts={self.facts}, unknown={self.unknown.label})"
 
 
-_Rule = Callable[[Optional[Mapping[str, object]]], WarReadDonePolicy]
+_Rule = Callable[[Mapping[str, object] | None], WarReadDonePolicy]
 
 
 def _classifier(classes: FactClasses) -> Callable[[object], int]:
@@ -124,7 +124,7 @@ def _fast_rule(
         sizes = [len(c.labels) for c in classes]
         nested = tuple(tuple(table[(i, j)] for j in range(sizes[1])) for i in range(sizes[0]))
 
-        def two_facts(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+        def two_facts(facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
             if not facts:
                 return unknown
             return nested[first(facts.get(name0, ABSENT))][second(facts.get(name1, ABSENT))]
@@ -132,7 +132,7 @@ def _fast_rule(
         return two_facts
     pairs = tuple(zip(names, classify))
 
-    def many_facts(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+    def many_facts(facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
         if not facts:
             return unknown
         return table[tuple([c(facts.get(n, ABSENT)) for n, c in pairs])]
@@ -149,7 +149,7 @@ def _one_fact(classes: FactClasses, table: Mapping[tuple[int, ...], WarReadDoneP
         pair = (by_class[1], by_class[0])  # indexed by "succeeded"
 
         def one_action(
-            facts: Optional[Mapping[str, object]] = None, _pair: tuple = pair
+            facts: Mapping[str, object] | None = None, _pair: tuple = pair
         ) -> WarReadDonePolicy:
             if not facts:
                 return unknown
@@ -160,7 +160,7 @@ def _one_fact(classes: FactClasses, table: Mapping[tuple[int, ...], WarReadDoneP
         cuts = classes.cuts
         find = bisect.bisect_right
 
-        def one_int(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+        def one_int(facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
             if not facts:
                 return unknown
             value = facts.get(name)
@@ -169,7 +169,7 @@ def _one_fact(classes: FactClasses, table: Mapping[tuple[int, ...], WarReadDoneP
         return one_int
     classify = _classifier(classes)
 
-    def one_fact(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+    def one_fact(facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
         if not facts:
             return unknown
         return by_class[classify(facts.get(name, ABSENT))]
@@ -190,7 +190,7 @@ def _fact_and_action(
     if kind is FactType.ACTION:
         by_first = (rows[1], rows[0])
 
-        def two_actions(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+        def two_actions(facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
             if not facts:
                 return unknown
             return by_first[facts.get(name) is True][facts.get(action) is True]
@@ -201,7 +201,7 @@ def _fact_and_action(
         find = bisect.bisect_right
 
         def int_and_action(
-            facts: Optional[Mapping[str, object]] = None,
+            facts: Mapping[str, object] | None = None,
             _rows: tuple = rows,
             _find: Callable = find,
             _cuts: tuple[int, ...] = cuts,
@@ -215,7 +215,7 @@ def _fact_and_action(
         return int_and_action
     classify = _classifier(classes)
 
-    def fact_and_action(facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+    def fact_and_action(facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
         if not facts:
             return unknown
         return rows[classify(facts.get(name, ABSENT))][facts.get(action) is True]
@@ -240,9 +240,9 @@ class CompiledPolicy:
         backend: str,
         spec: str,
         table: Mapping[ForwardMode, tuple[WarReadDonePolicy, ...]],
-        explain: Optional[Explain] = None,
-        placement: Optional[Mapping[ForwardMode, Placement]] = None,
-        rules: Optional[Mapping[ForwardMode, tuple[Optional[BatchRule], ...]]] = None,
+        explain: Explain | None = None,
+        placement: Mapping[ForwardMode, Placement] | None = None,
+        rules: Mapping[ForwardMode, tuple[BatchRule | None, ...]] | None = None,
     ) -> None:
         self.backend = backend
         self.spec = spec
@@ -256,7 +256,7 @@ class CompiledPolicy:
         mode: ForwardMode,
         eager: bool = False,
         planted: bool = True,
-        facts: Optional[Mapping[str, object]] = None,
+        facts: Mapping[str, object] | None = None,
     ) -> WarReadDonePolicy:
         """The policy for ``mode`` given the runner's facts and the batch's per-batch
         ``facts``; ``NONE`` for anything unknown. ``eager`` and ``planted`` must be real
@@ -306,7 +306,7 @@ class CompiledPolicy:
         # most of this function's cost on the per-step path (`warpolicy bench decide`).
         def step(
             mode: ForwardMode,
-            facts: Optional[Mapping[str, object]] = None,
+            facts: Mapping[str, object] | None = None,
             _rules: dict[object, _Rule] = rules,
             _table: dict[object, WarReadDonePolicy] = table,
             _none: WarReadDonePolicy = NONE,
@@ -322,7 +322,7 @@ class CompiledPolicy:
 
     def rule(
         self, mode: ForwardMode, eager: bool = False, planted: bool = True
-    ) -> Optional[BatchRule]:
+    ) -> BatchRule | None:
         """The batch rule of a cell, or None when its policy reads no per-batch fact."""
         index = _fact_index(eager, planted)
         rules = self._rules.get(ForwardMode.parse(mode))
@@ -341,7 +341,7 @@ class CompiledPolicy:
         mode: ForwardMode,
         eager: bool = False,
         planted: bool = True,
-        facts: Optional[Mapping[str, object]] = None,
+        facts: Mapping[str, object] | None = None,
     ) -> Decision:
         """The full `Decision` behind a lookup (for observers; not for the per-step path)."""
         mode = ForwardMode.parse(mode)

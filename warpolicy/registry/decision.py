@@ -6,7 +6,7 @@ ids of the built-in reasons. Plain frozen records; the engine fills them.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Union
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -50,15 +50,15 @@ FORCE_COARSE = Flag(
 )
 
 
-def _mode(value: Union[str, ForwardMode]) -> ForwardMode:
+def _mode(value: str | ForwardMode) -> ForwardMode:
     return ForwardMode.parse(value)
 
 
-def _flag_dict(flags: Optional[Mapping[str, Union[bool, str]]]) -> dict[str, Union[bool, str]]:
+def _flag_dict(flags: Mapping[str, bool | str] | None) -> dict[str, bool | str]:
     return dict(flags or {})
 
 
-def _fact_dict(facts: Optional[Mapping[str, object]]) -> dict[str, object]:
+def _fact_dict(facts: Mapping[str, object] | None) -> dict[str, object]:
     return dict(facts or {})
 
 
@@ -75,7 +75,7 @@ class Context:
     backend: str
     mode: ForwardMode = attrs.field(converter=_mode)
     spec: str = "none"
-    flags: Mapping[str, Union[bool, str]] = attrs.field(factory=dict, converter=_flag_dict)
+    flags: Mapping[str, bool | str] = attrs.field(factory=dict, converter=_flag_dict)
     platform: str = attrs.field(default="cuda", converter=platform_key)
     external_events: bool = True
     eager: bool = False
@@ -90,7 +90,7 @@ class Reason:
     id: str
     message: str
     policy: WarReadDonePolicy
-    origin: Optional[str] = None
+    origin: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -186,8 +186,8 @@ class Declaration:
     policy: WarReadDonePolicy
     origin: str
     via: str  # how the evaluated backend reaches it: "own" or "inherited from NAME"
-    after: Optional[str] = None  # the action it holds only after (None: unconditional)
-    otherwise: Optional[WarReadDonePolicy] = None  # its read end when the action did not succeed
+    after: str | None = None  # the action it holds only after (None: unconditional)
+    otherwise: WarReadDonePolicy | None = None  # its read end when the action did not succeed
 
 
 @attrs.frozen
@@ -201,7 +201,7 @@ class Declared:
 
     policy: WarReadDonePolicy
     floor: WarReadDonePolicy
-    origin: Optional[str]
+    origin: str | None
     chain: tuple[str, ...]
     declarations: tuple[Declaration, ...]
     children: tuple[Explanation, ...]
@@ -227,9 +227,9 @@ class Explanation:
     chain: tuple[str, ...]  # how the declared read end was found
     gates: tuple[GateCheck, ...]
     children: tuple[Explanation, ...] = ()
-    demotion: Optional[Reason] = None
+    demotion: Reason | None = None
     declarations: tuple[Declaration, ...] = ()
-    force_coarse: Optional[Reason] = None
+    force_coarse: Reason | None = None
     placement: Placement = Placement.MARKER  # where a runner puts the node (top level only)
     #: the per-batch facts this decision read (its children's included), as reported
     facts: tuple[FactValue, ...] = ()

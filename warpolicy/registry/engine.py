@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -99,7 +99,7 @@ _Cells = tuple[list[FactClasses], dict[tuple[int, ...], WarReadDonePolicy]]
 #: batch that reports no facts, and each such cell's batch rule (None: it reads no fact).
 _CompiledCells = tuple[
     dict[ForwardMode, tuple[WarReadDonePolicy, ...]],
-    dict[ForwardMode, tuple[Optional[BatchRule], ...]],
+    dict[ForwardMode, tuple[BatchRule | None, ...]],
 ]
 
 #: How a report names the cell at index ``eager * 2 + planted`` of a row.
@@ -117,9 +117,9 @@ class PolicyEngine:
     def __init__(
         self,
         registry: Registry,
-        environ: Optional[Mapping[str, str]] = None,
+        environ: Mapping[str, str] | None = None,
         *,
-        layers: Optional[Sequence[Source]] = None,
+        layers: Sequence[Source] | None = None,
     ) -> None:
         self.registry = registry
         env = environment.PROCESS if environ is None else environ
@@ -127,7 +127,7 @@ class PolicyEngine:
         self._flag_values = _resolve_flags(registry, env)
         self._fact_classes = registry_fact_classes(registry)
         self._layers = tuple(layers or ())
-        self._layer_engines: Optional[list[tuple[str, Optional[PolicyEngine]]]] = None
+        self._layer_engines: list[tuple[str, PolicyEngine | None]] | None = None
         self._warned: set[str] = set()
 
     # -- construction helpers -------------------------------------------------------------
@@ -135,11 +135,11 @@ class PolicyEngine:
     @classmethod
     def load(
         cls,
-        files: Optional[Sequence[str]] = None,
+        files: Sequence[str] | None = None,
         *,
         fragments: Sequence[Fragment] = (),
-        blame: Optional[Blame] = None,
-        environ: Optional[Mapping[str, str]] = None,
+        blame: Blame | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> PolicyEngine:
         """Build an engine from registry files (``files``, else ``WARPOLICY_CAPABILITIES``, else
         the packaged default) plus plugin ``fragments`` the caller collected, e.g.::
@@ -158,7 +158,7 @@ class PolicyEngine:
     # -- flags --------------------------------------------------------------------------
 
     def flag_values(
-        self, overrides: Optional[Mapping[str, Union[bool, str]]] = None
+        self, overrides: Mapping[str, bool | str] | None = None
     ) -> tuple[FlagValue, ...]:
         """Every flag's value: overrides beat the environment, which beats the default.
 
@@ -259,7 +259,7 @@ class PolicyEngine:
 
     # -- buffer classes ---------------------------------------------------------------------
 
-    def classes(self, backend: str, mode: Optional[ForwardMode] = None) -> tuple[str, ...]:
+    def classes(self, backend: str, mode: ForwardMode | None = None) -> tuple[str, ...]:
         """The buffer classes ``backend`` declares anything for (its own, inherited and its
         children's declarations; in ``mode``, or in any mode), ``metadata`` first; empty when
         none of them names a class (a one-policy registry: the cell is all there is)."""
@@ -287,10 +287,10 @@ class PolicyEngine:
     def class_table(
         self,
         decisions: Sequence[Decision],
-        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        flags: Mapping[str, bool | str] | None = None,
         *,
-        batch_facts: Optional[Mapping[str, object]] = None,
-        **facts: Union[str, bool],
+        batch_facts: Mapping[str, object] | None = None,
+        **facts: str | bool,
     ) -> dict[tuple[str, ForwardMode, str], dict[str, WarReadDonePolicy]]:
         """For the rows of a `table` (same flags and facts) whose backend declares buffer
         classes, where each class's reads end (`classes`); other rows are left out."""
@@ -339,7 +339,7 @@ class PolicyEngine:
         self,
         backend: str,
         spec: str = "none",
-        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        flags: Mapping[str, bool | str] | None = None,
         *,
         platform: str = "cuda",
         external_events: bool = True,
@@ -382,7 +382,7 @@ class PolicyEngine:
         self,
         backend: str,
         spec: str = "none",
-        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        flags: Mapping[str, bool | str] | None = None,
         *,
         platform: str = "cuda",
         external_events: bool = True,
@@ -405,7 +405,7 @@ class PolicyEngine:
                 mode: ForwardMode,
                 eager: bool,
                 planted: bool,
-                facts: Optional[Mapping[str, object]] = None,
+                facts: Mapping[str, object] | None = None,
             ) -> Decision:
                 known = {  # as the lookup reads them: anything else is unknown
                     k: v for k, v in (facts or {}).items() if k in declared and declared[k].valid(v)
@@ -427,15 +427,15 @@ class PolicyEngine:
 
     def table(
         self,
-        backends: Optional[Iterable[str]] = None,
-        specs: Optional[Iterable[str]] = None,
-        modes: Optional[Iterable[Union[str, ForwardMode]]] = None,
-        flags: Optional[Mapping[str, Union[bool, str]]] = None,
+        backends: Iterable[str] | None = None,
+        specs: Iterable[str] | None = None,
+        modes: Iterable[str | ForwardMode] | None = None,
+        flags: Mapping[str, bool | str] | None = None,
         *,
-        batch_facts: Optional[Mapping[str, object]] = None,
+        batch_facts: Mapping[str, object] | None = None,
         cases: bool = True,
-        buffer_class: Optional[str] = None,
-        **facts: Union[str, bool],
+        buffer_class: str | None = None,
+        **facts: str | bool,
     ) -> list[Decision]:
         """The decision for every (backend, mode, spec) combination, in a stable order.
 
@@ -485,7 +485,7 @@ class PolicyEngine:
     # -- evaluation ---------------------------------------------------------------------
 
     def _evaluation(
-        self, ctx: Context, *, record_checks: bool = True, buffer_class: Optional[str] = None
+        self, ctx: Context, *, record_checks: bool = True, buffer_class: str | None = None
     ) -> Evaluation:
         check_facts(self.registry.facts, ctx.facts)
         flags = self.flag_values(ctx.flags)
@@ -503,8 +503,8 @@ class PolicyEngine:
         ctx: Context,
         read: Iterable[str],
         shared: dict[tuple, Evaluation],
-        buffer_class: Optional[str] = None,
-    ) -> Optional[_Cells]:
+        buffer_class: str | None = None,
+    ) -> _Cells | None:
         """The policy of ``ctx``'s cell for one value per class of every per-batch fact it
         reads (``ctx.facts`` held), until the facts read stop growing; None past
         `MAX_FACT_CASES`. ``shared`` caches evaluations per combination across the backends of
@@ -544,7 +544,7 @@ class PolicyEngine:
         ctx: Context,
         read: Iterable[str],
         shared: dict[tuple, Evaluation],
-        buffer_class: Optional[str] = None,
+        buffer_class: str | None = None,
     ) -> tuple[BatchCase, ...]:
         cells = self._enumerate(ctx, read, shared, buffer_class) if read else None
         return () if cells is None else _batch_cases(*cells)
@@ -553,7 +553,7 @@ class PolicyEngine:
         self,
         backend: str,
         spec: str,
-        flags: Optional[Mapping[str, Union[bool, str]]],
+        flags: Mapping[str, bool | str] | None,
         platform: str,
         external_events: bool,
     ) -> _CompiledCells:
@@ -563,7 +563,7 @@ class PolicyEngine:
         rules = {}
         for mode in ForwardMode:
             row = []
-            row_rules: list[Optional[BatchRule]] = []
+            row_rules: list[BatchRule | None] = []
             for eager in (False, True):
                 for planted in (False, True):
                     ctx = Context(
@@ -592,11 +592,11 @@ class PolicyEngine:
 
     # -- layers -------------------------------------------------------------------------
 
-    def layer_engines(self) -> list[tuple[str, Optional[PolicyEngine]]]:
+    def layer_engines(self) -> list[tuple[str, PolicyEngine | None]]:
         """``(label, engine of layers[0..k])`` per layer; None where that prefix does not load
         on its own (e.g. a fragment that refers to a later layer)."""
         if self._layer_engines is None:
-            out: list[tuple[str, Optional[PolicyEngine]]] = []
+            out: list[tuple[str, PolicyEngine | None]] = []
             for k, source in enumerate(self._layers):
                 try:
                     registry = load_registry(list(self._layers[: k + 1]))
@@ -610,7 +610,7 @@ class PolicyEngine:
         self,
         backend: str,
         spec: str,
-        flags: Optional[Mapping[str, Union[bool, str]]],
+        flags: Mapping[str, bool | str] | None,
         platform: str,
         external_events: bool,
     ) -> None:
@@ -619,9 +619,9 @@ class PolicyEngine:
         if len(self._layers) < 2:
             return
         try:
-            below: Optional[_CompiledCells] = None
+            below: _CompiledCells | None = None
             for label, engine in self.layer_engines():
-                here: Optional[_CompiledCells] = None
+                here: _CompiledCells | None = None
                 if engine is not None:
                     try:
                         here = engine._compiled(backend, spec, flags, platform, external_events)
@@ -681,7 +681,7 @@ class PolicyEngine:
             stack.extend((c, False) for c in children if c not in memo)
         return memo[backend]
 
-    def _warn_once(self, key: str, message: Optional[str] = None, stacklevel: int = 3) -> None:
+    def _warn_once(self, key: str, message: str | None = None, stacklevel: int = 3) -> None:
         """The engine's one warn-once helper: warn ``warpolicy: <message>`` (default: ``<key>;
         using the coarse barrier``) the first time ``key`` occurs."""
         if key in self._warned:
@@ -712,7 +712,7 @@ def _batch_cases(
     )
 
 
-def _earlier_cell(below: _CompiledCells, here: _CompiledCells, spec: str) -> Optional[str]:
+def _earlier_cell(below: _CompiledCells, here: _CompiledCells, spec: str) -> str | None:
     """The first cell ``here`` makes earlier than ``below`` for some batch, as a report names
     it, or None. Each cell is compared for one batch per class of the union of both sides'
     classes of the facts their rules read (`joint_classes`), so no class of batch is missed;
@@ -740,7 +740,7 @@ def _earlier_cell(below: _CompiledCells, here: _CompiledCells, spec: str) -> Opt
 
 def _joint_batches(
     rules: Sequence[BatchRule],
-) -> Iterable[tuple[Optional[dict[str, object]], tuple[str, ...]]]:
+) -> Iterable[tuple[dict[str, object] | None, tuple[str, ...]]]:
     """One batch (its facts, the labels of their classes) per combination of the joint classes
     of every fact ``rules`` read; a single None batch past `MAX_FACT_CASES` combinations."""
     names = sorted({name for rule in rules for name in rule.facts})

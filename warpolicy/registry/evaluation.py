@@ -12,7 +12,7 @@ pinned router whose route is reported runs that child; otherwise the latest of e
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -50,7 +50,7 @@ class Evaluation:
         flags: tuple[FlagValue, ...],
         *,
         record_checks: bool = True,
-        buffer_class: Optional[str] = None,
+        buffer_class: str | None = None,
     ) -> None:
         # record_checks=False (tables, diffs, compiled tables): the same decisions and reasons,
         # but gates that cannot raise the decision are skipped and no per-gate check is kept
@@ -122,7 +122,7 @@ class Evaluation:
                     )
         return list(out.items())
 
-    def _route(self, entry: Backend) -> tuple[Optional[str], str]:
+    def _route(self, entry: Backend) -> tuple[str | None, str]:
         """The label a router's batch runs, or None (every child may run), and why."""
         route = entry.routes
         assert route is not None
@@ -220,7 +220,7 @@ class Evaluation:
             facts=facts,
         )
 
-    def _force_coarse(self) -> Optional[Reason]:
+    def _force_coarse(self) -> Reason | None:
         for flag in self.flags:
             if flag.name == FORCE_COARSE.name and flag.value:
                 return Reason(
@@ -365,7 +365,7 @@ def _classes_text(classes: Mapping[str, WarReadDonePolicy]) -> str:
     return ", ".join(f"{n}: {p.label}" for n, p in sorted(classes.items()))
 
 
-def _sound_demotion(policy: WarReadDonePolicy, ctx: Context) -> Optional[Reason]:
+def _sound_demotion(policy: WarReadDonePolicy, ctx: Context) -> Reason | None:
     """In-graph is only sound when the node really exists; otherwise at least post-replay."""
     if policy != IN_GRAPH:
         return None

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Iterable, Mapping, Optional, Sequence, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 
@@ -299,7 +300,7 @@ def registry_fact_classes(registry: Registry) -> dict[str, FactClasses]:
 
 def simplify(
     rows: Sequence[tuple[tuple[int, ...], Outcome]], sizes: Sequence[int]
-) -> list[tuple[tuple[Optional[int], ...], Outcome]]:
+) -> list[tuple[tuple[int | None, ...], Outcome]]:
     """The assignments of classes (one class per fact, ``sizes[i]`` classes for fact ``i``) as
     few conditions per outcome as a greedy pass finds: each assignment is widened fact by fact
     (``None``: any class) while every assignment it then covers has the same outcome, then
@@ -307,9 +308,9 @@ def simplify(
     of one outcome may overlap; conditions of different outcomes never do. Sorted by outcome,
     then by class."""
     table = dict(rows)
-    cubes: set[tuple[tuple[Optional[int], ...], Outcome]] = set()
+    cubes: set[tuple[tuple[int | None, ...], Outcome]] = set()
     for key, outcome in rows:
-        cube: list[Optional[int]] = list(key)
+        cube: list[int | None] = list(key)
         for index in range(len(sizes)):
             trial = cube[:index] + [None] + cube[index + 1 :]
             if all(table.get(k) == outcome for k in _covered(trial, sizes)):
@@ -325,10 +326,10 @@ def simplify(
     return sorted(kept, key=lambda item: (item[1], tuple(-1 if c is None else c for c in item[0])))
 
 
-def _covered(cube: Sequence[Optional[int]], sizes: Sequence[int]) -> Iterable[tuple[int, ...]]:
+def _covered(cube: Sequence[int | None], sizes: Sequence[int]) -> Iterable[tuple[int, ...]]:
     return itertools.product(*(range(size) if c is None else (c,) for c, size in zip(cube, sizes)))
 
 
-def _inside(cube: Sequence[Optional[int]], other: Sequence[Optional[int]]) -> bool:
+def _inside(cube: Sequence[int | None], other: Sequence[int | None]) -> bool:
     """Whether every assignment of ``cube`` is one of ``other``'s."""
     return all(o is None or o == c for c, o in zip(cube, other))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from warpolicy.environment import Variable
 from warpolicy.errors import InputError
@@ -34,7 +34,7 @@ def parse_bool(text: object, what: str) -> bool:
     raise InputError(f"{what}={text!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
-def env_switch(environ: Optional[Mapping[str, str]], variable: Variable) -> bool:
+def env_switch(environ: Mapping[str, str] | None, variable: Variable) -> bool:
     """An opt-in switch from the environment (tracing, NVTX ranges, profiler ranges; ``environ``
     None: the process's): `parse_bool` words; unset or empty is off. A value that is not a
     boolean is off too, with one log line naming it: a diagnostics switch must never stop the

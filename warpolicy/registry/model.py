@@ -19,8 +19,8 @@ child by one.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import attrs
 
@@ -46,7 +46,7 @@ def _gates(value: Iterable[Gate]) -> tuple[Gate, ...]:
     return tuple(value)
 
 
-def _platform_set(value: Optional[Iterable[str]]) -> Optional[frozenset[str]]:
+def _platform_set(value: Iterable[str] | None) -> frozenset[str] | None:
     return None if value is None else frozenset(platform_key(v) for v in value)
 
 
@@ -148,11 +148,11 @@ class Fact:
     name: str
     type: FactType
     doc: str = ""
-    values: Optional[frozenset[str]] = attrs.field(default=None)
+    values: frozenset[str] | None = attrs.field(default=None)
     origin: Origin = UNKNOWN_ORIGIN
 
     @values.validator
-    def _check_values(self, _attribute: object, value: Optional[frozenset[str]]) -> None:
+    def _check_values(self, _attribute: object, value: frozenset[str] | None) -> None:
         if value is not None and self.type is not FactType.NAME:
             _raise(self.origin, f"facts.{self.name}.values", "only a name fact lists values")
 
@@ -201,9 +201,9 @@ class FactTest:
     ``action`` fact is this value), ``compare`` (an ``int`` fact passes every comparison) or
     ``names`` (a ``name`` fact is any of these)."""
 
-    equals: Optional[bool] = None
+    equals: bool | None = None
     compare: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_compare)
-    names: Optional[frozenset[str]] = None
+    names: frozenset[str] | None = None
 
     def __attrs_post_init__(self) -> None:
         given = [self.equals is not None, bool(self.compare), self.names is not None]
@@ -254,13 +254,13 @@ class SpecAlgorithm:
     """
 
     name: str
-    family: Optional[str] = None
+    family: str | None = None
     capabilities: Mapping[str, bool] = attrs.field(factory=dict, converter=_frozen_map)
     doc: str = ""
     origin: Origin = UNKNOWN_ORIGIN
     #: the last phase of a step that reads shared state (draft_extend or target_verify);
     #: None: the last phase the step runs (the conservative default)
-    last_reader: Optional[ForwardMode] = attrs.field(default=None)
+    last_reader: ForwardMode | None = attrs.field(default=None)
     #: capability -> the action fact that must have succeeded for the batch
     capabilities_after: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_map)
 
@@ -275,7 +275,7 @@ class SpecAlgorithm:
             )
 
     @last_reader.validator
-    def _check_last_reader(self, _attribute: object, value: Optional[ForwardMode]) -> None:
+    def _check_last_reader(self, _attribute: object, value: ForwardMode | None) -> None:
         if value not in (None, ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY):
             _raise(
                 self.origin,
@@ -298,19 +298,19 @@ class Conditions:
     ``None`` means the condition is not tested.
     """
 
-    mode: Optional[frozenset[ForwardMode]] = None
-    backend: Optional[frozenset[str]] = None
-    spec: Optional[frozenset[str]] = None
-    spec_family: Optional[frozenset[str]] = None
-    spec_has: Optional[frozenset[str]] = None  # spec has any of these capabilities
-    spec_lacks: Optional[frozenset[str]] = None  # spec lacks any of these capabilities
+    mode: frozenset[ForwardMode] | None = None
+    backend: frozenset[str] | None = None
+    spec: frozenset[str] | None = None
+    spec_family: frozenset[str] | None = None
+    spec_has: frozenset[str] | None = None  # spec has any of these capabilities
+    spec_lacks: frozenset[str] | None = None  # spec lacks any of these capabilities
     flags: Mapping[str, bool] = attrs.field(factory=dict, converter=_frozen_map)  # all must hold
-    declared: Optional[frozenset[WarReadDonePolicy]] = None
+    declared: frozenset[WarReadDonePolicy] | None = None
     #: case-folded (`platform_key`): ``CUDA`` matches the runtime's ``cuda``
-    platform: Optional[frozenset[str]] = attrs.field(default=None, converter=_platform_set)
-    eager: Optional[bool] = None
-    planted: Optional[bool] = None
-    external_events: Optional[bool] = None
+    platform: frozenset[str] | None = attrs.field(default=None, converter=_platform_set)
+    eager: bool | None = None
+    planted: bool | None = None
+    external_events: bool | None = None
     #: per-batch fact name -> test; all must hold (an unreported fact holds: fail closed)
     facts: Mapping[str, FactTest] = attrs.field(factory=dict, converter=_frozen_map)
 
@@ -324,7 +324,7 @@ class Gate:
     at_least: WarReadDonePolicy
     because: str
     origin: Origin = UNKNOWN_ORIGIN
-    scope: Optional[str] = None  # the backend whose ``gates:`` declared it, None for global
+    scope: str | None = None  # the backend whose ``gates:`` declared it, None for global
     doc: str = ""
 
 
@@ -351,8 +351,8 @@ class Route:
 
     fact: str
     children: Mapping[str, str] = attrs.field(converter=_route_children)  # label -> backend
-    modes: Optional[frozenset[ForwardMode]] = None
-    default: Optional[str] = None
+    modes: frozenset[ForwardMode] | None = None
+    default: str | None = None
     pinned: bool = False
 
     def routed(self, mode: ForwardMode) -> bool:
@@ -375,7 +375,7 @@ class Backend:
     reads_end: Mapping[ForwardMode, WarReadDonePolicy] = attrs.field(
         factory=dict, converter=_frozen_map
     )
-    inherits: Optional[str] = None
+    inherits: str | None = None
     latest_of: tuple[str, ...] = attrs.field(default=(), converter=_names)
     per_mode: Mapping[ForwardMode, str] = attrs.field(factory=dict, converter=_frozen_map)
     gates: tuple[Gate, ...] = attrs.field(default=(), converter=_gates)
@@ -391,7 +391,7 @@ class Backend:
     plant: Mapping[ForwardMode, Placement] = attrs.field(factory=dict, converter=_frozen_map)
     #: declarations of ``reads_end`` that hold only after a per-batch action
     reads_end_after: Mapping[ForwardMode, After] = attrs.field(factory=dict, converter=_frozen_map)
-    routes: Optional[Route] = None
+    routes: Route | None = None
     #: per mode declared as ``{CLASS: policy}``: where each buffer class's reads end (the
     #: mode's ``reads_end`` is then the latest of them); a one-policy declaration is
     #: ``{metadata: policy}`` (`declared_classes`)
@@ -450,13 +450,13 @@ class Backend:
 def shape_problems(
     *,
     reads_end: Mapping[ForwardMode, object],
-    inherits: Optional[str],
+    inherits: str | None,
     latest_of: tuple[str, ...],
     per_mode: Mapping[ForwardMode, str],
-    routes: Optional[Route] = None,
-    reads_end_after: Optional[Mapping[ForwardMode, After]] = None,
-    reads_end_classes: Optional[Mapping[ForwardMode, Mapping[str, object]]] = None,
-) -> list[tuple[str, Optional[ForwardMode], str]]:
+    routes: Route | None = None,
+    reads_end_after: Mapping[ForwardMode, After] | None = None,
+    reads_end_classes: Mapping[ForwardMode, Mapping[str, object]] | None = None,
+) -> list[tuple[str, ForwardMode | None, str]]:
     """Why a backend with these fields has no single shape, as ``(key, mode, message)``
     (key ``""`` is the entry).
 
@@ -468,7 +468,7 @@ def shape_problems(
     else would let the delegated child hide a declaration. A declaration that holds only after
     an action falls back to something later than itself.
     """
-    out: list[tuple[str, Optional[ForwardMode], str]] = []
+    out: list[tuple[str, ForwardMode | None, str]] = []
     if routes is not None:
         for key, given in (
             ("latest_of", latest_of),
@@ -636,7 +636,7 @@ class Registry:
             return cached
         chain: list[Backend] = []
         seen: set[str] = set()
-        current: Optional[str] = name
+        current: str | None = name
         while current is not None:
             if current in seen:
                 raise InputError(f"inheritance cycle through backend {current!r}")
@@ -711,11 +711,11 @@ def registry_problems(registry: Registry) -> list[Problem]:
 
 
 def _folding_clashes(
-    section: str, kind: str, entries: Mapping[str, Union[Backend, SpecAlgorithm]]
+    section: str, kind: str, entries: Mapping[str, Backend | SpecAlgorithm]
 ) -> list[Problem]:
     """Names are matched ignoring case (`Registry.backend_name`): two that fold to the same
     name would make a lookup ambiguous. Each later one is a problem at its own place."""
-    first: dict[str, Union[Backend, SpecAlgorithm]] = {}
+    first: dict[str, Backend | SpecAlgorithm] = {}
     found = []
     for name, entry in entries.items():
         other = first.setdefault(name.casefold(), entry)
@@ -832,7 +832,7 @@ def registry_warnings(registry: Registry) -> list[Problem]:
     return found
 
 
-def find_cycle(backends: Mapping[str, Backend]) -> Optional[list[str]]:
+def find_cycle(backends: Mapping[str, Backend]) -> list[str] | None:
     """A cycle through inherits / latest_of / per_mode as ``[a, b, ..., a]``, or None
     (an iterative depth-first walk: a long chain does not recurse)."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
@@ -913,9 +913,9 @@ def class_problems(registry: Registry) -> list[Problem]:
 
 def own_classes(
     lineage: Iterable[Backend], mode: ForwardMode
-) -> Optional[dict[str, WarReadDonePolicy]]:
+) -> dict[str, WarReadDonePolicy] | None:
     """The latest of the lineage's own declarations of ``mode`` per class, or None (undeclared)."""
-    out: Optional[dict[str, WarReadDonePolicy]] = None
+    out: dict[str, WarReadDonePolicy] | None = None
     for entry in lineage:
         for name, policy in entry.declared_classes(mode).items():
             out = {} if out is None else out
@@ -945,7 +945,7 @@ def declared_tree(
     registry: Registry,
     name: str,
     mode: ForwardMode,
-    memo: Optional[dict[tuple[str, ForwardMode], Mapping[str, WarReadDonePolicy]]] = None,
+    memo: dict[tuple[str, ForwardMode], Mapping[str, WarReadDonePolicy]] | None = None,
 ) -> Mapping[str, WarReadDonePolicy]:
     """Per class, the latest declared read end of ``name`` in ``mode``: its lineage's own
     declarations, the classes it reads without declaring (none) and every child that may run.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Collection, Mapping, Optional, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from warpolicy.registry.cells import CellSpace
 from warpolicy.registry.compare import CHANGES, Diff, DiffCell, LayerChange
@@ -43,10 +43,10 @@ def render_table(
     header: Sequence[str],
     rows: Sequence[Sequence[object]],
     fmt: str = "text",
-    records: Optional[Sequence[Mapping[str, object]]] = None,
-    extra: Optional[Mapping[str, object]] = None,
+    records: Sequence[Mapping[str, object]] | None = None,
+    extra: Mapping[str, object] | None = None,
     *,
-    width: Optional[int] = None,
+    width: int | None = None,
     quiet: Collection[str] = EMPTY_CELLS,
 ) -> str:
     """``rows`` under ``header`` as an aligned text grid, a markdown table, or a JSON document
@@ -76,7 +76,7 @@ def render_table(
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _columns_that_fit(widths: Sequence[int], width: Optional[int]) -> int:
+def _columns_that_fit(widths: Sequence[int], width: int | None) -> int:
     """How many leading columns the grid keeps: all without a limit or when they fit, else as
     many as fit (at least one)."""
     if width is None:
@@ -89,7 +89,7 @@ def _columns_that_fit(widths: Sequence[int], width: Optional[int]) -> int:
     return len(widths)
 
 
-def fit_lines(lines: Sequence[str], width: Optional[int]) -> list[str]:
+def fit_lines(lines: Sequence[str], width: int | None) -> list[str]:
     """``lines`` wrapped to ``width`` columns (None: as they are): a long line breaks at
     blanks, its continuation indented `HANG` deeper than the line; a word longer than the width
     (a path) stays whole."""
@@ -115,7 +115,7 @@ def fit_lines(lines: Sequence[str], width: Optional[int]) -> list[str]:
 # -- query, table ------------------------------------------------------------------------------
 
 
-def format_decision(decision: Decision, fmt: str = "text", *, width: Optional[int] = None) -> str:
+def format_decision(decision: Decision, fmt: str = "text", *, width: int | None = None) -> str:
     """The policy first (text: the first word), then the reasons that moved it (``width``:
     long text lines wrapped, `fit_lines`)."""
     if fmt == "json":
@@ -141,11 +141,9 @@ def format_decision(decision: Decision, fmt: str = "text", *, width: Optional[in
 def format_table(
     decisions: Sequence[Decision],
     fmt: str = "text",
-    classes: Optional[
-        Mapping[tuple[str, ForwardMode, str], Mapping[str, WarReadDonePolicy]]
-    ] = None,
+    classes: Mapping[tuple[str, ForwardMode, str], Mapping[str, WarReadDonePolicy]] | None = None,
     *,
-    width: Optional[int] = None,
+    width: int | None = None,
 ) -> str:
     """One row per (backend, mode, spec); ``because`` names the reasons beyond the declaration.
 
@@ -240,7 +238,7 @@ def _gate_mark(check: GateCheck) -> str:
     return "raised" if check.raised else ("matched, no effect" if check.matched else "skipped")
 
 
-def format_explanation(exp: Explanation, fmt: str = "text", *, width: Optional[int] = None) -> str:
+def format_explanation(exp: Explanation, fmt: str = "text", *, width: int | None = None) -> str:
     """Every input considered: context, flags, spec, every declaration and child that took part,
     every gate, the built-ins, the result. A child shared by several parents is shown once.
     ``width`` wraps the text's long lines to a terminal (`fit_lines`)."""
@@ -463,8 +461,8 @@ def format_diff(
     diff: Diff,
     space: CellSpace,
     fmt: str = "text",
-    plugins: Optional[str] = None,
-    limit: Optional[int] = DEFAULT_LIMIT,
+    plugins: str | None = None,
+    limit: int | None = DEFAULT_LIMIT,
 ) -> str:
     """Changed cells (``earlier`` first, at most ``limit`` rows; None or 0: all), a summary
     that counts every change, and what was compared and held fixed."""
@@ -561,7 +559,7 @@ def layer_warnings(changes: Sequence[LayerChange]) -> list[str]:
     return lines
 
 
-def _plugin_of(layer: str) -> Optional[str]:
+def _plugin_of(layer: str) -> str | None:
     """``plugin:NAME``, ``plugin:NAME[i]`` or ``plugin:NAME:PATH`` -> NAME."""
     if not layer.startswith("plugin:"):
         return None

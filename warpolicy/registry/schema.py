@@ -8,7 +8,7 @@ them to JSON Schema fragments.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import attrs
 

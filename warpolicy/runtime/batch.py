@@ -32,7 +32,8 @@ A cell with no facts (no rule) has no plan: its steps do no per-batch work at al
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -64,7 +65,7 @@ class FactRule(Protocol):
     #: the earliest policy any batch can get
     earliest: WarReadDonePolicy
 
-    def __call__(self, facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+    def __call__(self, facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
         """The policy for a batch reporting ``facts``."""
         ...
 
@@ -103,7 +104,7 @@ class ExplainedBatchPolicy(Protocol):
         mode: ForwardMode,
         eager: bool = False,
         planted: bool = True,
-        facts: Optional[Mapping[str, object]] = None,
+        facts: Mapping[str, object] | None = None,
     ) -> Any:
         """The full decision behind ``lookup(mode, eager, planted, facts)``."""
         ...
@@ -145,9 +146,9 @@ class BatchPlan:
 class CellPlans:
     """The plans of a mode's three cells (None: that cell reads no per-batch fact)."""
 
-    planted: Optional[BatchPlan] = None
-    unplanted: Optional[BatchPlan] = None
-    eager: Optional[BatchPlan] = None
+    planted: BatchPlan | None = None
+    unplanted: BatchPlan | None = None
+    eager: BatchPlan | None = None
 
     def any(self) -> bool:
         return not (self.planted is None and self.unplanted is None and self.eager is None)
@@ -158,7 +159,7 @@ NO_PLANS = CellPlans()
 
 def plan_cell(
     policy: object, mode: ForwardMode, eager: bool, planted: bool, reporter: Reporter
-) -> Optional[BatchPlan]:
+) -> BatchPlan | None:
     """The cell's `BatchPlan`, or None (no rule, or a policy that is not a `BatchPolicy`). A
     rule that cannot be read (raises, or is malformed) is None: the cell then keeps the answer
     of a batch that reports nothing (later), and never the earliest."""
@@ -202,7 +203,7 @@ def lower_policies(policies: ModePolicies, plans: CellPlans) -> ModePolicies:
     if policies.failure is not None or not plans.any():
         return policies
 
-    def low(answer: WarReadDonePolicy, plan: Optional[BatchPlan]) -> WarReadDonePolicy:
+    def low(answer: WarReadDonePolicy, plan: BatchPlan | None) -> WarReadDonePolicy:
         if plan is None:
             return answer
         return min(answer, sound(policy_answer(plan.rule.earliest), plan.eager, plan.planted))
@@ -223,7 +224,7 @@ def perform_action(
     action: str,
     runner: str,
     mode: ForwardMode,
-    bucket: Optional[int],
+    bucket: int | None,
     batch: object,
     reporter: Reporter,
 ) -> bool:
@@ -263,7 +264,7 @@ def perform_action(
 def measured_facts(
     plan: BatchPlan,
     size: int,
-    bucket: Optional[int],
+    bucket: int | None,
     batch: object,
     model: object,
     reporter: Reporter,
@@ -325,7 +326,7 @@ class BucketBatch:
     later: Mapping[WarReadDonePolicy, BucketRelease] = attrs.field(repr=False)
 
     @classmethod
-    def bind(cls, plan: Optional[BatchPlan], release: BucketRelease) -> Optional[BucketBatch]:
+    def bind(cls, plan: BatchPlan | None, release: BucketRelease) -> BucketBatch | None:
         """None when there is nothing to do per batch (no plan, or a release of ``none``)."""
         if plan is None or release.policy is NONE:
             return None
@@ -334,7 +335,7 @@ class BucketBatch:
     def step(
         self,
         size: int,
-        bucket: Optional[int],
+        bucket: int | None,
         batch: object,
         runner: str,
         model: object,

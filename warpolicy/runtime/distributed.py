@@ -36,7 +36,8 @@ import enum
 import hashlib
 import json
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -101,11 +102,11 @@ class PolicyFingerprint:
 def policy_fingerprint(
     policy: PolicyLike,
     *,
-    engine: Optional[PolicyEngine] = None,
+    engine: PolicyEngine | None = None,
     platform: str = "cuda",
     external_events: bool = True,
-    flags: Optional[Mapping[str, bool]] = None,
-    placements: Optional[Mapping[ForwardMode, Placement]] = None,
+    flags: Mapping[str, bool] | None = None,
+    placements: Mapping[ForwardMode, Placement] | None = None,
 ) -> PolicyFingerprint:
     """The cells of ``policy`` (a `CompiledPolicy` or a ``(mode, eager, planted)`` callable).
 
@@ -226,10 +227,10 @@ class CellDifference:
     """The first cell on which the ranks disagree; ``values[r]`` is None where rank r lacks it."""
 
     key: str
-    values: tuple[Optional[str], ...]
+    values: tuple[str | None, ...]
 
     def describe(self) -> str:
-        by_value: dict[Optional[str], list[int]] = {}
+        by_value: dict[str | None, list[int]] = {}
         for rank, value in enumerate(self.values):
             by_value.setdefault(value, []).append(rank)
         parts = [
@@ -250,8 +251,8 @@ class ConsistencyResult:
     checked: bool = False  # whether a collective ran (False: one rank, or no process group)
     digests: tuple[str, ...] = ()  # per rank, when gathered
     differing_ranks: tuple[int, ...] = ()  # ranks whose digest differs from the majority's
-    first_difference: Optional[CellDifference] = None
-    error: Optional[str] = None  # the check itself failed (fails closed: coarse)
+    first_difference: CellDifference | None = None
+    error: str | None = None  # the check itself failed (fails closed: coarse)
 
     @property
     def coarse(self) -> bool:
@@ -544,11 +545,11 @@ def guard_policy(policy: PolicyLike, result: ConsistencyResult) -> PolicyLike:
 def consistent_policy(
     policy: PolicyLike,
     *,
-    engine: Optional[PolicyEngine] = None,
+    engine: PolicyEngine | None = None,
     platform: str = "cuda",
     external_events: bool = True,
-    flags: Optional[Mapping[str, bool]] = None,
-    placements: Optional[Mapping[ForwardMode, Placement]] = None,
+    flags: Mapping[str, bool] | None = None,
+    placements: Mapping[ForwardMode, Placement] | None = None,
     group: Any = None,
     strict: bool = False,
     device: Any = None,
@@ -582,7 +583,7 @@ def compile_consistent(
     engine: PolicyEngine,
     backend: str,
     spec: str = "none",
-    flags: Optional[Mapping[str, bool]] = None,
+    flags: Mapping[str, bool] | None = None,
     *,
     platform: str = "cuda",
     external_events: bool = True,
@@ -624,7 +625,7 @@ def _checked_failure(
     device: Any,
     where: str,
     observers: Observers,
-    policy: Optional[PolicyLike],
+    policy: PolicyLike | None,
     backend: str = "?",
     spec: str = "none",
 ) -> tuple[PolicyLike, ConsistencyResult]:

@@ -35,7 +35,8 @@ checks when called without it).
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
@@ -66,7 +67,7 @@ _READY = StepState.READY
 _FAILED = StepState.FAILED
 
 
-def _profile_ranges(explicit: Optional[bool]) -> bool:
+def _profile_ranges(explicit: bool | None) -> bool:
     if explicit is not None:
         return bool(explicit)
     # WARPOLICY_PROFILE_RANGES: torch profiler ranges around publishes and barriers (costly)
@@ -96,8 +97,8 @@ class ReadDoneFence:
         name: str = "decode",
         *,
         observers: Observers = NO_OBSERVERS,
-        profile_ranges: Optional[bool] = None,
-        owner: Optional[ThreadOwner] = None,
+        profile_ranges: bool | None = None,
+        owner: ThreadOwner | None = None,
     ) -> None:
         self.platform = platform
         self.name = name
@@ -107,14 +108,14 @@ class ReadDoneFence:
         self._observers = observers
         self._owner = owner if owner is not None else ThreadOwner(f"fence {name!r}")
         self._record = platform.record  # the platform's own bound call
-        self._event: Optional[EventHandle] = None  # the latest prepared external event
+        self._event: EventHandle | None = None  # the latest prepared external event
         self._planted_any = False
         self._step = 0
         self._ranges = _profile_ranges(profile_ranges)
         self._open = StepState.RANGED if self._ranges else _READY  # a new step's state
         self._state = _CLOSED
-        self._pending: Optional[RingSlot] = None  # the PRE_REPLAY record (of slot.step's step)
-        self._mailbox: Optional[ReadDone] = None
+        self._pending: RingSlot | None = None  # the PRE_REPLAY record (of slot.step's step)
+        self._mailbox: ReadDone | None = None
         self._published: WarReadDonePolicy = NONE
         # per buffer class (only for a release with classes): this step's read-done per class
         self._classes: dict[str, ReadDone] = {}
@@ -133,7 +134,7 @@ class ReadDoneFence:
         return self._planted_any
 
     @property
-    def event(self) -> Optional[EventHandle]:
+    def event(self) -> EventHandle | None:
         """The latest external event `prepare` made (None before, or without external events)."""
         return self._event
 
@@ -153,7 +154,7 @@ class ReadDoneFence:
 
     # -- capture time ---------------------------------------------------------------------------
 
-    def prepare(self) -> Optional[EventHandle]:
+    def prepare(self) -> EventHandle | None:
         """Before a capture: a fresh external event, seeded with one eager record (a wait on a
         never-recorded event is a silent no-op). Each capture gets its own event, so no two
         graphs ever record the same one.
@@ -174,7 +175,7 @@ class ReadDoneFence:
         self._event = event
         return event
 
-    def plant(self, event: Optional[EventHandle] = None) -> Optional[EventHandle]:
+    def plant(self, event: EventHandle | None = None) -> EventHandle | None:
         """In the capture body, right after the in-graph metadata prep: record ``event`` (None:
         the latest prepared) with the capture stream current, during a real capture only.
 
@@ -209,7 +210,7 @@ class ReadDoneFence:
 
     # -- per step -------------------------------------------------------------------------------
 
-    def before_replay(self, release: BucketRelease, stream: Optional[StreamHandle] = None) -> int:
+    def before_replay(self, release: BucketRelease, stream: StreamHandle | None = None) -> int:
         """Begin a step and return its token (the step's number). A ``PRE_REPLAY`` release
         records a ring event on ``stream`` (None = the current, forward, stream) now, before the
         replay is enqueued.
@@ -226,7 +227,7 @@ class ReadDoneFence:
             self._record_pre_replay(stream)
         return self._step
 
-    def _record_pre_replay(self, stream: Optional[StreamHandle]) -> None:
+    def _record_pre_replay(self, stream: StreamHandle | None) -> None:
         try:
             if self._ranges:
                 with _record_function("warpolicy.publish.pre_replay"):
@@ -243,8 +244,8 @@ class ReadDoneFence:
     def after_replay(
         self,
         release: BucketRelease,
-        stream: Optional[StreamHandle] = None,
-        step: Optional[int] = None,
+        stream: StreamHandle | None = None,
+        step: int | None = None,
     ) -> None:
         """Publish this step's read-done into the mailbox, right after ``replay()`` is enqueued.
 
@@ -276,7 +277,7 @@ class ReadDoneFence:
                 return
         self._publish_step(release, stream)
 
-    def _after_replay_classes(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
+    def _after_replay_classes(self, release: BucketRelease, stream: StreamHandle | None) -> None:
         """`after_replay` of a release with buffer classes: the classes released earlier than
         the step's latest, the step's own publish, then the latest classes (which share it)."""
         self._publish_classes(release)
@@ -317,14 +318,14 @@ class ReadDoneFence:
             if found is not None:
                 self._classes[name] = found
 
-    def _publish_step(self, release: BucketRelease, stream: Optional[StreamHandle]) -> None:
+    def _publish_step(self, release: BucketRelease, stream: StreamHandle | None) -> None:
         if self._state is _CLOSED:  # a step must have a number even without before_replay
             self._owner.check()  # a token of a step already published proves nothing
             self._step += 1
             self._mailbox = None
             self._state = self._open
         state, self._state = self._state, _CLOSED
-        read_done: Optional[ReadDone] = None
+        read_done: ReadDone | None = None
         if state is not _FAILED and release.policy is not NONE:
             try:
                 if self._ranges:
@@ -354,7 +355,7 @@ class ReadDoneFence:
         else:
             self.reporter.fallback("after_replay", exc)
 
-    def _publish(self, release: BucketRelease, stream: Optional[StreamHandle]) -> ReadDone:
+    def _publish(self, release: BucketRelease, stream: StreamHandle | None) -> ReadDone:
         policy = release.policy
         if release.read_done is not None:
             return release.read_done  # in_graph (this path: profiler ranges on)
@@ -368,7 +369,7 @@ class ReadDoneFence:
             return slot.pre_replay
         raise FenceError(f"cannot publish {policy!r} (an in_graph release carries its event)")
 
-    def take_class(self, buffer_class: str) -> Optional[ReadDone]:
+    def take_class(self, buffer_class: str) -> ReadDone | None:
         """The scheduler's read of one buffer class's read-done for this step, once, then None
         (also for a class the step's release does not name: unknown is the coarse barrier).
 
@@ -385,7 +386,7 @@ class ReadDoneFence:
             read_done.slot.taken = True
         return read_done
 
-    def take(self, step: Optional[int] = None) -> Optional[ReadDone]:
+    def take(self, step: int | None = None) -> ReadDone | None:
         """The scheduler's read of the mailbox: this step's `ReadDone` once, then None.
 
         The mailbox is emptied when a step begins, so it never holds an older step's event. The
@@ -421,7 +422,7 @@ class SchedulerBarrier:
         name: str = "scheduler",
         *,
         observers: Observers = NO_OBSERVERS,
-        profile_ranges: Optional[bool] = None,
+        profile_ranges: bool | None = None,
     ) -> None:
         self.platform = platform
         self.name = name
@@ -432,7 +433,7 @@ class SchedulerBarrier:
         self.force_coarse = force_coarse
         self._ranges = _profile_ranges(profile_ranges)
         #: ``apply(schedule_stream, forward_stream, read_done) -> "event" | "coarse"``
-        self.apply: Callable[[StreamHandle, StreamHandle, Optional[ReadDone]], str] = (
+        self.apply: Callable[[StreamHandle, StreamHandle, ReadDone | None], str] = (
             self._ranged if self._ranges else self._barrier
         )
 
@@ -449,7 +450,7 @@ class SchedulerBarrier:
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
-        read_done: Optional[ReadDone],
+        read_done: ReadDone | None,
     ) -> str:
         """Order ``schedule_stream`` after the forward's shared reads; returns ``"event"`` or
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
@@ -473,7 +474,7 @@ class SchedulerBarrier:
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
-        read_done: Optional[ReadDone],
+        read_done: ReadDone | None,
     ) -> str:
         with _record_function("warpolicy.barrier"):
             return self._barrier(schedule_stream, forward_stream, read_done)
@@ -482,7 +483,7 @@ class SchedulerBarrier:
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
-        read_done: Optional[ReadDone],
+        read_done: ReadDone | None,
     ) -> str:
         # Every failure applies the safe (coarse) barrier *before* it is reported, so a warning
         # turned into an exception (``-W error``) can never leave the schedule stream unordered.

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.markers import PROJECT, hookimpl, hookspec
@@ -53,9 +54,9 @@ __all__ = [
 
 #: What `warpolicy_capabilities` may return: a file (``pathlib.Path``), YAML text (``str``),
 #: an already-parsed mapping, or a list of these.
-FragmentResult = Union[
-    os.PathLike, str, Mapping[str, Any], Sequence[Union[os.PathLike, str, Mapping[str, Any]]]
-]
+FragmentResult = (
+    os.PathLike | str | Mapping[str, Any] | Sequence[os.PathLike | str | Mapping[str, Any]]
+)
 
 #: The 0.1 per-operation platform hooks. A plugin still implementing one is refused at
 #: registration with an error naming `warpolicy_platform`.
@@ -83,7 +84,7 @@ REMOVED_PLATFORM_HOOKS = (
 
 
 @hookspec
-def warpolicy_capabilities() -> Optional[FragmentResult]:
+def warpolicy_capabilities() -> FragmentResult | None:
     """Contribute registry fragments: backends, spec algorithms, flags or gates.
 
     Fires when a registry is loaded with plugins (`PolicyEngine.load`, the CLI). Return a
@@ -100,7 +101,7 @@ def warpolicy_capabilities() -> Optional[FragmentResult]:
 
 
 @hookspec
-def warpolicy_platform(device: str) -> Optional[PlatformImpl]:
+def warpolicy_platform(device: str) -> PlatformImpl | None:
     """Claim a device: return a `warpolicy.runtime.platforms.PlatformImpl` for ``device``, or None.
 
     Fires once each time a `Platform` is built (`Platform.for_device`). ``device`` is a
@@ -127,7 +128,7 @@ def warpolicy_on_decision(decision: Decision, where: str) -> None:
 
 @hookspec
 def warpolicy_on_publish(
-    runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
+    runner: str, step: int, policy: WarReadDonePolicy, event: EventHandle | None
 ) -> None:
     """A fence published for one step; fires at the end of `ReadDoneFence.after_replay`.
 
@@ -139,7 +140,7 @@ def warpolicy_on_publish(
 
 
 @hookspec
-def warpolicy_on_barrier(runner: str, step: Optional[int], kind: str, reason: str) -> None:
+def warpolicy_on_barrier(runner: str, step: int | None, kind: str, reason: str) -> None:
     """The scheduler barrier was applied; fires at the end of `SchedulerBarrier.apply`.
 
     :param runner: the publishing fence's name (the barrier's name when nothing was taken)
@@ -177,7 +178,7 @@ def warpolicy_on_violation(
     backend: str,
     mode: ForwardMode,
     spec: str,
-    bucket: Optional[int],
+    bucket: int | None,
     step: int,
     detail: str,
 ) -> None:
@@ -200,7 +201,7 @@ def warpolicy_on_violation(
 
 @hookspec
 def warpolicy_on_release_lead(
-    runner: str, mode: ForwardMode, bucket: Optional[int], step: int, lead_us: float
+    runner: str, mode: ForwardMode, bucket: int | None, step: int, lead_us: float
 ) -> None:
     """How long before the end of a forward the scheduler was released, measured on a sampled
     step from GPU timestamps (the overlap the barrier actually bought). Fires once per sampled
@@ -220,8 +221,8 @@ def warpolicy_on_release_lead(
 
 @hookspec
 def warpolicy_batch_action(
-    action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
-) -> Optional[bool]:
+    action: str, runner: str, mode: ForwardMode, bucket: int | None, batch: object
+) -> bool | None:
     """Perform the per-batch action ``action`` for this batch; return ``True`` once it is done.
 
     Fires once per batch and per action the batch's cell names (`CompiledPolicy.actions`:

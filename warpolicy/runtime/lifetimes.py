@@ -29,7 +29,8 @@ it stays bounded by the steps in flight as long as the scheduler reclaims each s
 from __future__ import annotations
 
 import collections
-from typing import Generic, Iterable, Optional, TypeVar
+from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 import attrs
 
@@ -66,7 +67,7 @@ class LifetimeStats:
 class _Group(Generic[T]):
     step: int
     items: list[T]
-    event: Optional[EventHandle]  # None: unknown, held until settle() (unless ordered)
+    event: EventHandle | None  # None: unknown, held until settle() (unless ordered)
     ordered: bool = False  # the writer is already ordered after the readers
 
 
@@ -79,7 +80,7 @@ class DeferredFrees(Generic[T]):
         platform: Platform,
         name: str = "deferred frees",
         *,
-        forward_stream: Optional[StreamHandle] = None,
+        forward_stream: StreamHandle | None = None,
         observers: Observers = NO_OBSERVERS,
     ) -> None:
         self.platform = platform
@@ -93,8 +94,8 @@ class DeferredFrees(Generic[T]):
     def free(
         self,
         items: Iterable[T],
-        read_done: Optional[ReadDone],
-        step: Optional[int] = None,
+        read_done: ReadDone | None,
+        step: int | None = None,
         *,
         ordered: bool = False,
     ) -> None:
@@ -113,7 +114,7 @@ class DeferredFrees(Generic[T]):
         self._groups.append(_Group(self._step, group, event, ordered and event is None))
         self._count()
 
-    def reclaim(self, stream: StreamHandle, before_step: Optional[int] = None) -> list[T]:
+    def reclaim(self, stream: StreamHandle, before_step: int | None = None) -> list[T]:
         """Make ``stream`` wait on every held group's read-done (those freed before step
         ``before_step`` only, when given) and hand their items back, oldest first. A group
         whose wait fails is ordered by a wait on the whole forward stream instead, else kept
@@ -193,12 +194,12 @@ class StagingRing:
             raise ValueError(f"{name}: a ring holds at least one slot, not {size}")
         self.name = name
         self.size = size
-        self._reader: list[Optional[int]] = [None] * size  # the step that reads each slot
+        self._reader: list[int | None] = [None] * size  # the step that reads each slot
         self._done = 0  # every step up to this one is done (the host knows)
         self._next = 0
         self.stats = LifetimeStats()
 
-    def acquire(self, step: int) -> Optional[int]:
+    def acquire(self, step: int) -> int | None:
         """A slot for ``step`` to read (the host writes it now), or None (all in flight)."""
         for offset in range(self.size):
             slot = (self._next + offset) % self.size

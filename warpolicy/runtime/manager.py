@@ -30,7 +30,8 @@ import logging
 import sys
 import threading
 import types
-from typing import Any, Callable, Mapping, Optional, Sequence, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import attrs
 import pluggy
@@ -64,7 +65,7 @@ class PluginSource:
 
     source: str  # "builtin" or "distribution:<dist>"
     version: str
-    entry_point: Optional[str] = None  # "warpolicy:name = value"
+    entry_point: str | None = None  # "warpolicy:name = value"
 
 
 class WarpolicyPluginManager(pluggy.PluginManager):
@@ -78,7 +79,7 @@ class WarpolicyPluginManager(pluggy.PluginManager):
         #: the observer calls of this manager, refreshed on every registration change
         self.observers = Observers(self)
 
-    def register(self, plugin: object, name: Optional[str] = None) -> Optional[str]:
+    def register(self, plugin: object, name: str | None = None) -> str | None:
         plugin_name = name or self.get_canonical_name(plugin)
         if not self.is_blocked(plugin_name):
             for hook in hookspecs.REMOVED_PLATFORM_HOOKS:
@@ -95,7 +96,7 @@ class WarpolicyPluginManager(pluggy.PluginManager):
         self.observers.refresh()
         return registered
 
-    def unregister(self, plugin: object | None = None, name: Optional[str] = None) -> Any:
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         removed = super().unregister(plugin, name)
         self.observers.refresh()
         return removed
@@ -139,7 +140,7 @@ def _disabled(environ: Mapping[str, str]) -> list[str]:
     return [name.strip() for name in raw.split(",") if name.strip()]
 
 
-def autoload_disabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+def autoload_disabled(environ: Mapping[str, str] | None = None) -> bool:
     """``WARPOLICY_DISABLE_PLUGIN_AUTOLOAD`` says no entry-point plugin loads (as pytest's
     ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``). Unset or blank: autoload. A value that is not a
     boolean is an `InputError` naming the variable: which plugins run is not guessed."""
@@ -282,7 +283,7 @@ def _check_pending(pm: WarpolicyPluginManager) -> None:
         ) from exc
 
 
-_DEFAULT: Optional[WarpolicyPluginManager] = None
+_DEFAULT: WarpolicyPluginManager | None = None
 _DEFAULT_AUTOLOAD = True  # what _DEFAULT was built with
 _LOCK = threading.Lock()
 
@@ -312,7 +313,7 @@ def reset_plugin_manager() -> None:
 # -- platform claim --------------------------------------------------------------------------
 
 
-def claim_platform(pm: pluggy.PluginManager, device: str) -> Optional[tuple[str, PlatformImpl]]:
+def claim_platform(pm: pluggy.PluginManager, device: str) -> tuple[str, PlatformImpl] | None:
     """Ask every plugin's `warpolicy_platform` for ``device`` once; (plugin name, impl) of the
     one claim, or None when nobody claims it.
 
@@ -398,7 +399,7 @@ class Runtime:
 def open_runtime(
     device: Any = None,
     *,
-    pm: Optional[WarpolicyPluginManager] = None,
+    pm: WarpolicyPluginManager | None = None,
     load_entry_points: bool = True,
     environ: Mapping[str, str] = environment.PROCESS,
 ) -> Runtime:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from typing import Any, Mapping, Optional, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
@@ -59,8 +60,8 @@ def _label(value: Any) -> str:
 class NvtxPlugin:
     """Observer hooks that push NVTX ranges and marks (see the module docstring)."""
 
-    def __init__(self, nvtx: Optional[NvtxApi] = None) -> None:
-        self._nvtx: Optional[NvtxApi] = nvtx if nvtx is not None else load_nvtx()
+    def __init__(self, nvtx: NvtxApi | None = None) -> None:
+        self._nvtx: NvtxApi | None = nvtx if nvtx is not None else load_nvtx()
         self._local = threading.local()  # NVTX ranges nest per thread
         self.pushed = 0
         self.popped = 0
@@ -121,9 +122,7 @@ class NvtxPlugin:
         self._local.open = True
 
     @hookimpl
-    def warpolicy_on_barrier(
-        self, runner: str, step: Optional[int], kind: str, reason: str
-    ) -> None:
+    def warpolicy_on_barrier(self, runner: str, step: int | None, kind: str, reason: str) -> None:
         self.close()
         self._mark(f"warpolicy {runner} step {step} released: {kind} ({reason})")
 
@@ -134,7 +133,7 @@ class NvtxPlugin:
 
     @hookimpl
     def warpolicy_on_violation(
-        self, runner: str, mode: Any, bucket: Optional[int], step: int, detail: str
+        self, runner: str, mode: Any, bucket: int | None, step: int, detail: str
     ) -> None:
         self.close()
         where = "eager" if bucket is None else f"bucket {bucket}"
@@ -149,7 +148,7 @@ class NvtxPlugin:
         )
 
 
-def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> Optional[NvtxPlugin]:
+def nvtx_plugin_if_enabled(environ: Mapping[str, str]) -> NvtxPlugin | None:
     """The plugin when ``WARPOLICY_NVTX`` is set true, else None (nothing to register).
 
     Asked for but unusable (no torch, a torch without NVTX): None and one log line, so a

@@ -29,7 +29,8 @@ from __future__ import annotations
 import collections
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pluggy
@@ -158,7 +159,7 @@ class Observers:
 
         def __getattr__(self, name: str) -> tuple[ObserverCall, ...]: ...
 
-    def __init__(self, pm: Optional[pluggy.PluginManager] = None) -> None:
+    def __init__(self, pm: pluggy.PluginManager | None = None) -> None:
         self._pm = pm
         #: hook-call monitors (tracing is one) active on the manager: observers then go
         #: through pluggy so the monitor sees them
@@ -214,7 +215,7 @@ class Reporter:
 
     # -- events observers see -----------------------------------------------------------------------
 
-    def fallback(self, where: str, error: BaseException, message: Optional[str] = None) -> None:
+    def fallback(self, where: str, error: BaseException, message: str | None = None) -> None:
         """A failure absorbed by failing closed: ``warpolicy_on_fallback`` every time, one
         warning per ``where``. Call it once the safe state is in place."""
         self.counts[f"fallback:{where}"] += 1
@@ -236,12 +237,12 @@ class Reporter:
         self._notify(self.observers.on_decision, decision, where)
 
     def publish(
-        self, runner: str, step: int, policy: WarReadDonePolicy, event: Optional[EventHandle]
+        self, runner: str, step: int, policy: WarReadDonePolicy, event: EventHandle | None
     ) -> None:
         """``warpolicy_on_publish``."""
         self._notify(self.observers.on_publish, runner, step, policy, event)
 
-    def barrier(self, runner: str, step: Optional[int], kind: str, reason: str) -> None:
+    def barrier(self, runner: str, step: int | None, kind: str, reason: str) -> None:
         """``warpolicy_on_barrier``."""
         self._notify(self.observers.on_barrier, runner, step, kind, reason)
 
@@ -251,7 +252,7 @@ class Reporter:
         backend: str,
         mode: ForwardMode,
         spec: str,
-        bucket: Optional[int],
+        bucket: int | None,
         step: int,
         detail: str,
     ) -> None:
@@ -261,7 +262,7 @@ class Reporter:
         self._notify(self.observers.on_violation, runner, backend, mode, spec, bucket, step, detail)
 
     def release_lead(
-        self, runner: str, mode: ForwardMode, bucket: Optional[int], step: int, lead_us: float
+        self, runner: str, mode: ForwardMode, bucket: int | None, step: int, lead_us: float
     ) -> None:
         """``warpolicy_on_release_lead``."""
         self._notify(self.observers.on_release_lead, runner, mode, bucket, step, lead_us)

@@ -10,7 +10,7 @@ first, the exception propagates after. Every last-resort ordering of the runtime
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 from warpolicy.runtime.platforms import Platform, StreamHandle
 
@@ -30,8 +30,8 @@ def order_after(
     platform: Platform,
     waiter: StreamHandle,
     streams: Iterable[StreamHandle],
-    wait: Optional[Callable[[StreamHandle, StreamHandle], None]] = None,
-) -> Optional[Exception]:
+    wait: Callable[[StreamHandle, StreamHandle], None] | None = None,
+) -> Exception | None:
     """``waiter`` waits for each of ``streams`` (through ``wait``, default the platform's
     ``wait_stream``); if a wait raises, the host waits for everything instead
     (`synchronize_all`). Returns the ``Exception`` a wait raised (the caller reports it), None

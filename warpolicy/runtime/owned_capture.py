@@ -66,7 +66,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import warnings
-from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -113,7 +113,7 @@ class SelfCheckError(WarpolicyError):
 # -- the policy, resolved once ----------------------------------------------------------------
 
 
-def parse_placement(given: Union[Placement, str]) -> Placement:
+def parse_placement(given: Placement | str) -> Placement:
     """``marker`` or ``derived`` (a `Placement` or its name), else an `InputError`."""
     try:
         return Placement(given)
@@ -123,8 +123,8 @@ def parse_placement(given: Union[Placement, str]) -> Placement:
 
 
 def placement_of(
-    policy: RunnerPolicy, mode: ForwardMode, given: Optional[Union[Placement, str]] = None
-) -> tuple[Placement, Optional[str]]:
+    policy: RunnerPolicy, mode: ForwardMode, given: Placement | str | None = None
+) -> tuple[Placement, str | None]:
     """Where ``mode``'s read-done node goes: ``given`` (an `InputError` when it is not a
     placement), else the policy's ``placement(mode)`` (a `PlacedPolicy`), else the marker.
     Returns the placement and, when the policy's lookup failed, one line why: the marker is then
@@ -152,24 +152,24 @@ class CellPolicy:
     mode: ForwardMode
     policies: ModePolicies
     placement: Placement = Placement.MARKER
-    source: Optional[RunnerPolicy] = attrs.field(default=None, eq=False, repr=False)
-    note: Optional[str] = None
+    source: RunnerPolicy | None = attrs.field(default=None, eq=False, repr=False)
+    note: str | None = None
     #: the per-batch plans of the mode's cells (``per_batch=True`` only; `warpolicy.runtime.
     #: batch`): the policies above are then the earliest any batch can get, and every step must
     #: go through its bucket's `BucketOutcome.batch`
     plans: CellPlans = attrs.field(default=NO_PLANS, eq=False, repr=False)
 
     @property
-    def failure(self) -> Optional[str]:
+    def failure(self) -> str | None:
         """Why every answer is ``none`` (the policy lookup failed), else None."""
         return self.policies.failure
 
 
 def cell_policy(
     policy: RunnerPolicy,
-    mode: Union[ForwardMode, str],
+    mode: ForwardMode | str,
     *,
-    placement: Optional[Union[Placement, str]] = None,
+    placement: Placement | str | None = None,
     per_batch: bool = False,
     observers: Observers = NO_OBSERVERS,
 ) -> CellPolicy:
@@ -197,12 +197,12 @@ def cell_policy(
 def resolve_cell(
     engine: PolicyEngine,
     backend: str,
-    mode: Union[ForwardMode, str],
+    mode: ForwardMode | str,
     spec: str = "none",
-    flags: Optional[Mapping[str, Union[bool, str]]] = None,
+    flags: Mapping[str, bool | str] | None = None,
     *,
     platform: Platform,
-    placement: Optional[Union[Placement, str]] = None,
+    placement: Placement | str | None = None,
     per_batch: bool = False,
     observers: Observers = NO_OBSERVERS,
 ) -> CellPolicy:
@@ -350,14 +350,14 @@ class CaptureReport:
     placement: Placement
     planted: bool
     walked: bool
-    ok: Optional[bool]
+    ok: bool | None
     walk_ms: float
     detail: str
-    policy: Optional[WarReadDonePolicy] = None
+    policy: WarReadDonePolicy | None = None
     #: a restored graph (`ReadDoneCapture.restore`), not a fresh capture
     restored: bool = False
     #: what re-pointing the restored executable's planted nodes cost (us), None when none ran
-    rebind_us: Optional[float] = None
+    rebind_us: float | None = None
 
 
 @attrs.frozen(eq=False)
@@ -370,16 +370,16 @@ class BucketOutcome:
     release: BucketRelease
     report: CaptureReport
     facts: BucketFacts
-    placement: Optional[PlacementOutcome] = None
+    placement: PlacementOutcome | None = None
     #: the event the graph's read-done node records, whatever the release decided (None: no
     #: node). Keep it alive as long as the graph: a graph exec recording a destroyed event is
     #: undefined behaviour in CUDA (seen on the H200: an abort inside ``replay``).
-    recorded: Optional[EventHandle] = None
+    recorded: EventHandle | None = None
     #: per batch (a cell resolved with ``per_batch=True`` that reads facts): each step's own
     #: release, ``batch.step(size, bucket, batch, name, model, observers.batch_action,
     #: reporter)`` -> (release, facts), the same as ``release`` or later; None: every step
     #: publishes ``release``
-    batch: Optional[BucketBatch] = attrs.field(default=None, repr=False)
+    batch: BucketBatch | None = attrs.field(default=None, repr=False)
 
     @property
     def policy(self) -> WarReadDonePolicy:
@@ -387,7 +387,7 @@ class BucketOutcome:
         return self.release.policy
 
     @property
-    def event(self) -> Optional[EventHandle]:
+    def event(self) -> EventHandle | None:
         """The read-done event the graph records, when the bucket publishes ``in_graph``."""
         return self.release.event
 
@@ -402,8 +402,8 @@ class WalkProbe:
     """
 
     needed: bool
-    unavailable: Optional[str] = None
-    failed: Optional[str] = None
+    unavailable: str | None = None
+    failed: str | None = None
 
     @property
     def available(self) -> bool:
@@ -436,7 +436,7 @@ class ReadDoneCapture:
         marker: bool = True,
         self_check: str = "warn",
         observers: Observers = NO_OBSERVERS,
-        reporter: Optional[Reporter] = None,
+        reporter: Reporter | None = None,
     ) -> None:
         if not isinstance(platform, Platform):
             raise InputError(
@@ -512,8 +512,8 @@ class ReadDoneCapture:
                 f"{self.name}: begin(bucket): a bucket is a batch size, a positive int, "
                 f"not {bucket!r}"
             )
-        event: Optional[EventHandle] = None
-        doubt: Optional[str] = None
+        event: EventHandle | None = None
+        doubt: str | None = None
         if self.platform.external_events_supported() and (self.derived or self.marker):
             event = self.fence.prepare()
             if event is None:
@@ -526,7 +526,7 @@ class ReadDoneCapture:
         self.notify(release, eager=True, planted=False)
         return release
 
-    def save(self, graph: GraphHandle, outcome: BucketOutcome) -> Optional[SavedAnchors]:
+    def save(self, graph: GraphHandle, outcome: BucketOutcome) -> SavedAnchors | None:
         """After `BucketCapture.finish`: where the kept ``graph``'s read-done node sits, as plain
         data (``saved.to_json()``) to persist beside the graph for `restore`. None, with one
         warning, when it cannot be saved (a restore of the graph is then coarse)."""
@@ -540,11 +540,11 @@ class ReadDoneCapture:
         self,
         bucket: int,
         graph: GraphHandle,
-        saved: Optional[SavedAnchors],
+        saved: SavedAnchors | None,
         shared_buffers: SharedBuffers,
         *,
-        events: Optional[Mapping[str, EventHandle]] = None,
-        instantiate: Optional[bool] = None,
+        events: Mapping[str, EventHandle] | None = None,
+        instantiate: bool | None = None,
     ) -> BucketOutcome:
         """A graph of ``bucket`` that was cloned, restored from a saved description or
         recaptured: a new capture for the release decision. A fresh read-done event (as
@@ -560,7 +560,7 @@ class ReadDoneCapture:
             graph, saved, shared_buffers, events=events, instantiate=instantiate
         )
 
-    def eager_batch(self, release: BucketRelease) -> Optional[BucketBatch]:
+    def eager_batch(self, release: BucketRelease) -> BucketBatch | None:
         """The per-batch plan of the eager ``release`` (`eager`), for a cell resolved with
         ``per_batch=True`` whose eager cell reads facts; else None."""
         return BucketBatch.bind(self.cell.plans.eager, release)
@@ -581,24 +581,24 @@ class BucketCapture:
         self,
         capture: ReadDoneCapture,
         bucket: int,
-        event: Optional[EventHandle],
-        doubt: Optional[str],
+        event: EventHandle | None,
+        doubt: str | None,
     ) -> None:
         self.capture = capture
         self.bucket = bucket
         self.event = event
         self._doubt = doubt
-        self._marks: list[Optional[EventHandle]] = []
-        self.outcome: Optional[BucketOutcome] = None
+        self._marks: list[EventHandle | None] = []
+        self.outcome: BucketOutcome | None = None
         #: the capture's launch sites given to `finish` (names the walk's readers by line)
-        self.sites: Optional[Sites] = None
+        self.sites: Sites | None = None
 
     @property
     def keep_graph(self) -> bool:
         """Whether ``finish`` walks this bucket's graph (capture it with ``keep_graph=True``)."""
         return self.capture.keep_graphs
 
-    def mark(self, event: Optional[EventHandle] = None) -> Optional[EventHandle]:
+    def mark(self, event: EventHandle | None = None) -> EventHandle | None:
         """In the capture body, right after the metadata prep: record the bucket's event (or
         ``event``: the engine's own external event) with the capture stream current.
 
@@ -623,9 +623,9 @@ class BucketCapture:
         graph: GraphHandle,
         shared_buffers: SharedBuffers,
         *,
-        marker: Optional[EventHandle] = None,
-        instantiate: Optional[bool] = None,
-        sites: Optional[Sites] = None,
+        marker: EventHandle | None = None,
+        instantiate: bool | None = None,
+        sites: Sites | None = None,
     ) -> BucketOutcome:
         """After the capture: check the marker or plant the derived node, instantiate the graph,
         and decide the bucket's release (a `BucketOutcome`; also kept as ``self.outcome``).
@@ -655,11 +655,11 @@ class BucketCapture:
     def restore(
         self,
         graph: GraphHandle,
-        saved: Optional[SavedAnchors],
+        saved: SavedAnchors | None,
         shared_buffers: SharedBuffers,
         *,
-        events: Optional[Mapping[str, EventHandle]] = None,
-        instantiate: Optional[bool] = None,
+        events: Mapping[str, EventHandle] | None = None,
+        instantiate: bool | None = None,
     ) -> BucketOutcome:
         """`ReadDoneCapture.restore` for this bucket (begun with a fresh event)."""
         facts, outcome, rebound = self._restored_facts(graph, saved, shared_buffers, events)
@@ -675,7 +675,7 @@ class BucketCapture:
         return self._settled(release, report, facts, outcome, recorded, planted)
 
     def _instantiated(
-        self, graph: GraphHandle, facts: BucketFacts, instantiate: Optional[bool]
+        self, graph: GraphHandle, facts: BucketFacts, instantiate: bool | None
     ) -> BucketFacts:
         """Instantiates ``graph`` where asked (by default unless it is a `RawGraph`): sound
         facts become a doubt when the instantiation fails; with a doubt already, the graph is
@@ -695,8 +695,8 @@ class BucketCapture:
         release: BucketRelease,
         report: CaptureReport,
         facts: BucketFacts,
-        outcome: Optional[PlacementOutcome],
-        recorded: Optional[EventHandle],
+        outcome: PlacementOutcome | None,
+        recorded: EventHandle | None,
         demote_refuted: bool,
     ) -> BucketOutcome:
         """The bucket's decided release reported (a demotion on a doubt, or on a refuted
@@ -714,10 +714,10 @@ class BucketCapture:
     def _restored_facts(
         self,
         graph: GraphHandle,
-        saved: Optional[SavedAnchors],
+        saved: SavedAnchors | None,
         shared: SharedBuffers,
-        given: Optional[Mapping[str, EventHandle]],
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome], Optional[Rebound]]:
+        given: Mapping[str, EventHandle] | None,
+    ) -> tuple[BucketFacts, PlacementOutcome | None, Rebound | None]:
         c, bucket = self.capture, self.bucket
         where = f"bucket {bucket} (restored): "
         if self._doubt is not None:
@@ -754,8 +754,8 @@ class BucketCapture:
     # -- the facts -------------------------------------------------------------------------------
 
     def _facts(
-        self, graph: GraphHandle, shared: SharedBuffers, marker: Optional[EventHandle]
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+        self, graph: GraphHandle, shared: SharedBuffers, marker: EventHandle | None
+    ) -> tuple[BucketFacts, PlacementOutcome | None]:
         """What the capture of this bucket verifiably did (and the walk's outcome, if any)."""
         c, bucket = self.capture, self.bucket
         where = f"bucket {bucket}: "
@@ -792,7 +792,7 @@ class BucketCapture:
 
     def _checked(
         self, graph: GraphHandle, shared: SharedBuffers, node: EventHandle
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+    ) -> tuple[BucketFacts, PlacementOutcome | None]:
         c, bucket = self.capture, self.bucket
         outcome = check_bucket_marker(c.platform, graph, shared, node, self.sites)
         if outcome.verdict is Verdict.CONFIRMED:
@@ -805,7 +805,7 @@ class BucketCapture:
 
     def _engine_marker_facts(
         self, graph: GraphHandle, shared: SharedBuffers, marker: EventHandle
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+    ) -> tuple[BucketFacts, PlacementOutcome | None]:
         """A marker the engine recorded itself: nothing saw the capture state when it was
         recorded, so only a walk can confirm it (else the unplanted answer, never ``in_graph``)."""
         c, bucket = self.capture, self.bucket
@@ -829,7 +829,7 @@ class BucketCapture:
 
     def _derived_facts(
         self, graph: GraphHandle, shared: SharedBuffers
-    ) -> tuple[BucketFacts, Optional[PlacementOutcome]]:
+    ) -> tuple[BucketFacts, PlacementOutcome | None]:
         c, bucket = self.capture, self.bucket
         where = f"bucket {bucket}: "
         event = self.event
@@ -865,7 +865,7 @@ class BucketCapture:
     # -- reporting -------------------------------------------------------------------------------
 
     def _report(
-        self, release: BucketRelease, facts: BucketFacts, outcome: Optional[PlacementOutcome]
+        self, release: BucketRelease, facts: BucketFacts, outcome: PlacementOutcome | None
     ) -> CaptureReport:
         c = self.capture
         walked = outcome is not None and outcome.walked
@@ -906,7 +906,7 @@ class BucketCapture:
 
 def notify_decision(
     reporter: Reporter,
-    policy: Optional[RunnerPolicy],
+    policy: RunnerPolicy | None,
     mode: ForwardMode,
     release: BucketRelease,
     eager: bool,
@@ -922,14 +922,14 @@ def notify_decision(
 
 
 def explain(
-    policy: Optional[RunnerPolicy],
+    policy: RunnerPolicy | None,
     name: str,
     mode: ForwardMode,
     release: BucketRelease,
     eager: bool,
     planted: bool,
     warn: Callable[[str, str], None],
-) -> Optional[Decision]:
+) -> Decision | None:
     """The `Decision` behind ``release``: the policy's own explanation when it has one, with
     the runtime's override added when the release differs (a doubt, a failed lookup).
     ``policy`` None (a cell whose policy could not even be compiled): the release's reason."""

@@ -19,7 +19,6 @@ steps); the next thread to use it owns it.
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 from warpolicy.errors import WarpolicyError
 
@@ -43,7 +42,7 @@ class ThreadOwner:
     def __init__(self, what: str) -> None:
         self.what = what
         #: the owner's ``threading.get_ident()``, None until the first use
-        self.ident: Optional[int] = None
+        self.ident: int | None = None
         self._lock = threading.Lock()
 
     def claim(self) -> None:

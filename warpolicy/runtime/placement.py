@@ -21,7 +21,6 @@ Then `instantiate_kept` builds the executable graph (a failure is a doubt, on bo
 from __future__ import annotations
 
 import enum
-from typing import Optional
 
 import attrs
 
@@ -55,7 +54,7 @@ def _doubt(detail: str) -> PlacementOutcome:
     return PlacementOutcome(Verdict.DOUBT, detail)
 
 
-def walk_unavailable(platform: Platform) -> tuple[Optional[str], Optional[str]]:
+def walk_unavailable(platform: Platform) -> tuple[str | None, str | None]:
     """(why the platform cleanly cannot walk its graphs, why the probe itself failed); both None
     when it can walk. A probe that raises is a doubt, never "cannot walk"."""
     try:
@@ -69,7 +68,7 @@ def check_bucket_marker(
     graph: GraphHandle,
     shared_buffers: SharedBuffers,
     event: EventHandle,
-    sites: Optional[Sites] = None,
+    sites: Sites | None = None,
 ) -> PlacementOutcome:
     """The marker self-check of the kept ``graph`` whose capture recorded ``event``; ``sites``
     (the capture's launch sites) name each late reader's Python line."""
@@ -90,7 +89,7 @@ def plant_bucket_derived(
     graph: GraphHandle,
     shared_buffers: SharedBuffers,
     event: EventHandle,
-    sites: Optional[Sites] = None,
+    sites: Sites | None = None,
 ) -> PlacementOutcome:
     """Derived placement in the kept, not yet instantiated ``graph``: the node recording
     ``event`` after the shared readers the walk finds (named by Python line where ``sites``
@@ -108,7 +107,7 @@ def plant_bucket_derived(
     return PlacementOutcome(Verdict.CONFIRMED, plant.describe(sites), True, plant.total_ms)
 
 
-def instantiate_kept(platform: Platform, graph: GraphHandle) -> Optional[str]:
+def instantiate_kept(platform: Platform, graph: GraphHandle) -> str | None:
     """Instantiate a kept graph before its first replay; None, or one line saying why it failed
     (a doubt: the node cannot be trusted, on the marker and the derived path alike)."""
     try:

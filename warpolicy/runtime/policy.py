@@ -11,7 +11,8 @@ speculative algorithm it was compiled for (the cross-rank fingerprint compares t
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Union, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from warpolicy.errors import InputError
 from warpolicy.registry.decision import Decision
@@ -67,7 +68,7 @@ class NamedPolicy(Protocol):
 
 
 #: What a runner accepts as its policy.
-RunnerPolicy = Union[PolicyTable, PolicyFn]
+RunnerPolicy = PolicyTable | PolicyFn
 
 
 def policy_answer(answer: object) -> WarReadDonePolicy:
@@ -95,7 +96,7 @@ def sound(policy: WarReadDonePolicy, eager: bool, planted: bool) -> WarReadDoneP
     return policy
 
 
-def fixed_policy(policy: Union[WarReadDonePolicy, str]) -> PolicyFn:
+def fixed_policy(policy: WarReadDonePolicy | str) -> PolicyFn:
     """A `PolicyFn` that answers ``policy`` for every mode (soundly demoted: `sound`), for
     benchmarks, examples and tests that fix the policy instead of asking the registry."""
     if not isinstance(policy, WarReadDonePolicy):

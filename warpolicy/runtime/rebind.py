@@ -20,7 +20,7 @@ Never raises an ``Exception``; the engine API (`warpolicy.runtime.owned_capture`
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from warpolicy.runtime.graphwalk import PlacementError
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
@@ -41,7 +41,7 @@ RELEASE_LABEL = "read_done"
 
 def save_bucket(
     platform: Platform, graph: GraphHandle, planted: Mapping[str, EventHandle]
-) -> tuple[Optional[SavedAnchors], Optional[str]]:
+) -> tuple[SavedAnchors | None, str | None]:
     """The anchors of the kept ``graph``'s planted nodes (``planted``: label -> the event its
     node records; empty when nothing was planted), or None and one line why they cannot be
     saved (a restore of that graph is then coarse)."""
@@ -63,7 +63,7 @@ def rebind_bucket(
     shared_buffers: SharedBuffers,
     *,
     check: bool = True,
-) -> tuple[PlacementOutcome, Optional[Rebound]]:
+) -> tuple[PlacementOutcome, Rebound | None]:
     """Find, rebind and self-check the planted nodes of the restored ``graph`` (see the module
     docstring); ``events`` must hold `RELEASE_LABEL` when ``saved`` does. ``check=False``: no
     self-check (the release will not hand out the node's event, as at capture)."""

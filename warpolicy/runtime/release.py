@@ -24,7 +24,7 @@ An engine that owns its capture uses the same functions the runners use: `resolv
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import attrs
 
@@ -90,9 +90,9 @@ class ModePolicies:
     #: no graph (an eager step)
     eager: WarReadDonePolicy
     #: why every answer is ``NONE`` (the lookup failed), else None
-    failure: Optional[str] = None
+    failure: str | None = None
     #: the exception the lookup raised (for the fallback observers), else None
-    error: Optional[Exception] = attrs.field(default=None, eq=False)
+    error: Exception | None = attrs.field(default=None, eq=False)
     #: every answer was ``NOTHING``: the policy declares that this mode reads no
     #: scheduler-shared state (the answers above are then ``PRE_REPLAY``, what it publishes)
     reads_nothing: bool = False
@@ -111,7 +111,7 @@ class ModePolicies:
 
     @classmethod
     def coarse(
-        cls, mode: ForwardMode, failure: str, error: Optional[Exception] = None
+        cls, mode: ForwardMode, failure: str, error: Exception | None = None
     ) -> ModePolicies:
         """Every answer ``NONE``, saying why."""
         return cls(mode, NONE, NONE, NONE, failure, error)
@@ -154,11 +154,11 @@ class BucketRelease:
     """
 
     source: str
-    bucket: Optional[int]
+    bucket: int | None
     policy: WarReadDonePolicy
-    event: Optional[EventHandle] = None
+    event: EventHandle | None = None
     reason: str = ""
-    read_done: Optional[ReadDone] = attrs.field(init=False, default=None)
+    read_done: ReadDone | None = attrs.field(init=False, default=None)
     #: per buffer class, the release of the scheduler's writes to it (`decide_classes`;
     #: classes whose reads end together share one release, so one event); empty: one event
     classes: Mapping[str, BucketRelease] = attrs.field(factory=dict, repr=False)
@@ -203,10 +203,10 @@ class BucketFacts:
     bucket gets the unplanted answer.
     """
 
-    bucket: Optional[int]
-    event: Optional[EventHandle] = None
-    doubt: Optional[str] = None
-    refuted: Optional[str] = None
+    bucket: int | None
+    event: EventHandle | None = None
+    doubt: str | None = None
+    refuted: str | None = None
 
 
 def decide_bucket(policies: ModePolicies, facts: BucketFacts, source: str) -> BucketRelease:

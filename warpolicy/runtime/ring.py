@@ -17,7 +17,6 @@ events after the scheduler's writes. ``size`` is the steps that may be in flight
 from __future__ import annotations
 
 import operator
-from typing import Optional
 
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import POST_REPLAY, PRE_REPLAY
@@ -80,7 +79,7 @@ class EventRing:
         while len(self._slots) < self.size:
             self._slots.append(RingSlot(self._platform.create_event(False), self.source))
 
-    def record(self, stream: Optional[StreamHandle] = None) -> RingSlot:
+    def record(self, stream: StreamHandle | None = None) -> RingSlot:
         """Record the next free event on ``stream`` (None: the current stream) and return its
         slot. Raises `RingExhaustedError` (recording nothing) when every event is taken and not
         yet waited on, and what the platform raises when creating or recording fails."""

@@ -15,7 +15,8 @@ Use them from a ``conftest.py``::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -38,11 +39,11 @@ def warpolicy_sim() -> Runtime:
 @pytest.fixture
 def warpolicy_register(
     warpolicy_pm: WarpolicyPluginManager,
-) -> Iterator[Callable[[Any, Optional[str]], Any]]:
+) -> Iterator[Callable[[Any, str | None], Any]]:
     """Register inline plugins on ``warpolicy_pm``; every one is unregistered afterwards."""
     added: list[Any] = []
 
-    def add(plugin: Any, name: Optional[str] = None) -> Any:
+    def add(plugin: Any, name: str | None = None) -> Any:
         warpolicy_pm.register(plugin, name=name)
         added.append(plugin)
         return plugin

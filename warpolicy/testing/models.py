@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from warpolicy.registry.vocabulary import ForwardMode
 
@@ -22,9 +23,7 @@ class RecModel:
     simulated platform's call log (``sim_impl(platform).listeners.append(events.append)``).
     """
 
-    def __init__(
-        self, buckets: Sequence[int] = (1, 2, 4, 8), events: Optional[list] = None
-    ) -> None:
+    def __init__(self, buckets: Sequence[int] = (1, 2, 4, 8), events: list | None = None) -> None:
         torch = _torch()
         self.buckets = tuple(buckets)
         self.events: list = events if events is not None else []

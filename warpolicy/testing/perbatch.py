@@ -17,7 +17,7 @@ per-batch scenario and the GPU proof (``tests/gpu/test_perbatch_cuda.py``) share
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from warpolicy.audit.synthetic_perbatch import (
     PERBATCH_BACKEND,
@@ -32,7 +32,7 @@ from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.markers import hookimpl
 
 #: ``answer(action, runner, mode, bucket, batch) -> result`` (or raises)
-Answer = Callable[[str, str, ForwardMode, Optional[int], object], object]
+Answer = Callable[[str, str, ForwardMode, int | None, object], object]
 
 
 class ActionPlugin:
@@ -41,11 +41,11 @@ class ActionPlugin:
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
-        self.calls: list[tuple[str, str, ForwardMode, Optional[int]]] = []
+        self.calls: list[tuple[str, str, ForwardMode, int | None]] = []
 
     @hookimpl
     def warpolicy_batch_action(
-        self, action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
+        self, action: str, runner: str, mode: ForwardMode, bucket: int | None, batch: object
     ) -> object:
         self.calls.append((action, runner, mode, bucket))
         return self.answer(action, runner, mode, bucket, batch)
@@ -55,7 +55,7 @@ def always(result: object) -> Answer:
     """An answer that returns ``result`` (or raises it, when it is an exception)."""
 
     def answer(
-        action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
+        action: str, runner: str, mode: ForwardMode, bucket: int | None, batch: object
     ) -> object:
         if isinstance(result, BaseException):
             raise result

@@ -11,7 +11,8 @@ spec").
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE
 from warpolicy.testing.sim import sim_impl
@@ -25,8 +26,8 @@ class SimRace:
     def __init__(self, platform: Any, runner: Any) -> None:
         self.impl = sim_impl(platform)
         self.runner = runner
-        self._next: Optional[tuple[Callable[[], None], int]] = None
-        self._armed: Optional[tuple[Callable[[], None], Optional[int], int]] = None
+        self._next: tuple[Callable[[], None], int] | None = None
+        self._armed: tuple[Callable[[], None], int | None, int] | None = None
         self._done = False
         self.fired = 0
         self.impl.listeners.append(self._on_entry)

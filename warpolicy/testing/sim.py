@@ -14,7 +14,8 @@ call costs time on every step of every CPU run.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -39,7 +40,7 @@ class Fault:
 
     op: str
     mode: str
-    when: Optional[Callable[[], bool]] = None
+    when: Callable[[], bool] | None = None
     fired: int = 0
 
 
@@ -70,9 +71,7 @@ class FaultySimPlatform(SimPlatform):
         super().__init__(external_events, device=device, log_cap=log_cap)
         self.faults: dict[str, Fault] = {}
 
-    def inject(
-        self, op: str, mode: str = "raise", when: Optional[Callable[[], bool]] = None
-    ) -> Fault:
+    def inject(self, op: str, mode: str = "raise", when: Callable[[], bool] | None = None) -> Fault:
         """Make operation ``op`` fail: ``"raise"`` (`InjectedFault`, nothing done), ``"none"``
         (return None, nothing done) or ``"act_then_raise"`` (do it, then raise), whenever
         ``when()`` is true (always by default). Replaces an earlier fault of ``op``."""
@@ -92,7 +91,7 @@ for _op in OPERATIONS:
     setattr(FaultySimPlatform, _op, _faultable(_op))
 
 
-def sim_platform(*, external_events: bool = True, log_cap: Optional[int] = None) -> Platform:
+def sim_platform(*, external_events: bool = True, log_cap: int | None = None) -> Platform:
     """A `Platform` on a fresh `FaultySimPlatform` (``platform.impl``)."""
     impl = FaultySimPlatform(
         external_events, log_cap=DEFAULT_LOG_CAP if log_cap is None else log_cap
@@ -107,7 +106,7 @@ def sim_impl(platform: Platform) -> FaultySimPlatform:
     return platform.impl
 
 
-def sim_runtime(*, external_events: bool = True, log_cap: Optional[int] = None) -> Runtime:
+def sim_runtime(*, external_events: bool = True, log_cap: int | None = None) -> Runtime:
     """A `Runtime` on `sim_platform()` with a fresh plugin manager (built-ins only, no entry
     points, an empty environment): register observer plugins on ``runtime.pm``."""
     pm = new_plugin_manager(load_entry_points=False, environ={})

@@ -15,7 +15,7 @@ torch (``import warpolicy.testing`` does not import it).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch

@@ -23,7 +23,6 @@ import collections
 import logging
 import pathlib
 import threading
-from typing import Optional
 
 from warpolicy import WarReadDonePolicy, hookimpl
 
@@ -48,7 +47,7 @@ class CoarseSteps:
         self.coarse: collections.Counter[str] = collections.Counter()
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.demotions: collections.Counter[str] = collections.Counter()
-        self._last_runner: Optional[str] = None
+        self._last_runner: str | None = None
         self._logged: set[str] = set()
         self._lock = threading.Lock()  # logging only; the counters are the scheduler thread's
 
@@ -68,7 +67,7 @@ class CoarseSteps:
         self._last_runner = runner
 
     @hookimpl
-    def warpolicy_on_barrier(self, runner: str, step: Optional[int], kind: str) -> None:
+    def warpolicy_on_barrier(self, runner: str, step: int | None, kind: str) -> None:
         if step is None and self._last_runner is not None:  # nothing taken: the barrier's name
             runner = self._last_runner
         if kind == "event":

@@ -49,7 +49,8 @@ import logging
 import sys
 import sysconfig
 import threading
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import pluggy
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -188,10 +189,10 @@ class WarpolicyMetrics:
 
     def __init__(
         self,
-        registry: Optional[CollectorRegistry] = None,
+        registry: CollectorRegistry | None = None,
         *,
-        identity: Optional[Mapping[str, Any]] = None,
-        multiprocess: Optional[bool] = None,
+        identity: Mapping[str, Any] | None = None,
+        multiprocess: bool | None = None,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     ) -> None:
         self.identity = identity_labels(identity, _ALL_LABELS)
@@ -212,7 +213,7 @@ class WarpolicyMetrics:
         # last slot for anything else; per raw (runner, kind, reason), a one-item list
         self._publishes: dict[str, list[int]] = {}
         self._barriers: dict[tuple[str, str, str], list[int]] = {}
-        self._last_runner: Optional[str] = None  # the runner that published last
+        self._last_runner: str | None = None  # the runner that published last
         self._label_cache: dict[Any, tuple[str, ...]] = {}
         self.fallbacks = Counter(*FALLBACKS[:2], names + FALLBACKS[2], registry=None)
         self.demotions = Counter(*DEMOTIONS[:2], names + DEMOTIONS[2], registry=None)
@@ -234,10 +235,10 @@ class WarpolicyMetrics:
         self._flush_lock = threading.Lock()
         self._flushed: dict[tuple[Any, ...], int] = {}
         self._flush_failed = False
-        self.flusher: Optional[flushing.Flusher] = None
+        self.flusher: flushing.Flusher | None = None
         self.flush_interval = float(flush_interval)
-        self.publishes_counter: Optional[Counter] = None
-        self.barriers_counter: Optional[Counter] = None
+        self.publishes_counter: Counter | None = None
+        self.barriers_counter: Counter | None = None
         if self.multiprocess:
             self.publishes_counter = Counter(*PUBLISHES[:2], names + PUBLISHES[2], registry=None)
             self.barriers_counter = Counter(*BARRIERS[:2], names + BARRIERS[2], registry=None)
@@ -396,9 +397,7 @@ class WarpolicyMetrics:
             cells[-1] += 1
 
     @hookimpl
-    def warpolicy_on_barrier(
-        self, runner: str, step: Optional[int], kind: str, reason: str
-    ) -> None:
+    def warpolicy_on_barrier(self, runner: str, step: int | None, kind: str, reason: str) -> None:
         if step is None:  # nothing was taken: the barrier's own name; count it for the runner
             runner = self._last_runner or runner  # that just published nothing
         cell = self._barriers.get((runner, kind, reason))
@@ -421,7 +420,7 @@ class WarpolicyMetrics:
 
     @hookimpl
     def warpolicy_on_violation(
-        self, runner: str, backend: str, mode: Any, spec: str, bucket: Optional[int]
+        self, runner: str, backend: str, mode: Any, spec: str, bucket: int | None
     ) -> None:
         self.violations.labels(
             *self._id,
@@ -434,7 +433,7 @@ class WarpolicyMetrics:
 
     @hookimpl
     def warpolicy_on_release_lead(
-        self, runner: str, mode: Any, bucket: Optional[int], lead_us: float
+        self, runner: str, mode: Any, bucket: int | None, lead_us: float
     ) -> None:
         self.release_lead.labels(
             *self._id, ident(runner), mode_label(mode), bucket_label(bucket)
@@ -482,15 +481,15 @@ def build_labels() -> tuple[str, str, str, str]:
 
 # -- the module as a plugin (entry point) ----------------------------------------------------------
 
-_ACTIVE: Optional[WarpolicyMetrics] = None
+_ACTIVE: WarpolicyMetrics | None = None
 _CONFIG_LOCK = threading.Lock()
 
 
 def configure(
-    registry: Optional[CollectorRegistry] = None,
+    registry: CollectorRegistry | None = None,
     *,
-    identity: Optional[Mapping[str, Any]] = None,
-    multiprocess: Optional[bool] = None,
+    identity: Mapping[str, Any] | None = None,
+    multiprocess: bool | None = None,
     flush_interval: float = DEFAULT_FLUSH_INTERVAL,
 ) -> WarpolicyMetrics:
     """Put the entry-point plugin's metrics on ``registry`` (None: prometheus_client's default),
@@ -505,9 +504,9 @@ def configure(
 
 
 def _configure_locked(
-    registry: Optional[CollectorRegistry],
-    identity: Optional[Mapping[str, Any]],
-    multiprocess: Optional[bool],
+    registry: CollectorRegistry | None,
+    identity: Mapping[str, Any] | None,
+    multiprocess: bool | None,
     flush_interval: float,
 ) -> WarpolicyMetrics:
     global _ACTIVE
@@ -565,7 +564,7 @@ def warpolicy_on_publish(runner: str, step: int, policy: Any, event: Any) -> Non
 
 
 @hookimpl
-def warpolicy_on_barrier(runner: str, step: Optional[int], kind: str, reason: str) -> None:
+def warpolicy_on_barrier(runner: str, step: int | None, kind: str, reason: str) -> None:
     (_ACTIVE or metrics()).warpolicy_on_barrier(runner, step, kind, reason)
 
 
@@ -581,15 +580,13 @@ def warpolicy_on_demotion(runner: str, bucket: int, reason: str) -> None:
 
 @hookimpl
 def warpolicy_on_violation(
-    runner: str, backend: str, mode: Any, spec: str, bucket: Optional[int]
+    runner: str, backend: str, mode: Any, spec: str, bucket: int | None
 ) -> None:
     (_ACTIVE or metrics()).warpolicy_on_violation(runner, backend, mode, spec, bucket)
 
 
 @hookimpl
-def warpolicy_on_release_lead(
-    runner: str, mode: Any, bucket: Optional[int], lead_us: float
-) -> None:
+def warpolicy_on_release_lead(runner: str, mode: Any, bucket: int | None, lead_us: float) -> None:
     (_ACTIVE or metrics()).warpolicy_on_release_lead(runner, mode, bucket, lead_us)
 
 

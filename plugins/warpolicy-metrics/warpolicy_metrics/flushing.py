@@ -22,7 +22,8 @@ import logging
 import os
 import threading
 import weakref
-from typing import Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from warpolicy import environment
 

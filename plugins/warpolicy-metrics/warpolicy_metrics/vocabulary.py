@@ -16,7 +16,8 @@ Names the engine chooses (runner, backend, spec) become identifier-like label va
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 #: Characters a label value made from a name may keep; anything else becomes ``_``.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+-]")
@@ -45,7 +46,7 @@ def mode_label(mode: Any) -> str:
     return ident(getattr(mode, "value", mode))
 
 
-def bucket_label(bucket: Optional[int]) -> str:
+def bucket_label(bucket: int | None) -> str:
     """A captured bucket's size, or ``eager``."""
     if bucket is None:
         return "eager"
@@ -182,7 +183,7 @@ def ident(value: Any) -> str:
 IDENTITY_EXAMPLE = ("model_name", "tp_rank", "pp_rank", "engine_id")
 
 
-def identity_labels(identity: Optional[Mapping[str, Any]], taken: frozenset[str]) -> dict[str, str]:
+def identity_labels(identity: Mapping[str, Any] | None, taken: frozenset[str]) -> dict[str, str]:
     """Validate the engine's identity labels (name -> value): Prometheus label names not used by
     any metric (``taken``) nor reserved, values of 1-128 characters from ``[A-Za-z0-9_.:/@+-]``
     (numbers are written as decimals). Raises ValueError naming the first bad one."""

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pluggy
 
@@ -122,7 +122,7 @@ def events() -> list[dict]:
     return TRACER.events()
 
 
-def flush(path: Optional[str] = None) -> Optional[str]:
+def flush(path: str | None = None) -> str | None:
     """Write the trace to ``path`` or ``$WARPOLICY_TRACE_FILE``; returns the path written, or
     None when there is no path."""
     target = path or environment.TRACE_FILE.get()
@@ -170,7 +170,7 @@ def warpolicy_on_publish(runner: str, step: int, policy: Any, event: Any) -> Non
 
 
 @hookimpl
-def warpolicy_on_barrier(runner: str, step: Optional[int], kind: str, reason: str) -> None:
+def warpolicy_on_barrier(runner: str, step: int | None, kind: str, reason: str) -> None:
     TRACER.add(
         "scheduler",
         f"barrier {kind}",

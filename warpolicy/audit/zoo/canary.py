@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -73,7 +74,7 @@ def canary_trial(built: Built, steps: int) -> CanaryOutcome:
     race = _SimRace(platform) if is_simulated(platform.name) else None
     post_step = subject.post_step
     shared = dict(model.shared_buffers)
-    first: Optional[str] = None
+    first: str | None = None
     caught = 0
     try:
         for k in range(steps):
@@ -131,7 +132,7 @@ def _rerun(
     platform: Any,
     runner: Any,
     bucket: int,
-    post_step: Optional[Callable[[Any, Any, Any], Any]],
+    post_step: Callable[[Any, Any, Any], Any] | None,
     mode: Any,
     batch: Any,
     held: dict[str, Any],
@@ -154,13 +155,11 @@ class _SimRace:
 
     def __init__(self, platform: Any) -> None:
         self.log = platform.log
-        self.armed: Optional[tuple[Callable[[], None], Optional[int], int]] = None
-        self.pending: Optional[Callable[[], None]] = None
+        self.armed: tuple[Callable[[], None], int | None, int] | None = None
+        self.pending: Callable[[], None] | None = None
         self.log.listeners.append(self._on_entry)
 
-    def arm(
-        self, runner: Any, bucket: Optional[int], stream: Any, write: Callable[[], None]
-    ) -> None:
+    def arm(self, runner: Any, bucket: int | None, stream: Any, write: Callable[[], None]) -> None:
         release = runner.release_of(bucket)
         self.pending = write
         if release.policy is NONE:

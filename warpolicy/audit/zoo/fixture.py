@@ -15,7 +15,8 @@ environment says).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -211,7 +212,7 @@ def make_subject(
     fixture: ZooFixture,
     buggy: bool,
     platform: Any,
-    widener: Optional[RaceWidener] = None,
+    widener: RaceWidener | None = None,
 ) -> Built:
     """``fixture``'s buggy (or fixed) variant on ``platform``, its runner widened by
     ``widener`` when that is on. The subject is named ``NAME:buggy`` / ``NAME:fixed``."""

@@ -24,7 +24,8 @@ simulated platform it is one more CPU tensor.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -82,7 +83,7 @@ class ZooModel:
             for _ in range(layers)
         ]
         self.static: dict[int, Static] = {}
-        self.last_bucket: Optional[int] = None
+        self.last_bucket: int | None = None
 
     # -- building the fixture's tables ---------------------------------------------------------
 

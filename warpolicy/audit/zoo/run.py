@@ -15,7 +15,8 @@ dynamic audit proves it SAFE. `ZooReport.exit_code`:
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -48,7 +49,7 @@ class ZooRow:
     fixture: ZooFixture
     buggy: bool
     entry: AuditEntry
-    canary: Optional[CanaryOutcome]
+    canary: CanaryOutcome | None
     seconds: float
 
     @property
@@ -152,7 +153,7 @@ class ZooReport:
         }
 
 
-def parse_fixtures(text: Optional[str]) -> list[ZooFixture]:
+def parse_fixtures(text: str | None) -> list[ZooFixture]:
     """``NAME,NAME`` (None or ``all``: every fixture) -> fixtures; unknown names raise."""
     if text is None or text.strip() in ("", "all"):
         return list(FIXTURES)
@@ -184,9 +185,9 @@ def run_variant(
 
 def run_zoo(
     platform: Any,
-    fixtures: Optional[Iterable[ZooFixture]] = None,
-    trials: Optional[int] = None,
-    widener: Optional[RaceWidener] = None,
+    fixtures: Iterable[ZooFixture] | None = None,
+    trials: int | None = None,
+    widener: RaceWidener | None = None,
     *,
     device: str = "",
     canary_steps: int = CANARY_STEPS,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Callable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -67,7 +67,7 @@ __all__ = [
 DEFAULT = "default"
 DEFAULT_TOKENS = frozenset({DEFAULT, ":default:"})
 
-Source = Union[str, os.PathLike, Fragment]
+Source = str | os.PathLike | Fragment
 #: Rewrites problems located in plugin fragments (e.g. `warpolicy.runtime.manager.blame_plugins`
 #: with its manager bound), so they also name the plugin's entry point.
 Blame = Callable[[Sequence[Problem]], Sequence[Problem]]
@@ -79,8 +79,8 @@ def default_registry_path() -> pathlib.Path:
 
 
 def registry_sources(
-    files: Optional[Sequence[str]] = None, environ: Mapping[str, str] = environment.PROCESS
-) -> list[Union[str, pathlib.Path]]:
+    files: Sequence[str] | None = None, environ: Mapping[str, str] = environment.PROCESS
+) -> list[str | pathlib.Path]:
     """The registry files to load, in layering order.
 
     Given ``files`` (``--capabilities``, repeatable) win; else ``WARPOLICY_CAPABILITIES`` split
@@ -102,7 +102,7 @@ class Assembly:
     problem of every source (unreadable ones included, plugin problems blamed) and the source
     names in layering order."""
 
-    registry: Optional[Registry]
+    registry: Registry | None
     problems: tuple[Problem, ...]
     sources: tuple[str, ...]
     #: the sources themselves (files and fragments), for rebuilding a prefix of the layers
@@ -123,10 +123,10 @@ class Assembly:
 
 
 def assemble_registry(
-    files: Optional[Sequence[str]] = None,
+    files: Sequence[str] | None = None,
     fragments: Sequence[Fragment] = (),
     *,
-    blame: Optional[Blame] = None,
+    blame: Blame | None = None,
     environ: Mapping[str, str] = environment.PROCESS,
 ) -> Assembly:
     """Load the registry in use: `registry_sources` (``files``, else the environment, else the
@@ -223,7 +223,7 @@ def _read(source: Source, problems: list[Problem]) -> Document:
     return Document(name, None if text is None else reading.compose(name, text, problems))
 
 
-def _load(sources: Sequence[Source]) -> tuple[Optional[Registry], list[Problem]]:
+def _load(sources: Sequence[Source]) -> tuple[Registry | None, list[Problem]]:
     if isinstance(sources, (str, bytes, os.PathLike, Fragment)):
         sources = [sources]  # a lone path is an easy mistake
     problems: list[Problem] = []

@@ -8,7 +8,7 @@ reference to it is not reported a second time, and the references it makes are s
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import attrs
 from yaml.nodes import Node, SequenceNode
@@ -67,7 +67,7 @@ class Ref:
     true_test: bool = False
 
 
-Value = Union[BufferClass, Flag, Fact, SpecAlgorithm, Backend, Gate]
+Value = BufferClass | Flag | Fact | SpecAlgorithm | Backend | Gate
 
 
 @attrs.frozen
@@ -125,11 +125,11 @@ class EntryBuilder:
         self.broken: set[tuple[str, str]] = set()
         self.orphan_refs: list[Ref] = []
 
-    def parse(self, root: Node) -> Optional[Parsed]:
+    def parse(self, root: Node) -> Parsed | None:
         top = self.convert.section(root, "", "registry")
         if top is None:
             return None
-        builders: dict[str, Callable[[str, Fields, Origin, str], Optional[Entry]]] = {
+        builders: dict[str, Callable[[str, Fields, Origin, str], Entry | None]] = {
             "buffer_class": self.buffer_class,
             "flag": self.flag,
             "fact": self.fact,
@@ -154,7 +154,7 @@ class EntryBuilder:
         path: str,
         section: str,
         kind: str,
-        build: Callable[[str, Fields, Origin, str], Optional[Entry]],
+        build: Callable[[str, Fields, Origin, str], Entry | None],
     ) -> list[Entry]:
         pairs = self.convert.pairs(node, path, f"a mapping of name -> {kind}", null_ok=True)
         out: list[Entry] = []
@@ -171,7 +171,7 @@ class EntryBuilder:
                 self.broken.add((kind, name))
         return out
 
-    def buffer_class(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+    def buffer_class(self, name: str, f: Fields, origin: Origin, path: str) -> Entry | None:
         if not f.ok:
             return None
         if name in CLASS_MAP_RESERVED:
@@ -187,7 +187,7 @@ class EntryBuilder:
             "buffer class", name, value, origin, path, bool(f.get("override", bool)), self.index
         )
 
-    def flag(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+    def flag(self, name: str, f: Fields, origin: Origin, path: str) -> Entry | None:
         if not f.ok:
             return None
         env: list[Located[EnvName]] = f.get("env", list) or []
@@ -222,11 +222,11 @@ class EntryBuilder:
             env_origins=tuple(e.origin for e in env),
         )
 
-    def fact(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+    def fact(self, name: str, f: Fields, origin: Origin, path: str) -> Entry | None:
         if not f.ok:
             return None
         kind = f.get("type", FactType)
-        values: Optional[list[Located[str]]] = f.get("values", list)
+        values: list[Located[str]] | None = f.get("values", list)
         if kind is None:
             return None
         if values is not None and kind is not FactType.NAME:
@@ -241,7 +241,7 @@ class EntryBuilder:
         )
         return Entry("fact", name, fact, origin, path, bool(f.get("override", bool)), self.index)
 
-    def spec(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+    def spec(self, name: str, f: Fields, origin: Origin, path: str) -> Entry | None:
         caps: dict[str, Located[Capability]] = f.get("capabilities", dict) or {}
         refs = [
             Ref("fact", c.value.after.value, c.value.after.origin, f"{path}.capabilities.{n}.after",
@@ -275,7 +275,7 @@ class EntryBuilder:
             tuple(refs),
         )
 
-    def backend(self, name: str, f: Fields, origin: Origin, path: str) -> Optional[Entry]:
+    def backend(self, name: str, f: Fields, origin: Origin, path: str) -> Entry | None:
         gates_raw = f.get("gates", Raw)
         gates = self.gate_list(gates_raw.node, f"{path}.gates", name) if gates_raw else []
         routes_raw = f.get("routes", Raw)
@@ -375,7 +375,7 @@ class EntryBuilder:
             refs.append(Ref("buffer class", read.value, read.origin, where))
         return refs
 
-    def routes(self, node: Node, path: str) -> Optional[tuple[Route, list[Ref]]]:
+    def routes(self, node: Node, path: str) -> tuple[Route, list[Ref]] | None:
         """A router's ``routes:`` and the names it refers to (its fact and its children)."""
         f = self.convert.section(node, path, "routes")
         if f is None:
@@ -408,7 +408,7 @@ class EntryBuilder:
         )
         return route, refs
 
-    def gate_list(self, node: Node, path: str, scope: Optional[str]) -> list[Entry]:
+    def gate_list(self, node: Node, path: str, scope: str | None) -> list[Entry]:
         if is_null(node):
             return []
         if not isinstance(node, SequenceNode):
@@ -421,7 +421,7 @@ class EntryBuilder:
                 out.append(entry)
         return out
 
-    def gate(self, node: Node, path: str, scope: Optional[str]) -> Optional[Entry]:
+    def gate(self, node: Node, path: str, scope: str | None) -> Entry | None:
         f = self.convert.section(node, path, "gate")
         if f is None:
             return None
@@ -460,7 +460,7 @@ class EntryBuilder:
             tuple(refs),
         )
 
-    def when(self, node: Node, path: str) -> Optional[tuple[Conditions, list[Ref]]]:
+    def when(self, node: Node, path: str) -> tuple[Conditions, list[Ref]] | None:
         """A gate's conditions and the names they refer to (checked once all is merged).
         Null is not "no conditions": a gate that applies always leaves ``when`` out."""
         f = self.convert.section(node, path, "when")
@@ -482,9 +482,9 @@ class EntryBuilder:
             )
             for n, t in tests.items()
         ]
-        sets: dict[str, Optional[frozenset[str]]] = {}
+        sets: dict[str, frozenset[str] | None] = {}
         for key, kind in _WHEN_REFS.items():
-            names: Optional[list[Located[str]]] = f.get(key, list)
+            names: list[Located[str]] | None = f.get(key, list)
             sets[key] = None if names is None else frozenset(n.value for n in names)
             if kind and names is not None:
                 refs += [Ref(kind, n.value, n.origin, f"{path}.{key}") for n in names]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Callable, Generic, Iterable, Mapping, Optional, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, TypeVar
 
 import attrs
 import yaml
@@ -70,18 +71,18 @@ class ReadEnd:
     """One ``reads_end`` value: a policy, optionally only ``after`` an action."""
 
     policy: WarReadDonePolicy
-    after: Optional[Located[str]] = None
+    after: Located[str] | None = None
     otherwise: WarReadDonePolicy = WarReadDonePolicy.NONE
     #: ``{CLASS: policy}``: each buffer class's read end (``policy`` is then their latest)
-    classes: Optional[dict[str, Located[WarReadDonePolicy]]] = None
+    classes: dict[str, Located[WarReadDonePolicy]] | None = None
 
 
 @attrs.frozen
 class Capability:
     """One ``capabilities`` value: true/false, or only ``after`` an action (``value`` None)."""
 
-    value: Optional[bool]
-    after: Optional[Located[str]] = None
+    value: bool | None
+    after: Located[str] | None = None
 
 
 def join(path: str, key: str) -> str:
@@ -143,7 +144,7 @@ class Fields:
     def __contains__(self, key: str) -> bool:
         return key in self.values
 
-    def get(self, key: str, kind: type[T]) -> Optional[T]:
+    def get(self, key: str, kind: type[T]) -> T | None:
         """The value of ``key`` if given and valid."""
         value = self.values.get(key)
         return value if isinstance(value, kind) else None
@@ -202,7 +203,7 @@ class Converter:
 
     # -- structure --
 
-    def pairs(self, node: Node, path: str, what: str, null_ok: bool = False) -> Optional[Pairs]:
+    def pairs(self, node: Node, path: str, what: str, null_ok: bool = False) -> Pairs | None:
         """The (key, value) pairs of a mapping with string keys; duplicate, merge and
         non-string keys reported and left out (``ok`` False). None when not a mapping; null is
         an empty mapping only where ``null_ok``."""
@@ -237,7 +238,7 @@ class Converter:
             out.ok = False
         return out
 
-    def section(self, node: Node, path: str, section: str) -> Optional[Fields]:
+    def section(self, node: Node, path: str, section: str) -> Fields | None:
         """A fixed-key section converted by key kind; unknown and missing keys reported.
         None when the node is not a mapping (or has bad keys)."""
         pairs = self.pairs(node, path, f"a {section.replace('_', ' ')} mapping")
@@ -286,7 +287,7 @@ class Converter:
 
     # -- scalars --
 
-    def version(self, node: Node, path: str) -> Optional[int]:
+    def version(self, node: Node, path: str) -> int | None:
         value: object = None
         if isinstance(node, ScalarNode) and node.tag in (INT, FLOAT):
             constructor = yaml.constructor.SafeConstructor()
@@ -311,19 +312,19 @@ class Converter:
             return None
         return S.FORMAT_VERSION
 
-    def boolean(self, node: Node, path: str) -> Optional[bool]:
+    def boolean(self, node: Node, path: str) -> bool | None:
         if isinstance(node, ScalarNode) and node.tag == BOOL:
             return node.value.lower() in ("true", "yes", "on")
         self.report.expected(node, path, "true or false")
         return None
 
-    def text(self, node: Node, path: str) -> Optional[str]:
+    def text(self, node: Node, path: str) -> str | None:
         if isinstance(node, ScalarNode) and node.tag == STR and TEXT_RE.search(node.value):
             return " ".join(node.value.split())  # folded docs read as one line
         self.report.expected(node, path, "a non-empty string")
         return None
 
-    def name(self, node: Node, path: str) -> Optional[Located[str]]:
+    def name(self, node: Node, path: str) -> Located[str] | None:
         """A registry name, with where it was written (for reference checks)."""
         if not (isinstance(node, ScalarNode) and node.tag == STR):
             self.report.expected(node, path, "a name")
@@ -333,7 +334,7 @@ class Converter:
             return None
         return Located(node.value, self.report.origin(node))
 
-    def key_name(self, key: ScalarNode, path: str, kind: str) -> Optional[str]:
+    def key_name(self, key: ScalarNode, path: str, kind: str) -> str | None:
         if NAME_RE.match(key.value):
             return str(key.value)
         self.report.on(key, path, f"{key.value!r} is not a valid {kind} name ({_NAME_RULE})")
@@ -341,7 +342,7 @@ class Converter:
 
     def _spelling(
         self, node: Node, path: str, table: Mapping[str, V], kind: str, what: str
-    ) -> Optional[V]:
+    ) -> V | None:
         """One of ``table``'s exact spellings (case and spaces as the schema lists them)."""
         if not (isinstance(node, ScalarNode) and node.tag == STR):
             self.report.expected(node, path, what)
@@ -351,7 +352,7 @@ class Converter:
         self.report.on(node, path, str(UnknownNameError(kind, node.value, table)))
         return None
 
-    def policy(self, node: Node, path: str) -> Optional[WarReadDonePolicy]:
+    def policy(self, node: Node, path: str) -> WarReadDonePolicy | None:
         """A release point (a gate's ``at_least``): ``nothing`` is a read end, not one."""
         if isinstance(node, ScalarNode) and node.tag == STR and node.value == NOTHING.label:
             self.report.on(
@@ -369,7 +370,7 @@ class Converter:
             "a policy (pre_replay, in_graph, post_replay, none)",
         )
 
-    def read_end_value(self, node: Node, path: str) -> Optional[WarReadDonePolicy]:
+    def read_end_value(self, node: Node, path: str) -> WarReadDonePolicy | None:
         """A read end: a policy, or ``nothing`` (the mode reads no scheduler-shared state)."""
         return self._spelling(
             node,
@@ -379,10 +380,10 @@ class Converter:
             "a read end (nothing, pre_replay, in_graph, post_replay, none)",
         )
 
-    def mode(self, node: Node, path: str) -> Optional[ForwardMode]:
+    def mode(self, node: Node, path: str) -> ForwardMode | None:
         return self._spelling(node, path, _MODE_ALIASES, "mode", "a forward mode")
 
-    def placement(self, node: Node, path: str) -> Optional[Placement]:
+    def placement(self, node: Node, path: str) -> Placement | None:
         return self._spelling(
             node,
             path,
@@ -391,11 +392,11 @@ class Converter:
             "a placement (marker, derived)",
         )
 
-    def last_reader(self, node: Node, path: str) -> Optional[ForwardMode]:
+    def last_reader(self, node: Node, path: str) -> ForwardMode | None:
         readers = {m.value: m for m in (ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)}
         return self._spelling(node, path, readers, "last reader", "draft_extend or target_verify")
 
-    def fact_type(self, node: Node, path: str) -> Optional[FactType]:
+    def fact_type(self, node: Node, path: str) -> FactType | None:
         return self._spelling(
             node,
             path,
@@ -404,7 +405,7 @@ class Converter:
             "a fact type (int, bool, action, name)",
         )
 
-    def env_name(self, node: Node, path: str) -> Optional[Located[EnvName]]:
+    def env_name(self, node: Node, path: str) -> Located[EnvName] | None:
         """``NAME`` or ``{not: NAME}`` (an inverted alias: NAME=1 sets the flag false)."""
         inverted = False
         if isinstance(node, MappingNode):
@@ -429,10 +430,10 @@ class Converter:
         self,
         node: Node,
         path: str,
-        convert: Callable[[Node, str], Optional[T]],
+        convert: Callable[[Node, str], T | None],
         scalar_ok: bool,
         what: str,
-    ) -> Optional[list[T]]:
+    ) -> list[T] | None:
         """A list of values (or a lone non-null scalar where a set allows one); an empty list
         is reported, and so is every invalid item."""
         if scalar_ok and isinstance(node, ScalarNode) and not is_null(node):
@@ -450,8 +451,8 @@ class Converter:
         return [v for v in values if v is not None]
 
     def _unique(
-        self, values: Optional[list[Located[T]]], path: str, key: Callable[[T], str] = str
-    ) -> Optional[list[Located[T]]]:
+        self, values: list[Located[T]] | None, path: str, key: Callable[[T], str] = str
+    ) -> list[Located[T]] | None:
         if values is None:
             return None
         seen: set[str] = set()
@@ -463,32 +464,32 @@ class Converter:
             seen.add(name)
         return values
 
-    def name_list(self, node: Node, path: str) -> Optional[list[Located[str]]]:
+    def name_list(self, node: Node, path: str) -> list[Located[str]] | None:
         return self._unique(self._many(node, path, self.name, False, "a list of names"), path)
 
-    def name_set(self, node: Node, path: str) -> Optional[list[Located[str]]]:
+    def name_set(self, node: Node, path: str) -> list[Located[str]] | None:
         return self._many(node, path, self.name, True, "a name or a list of names")
 
-    def env_list(self, node: Node, path: str) -> Optional[list[Located[EnvName]]]:
+    def env_list(self, node: Node, path: str) -> list[Located[EnvName]] | None:
         return self._unique(
             self._many(node, path, self.env_name, True, "a list of environment variable names"),
             path,
             key=lambda env: f"{{not: {env.name}}}" if env.inverted else env.name,
         )
 
-    def policy_set(self, node: Node, path: str) -> Optional[frozenset[WarReadDonePolicy]]:
+    def policy_set(self, node: Node, path: str) -> frozenset[WarReadDonePolicy] | None:
         values = self._many(
             node, path, self.read_end_value, True, "a read end or a list of read ends"
         )
         return None if values is None else frozenset(values)
 
-    def mode_set(self, node: Node, path: str) -> Optional[frozenset[ForwardMode]]:
+    def mode_set(self, node: Node, path: str) -> frozenset[ForwardMode] | None:
         values = self._many(node, path, self.mode, True, "a mode or a list of modes")
         return None if values is None else frozenset(values)
 
     def _mode_map(
-        self, node: Node, path: str, convert: Callable[[Node, str], Optional[V]]
-    ) -> Optional[dict[ForwardMode, Located[V]]]:
+        self, node: Node, path: str, convert: Callable[[Node, str], V | None]
+    ) -> dict[ForwardMode, Located[V]] | None:
         """mode -> value, each with the origin of its mode key; aliases of one mode collide."""
         pairs = self.pairs(node, path, "a mapping of forward mode -> value")
         if pairs is None:
@@ -519,10 +520,10 @@ class Converter:
         path: str,
         expected: str,
         what: str,
-        convert: Callable[[Node, str], Optional[V]],
+        convert: Callable[[Node, str], V | None],
         *,
-        non_empty: Optional[str] = None,
-    ) -> Optional[dict[str, Located[V]]]:
+        non_empty: str | None = None,
+    ) -> dict[str, Located[V]] | None:
         """name -> value, each with the origin of its key (``what`` names the keys in errors);
         ``non_empty``: the error for an empty mapping, when one is not allowed."""
         pairs = self.pairs(node, path, expected)
@@ -544,15 +545,15 @@ class Converter:
 
     def mode_policy_map(
         self, node: Node, path: str
-    ) -> Optional[dict[ForwardMode, Located[WarReadDonePolicy]]]:
+    ) -> dict[ForwardMode, Located[WarReadDonePolicy]] | None:
         return self._mode_map(node, path, self.policy)
 
     def mode_name_map(
         self, node: Node, path: str
-    ) -> Optional[dict[ForwardMode, Located[Located[str]]]]:
+    ) -> dict[ForwardMode, Located[Located[str]]] | None:
         return self._mode_map(node, path, self.name)
 
-    def plant(self, node: Node, path: str) -> Optional[dict[ForwardMode, Placement]]:
+    def plant(self, node: Node, path: str) -> dict[ForwardMode, Placement] | None:
         """``derived`` (every mode) or ``{mode: derived|marker}``."""
         if isinstance(node, ScalarNode):
             one = self.placement(node, path)
@@ -560,7 +561,7 @@ class Converter:
         by_mode = self._mode_map(node, path, self.placement)
         return None if by_mode is None else {m: p.value for m, p in by_mode.items()}
 
-    def bool_map(self, node: Node, path: str) -> Optional[dict[str, Located[bool]]]:
+    def bool_map(self, node: Node, path: str) -> dict[str, Located[bool]] | None:
         return self._name_map(
             node, path, "a mapping of name -> true/false", "capability or flag", self.boolean
         )
@@ -569,11 +570,11 @@ class Converter:
 
     def mode_declaration_map(
         self, node: Node, path: str
-    ) -> Optional[dict[ForwardMode, Located[ReadEnd]]]:
+    ) -> dict[ForwardMode, Located[ReadEnd]] | None:
         """mode -> a policy, or ``{policy, after, otherwise}``."""
         return self._mode_map(node, path, self.read_end)
 
-    def read_end(self, node: Node, path: str) -> Optional[ReadEnd]:
+    def read_end(self, node: Node, path: str) -> ReadEnd | None:
         if not isinstance(node, MappingNode):
             policy = self.read_end_value(node, path)
             return None if policy is None else ReadEnd(policy)
@@ -599,7 +600,7 @@ class Converter:
             return None
         return ReadEnd(policy, after, otherwise)
 
-    def class_map(self, node: Node, path: str) -> Optional[ReadEnd]:
+    def class_map(self, node: Node, path: str) -> ReadEnd | None:
         """``{CLASS: policy}``: where each buffer class's reads end (names checked at merge)."""
         classes = self._name_map(
             node,
@@ -614,7 +615,7 @@ class Converter:
         latest = max(c.value for c in classes.values())
         return ReadEnd(latest, classes=classes)
 
-    def capability_map(self, node: Node, path: str) -> Optional[dict[str, Located[Capability]]]:
+    def capability_map(self, node: Node, path: str) -> dict[str, Located[Capability]] | None:
         """name -> true/false, or ``{after: ACTION}``."""
         return self._name_map(
             node,
@@ -624,7 +625,7 @@ class Converter:
             self.capability,
         )
 
-    def capability(self, node: Node, path: str) -> Optional[Capability]:
+    def capability(self, node: Node, path: str) -> Capability | None:
         """true/false, or ``{after: ACTION}``."""
         if isinstance(node, MappingNode):
             fields = self.section(node, path, "capability_after")
@@ -633,7 +634,7 @@ class Converter:
         flag = self.boolean(node, path)
         return None if flag is None else Capability(flag)
 
-    def label_map(self, node: Node, path: str) -> Optional[dict[str, Located[Located[str]]]]:
+    def label_map(self, node: Node, path: str) -> dict[str, Located[Located[str]]] | None:
         """label -> backend name, each with where it was written."""
         return self._name_map(
             node,
@@ -644,11 +645,11 @@ class Converter:
             non_empty="an empty mapping; a router routes to at least one child",
         )
 
-    def fact_tests(self, node: Node, path: str) -> Optional[dict[str, Located[FactTest]]]:
+    def fact_tests(self, node: Node, path: str) -> dict[str, Located[FactTest]] | None:
         """fact -> true/false, an integer, ``{gt|ge|lt|le|eq: N}``, a name or a list of names."""
         return self._name_map(node, path, "a mapping of fact -> test", "fact", self.fact_test)
 
-    def fact_test(self, node: Node, path: str) -> Optional[FactTest]:
+    def fact_test(self, node: Node, path: str) -> FactTest | None:
         if isinstance(node, ScalarNode) and node.tag == BOOL:
             return FactTest(equals=node.value.lower() in ("true", "yes", "on"))
         if isinstance(node, ScalarNode) and node.tag in (INT, FLOAT):
@@ -680,7 +681,7 @@ class Converter:
             self.report.on(node, path, str(exc))
             return None
 
-    def integer(self, node: Node, path: str) -> Optional[int]:
+    def integer(self, node: Node, path: str) -> int | None:
         """An integer; an integral float (``2.0``) too, as JSON Schema's ``integer`` has it."""
         constructor = yaml.constructor.SafeConstructor()
         value: object = None

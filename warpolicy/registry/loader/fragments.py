@@ -11,7 +11,7 @@ at ``plugin:NAME`` (see `fragment_plugin`).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Union
+from collections.abc import Mapping
 
 import attrs
 
@@ -32,8 +32,8 @@ class Fragment:
     """
 
     name: str
-    data: Union[str, bytes, Mapping[str, object]]
-    document: Optional[Document] = attrs.field(default=None, eq=False, repr=False, kw_only=True)
+    data: str | bytes | Mapping[str, object]
+    document: Document | None = attrs.field(default=None, eq=False, repr=False, kw_only=True)
 
 
 class FragmentError(WarpolicyError):
@@ -104,7 +104,7 @@ def _fragment(plugin: str, label: str, item: object) -> Fragment:
     return Fragment(label, text, document=Document(label, root, ()))
 
 
-def fragment_plugin(label: str) -> Optional[str]:
+def fragment_plugin(label: str) -> str | None:
     """``plugin:NAME``, ``plugin:NAME[i]`` or ``plugin:NAME[i]:PATH`` -> NAME; else None."""
     if not label.startswith(PREFIX):
         return None

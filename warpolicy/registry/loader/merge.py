@@ -13,7 +13,7 @@ budget an unknown name is reported without a hint.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -299,7 +299,7 @@ class Merger:
 
     # -- result --
 
-    def build(self, sources: Iterable[str]) -> Optional[Registry]:
+    def build(self, sources: Iterable[str]) -> Registry | None:
         """The registry, or None when the merged entries still break an invariant (only after
         problems were reported; the models check themselves again on construction)."""
         scoped: dict[str, list[Gate]] = {}

@@ -14,7 +14,7 @@ import enum
 import os
 import pathlib
 import stat
-from typing import Mapping, Optional, Union
+from collections.abc import Mapping
 
 import attrs
 import yaml
@@ -44,7 +44,7 @@ class Document:
     """One source read and composed: ``root`` is None when it could not be (see problems)."""
 
     name: str
-    root: Optional[Node]
+    root: Node | None
     problems: tuple[Problem, ...] = ()
 
 
@@ -92,7 +92,7 @@ class _PyComposer(_StrictEvents, yaml.SafeLoader):
     """PyYAML's pure-Python safe loader, strict and depth-limited."""
 
 
-_CLoader: Optional[type] = None
+_CLoader: type | None = None
 if hasattr(yaml, "CSafeLoader"):
 
     class _CComposer(_StrictEvents, yaml.composer.Composer, yaml.CSafeLoader):
@@ -113,7 +113,7 @@ C_LOADER = _CLoader
 # -- reading ----------------------------------------------------------------------------------
 
 
-def read_file(name: str, problems: list[Problem]) -> Optional[bytes]:
+def read_file(name: str, problems: list[Problem]) -> bytes | None:
     """The bytes of a regular file, at most `MAX_BYTES`; else a problem marked unreadable.
 
     The type is checked before opening (a FIFO would block an ``open``) and again on the open
@@ -155,7 +155,7 @@ def read_file(name: str, problems: list[Problem]) -> Optional[bytes]:
     return data
 
 
-def _file_kind(mode: int) -> Optional[str]:
+def _file_kind(mode: int) -> str | None:
     """None for a regular file, else what it is."""
     if stat.S_ISREG(mode):
         return None
@@ -180,7 +180,7 @@ def _read_capped(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def decode(name: str, data: Union[str, bytes], problems: list[Problem]) -> Optional[str]:
+def decode(name: str, data: str | bytes, problems: list[Problem]) -> str | None:
     """UTF-8 (a BOM allowed) text, size-capped; a located problem otherwise."""
     if len(data) > MAX_BYTES:
         problems.append(
@@ -204,7 +204,7 @@ def decode(name: str, data: Union[str, bytes], problems: list[Problem]) -> Optio
         return None
 
 
-def line_col(text: Union[str, bytes], index: int, newline: Union[str, bytes]) -> tuple[int, int]:
+def line_col(text: str | bytes, index: int, newline: str | bytes) -> tuple[int, int]:
     """1-based line and column of ``index`` in ``text``."""
     line = text.count(newline, 0, index) + 1  # type: ignore[arg-type]
     return line, index - (text.rfind(newline, 0, index) + 1) + 1  # type: ignore[arg-type]
@@ -213,7 +213,7 @@ def line_col(text: Union[str, bytes], index: int, newline: Union[str, bytes]) ->
 # -- composing --------------------------------------------------------------------------------
 
 
-def compose(name: str, text: str, problems: list[Problem]) -> Optional[Node]:
+def compose(name: str, text: str, problems: list[Problem]) -> Node | None:
     """``yaml.compose(text)``, strict, depth- and size-limited; problems instead of raising."""
     try:
         root = yaml.compose(text, Loader=C_LOADER or _PyComposer)
@@ -306,7 +306,7 @@ def _children(node: Node) -> list[Node]:
 # -- plugin mappings --------------------------------------------------------------------------
 
 
-def to_node(name: str, value: object, problems: list[Problem]) -> Optional[Node]:
+def to_node(name: str, value: object, problems: list[Problem]) -> Node | None:
     """A mark-less node tree for a plugin's Python mapping, so one walker validates both.
 
     Shared sub-objects become shared nodes (like YAML aliases, and counted the same way); a

@@ -12,7 +12,8 @@ Torch is imported inside the functions: importing the runtime does not import it
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -88,8 +89,8 @@ def flatten_outputs(output: Any, label: str = "out") -> list[tuple[str, Any]]:
 def first_difference(
     reference: Sequence[tuple[str, Any]],
     observed: Sequence[tuple[str, Any]],
-    tolerance: Optional[Tolerance] = None,
-) -> Optional[Difference]:
+    tolerance: Tolerance | None = None,
+) -> Difference | None:
     """The first element where ``observed`` differs from ``reference``, or None.
 
     Both are ``(label, tensor)`` lists (`flatten_outputs`). Different labels, shapes or dtypes
@@ -116,7 +117,7 @@ def first_difference(
     return None
 
 
-def _differ(torch: Any, want: Any, got: Any, tolerance: Optional[Tolerance]) -> Any:
+def _differ(torch: Any, want: Any, got: Any, tolerance: Tolerance | None) -> Any:
     """A boolean tensor: True where ``got`` differs from ``want``."""
     floating = want.is_floating_point() or want.is_complex()
     if not floating:

@@ -46,7 +46,8 @@ import itertools
 import logging
 import math
 import threading
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -113,13 +114,13 @@ class CanaryConfig:
     """
 
     rate: float = attrs.field(default=0.0, validator=_fraction)
-    budget: Optional[int] = attrs.field(default=None, validator=_count(0))
+    budget: int | None = attrs.field(default=None, validator=_count(0))
     max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=_count(1))
     lead_rate: float = attrs.field(default=0.0, validator=_fraction)
-    seed: Optional[int] = attrs.field(default=None, validator=_count(0))
+    seed: int | None = attrs.field(default=None, validator=_count(0))
 
     @classmethod
-    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> CanaryConfig:
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> CanaryConfig:
         """The configuration the ``WARPOLICY_CANARY_*`` variables give: ``_RATE`` (``0.001``
         or ``1/1000``), ``_BUDGET``, ``_MAX_BYTES``, ``_LEAD_RATE``, ``_SEED``; unset ones keep
         their defaults (``environ`` None: the process environment). A bad value is an `InputError`
@@ -164,7 +165,7 @@ class CanaryCell:
     backend: str
     mode: ForwardMode
     spec: str
-    bucket: Optional[int]
+    bucket: int | None
     scope: str
 
     def describe(self) -> str:
@@ -210,7 +211,7 @@ class Sample:
 
     def __init__(
         self,
-        bucket: Optional[int],
+        bucket: int | None,
         step: int,
         spec: CanarySpec,
         inputs: list[tuple[str, Snapshot]],
@@ -243,10 +244,10 @@ class Canary:
     def __init__(
         self,
         platform: Platform,
-        config: Optional[CanaryConfig] = None,
+        config: CanaryConfig | None = None,
         *,
         observers: Observers = NO_OBSERVERS,
-        lead_clock: Optional[LeadClock] = None,
+        lead_clock: LeadClock | None = None,
     ) -> None:
         config = config if config is not None else CanaryConfig()
         if not isinstance(config, CanaryConfig):
@@ -276,7 +277,7 @@ class Canary:
         """Whether steps are sampled at all (``rate`` above 0)."""
         return self.config.rate > 0
 
-    def _seed(self) -> Optional[int]:
+    def _seed(self) -> int | None:
         return next(self._seeds) if self.config.seed is not None else None
 
     # -- sessions -----------------------------------------------------------------------------
@@ -288,7 +289,7 @@ class Canary:
         *,
         backend: str = "",
         spec: str = "",
-        on_demote: Optional[Callable[[Optional[int], str], None]] = None,
+        on_demote: Callable[[int | None, str], None] | None = None,
     ) -> CanarySession:
         """A session for one runner (or one mode of an engine's graphs): ``backend`` and
         ``spec`` name the cell (empty when the policy does not say); ``on_demote(bucket,
@@ -371,7 +372,7 @@ class Canary:
 
     # -- release leads --------------------------------------------------------------------------
 
-    def lead_probe(self, reporter: Optional[Reporter] = None) -> Optional[ReleaseLeadProbe]:
+    def lead_probe(self, reporter: Reporter | None = None) -> ReleaseLeadProbe | None:
         """A probe for one overlap loop (None when ``lead_rate`` is 0, or when this platform
         has no clock: said once). ``reporter`` is the loop's (its observers get the readings)."""
         if self.config.lead_rate <= 0:
@@ -387,7 +388,7 @@ class Canary:
             self._seed(),
         )
 
-    def _default_clock(self) -> Optional[LeadClock]:
+    def _default_clock(self) -> LeadClock | None:
         p = self.platform
         if p.name == "cuda":
             return CudaLeadClock()
@@ -445,7 +446,7 @@ class CanarySession:
         mode: ForwardMode,
         backend: str,
         spec: str,
-        on_demote: Optional[Callable[[Optional[int], str], None]],
+        on_demote: Callable[[int | None, str], None] | None,
     ) -> None:
         self.canary = canary
         self.name = name
@@ -459,12 +460,12 @@ class CanarySession:
         self._on_demote = on_demote
         self._countdown = Countdown(canary.config.rate, canary._seed())
         self._seen = -1  # the canary version whose demotions this session applied
-        self._pending: Optional[Sample] = None
+        self._pending: Sample | None = None
         #: this session's demoted buckets (None: the eager path) and why
-        self.demoted: dict[Optional[int], str] = {}
-        self._coarse: dict[Optional[int], BucketRelease] = {}
+        self.demoted: dict[int | None, str] = {}
+        self._coarse: dict[int | None, BucketRelease] = {}
 
-    def cell(self, bucket: Optional[int]) -> CanaryCell:
+    def cell(self, bucket: int | None) -> CanaryCell:
         return CanaryCell(self.backend, self.mode, self.spec, bucket, self.scope)
 
     @property
@@ -484,7 +485,7 @@ class CanarySession:
             self._sync()
         return self._countdown.due()
 
-    def release_for(self, bucket: Optional[int], release: BucketRelease) -> BucketRelease:
+    def release_for(self, bucket: int | None, release: BucketRelease) -> BucketRelease:
         """``release``, or the coarse release that replaces it once ``bucket`` was demoted."""
         if not self.demoted:
             return release
@@ -498,13 +499,13 @@ class CanarySession:
 
     def begin(
         self,
-        bucket: Optional[int],
+        bucket: int | None,
         step: int,
         release: BucketRelease,
-        spec_fn: Callable[[], Optional[CanarySpec]],
+        spec_fn: Callable[[], CanarySpec | None],
         shared: Mapping[str, Any],
         rerun: Callable[[], Any],
-    ) -> Optional[Sample]:
+    ) -> Sample | None:
         """On a sampled step, after its host prep and before anything is published, on the
         forward stream: save what the step will read. None when the step is not checked: it
         publishes nothing (nothing can race), its cell is demoted, the budget is spent, the
@@ -528,12 +529,12 @@ class CanarySession:
 
     def _begin(
         self,
-        bucket: Optional[int],
+        bucket: int | None,
         step: int,
-        spec_fn: Callable[[], Optional[CanarySpec]],
+        spec_fn: Callable[[], CanarySpec | None],
         shared: Mapping[str, Any],
         rerun: Callable[[], Any],
-    ) -> Optional[Sample]:
+    ) -> Sample | None:
         canary = self.canary
         where = "eager" if bucket is None else f"bucket {bucket}"
         spec = spec_fn()
@@ -600,7 +601,7 @@ class CanarySession:
             self._pending = None
             self.canary.stats["discarded"] += 1
 
-    def check(self) -> Optional[Violation]:
+    def check(self) -> Violation | None:
         """Check the pending sample, if any (see the module docstring); returns the violation
         it caught, else None. Call it after the scheduler's writes for the next step, with the
         stream those writes are on current, before recording the event the next forward waits
@@ -630,7 +631,7 @@ class CanarySession:
 
     # -- the check ------------------------------------------------------------------------------
 
-    def _compare(self, sample: Sample) -> Optional[Difference]:
+    def _compare(self, sample: Sample) -> Difference | None:
         p = self.canary.platform
         p.synchronize()  # the full barrier: the overlapped step and the writes after it are done
         live_out = [t.detach().clone() for _, t in sample.outputs]
@@ -668,7 +669,7 @@ class CanarySession:
 
     # -- failing closed -------------------------------------------------------------------------
 
-    def _fail(self, bucket: Optional[int], step: int, where: str, exc: BaseException) -> None:
+    def _fail(self, bucket: int | None, step: int, where: str, exc: BaseException) -> None:
         """Anything that raised inside the canary: the cell coarse, then reported."""
         text = (
             f"the canary failed in {where} of step {step} ({exc!r}); "
@@ -677,7 +678,7 @@ class CanarySession:
         self._demote(bucket, text)
         self.canary._failed(self, where, exc, text)
 
-    def _demote(self, bucket: Optional[int], reason: str) -> None:
+    def _demote(self, bucket: int | None, reason: str) -> None:
         self.canary.demote(self.cell(bucket), reason)
         self._sync()
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import collections
 import statistics
 import time
-from typing import Any, Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import attrs
 
@@ -107,7 +108,7 @@ class LeadKey:
 
     runner: str
     mode: ForwardMode
-    bucket: Optional[int]
+    bucket: int | None
 
     def label(self) -> str:
         where = "eager" if self.bucket is None else f"bucket {self.bucket}"
@@ -185,7 +186,7 @@ class ReleaseLeadProbe:
         rate: float,
         reporter: Reporter,
         record: Callable[[LeadKey, int, float], None],
-        seed: Optional[int] = None,
+        seed: int | None = None,
     ) -> None:
         self.clock = clock
         self.reporter = reporter
@@ -194,11 +195,11 @@ class ReleaseLeadProbe:
         self._pending: collections.deque[_Pending] = collections.deque()
         self.enabled = rate > 0
         self.skipped = 0  # sampled steps not measured (the queue was full)
-        self._error: Optional[Exception] = None  # a failure of a mark, reported at `poll`
+        self._error: Exception | None = None  # a failure of a mark, reported at `poll`
         #: a step was sampled (or a mark failed) since the last `poll`: the loop polls then
         self.wants_poll = False
 
-    def mark_forward(self, stream: StreamHandle) -> Optional[LeadMark]:
+    def mark_forward(self, stream: StreamHandle) -> LeadMark | None:
         """After the step's launch, with ``stream`` its forward stream: a mark when this step is
         sampled, else None."""
         if not self.enabled or not self._countdown.due():
@@ -220,7 +221,7 @@ class ReleaseLeadProbe:
         stream: StreamHandle,
         runner: str,
         mode: ForwardMode,
-        bucket: Optional[int],
+        bucket: int | None,
         step: int,
     ) -> None:
         """After the barrier, with ``stream`` the schedule stream: queue the pair."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Optional
 
 
 def next_gap(rate: float, rng: random.Random) -> int:
@@ -30,7 +29,7 @@ class Countdown:
 
     __slots__ = ("_left", "_rate", "_rng")
 
-    def __init__(self, rate: float, seed: Optional[int] = None) -> None:
+    def __init__(self, rate: float, seed: int | None = None) -> None:
         self._rate = float(rate)
         self._rng = random.Random(seed)
         self._left = next_gap(self._rate, self._rng)

@@ -17,7 +17,8 @@ and only restores the rest.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -146,10 +147,10 @@ class CanarySpec:
     between runs.
     """
 
-    inputs: Optional[Mapping[str, Any]] = None
+    inputs: Mapping[str, Any] | None = None
     state: Mapping[str, Any] = attrs.field(factory=dict)
     compare_output: bool = True
-    tolerance: Optional[Tolerance] = None
+    tolerance: Tolerance | None = None
 
 
 __all__ = ["CanarySpec", "Rows", "Snapshot", "Whole", "as_snapshot"]

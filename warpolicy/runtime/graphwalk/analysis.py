@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -215,7 +215,7 @@ def derive_plan(graph: Graph, ranges: Sequence[BufferRange]) -> DerivedPlan:
     return DerivedPlan(Outcome.PLANNED, readers, frontier, len(graph), successors)
 
 
-def find_event_record(graph: Graph, event: int) -> Optional[int]:
+def find_event_record(graph: Graph, event: int) -> int | None:
     """The one event-record node recording ``event``; None when there is none.
 
     Raises `PlacementError` when several nodes record it: which one releases the scheduler
@@ -240,7 +240,7 @@ def late_readers(
     ranges: Sequence[BufferRange],
     planted: int,
     *,
-    readers: Optional[Sequence[Reader]] = None,
+    readers: Sequence[Reader] | None = None,
 ) -> tuple[Reader, ...]:
     """Readers that are not ancestors of node ``planted``: the release does not cover them.
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -245,7 +246,7 @@ def find_anchored(graph: Graph, saved: SavedAnchors) -> tuple[Found, ...]:
     return tuple(found)
 
 
-def found_index(found: Iterable[Found], label: str) -> Optional[int]:
+def found_index(found: Iterable[Found], label: str) -> int | None:
     """The restored index of the planted node ``label`` (None when it was not found)."""
     return next((f.index for f in found if f.label == label), None)
 

@@ -24,8 +24,9 @@ import ctypes
 import ctypes.util
 import re
 import struct
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import attrs
 
@@ -228,7 +229,7 @@ class _NodeReader:
     def __init__(self, driver: ModuleType) -> None:
         self.driver = driver
         self.types = driver.CUgraphNodeType
-        self._sizes: dict[tuple[str, int], Optional[tuple[int, ...]]] = {}
+        self._sizes: dict[tuple[str, int], tuple[int, ...] | None] = {}
         self._names: dict[int, tuple[str, str]] = {}
 
     def node(self, i: int, handle: Any, deps: tuple[int, ...]) -> Node:
@@ -311,7 +312,7 @@ class _NodeReader:
             raise ValueError("parameter sizes unknown")
         return sizes
 
-    def _query_sizes(self, which: str, handle: Any) -> Optional[tuple[int, ...]]:
+    def _query_sizes(self, which: str, handle: Any) -> tuple[int, ...] | None:
         d = self.driver
         getter = getattr(
             d, "cuFuncGetParamInfo" if which == "func" else "cuKernelGetParamInfo", None

@@ -28,8 +28,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import attrs
 
@@ -37,7 +38,7 @@ from warpolicy.runtime.graphwalk import cuda
 
 #: Returns the node count of the graph being captured on the current stream, or None when no
 #: capture is active (the recorder then records nothing).
-NodeCounter = Callable[[], Optional[int]]
+NodeCounter = Callable[[], int | None]
 
 
 @attrs.frozen
@@ -61,7 +62,7 @@ class LaunchSite:
 Sites = Mapping[int, LaunchSite]
 
 
-def _package_dir(name: str) -> Optional[str]:
+def _package_dir(name: str) -> str | None:
     module = sys.modules.get(name)
     path = getattr(module, "__file__", None)
     return os.path.dirname(path) + os.sep if path else None
@@ -83,7 +84,7 @@ class LaunchRecorder:
 
     # -- what the hooks call ------------------------------------------------------------------
 
-    def site(self, op: str, frame: Optional[FrameType]) -> Optional[LaunchSite]:
+    def site(self, op: str, frame: FrameType | None) -> LaunchSite | None:
         """The innermost frame from ``frame`` outward that is not torch's, Triton's or ours."""
         while frame is not None:
             path = frame.f_code.co_filename
@@ -92,7 +93,7 @@ class LaunchRecorder:
             frame = frame.f_back
         return None
 
-    def record(self, op: str, before: Optional[int], after: Optional[int], frame: Any) -> None:
+    def record(self, op: str, before: int | None, after: int | None, frame: Any) -> None:
         """Nodes ``[before, after)`` were added by a launch of ``op`` from ``frame``."""
         if before is None or after is None or after <= before:
             return
@@ -103,7 +104,7 @@ class LaunchRecorder:
         for index in range(before, after):
             self.sites.setdefault(index, found)  # an inner launch (Triton in an op) came first
 
-    def safely(self, op: str, before: Optional[int], frame: Any) -> None:
+    def safely(self, op: str, before: int | None, frame: Any) -> None:
         """`record` with the count after the launch; a failure costs the site, never the
         capture (the hooks run inside the engine's capture)."""
         try:
@@ -153,7 +154,7 @@ class LaunchRecorder:
         except ImportError:  # an older Triton: its kernels keep no site
             return
         runtime = knobs.runtime
-        pending: list[Optional[int]] = []
+        pending: list[int | None] = []
 
         def enter(metadata: Any) -> None:
             pending.append(self.count())
@@ -199,7 +200,7 @@ def node_counter() -> NodeCounter:
     names = [n for n in _CAPTURE_INFO if hasattr(driver, n)]
     broken: list[str] = []
 
-    def count() -> Optional[int]:
+    def count() -> int | None:
         if broken or not names:
             return None
         try:
@@ -221,7 +222,7 @@ def node_counter() -> NodeCounter:
 _CAPTURE_INFO = ("cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v2")
 
 
-def recorder_for(platform_name: str) -> Optional[LaunchRecorder]:
+def recorder_for(platform_name: str) -> LaunchRecorder | None:
     """A recorder for the captures of a platform called ``platform_name``: on CUDA with
     cuda-bindings, else None (no node indices to map)."""
     if platform_name != "cuda":
@@ -232,7 +233,7 @@ def recorder_for(platform_name: str) -> Optional[LaunchRecorder]:
         return None
 
 
-def run_recorded(recorder: Optional[LaunchRecorder], body: Callable[[], Any]) -> Any:
+def run_recorded(recorder: LaunchRecorder | None, body: Callable[[], Any]) -> Any:
     """``body()`` with ``recorder``'s hooks installed (when given and they install; a failure
     to install costs the sites, never the capture)."""
     if recorder is None:

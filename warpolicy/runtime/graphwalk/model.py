@@ -9,7 +9,8 @@ memcpy or memset, the device byte ranges it reads or writes (``spans``). The CUD
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Mapping, Optional, Protocol, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import attrs
 
@@ -108,7 +109,7 @@ class Node:
         default=(), converter=_spans, validator=_spans_valid
     )  # memcpy / memset byte ranges
     readable: bool = True  # False: a kernel whose arguments could not be read
-    event: Optional[int] = None  # the event handle of an event-record node
+    event: int | None = None  # the event handle of an event-record node
     symbol: str = ""  # the full (demangled) kernel symbol, for reports
 
     @property

@@ -21,7 +21,8 @@ stays unplanted, or is demoted).
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -39,7 +40,7 @@ from warpolicy.runtime.graphwalk.errors import GraphWalkError, PlacementError
 from warpolicy.runtime.graphwalk.launch_sites import Sites
 from warpolicy.runtime.graphwalk.model import BufferRange, Graph, TensorLike, buffer_ranges
 
-SharedBuffers = Union[Mapping[str, TensorLike], Sequence[BufferRange]]
+SharedBuffers = Mapping[str, TensorLike] | Sequence[BufferRange]
 
 
 @attrs.frozen
@@ -63,7 +64,7 @@ class DerivedPlant:
     def total_ms(self) -> float:
         return self.walk_ms + self.analysis_ms + self.plant_ms
 
-    def describe(self, sites: Optional[Sites] = None) -> str:
+    def describe(self, sites: Sites | None = None) -> str:
         """One line naming the readers the node follows (``kernel (file.py:line) #12`` where
         ``sites``, the capture's launch sites, know the line)."""
         seen = [r for r in self.readers if not r.opaque]
@@ -98,7 +99,7 @@ class SelfCheck:
     def total_ms(self) -> float:
         return self.walk_ms + self.analysis_ms
 
-    def describe(self, bucket: object = None, sites: Optional[Sites] = None) -> str:
+    def describe(self, bucket: object = None, sites: Sites | None = None) -> str:
         """One line naming each late kernel and its buffer (and the bucket, when given; and the
         Python line that launched it, ``kernel (file.py:line)``, where ``sites`` know it)."""
         where = f"bucket {bucket}: " if bucket is not None else ""
@@ -113,7 +114,7 @@ class SelfCheck:
         return f"{where}shared reader(s) after the read-done node: {late}"
 
 
-def reader_label(reader: Reader, sites: Optional[Sites]) -> str:
+def reader_label(reader: Reader, sites: Sites | None) -> str:
     """``kernel (file.py:line)`` when ``sites`` know the node's launch site, else ``kernel``."""
     site = sites.get(reader.index) if sites else None
     return f"{reader.name} ({site.where})" if site is not None else reader.name

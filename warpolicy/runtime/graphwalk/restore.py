@@ -26,7 +26,8 @@ memory pool). Nothing here imports torch: the stream handle comes from the calle
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 

@@ -14,7 +14,9 @@ module, the graph walk and `warpolicy.runtime.markers`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
 from warpolicy.runtime.graphwalk import DerivedPlant, SelfCheck
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
@@ -48,7 +50,7 @@ class PlatformImpl(Protocol):
     def create_event(self, external: bool) -> EventHandle:
         """A new event; ``external=True`` for one whose record during capture is a graph node."""
 
-    def record(self, event: EventHandle, stream: Optional[StreamHandle] = None) -> None:
+    def record(self, event: EventHandle, stream: StreamHandle | None = None) -> None:
         """Record ``event`` on ``stream`` (None: the current stream, as a plant requires)."""
 
     def wait_event(self, stream: StreamHandle, event: EventHandle) -> None:
@@ -66,7 +68,7 @@ class PlatformImpl(Protocol):
     def current_stream(self) -> StreamHandle:
         """The current stream of the device."""
 
-    def use_stream(self, stream: StreamHandle) -> ContextManager[Any]:
+    def use_stream(self, stream: StreamHandle) -> AbstractContextManager[Any]:
         """A context manager making ``stream`` current while entered."""
 
     def new_graph(self, keep_graph: bool) -> GraphHandle:
@@ -76,16 +78,16 @@ class PlatformImpl(Protocol):
         """A memory-pool handle several graphs can share."""
 
     def capture(
-        self, graph: GraphHandle, stream: Optional[StreamHandle], pool: Optional[PoolHandle]
-    ) -> ContextManager[Any]:
+        self, graph: GraphHandle, stream: StreamHandle | None, pool: PoolHandle | None
+    ) -> AbstractContextManager[Any]:
         """A context manager capturing its block into ``graph``."""
 
     def capture_callable(
         self,
         graph: GraphHandle,
         fn: Callable[[], Any],
-        stream: Optional[StreamHandle],
-        pool: Optional[PoolHandle],
+        stream: StreamHandle | None,
+        pool: PoolHandle | None,
     ) -> None:
         """Capture ``fn()`` into ``graph`` (a platform without real graphs may re-run ``fn``
         at each replay, as the simulated one does)."""
@@ -106,7 +108,7 @@ class GraphWalker(Protocol):
     `warpolicy.runtime.graphwalk.PlacementError` on any failure.
     """
 
-    def graph_walk_unavailable(self) -> Optional[str]:
+    def graph_walk_unavailable(self) -> str | None:
         """None when kept graphs can be walked here, else one line saying why not."""
 
     def plant_derived(

@@ -20,7 +20,9 @@ import functools
 import gc
 import inspect
 import operator
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
 
 from warpolicy.runtime.graphwalk import (
     DerivedPlant,
@@ -109,7 +111,7 @@ class CudaPlatform:
     def current_stream(self) -> Any:
         return self._torch.cuda.current_stream(self._index)
 
-    def use_stream(self, stream: Any) -> ContextManager[Any]:
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
         return self._torch.cuda.stream(stream)
 
     def new_graph(self, keep_graph: bool) -> Any:
@@ -121,12 +123,12 @@ class CudaPlatform:
         return self._torch.cuda.graph_pool_handle()
 
     @contextlib.contextmanager
-    def capture(self, graph: Any, stream: Optional[Any], pool: Optional[Any]) -> Iterator[Any]:
+    def capture(self, graph: Any, stream: Any | None, pool: Any | None) -> Iterator[Any]:
         with _no_collection(), self._torch.cuda.graph(graph, pool=pool, stream=stream) as got:
             yield got
 
     def capture_callable(
-        self, graph: Any, fn: Callable[[], Any], stream: Optional[Any], pool: Optional[Any]
+        self, graph: Any, fn: Callable[[], Any], stream: Any | None, pool: Any | None
     ) -> None:
         with _no_collection(), self._torch.cuda.graph(graph, pool=pool, stream=stream):
             fn()
@@ -136,7 +138,7 @@ class CudaPlatform:
 
     # -- graph walk (derived placement, marker self-check) --------------------------------------
 
-    def graph_walk_unavailable(self) -> Optional[str]:
+    def graph_walk_unavailable(self) -> str | None:
         """None when kept graphs can be walked here (cuda-bindings and keep_graph), else why."""
         if not hasattr(self._torch.cuda.CUDAGraph, "raw_cuda_graph"):
             return f"torch {self._torch.__version__} lacks CUDAGraph.raw_cuda_graph (needs >= 2.8)"
@@ -177,7 +179,7 @@ class CudaPlatform:
 
 
 @hookimpl
-def warpolicy_platform(device: str) -> Optional[CudaPlatform]:
+def warpolicy_platform(device: str) -> CudaPlatform | None:
     """Claim ``cuda`` devices when torch sees CUDA."""
     if device_type(device) != "cuda" or not cuda_available():
         return None

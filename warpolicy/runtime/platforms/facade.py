@@ -13,7 +13,9 @@ passed to the components that report (`warpolicy.runtime.observers`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, ContextManager, Mapping, Optional
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
 
 from warpolicy.errors import WarpolicyError
 from warpolicy.runtime.graphwalk import DerivedPlant, PlacementError, SelfCheck
@@ -71,9 +73,9 @@ class Platform:
         self.device = impl.device
         self._name = impl.name
         self._external = impl.external_events_supported
-        self.walker: Optional[GraphWalker] = impl if isinstance(impl, GraphWalker) else None
+        self.walker: GraphWalker | None = impl if isinstance(impl, GraphWalker) else None
         #: the implementation when it can keep a release point across a clone or a restore
-        self.restorer: Optional[GraphRestorer] = (
+        self.restorer: GraphRestorer | None = (
             impl if self.walker is not None and isinstance(impl, GraphRestorer) else None
         )
         # the hot path: bound once, called directly (no dispatch, no wrapper frame)
@@ -141,7 +143,7 @@ class Platform:
     def current_stream(self) -> StreamHandle:
         return self._handle(self.impl.current_stream(), "current_stream")
 
-    def stream(self, stream: StreamHandle) -> ContextManager[Any]:
+    def stream(self, stream: StreamHandle) -> AbstractContextManager[Any]:
         """Context manager making ``stream`` current."""
         return self._handle(self.impl.use_stream(stream), "use_stream")
 
@@ -158,9 +160,9 @@ class Platform:
     def capture(
         self,
         graph: GraphHandle,
-        stream: Optional[StreamHandle] = None,
-        pool: Optional[PoolHandle] = None,
-    ) -> ContextManager[Any]:
+        stream: StreamHandle | None = None,
+        pool: PoolHandle | None = None,
+    ) -> AbstractContextManager[Any]:
         """Context manager capturing its block into ``graph``."""
         return self._handle(self.impl.capture(graph, stream, pool), "capture")
 
@@ -168,8 +170,8 @@ class Platform:
         self,
         graph: GraphHandle,
         fn: Callable[[], Any],
-        stream: Optional[StreamHandle] = None,
-        pool: Optional[PoolHandle] = None,
+        stream: StreamHandle | None = None,
+        pool: PoolHandle | None = None,
     ) -> None:
         """Capture ``fn()`` into ``graph``. On the simulated platform each replay runs ``fn`` again."""
         self.impl.capture_callable(graph, fn, stream, pool)
@@ -180,7 +182,7 @@ class Platform:
 
     # -- graph walk (derived placement, marker self-check) --------------------------------------
 
-    def graph_walk_unavailable(self) -> Optional[str]:
+    def graph_walk_unavailable(self) -> str | None:
         """None when this platform can walk its kept graphs, else one line saying why not.
 
         A probe that raises is not "cannot walk": it raises `PlacementError` (one line), and a

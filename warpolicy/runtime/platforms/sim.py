@@ -74,7 +74,8 @@ import collections
 import contextlib
 import itertools
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Optional, Union, overload
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, overload
 
 import attrs
 
@@ -116,7 +117,7 @@ class SimEvent:
     external: bool
     records: int = 0
     invalid: bool = False
-    clock: Optional[Clock] = None
+    clock: Clock | None = None
 
     def __repr__(self) -> str:
         return f"SimEvent(id={self.id}, external={self.external})"
@@ -138,15 +139,15 @@ class SimGraph:
     id: int
     keep_graph: bool = False
     captured: bool = False
-    stream: Optional[SimStream] = None
+    stream: SimStream | None = None
     planted: list[SimEvent] = attrs.Factory(list)  # in plant order
-    fn: Optional[Callable[[], Any]] = None
+    fn: Callable[[], Any] | None = None
     replays: int = 0
     derived: list[SimEvent] = attrs.Factory(list)  # derived nodes: fire after the whole body
-    tape: Optional[Tape] = None  # the context-manager form's recorded work
+    tape: Tape | None = None  # the context-manager form's recorded work
     instantiated: bool = False
     #: the clock at the end of the latest replay: the next launch starts after it
-    done_clock: Optional[Clock] = None
+    done_clock: Clock | None = None
     #: per derived node, the walk-model nodes it depends on (its frontier)
     derived_after: list[tuple[int, ...]] = attrs.Factory(list)
     #: a clone's (or a rebound graph's) nodes: the event the capture body records -> the index
@@ -154,12 +155,12 @@ class SimGraph:
     #: body's own event)
     sources: dict[int, int] = attrs.Factory(dict)
     #: the graph this one was cloned from (its first ancestor), else None
-    origin: Optional[int] = None
+    origin: int | None = None
 
     def planted_ids(self) -> set[int]:
         return {e.id for e in self.planted}
 
-    def node_event(self, event: SimEvent) -> Optional[SimEvent]:
+    def node_event(self, event: SimEvent) -> SimEvent | None:
         """The event the node made by the body's record of ``event`` records now (None: that
         record made no node)."""
         if any(e is event for e in self.planted):  # a node's own event (no body to re-run)
@@ -239,7 +240,7 @@ class CallLog:
     @overload
     def __getitem__(self, index: slice) -> list[tuple]: ...
 
-    def __getitem__(self, index: Union[int, slice]) -> Union[tuple, list[tuple]]:
+    def __getitem__(self, index: int | slice) -> tuple | list[tuple]:
         if isinstance(index, slice):
             return list(self._entries)[index]
         return self._entries[index]
@@ -284,10 +285,10 @@ class SimPlatform:
         self.default_stream = SimStream(0)
         self._streams: list[SimStream] = [self.default_stream]  # the current-stream stack
         self._all_streams: weakref.WeakSet[SimStream] = weakref.WeakSet([self.default_stream])
-        self._capturing: Optional[SimGraph] = None
-        self._replaying: Optional[SimGraph] = None
+        self._capturing: SimGraph | None = None
+        self._replaying: SimGraph | None = None
         #: ``graph_model(graph) -> Graph``: the hand-made graph the walk reads for ``graph``
-        self.graph_model: Optional[Callable[[SimGraph], Graph]] = None
+        self.graph_model: Callable[[SimGraph], Graph] | None = None
         #: graphs by id: a raw handle (``RawGraph(graph.raw_cuda_graph())``) finds its graph
         self._graphs: weakref.WeakValueDictionary[int, SimGraph] = weakref.WeakValueDictionary()
 
@@ -313,7 +314,7 @@ class SimPlatform:
     def _next_id(self) -> int:
         return next(self._ids)
 
-    def _stream(self, stream_id: Optional[int] = None) -> SimStream:
+    def _stream(self, stream_id: int | None = None) -> SimStream:
         # a new stream starts after everything the host has synchronized with
         stream = SimStream(self._next_id() if stream_id is None else stream_id, dict(self._floor))
         self._all_streams.add(stream)
@@ -344,7 +345,7 @@ class SimPlatform:
         self.log.emit(("create_event", event.id, event.external))
         return event
 
-    def record(self, event: SimEvent, stream: Optional[SimStream] = None) -> None:
+    def record(self, event: SimEvent, stream: SimStream | None = None) -> None:
         current = self._streams[-1]
         target = current if stream is None else stream
         if self._replaying is not None:
@@ -424,12 +425,12 @@ class SimPlatform:
         return SimPool(self._next_id())
 
     def capture(
-        self, graph: SimGraph, stream: Optional[SimStream] = None, pool: Optional[SimPool] = None
+        self, graph: SimGraph, stream: SimStream | None = None, pool: SimPool | None = None
     ) -> contextlib.AbstractContextManager[SimGraph]:
         return self._capture_recorded(graph, stream)
 
     @contextlib.contextmanager
-    def _capture_recorded(self, graph: SimGraph, stream: Optional[SimStream]) -> Iterator[SimGraph]:
+    def _capture_recorded(self, graph: SimGraph, stream: SimStream | None) -> Iterator[SimGraph]:
         with self._capture(graph, stream):
             graph.tape = Tape()
             with graph.tape.recording():
@@ -439,15 +440,15 @@ class SimPlatform:
         self,
         graph: SimGraph,
         fn: Callable[[], Any],
-        stream: Optional[SimStream] = None,
-        pool: Optional[SimPool] = None,
+        stream: SimStream | None = None,
+        pool: SimPool | None = None,
     ) -> None:
         with self._capture(graph, stream):
             fn()
         graph.fn = fn
 
     @contextlib.contextmanager
-    def _capture(self, graph: SimGraph, stream: Optional[SimStream]) -> Iterator[SimGraph]:
+    def _capture(self, graph: SimGraph, stream: SimStream | None) -> Iterator[SimGraph]:
         if self._capturing is not None or self._replaying is not None:
             raise RuntimeError("sim platform: nested graph capture")
         # torch.cuda.graph captures on a side stream unless one is given
@@ -513,7 +514,7 @@ class SimPlatform:
 
     # -- graph walk (on the hand-made graph model) ---------------------------------------------
 
-    def graph_walk_unavailable(self) -> Optional[str]:
+    def graph_walk_unavailable(self) -> str | None:
         if self.graph_model is None:
             return "the simulated platform has no graph model to walk (SimPlatform.graph_model)"
         return None
@@ -691,7 +692,7 @@ class SimPlugin:
         self.log_cap = log_cap
 
     @hookimpl
-    def warpolicy_platform(self, device: str) -> Optional[SimPlatform]:
+    def warpolicy_platform(self, device: str) -> SimPlatform | None:
         if not is_simulated(device):
             return None
         return SimPlatform(self.external_events, device="sim", log_cap=self.log_cap)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 #: Tensor methods that read a value on the host: a capture cannot contain them.
 HOST_READS = frozenset(
@@ -64,7 +65,7 @@ def _watcher(tape: Tape) -> Any:
 
     class _Watch(TorchFunctionMode):
         def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Optional[dict] = None
+            self, func: Any, types: Any, args: Any = (), kwargs: dict | None = None
         ) -> Any:
             kwargs = kwargs or {}
             name = getattr(func, "__name__", "")

@@ -4,7 +4,8 @@ prep-only and canary models change one or two members of it)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.runners.protocols import ClassedModel, ModelAdapter, SizedModelAdapter

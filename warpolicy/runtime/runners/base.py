@@ -49,7 +49,8 @@ import bisect
 import functools
 import logging
 import operator
-from typing import Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -141,19 +142,19 @@ class GraphRunner:
         model: ModelAdapter,
         policy: RunnerPolicy,
         platform: Platform,
-        name: Optional[str] = None,
+        name: str | None = None,
         *,
-        mode: Optional[Union[ForwardMode, str]] = None,
+        mode: ForwardMode | str | None = None,
         observers: Observers = NO_OBSERVERS,
         ring_size: int = 4,
         keep_graphs: bool = False,
         process_group: Any = None,
         consistency_strict: bool = False,
-        placement: Optional[Union[Placement, str]] = None,
+        placement: Placement | str | None = None,
         self_check: str = "warn",
-        canary: Optional[Canary] = None,
-        widen_race_us: Optional[float] = None,
-        class_policies: Optional[Mapping[str, RunnerPolicy]] = None,
+        canary: Canary | None = None,
+        widen_race_us: float | None = None,
+        class_policies: Mapping[str, RunnerPolicy] | None = None,
     ) -> None:
         if not isinstance(platform, Platform):
             raise InputError(
@@ -198,7 +199,7 @@ class GraphRunner:
         # the cross-rank check (tensor parallelism): off unless a process group is given
         self.process_group = process_group
         self.consistency_strict = consistency_strict
-        self.consistency: Optional[ConsistencyResult] = None
+        self.consistency: ConsistencyResult | None = None
         self.keep_graphs = keep_graphs  # keep the raw graphs for the static audit
         self.buckets: tuple[int, ...] = check_buckets(self.name, model.bucket_sizes(self.mode))
         self.placement = self._placement_of(policy, placement)
@@ -208,11 +209,11 @@ class GraphRunner:
         self._reports: dict[int, CaptureReport] = {}
         self._outputs: dict[int, Any] = {}  # latest output per bucket
         self._eager_sizes: set[int] = set()
-        self._eager: Optional[BucketRelease] = None  # decided on first need, and per capture
-        self._eager_batch: Optional[BucketBatch] = None  # the eager path's per-batch plan
+        self._eager: BucketRelease | None = None  # decided on first need, and per capture
+        self._eager_batch: BucketBatch | None = None  # the eager path's per-batch plan
         # (bucket, policy) pairs whose per-batch decision the decision observers were told
-        self._batch_noted: set[tuple[Optional[int], WarReadDonePolicy]] = set()
-        self._coarse: Optional[str] = None  # why the runner is coarse (a failed capture)
+        self._batch_noted: set[tuple[int | None, WarReadDonePolicy]] = set()
+        self._coarse: str | None = None  # why the runner is coarse (a failed capture)
         # streams a failed capture left with work the host never waited for: every later step
         # waits for them first (so the scheduler's barrier on that step covers them)
         self._unsettled: tuple[StreamHandle, ...] = ()
@@ -220,16 +221,14 @@ class GraphRunner:
         self._fence_step = (
             0  # the token of the fence's current step (`ReadDoneFence.before_replay`)
         )
-        self.last_step: Optional[StepInfo] = None
+        self.last_step: StepInfo | None = None
         # the WAR canary: buckets it demoted (None: the eager path), re-applied after a capture
-        self._demoted: dict[Optional[int], str] = {}
+        self._demoted: dict[int | None, str] = {}
         #: the process's canary (None: none); `canary_session` is this runner's, when it samples
         self.canary = canary
         self.canary_session = self._open_canary(canary, policy)
 
-    def _open_canary(
-        self, canary: Optional[Canary], policy: RunnerPolicy
-    ) -> Optional[CanarySession]:
+    def _open_canary(self, canary: Canary | None, policy: RunnerPolicy) -> CanarySession | None:
         """This runner's canary session, or None: no canary, a canary that samples nothing,
         or a model that cannot be checked (said once)."""
         if canary is None or not canary.enabled:
@@ -253,12 +252,10 @@ class GraphRunner:
     def _set_policy(self, policy: RunnerPolicy) -> None:
         self._policy = policy
         self._policy_fn = policy_function(policy)
-        self._policies: Optional[ModePolicies] = None  # asked once, when first needed
+        self._policies: ModePolicies | None = None  # asked once, when first needed
         self._plans: CellPlans = NO_PLANS  # the cells' per-batch plans, with the policies
 
-    def _placement_of(
-        self, policy: RunnerPolicy, given: Optional[Union[Placement, str]]
-    ) -> Placement:
+    def _placement_of(self, policy: RunnerPolicy, given: Placement | str | None) -> Placement:
         """The explicit ``placement=``, else the policy's ``placement(mode)``, else the marker;
         a failing lookup is the marker (which the self-check then guards)."""
         placement, note = placement_of(policy, self.mode, given)
@@ -280,7 +277,7 @@ class GraphRunner:
             raise InputError(f"{self.name} runner: empty batch (size {size})")
         return size
 
-    def bucket_for(self, size: int) -> Optional[int]:
+    def bucket_for(self, size: int) -> int | None:
         """The smallest captured bucket that holds ``size``, or None (eager)."""
         i = bisect.bisect_left(self.buckets, size)
         if i == len(self.buckets) or self.buckets[i] not in self._captured:
@@ -297,7 +294,7 @@ class GraphRunner:
         return bool(self._captured)
 
     @property
-    def coarse(self) -> Optional[str]:
+    def coarse(self) -> str | None:
         """Why the runner publishes nothing at all (its last capture failed), else None."""
         return self._coarse
 
@@ -350,7 +347,7 @@ class GraphRunner:
         self._eager = release
         self._eager_batch = BucketBatch.bind(self._plans.eager, release)
 
-    def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
+    def policy_for(self, bucket: int | None = None) -> WarReadDonePolicy:
         """What a step of a captured bucket publishes, or the eager policy (None/uncaptured).
         For a cell that reads per-batch facts it is the earliest any batch may publish there;
         a batch publishes it or later (``last_step.decided`` says what a step decided)."""
@@ -358,7 +355,7 @@ class GraphRunner:
             return self._captured[bucket].release.policy
         return self._eager_release().policy
 
-    def release_of(self, bucket: Optional[int] = None) -> BucketRelease:
+    def release_of(self, bucket: int | None = None) -> BucketRelease:
         """The `BucketRelease` of a captured bucket, or of the eager path (None/uncaptured)."""
         if bucket is not None and bucket in self._captured:
             return self._captured[bucket].release
@@ -399,13 +396,13 @@ class GraphRunner:
 
     # -- persistence: save, restore -------------------------------------------------------------
 
-    def save(self) -> dict[int, Optional[SavedAnchors]]:
+    def save(self) -> dict[int, SavedAnchors | None]:
         """Where each captured bucket's read-done node sits, as plain data to persist beside its
         graph (``saved[bucket].to_json()``) for `restore`: None for a bucket whose node cannot be
         described (one warning; its restore is coarse). Needs kept graphs (``keep_graphs=True``,
         or a placement that walks them)."""
         self._owner.check()
-        out: dict[int, Optional[SavedAnchors]] = {}
+        out: dict[int, SavedAnchors | None] = {}
         for bucket, captured in self._captured.items():
             planted = {RELEASE_LABEL: captured.recorded} if captured.recorded is not None else {}
             saved, why = save_bucket(self.platform, captured.graph, planted)
@@ -417,8 +414,8 @@ class GraphRunner:
     def restore(
         self,
         graphs: Mapping[int, Any],
-        saved: Mapping[int, Optional[SavedAnchors]],
-        outputs: Optional[Mapping[int, Any]] = None,
+        saved: Mapping[int, SavedAnchors | None],
+        outputs: Mapping[int, Any] | None = None,
     ) -> None:
         """Install graphs that were cloned, restored from a saved description or recaptured
         (``graphs``: by bucket; ``saved``: what `save` returned for them): each bucket's planted
@@ -452,7 +449,7 @@ class GraphRunner:
 
     # -- the WAR canary ------------------------------------------------------------------------
 
-    def demote(self, bucket: Optional[int], reason: str) -> None:
+    def demote(self, bucket: int | None, reason: str) -> None:
         """Make ``bucket`` (None: the eager path) publish nothing from now on, for the rest of
         the process (re-captures too): its `BucketRelease` is replaced by a coarse one
         (`warpolicy.runtime.release.demote_release`), never changed in place. The canary calls
@@ -460,7 +457,7 @@ class GraphRunner:
         self._demoted[bucket] = reason
         self._apply_demotion(bucket, reason)
 
-    def _apply_demotion(self, bucket: Optional[int], reason: str) -> None:
+    def _apply_demotion(self, bucket: int | None, reason: str) -> None:
         if bucket is None:
             if self._eager is not None and self._eager.policy is not NONE:
                 self._set_eager(demote_release(self._eager, reason))
@@ -471,7 +468,7 @@ class GraphRunner:
             self._captured[bucket] = attrs.evolve(captured, release=release, batch=None)
 
     @property
-    def demoted(self) -> Mapping[Optional[int], str]:
+    def demoted(self) -> Mapping[int | None, str]:
         """Buckets demoted for the rest of the process (None: the eager path), and why."""
         return dict(self._demoted)
 
@@ -556,9 +553,9 @@ class GraphRunner:
         self,
         batch: Any,
         size: int,
-        bucket: Optional[int],
+        bucket: int | None,
         release: BucketRelease,
-        per: Optional[BucketBatch],
+        per: BucketBatch | None,
         graph: Any,
         due: bool,
     ) -> Any:
@@ -604,8 +601,8 @@ class GraphRunner:
         return self.model.forward(static)
 
     def _per_batch(
-        self, per: BucketBatch, size: int, bucket: Optional[int], batch: Any
-    ) -> tuple[BucketRelease, Optional[dict[str, object]]]:
+        self, per: BucketBatch, size: int, bucket: int | None, batch: Any
+    ) -> tuple[BucketRelease, dict[str, object] | None]:
         """This batch's facts and release (`BucketBatch.step`): the bucket's, or a later one.
         Anything that raises makes the batch publish nothing; a ``BaseException`` then
         propagates, with this step's mailbox empty (coarse)."""
@@ -657,7 +654,7 @@ class GraphRunner:
         Interrupted (a ``BaseException``), the host waits first, then the interrupt propagates:
         the engine's coarse barrier on this stream must still cover the capture's reads."""
         p = self.platform
-        failed: Optional[Exception]
+        failed: Exception | None
         try:
             current = p.current_stream()
         except Exception as exc:  # noqa: BLE001 - no stream to order: the host waits instead
@@ -713,10 +710,10 @@ class GraphRunner:
     def _done(
         self,
         size: int,
-        bucket: Optional[int],
+        bucket: int | None,
         policy: WarReadDonePolicy,
-        facts: Optional[dict[str, object]] = None,
-        decided: Optional[WarReadDonePolicy] = None,
+        facts: dict[str, object] | None = None,
+        decided: WarReadDonePolicy | None = None,
     ) -> None:
         self.last_step = StepInfo(self._step_index, size, bucket, policy, facts, decided)
         self._step_index += 1

@@ -26,7 +26,8 @@ reader, no reader found, no external events) gives it the unplanted policy. Both
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -86,14 +87,14 @@ class CaptureTransaction:
         keep_graphs: bool,
         outputs: dict[int, Any],
         plans: CellPlans = NO_PLANS,
-        class_policies: Optional[Mapping[str, ModePolicies]] = None,
+        class_policies: Mapping[str, ModePolicies] | None = None,
     ) -> None:
         self.name = name
         #: per buffer class, its policies: each bucket publishes one read-done per class
         self.class_policies = dict(class_policies or {})
         #: the class self-check's walk: (why it cannot run, why its probe failed), probed in
         #: `run` when some class answers in_graph for a marker capture
-        self._class_walk: Optional[tuple[Optional[str], Optional[str]]] = None
+        self._class_walk: tuple[str | None, str | None] | None = None
         self.platform = platform
         self.model = model
         self.fence = fence
@@ -141,9 +142,7 @@ class CaptureTransaction:
             )
         return CaptureResult(captured, reports, eager)
 
-    def _probe_class_walk(
-        self, capture: ReadDoneCapture
-    ) -> Optional[tuple[Optional[str], Optional[str]]]:
+    def _probe_class_walk(self, capture: ReadDoneCapture) -> tuple[str | None, str | None] | None:
         """Whether a class's ``in_graph`` will need the marker self-check (a marker capture,
         the check not off, some class answering in_graph): then the walk's probe."""
         wanted = any(p.planted is IN_GRAPH for p in self.class_policies.values())

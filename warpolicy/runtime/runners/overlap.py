@@ -47,7 +47,8 @@ allocates and a later forward reads belong to the schedule stream; keep them ali
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from warpolicy.runtime.canary import Canary, LeadMark, ReleaseLeadProbe
 from warpolicy.runtime.fence import SchedulerBarrier
@@ -92,17 +93,17 @@ class OverlapLoop:
 
     def __init__(
         self,
-        runner: Optional[Runner] = None,
-        platform: Optional[Platform] = None,
+        runner: Runner | None = None,
+        platform: Platform | None = None,
         force_coarse: bool = False,
         *,
-        observers: Optional[Observers] = None,
-        forward_stream: Optional[StreamHandle] = None,
-        schedule_stream: Optional[StreamHandle] = None,
-        probe: Optional[StepProbe] = None,
+        observers: Observers | None = None,
+        forward_stream: StreamHandle | None = None,
+        schedule_stream: StreamHandle | None = None,
+        probe: StepProbe | None = None,
         unsafe_skip_barrier: bool = False,
         ring_size: int = 4,
-        canary: Optional[Canary] = None,
+        canary: Canary | None = None,
     ) -> None:
         if platform is None:
             if runner is None:
@@ -120,7 +121,7 @@ class OverlapLoop:
         # the loop's failures are reported as its current runner's ("overlap loop 'decode'"),
         # so the metrics label them with the runner; one reporter per runner, made once
         self._observers = observers
-        self._reporters: dict[int, tuple[Optional[Runner], Reporter]] = {}
+        self._reporters: dict[int, tuple[Runner | None, Reporter]] = {}
         self._reporting = runner
         self.reporter = self._reporter_of(runner)
         self.probe = probe
@@ -128,25 +129,25 @@ class OverlapLoop:
         # a ring, not one re-recorded event: several steps can be in flight (docs/background.md §2)
         self._ring = EventRing(platform, ring_size, "overlap loop")
         self._owner = ThreadOwner("overlap loop")
-        self._pending: Optional[RingSlot] = None  # the event after the last step's writes
+        self._pending: RingSlot | None = None  # the event after the last step's writes
         self._whole_stream = False  # the last record failed: wait for the whole stream
-        self.last_read_done: Optional[ReadDone] = None
-        self.last_barrier: Optional[str] = None  # "event", "coarse" or "skipped" (unsafe)
+        self.last_read_done: ReadDone | None = None
+        self.last_barrier: str | None = None  # "event", "coarse" or "skipped" (unsafe)
         #: per class of the last step's ``class_writes``: its barrier ("event", "coarse",
         #: "skipped"), in order
         self.last_class_barriers: tuple[tuple[str, str], ...] = ()
         self.steps = 0
         # the WAR canary: each runner's check (resolved once per runner), the loop's lead probe
-        self._checks: dict[int, tuple[Runner, Optional[Callable[[], None]]]] = {}
+        self._checks: dict[int, tuple[Runner, Callable[[], None] | None]] = {}
         self._check = self._check_of(runner) if runner is not None else None
         if canary is None and isinstance(runner, CanaryHost):
             canary = runner.canary
         self.canary = canary
-        self._lead: Optional[ReleaseLeadProbe] = (
+        self._lead: ReleaseLeadProbe | None = (
             canary.lead_probe(self.reporter) if canary is not None else None
         )
 
-    def _reporter_of(self, runner: Optional[Runner]) -> Reporter:
+    def _reporter_of(self, runner: Runner | None) -> Reporter:
         """The reporter of the loop's failures while ``runner`` steps (made once per runner)."""
         cached = self._reporters.get(id(runner))
         if cached is not None and cached[0] is runner:
@@ -156,7 +157,7 @@ class OverlapLoop:
         self._reporters[id(runner)] = (runner, reporter)
         return reporter
 
-    def _check_of(self, runner: Runner) -> Optional[Callable[[], None]]:
+    def _check_of(self, runner: Runner) -> Callable[[], None] | None:
         """The runner's canary check, or None (no canary): resolved once per runner."""
         cached = self._checks.get(id(runner))
         if cached is not None and cached[0] is runner:
@@ -174,8 +175,8 @@ class OverlapLoop:
     def step(
         self,
         batch: Any,
-        write_next: Optional[Callable[[], Any]] = None,
-        runner: Optional[Runner] = None,
+        write_next: Callable[[], Any] | None = None,
+        runner: Runner | None = None,
         class_writes: Sequence[tuple[str, Callable[[], Any]]] = (),
     ) -> Any:
         """Launch ``batch`` (on ``runner``, default the loop's), barrier, then ``write_next()``
@@ -198,7 +199,7 @@ class OverlapLoop:
             self.reporter = self._reporter_of(runner)
         p = self.platform
         lead = self._lead
-        mark: Optional[LeadMark] = None
+        mark: LeadMark | None = None
         fwd = self.forward_stream if self.forward_stream is not None else p.current_stream()
         with p.stream(fwd):
             if self._pending is not None or self._whole_stream:
@@ -248,9 +249,9 @@ class OverlapLoop:
         fwd: StreamHandle,
         out: Any,
         class_writes: Sequence[tuple[str, Callable[[], Any]]],
-        write_next: Optional[Callable[[], Any]],
-        check: Optional[Callable[[], None]],
-        mark: Optional[LeadMark],
+        write_next: Callable[[], Any] | None,
+        check: Callable[[], None] | None,
+        mark: LeadMark | None,
     ) -> Any:
         """Steps 3-4 with one barrier per class: every class's read-done is taken right after
         the launch; on the schedule stream each class's writes follow its own barrier, and
@@ -339,7 +340,7 @@ class OverlapLoop:
         p = self.platform
         pending, self._pending = self._pending, None
         self._whole_stream = True  # until a wait succeeds
-        error: Optional[Exception] = None
+        error: Exception | None = None
         if pending is not None:
             try:
                 p.wait_event(fwd, pending.event)
@@ -360,7 +361,7 @@ class OverlapLoop:
                 "schedule stream",
             )
 
-    def _apply_barrier(self, fwd: StreamHandle, read_done: Optional[ReadDone]) -> str:
+    def _apply_barrier(self, fwd: StreamHandle, read_done: ReadDone | None) -> str:
         """The barrier; if it fails, the coarse one (never an earlier release), then a host
         synchronize; if that fails too the step raises before anything is written."""
         try:

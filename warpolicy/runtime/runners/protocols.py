@@ -6,7 +6,8 @@ mypy checks. `GraphRunner` (decode, prefill, verify, draft extend) and `SpecStep
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -77,7 +78,7 @@ class CanaryAdapter(Protocol):
     the KV slots the step will write, precedes the step's release point).
     """
 
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec | None:
         """What to save, put back and compare for this step of ``bucket`` (the captured bucket,
         or the exact size of an eager step): a `CanarySpec` (defaults: the shared buffers as
         inputs, no extra state, the output compared bitwise), or None when this step cannot be
@@ -95,14 +96,14 @@ class CapturedBucket:
     #: the event this graph's read-done node records, whatever the release decided (None: no
     #: node). Kept as long as the graph: a graph exec recording a destroyed event is undefined
     #: behaviour in CUDA (seen on the H200: a glibc mutex abort inside ``replay``).
-    recorded: Optional[EventHandle] = None
+    recorded: EventHandle | None = None
     #: what a step of this bucket does per batch (its cell reads per-batch facts: the release
     #: above is the earliest any batch can get, each batch publishes the same or later), or
     #: None: every step publishes ``release`` with no per-batch work
-    batch: Optional[BucketBatch] = attrs.field(default=None, repr=False)
+    batch: BucketBatch | None = attrs.field(default=None, repr=False)
 
     @property
-    def event(self) -> Optional[EventHandle]:
+    def event(self) -> EventHandle | None:
         """The read-done event this graph records and an ``in_graph`` step hands out (None:
         the bucket does not publish from inside its graph)."""
         return self.release.event
@@ -126,21 +127,21 @@ class StepInfo:
 
     step: int
     size: int
-    bucket: Optional[int]
+    bucket: int | None
     policy: WarReadDonePolicy
-    facts: Optional[Mapping[str, object]] = None
-    decided: Optional[WarReadDonePolicy] = None
+    facts: Mapping[str, object] | None = None
+    decided: WarReadDonePolicy | None = None
 
 
 class Mailbox(Protocol):
     """Where the scheduler takes a step's read-done from (a fence, or a speculative step's)."""
 
     @property
-    def event(self) -> Optional[EventHandle]:
+    def event(self) -> EventHandle | None:
         """The latest external read-done event (the static audit's fallback for a bucket)."""
         ...
 
-    def take(self) -> Optional[ReadDone]:
+    def take(self) -> ReadDone | None:
         """This step's read-done once, then None."""
         ...
 
@@ -167,7 +168,7 @@ def class_buffers(model: Any, buffer_class: str) -> Mapping[str, Any]:
 class ClassMailbox(Protocol):
     """A mailbox that also hands out one read-done per buffer class (`ReadDoneFence`)."""
 
-    def take_class(self, buffer_class: str) -> Optional[ReadDone]:
+    def take_class(self, buffer_class: str) -> ReadDone | None:
         """This step's read-done of ``buffer_class`` once, then None (None: coarse)."""
         ...
 
@@ -178,7 +179,7 @@ class CanaryHost(Protocol):
     runs its check after the scheduler's writes, and measures release leads with its canary."""
 
     @property
-    def canary(self) -> Optional[Canary]:
+    def canary(self) -> Canary | None:
         """The process's canary this runner samples with (None: none)."""
         ...
 
@@ -216,7 +217,7 @@ class Runner(Protocol):
     def is_captured(self) -> bool: ...
 
     @property
-    def last_step(self) -> Optional[StepInfo]: ...
+    def last_step(self) -> StepInfo | None: ...
 
     def capture(self) -> None:
         """Capture every bucket (a transaction)."""
@@ -226,7 +227,7 @@ class Runner(Protocol):
         """Launch one step on the current (forward) stream and publish its read-done."""
         ...
 
-    def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
+    def policy_for(self, bucket: int | None = None) -> WarReadDonePolicy:
         """What a step of ``bucket`` (None: eager) publishes."""
         ...
 

@@ -19,7 +19,8 @@ publishes nothing (a doubt), as at capture.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.owned_capture import CaptureReport, ReadDoneCapture
@@ -37,7 +38,7 @@ class RestoreTransaction:
         self,
         capture: CaptureTransaction,
         graphs: Mapping[int, GraphHandle],
-        saved: Mapping[int, Optional[SavedAnchors]],
+        saved: Mapping[int, SavedAnchors | None],
     ) -> None:
         # the capture transaction the runner would run: the same cell, fence, reporter, model
         self.like = capture

@@ -39,7 +39,8 @@ runner=step)`` runs it and the audit audits it. It belongs to one thread, like i
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -60,7 +61,7 @@ from warpolicy.runtime.runners.staging import StagedPhase, StagingCanary
 PhaseInputs = Callable[[Any, Sequence[Any]], Any]
 
 
-def last_reader_of(spec: SpecAlgorithm) -> Optional[ForwardMode]:
+def last_reader_of(spec: SpecAlgorithm) -> ForwardMode | None:
     """The mode of the last phase that reads shared state, as the spec algorithm declares it.
 
     ``None`` means "the last phase the step runs" (the conservative default).
@@ -78,7 +79,7 @@ class Phase:
     """
 
     runner: GraphRunner
-    inputs: Optional[PhaseInputs] = None
+    inputs: PhaseInputs | None = None
 
     @property
     def mode(self) -> ForwardMode:
@@ -100,26 +101,26 @@ class StepMailbox:
         self.name = name
         self._last_fence = last_fence
         self._owner = owner
-        self._read_done: Optional[ReadDone] = None
+        self._read_done: ReadDone | None = None
 
     @property
-    def event(self) -> Optional[EventHandle]:
+    def event(self) -> EventHandle | None:
         return self._last_fence.event
 
     def clear(self) -> None:
         self.put(None)
 
-    def put(self, read_done: Optional[ReadDone]) -> None:
+    def put(self, read_done: ReadDone | None) -> None:
         """Hold ``read_done`` for the scheduler; one it replaces was never handed out."""
         old = self._read_done
         if old is not None and old is not read_done:
             old.slot.taken = False
         self._read_done = read_done
 
-    def peek(self) -> Optional[ReadDone]:
+    def peek(self) -> ReadDone | None:
         return self._read_done
 
-    def take(self) -> Optional[ReadDone]:
+    def take(self) -> ReadDone | None:
         if self._owner.ident != get_ident():
             self._owner.claim()
         read_done, self._read_done = self._read_done, None
@@ -136,9 +137,9 @@ class SpecStep:
 
     def __init__(
         self,
-        phases: Sequence[Union[Phase, GraphRunner]],
+        phases: Sequence[Phase | GraphRunner],
         *,
-        last_reader: Union[str, ForwardMode, None] = None,
+        last_reader: str | ForwardMode | None = None,
         name: str = "spec_step",
         observers: Observers = NO_OBSERVERS,
     ) -> None:
@@ -148,7 +149,7 @@ class SpecStep:
         if not self.phases:
             raise InputError(f"{name}: a speculative step needs at least one phase")
         self._name = name
-        self.last_reader: Optional[ForwardMode] = (
+        self.last_reader: ForwardMode | None = (
             None if last_reader is None else ForwardMode.parse(last_reader)
         )
         self.last_index = self._last_index()
@@ -159,18 +160,18 @@ class SpecStep:
         self.reporter = Reporter(observers, name)
         self._owner = ThreadOwner(f"speculative step {name!r}")
         self._mailbox = StepMailbox(name, self.reader.runner.fence, self._owner)
-        self._last_step: Optional[StepInfo] = None
+        self._last_step: StepInfo | None = None
         #: what each phase did in the last step (``None`` for a phase that did not run)
-        self.phase_steps: tuple[Optional[StepInfo], ...] = ()
+        self.phase_steps: tuple[StepInfo | None, ...] = ()
         #: the phase whose event the last step handed out (or would have: None before a step)
-        self.released_by: Optional[Phase] = None
+        self.released_by: Phase | None = None
         #: whether the last step was staged (verify's event handed for the draft extend too)
         self.staged = False
         self._step = 0
         self._consumer = self._staged_consumer()
         self.staging_canary = self._open_staging_canary()
 
-    def _staged_consumer(self) -> Optional[int]:
+    def _staged_consumer(self) -> int | None:
         """The index of the phase whose model is a `StagedPhase` (None: none). Its stager must
         stage for a target-verify phase that runs before it."""
         hits = [i for i, p in enumerate(self.phases) if isinstance(p.runner.model, StagedPhase)]
@@ -186,7 +187,7 @@ class SpecStep:
             )
         return i
 
-    def _open_staging_canary(self) -> Optional[StagingCanary]:
+    def _open_staging_canary(self) -> StagingCanary | None:
         canary = self.canary
         i = self._consumer
         if i is None or canary is None or not canary.enabled:
@@ -208,7 +209,7 @@ class SpecStep:
 
     @classmethod
     def for_algorithm(
-        cls, phases: Sequence[Union[Phase, GraphRunner]], spec: SpecAlgorithm, **kwargs: Any
+        cls, phases: Sequence[Phase | GraphRunner], spec: SpecAlgorithm, **kwargs: Any
     ) -> SpecStep:
         """A step whose last reader is what the registry declares for ``spec``."""
         kwargs.setdefault("name", f"{spec.name}_step")
@@ -241,11 +242,11 @@ class SpecStep:
         return self._mailbox
 
     @property
-    def last_step(self) -> Optional[StepInfo]:
+    def last_step(self) -> StepInfo | None:
         return self._last_step
 
     @property
-    def staging(self) -> Optional[tuple[GraphRunner, GraphRunner]]:
+    def staging(self) -> tuple[GraphRunner, GraphRunner] | None:
         """(the target verify runner whose event a staged step hands, the staged consumer's
         runner), or None when no phase reads staged copies."""
         i = self._consumer
@@ -276,12 +277,12 @@ class SpecStep:
     def is_captured(self) -> bool:
         return all(p.runner.is_captured or not p.runner.buckets for p in self.phases)
 
-    def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
+    def policy_for(self, bucket: int | None = None) -> WarReadDonePolicy:
         """What the declared last reader publishes for ``bucket`` (None: eager)."""
         return self.reader.runner.policy_for(bucket)
 
     @property
-    def canary(self) -> Optional[Canary]:
+    def canary(self) -> Canary | None:
         """The canary of the first phase runner that has one (the overlap loop measures release
         leads with it)."""
         for phase in self.phases:
@@ -331,9 +332,9 @@ class SpecStep:
         mailbox = self._mailbox
         mailbox.clear()
         outputs: list[Any] = []
-        infos: list[Optional[StepInfo]] = [None] * len(self.phases)
+        infos: list[StepInfo | None] = [None] * len(self.phases)
         failed = False
-        released_by: Optional[int] = None
+        released_by: int | None = None
         staged = False  # target verify published after draft_extend_staged succeeded
         self.staged = False
         consumer = self._consumer
@@ -415,7 +416,7 @@ class SpecStep:
         return isinstance(model, StagedPhase) and model.was_staged
 
     @staticmethod
-    def _rerun(phase: Phase, info: Optional[StepInfo], output: Any) -> Callable[[], Any]:
+    def _rerun(phase: Phase, info: StepInfo | None, output: Any) -> Callable[[], Any]:
         """Replay the consumer's last step for the staging canary (its graph, whose static
         output is ``output``, or its eager forward), without its host prep (which would take the
         staged copies again)."""
@@ -438,7 +439,7 @@ class SpecStep:
 
     def _collect(
         self, phase: Phase
-    ) -> tuple[Optional[ReadDone], Optional[StepInfo], WarReadDonePolicy, bool]:
+    ) -> tuple[ReadDone | None, StepInfo | None, WarReadDonePolicy, bool]:
         """Take what the phase's fence published, with what the runner decided for this step;
         ``ok`` is False when it decided to publish and nothing came out (its publish failed)."""
         runner = phase.runner
@@ -469,9 +470,9 @@ class SpecStep:
 
     def _record(
         self,
-        infos: list[Optional[StepInfo]],
-        released_by: Optional[int],
-        read_done: Optional[ReadDone],
+        infos: list[StepInfo | None],
+        released_by: int | None,
+        read_done: ReadDone | None,
     ) -> None:
         self._step += 1
         self.phase_steps = tuple(infos)

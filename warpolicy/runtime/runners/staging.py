@@ -41,7 +41,8 @@ Costs: `Stager.nbytes` bytes copied on the forward stream per staged step (the b
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -148,7 +149,7 @@ class Stager:
         *,
         action: str = DRAFT_EXTEND_STAGED,
         mode: ForwardMode = TARGET_VERIFY,
-        runner: Optional[str] = None,
+        runner: str | None = None,
         name: str = "stager",
     ) -> None:
         self.reads: tuple[StagedRead, ...] = tuple(reads)
@@ -171,10 +172,10 @@ class Stager:
         self.nbytes = sum(int(r.nbytes) for r in self.reads)
         self._staged = False
         self._batch: Any = None
-        self._disabled: dict[Optional[int], str] = {}
+        self._disabled: dict[int | None, str] = {}
         #: called at the staging point (before the copies) with (bucket, batch): the staging
         #: canary saves the consumer's live reads there
-        self.before_copies: Optional[Callable[[Optional[int], Any], None]] = None
+        self.before_copies: Callable[[int | None, Any], None] | None = None
         #: ``staged`` (early copies), ``late`` (the consumer copied for itself), ``refused``
         #: (a disabled bucket), ``failed`` (a copy raised)
         self.counts: collections.Counter[str] = collections.Counter()
@@ -195,17 +196,17 @@ class Stager:
         return self._staged
 
     @property
-    def disabled(self) -> Mapping[Optional[int], str]:
+    def disabled(self) -> Mapping[int | None, str]:
         """Verify buckets where staging is off, and why."""
         return self._disabled
 
-    def disable(self, bucket: Optional[int], reason: str) -> None:
+    def disable(self, bucket: int | None, reason: str) -> None:
         """Stage nothing for ``bucket`` from now on (its batches release at the consumer)."""
         self._disabled.setdefault(bucket, reason)
 
     # -- per step ----------------------------------------------------------------------------
 
-    def stage(self, batch: Any, bucket: Optional[int] = None) -> bool:
+    def stage(self, batch: Any, bucket: int | None = None) -> bool:
         """Enqueue every copy on the current stream; True once all are enqueued. An exception
         leaves the step unstaged (the consumer copies for itself) and propagates to the caller
         (the action hook reports it and the batch gets the later release)."""
@@ -248,8 +249,8 @@ class Stager:
 
     @hookimpl
     def warpolicy_batch_action(
-        self, action: str, runner: str, mode: ForwardMode, bucket: Optional[int], batch: object
-    ) -> Optional[bool]:
+        self, action: str, runner: str, mode: ForwardMode, bucket: int | None, batch: object
+    ) -> bool | None:
         """Perform ``draft_extend_staged`` for the verify runner (see `stage`)."""
         if action != self.action or mode is not self.mode:
             return None
@@ -257,9 +258,7 @@ class Stager:
             return None
         return self.stage(batch, bucket)
 
-    def consumer(
-        self, model: ModelAdapter, state: Optional[Mapping[str, Any]] = None
-    ) -> StagedPhase:
+    def consumer(self, model: ModelAdapter, state: Mapping[str, Any] | None = None) -> StagedPhase:
         """``model`` (which reads the staged copies) as the consumer phase's adapter, keeping
         its canary support; ``state`` is what it reads and writes (its KV pool: the staging
         canary compares it)."""
@@ -280,7 +279,7 @@ class StagedPhase(ModelView):
     stager covers everything)."""
 
     def __init__(
-        self, model: ModelAdapter, stager: Stager, state: Optional[Mapping[str, Any]] = None
+        self, model: ModelAdapter, stager: Stager, state: Mapping[str, Any] | None = None
     ) -> None:
         super().__init__(model)
         self.stager = stager
@@ -312,12 +311,12 @@ class StagedCanaryPhase(StagedPhase):
         self,
         model: CanaryAdapter,
         stager: Stager,
-        state: Optional[Mapping[str, Any]] = None,
+        state: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(model, stager, state)  # type: ignore[arg-type]
         self._canary_model = model
 
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec | None:
         return self._canary_model.canary_spec(mode, bucket, batch)
 
 
@@ -336,10 +335,10 @@ class StagingCanary:
         *,
         name: str,
         live: Mapping[str, Any],
-        state: Optional[Mapping[str, Any]] = None,
+        state: Mapping[str, Any] | None = None,
         backend: str = "",
         spec: str = "",
-        release_of: Callable[[Optional[int]], BucketRelease],
+        release_of: Callable[[int | None], BucketRelease],
     ) -> None:
         self.stager = stager
         self.live = dict(live)
@@ -351,8 +350,8 @@ class StagingCanary:
         )  # fmt: skip
         self.session.scope = f"staging {name}"
         self._due = False
-        self._sample: Optional[Sample] = None
-        self._rerun: Optional[Callable[[], Any]] = None
+        self._sample: Sample | None = None
+        self._rerun: Callable[[], Any] | None = None
         stager.before_copies = self._begin
 
     def step(self) -> None:
@@ -360,7 +359,7 @@ class StagingCanary:
         self._sample = None
         self._due = self.session.step()
 
-    def _begin(self, bucket: Optional[int], batch: Any) -> None:
+    def _begin(self, bucket: int | None, batch: Any) -> None:
         if not self._due:
             return
         self._due = False

@@ -10,7 +10,7 @@ runner's fence, not this one's.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from typing import Any
 
 from warpolicy.errors import InputError
 from warpolicy.registry.vocabulary import ForwardMode
@@ -31,7 +31,7 @@ class VerifyRunner(GraphRunner):
         model: ModelAdapter,
         policy: RunnerPolicy,
         platform: Platform,
-        name: Optional[str] = None,
+        name: str | None = None,
         *,
         draft_tokens: int,
         **kwargs: Any,

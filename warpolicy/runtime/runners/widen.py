@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -74,7 +75,7 @@ class RaceWidener:
 
     @classmethod
     def resolve(
-        cls, us: Optional[float] = None, environ: Optional[Mapping[str, str]] = None
+        cls, us: float | None = None, environ: Mapping[str, str] | None = None
     ) -> RaceWidener:
         """The API argument when given (`InputError` for a bad one), else ``WIDEN_ENV``: a
         value that is not a number from 0 to `MAX_US` is off, with one log line (a typo in an
@@ -95,7 +96,7 @@ class RaceWidener:
     def on(self) -> bool:
         return self.us > 0
 
-    def spin(self, platform: Any) -> Optional[Callable[[], None]]:
+    def spin(self, platform: Any) -> Callable[[], None] | None:
         """A callable enqueueing the spin on the current stream; None when off or not CUDA."""
         if not self.on or getattr(platform, "name", "") != "cuda":
             return None
@@ -149,5 +150,5 @@ class WidenedCanaryModel(WidenedModel):
         super().__init__(model, spin)
         self._canary_model = model
 
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec | None:
         return self._canary_model.canary_spec(mode, bucket, batch)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from warpolicy.testing.faults import SCENARIOS, TARGETS, cases, format_matrix, run_cases
 from warpolicy.testing.faults.controls import controls_hold, format_controls, run_controls
@@ -16,7 +16,7 @@ from warpolicy.testing.faults.matrix import TWO_FAULT_SAMPLE, TWO_FAULT_SEED, tw
 from warpolicy.testing.faults.report import MatrixResult
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warpolicy.testing.faults")
     parser.add_argument("--full", action="store_true", help="every n-th call, not a sample")
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))

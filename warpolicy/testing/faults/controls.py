@@ -10,7 +10,8 @@ the positive controls stay positive whatever the runtime does.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -224,11 +225,11 @@ class Control:
     name: str
     doc: str
     case: Case
-    hook: Optional[Hook] = None
-    wrapper: Optional[Wrapper] = None
+    hook: Hook | None = None
+    wrapper: Wrapper | None = None
     options: Mapping[str, Any] = attrs.field(factory=dict)
     #: the same case with the part intact (default: the case without the broken part)
-    intact: Optional[Case] = None
+    intact: Case | None = None
 
     def run(self, broken: bool = True) -> CaseResult:
         if not broken:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 
@@ -55,13 +56,13 @@ class Outcome:
     early_warned: int
     early_after_error: int
     stale_reads: int
-    first_early: Optional[str]
+    first_early: str | None
     calls: tuple[tuple[str, int], ...]  # calls per target (for sizing n-th call faults)
     phases: tuple[tuple[str, str], ...]  # (target, phase) pairs that saw calls
     fired_second: int = 0  # hits of the second fault (the two-fault mode)
 
 
-_MANAGER: Optional[tuple[Any, HarnessObservers]] = None
+_MANAGER: tuple[Any, HarnessObservers] | None = None
 
 
 def _manager() -> tuple[Any, HarnessObservers]:
@@ -142,13 +143,13 @@ class Harness:
     def __init__(
         self,
         *faults: Fault,
-        second: Optional[Fault] = None,
+        second: Fault | None = None,
         check_stale: bool = True,
         external_events: bool = True,
         yield_points: bool = False,
-        platform_hook: Optional[Callable[[Harness, SimPlatform], None]] = None,
-        runner_options: Optional[dict[str, Any]] = None,
-        wrap_runner: Optional[Callable[[Harness, Any], Any]] = None,
+        platform_hook: Callable[[Harness, SimPlatform], None] | None = None,
+        runner_options: dict[str, Any] | None = None,
+        wrap_runner: Callable[[Harness, Any], Any] | None = None,
     ) -> None:
         self.injector = Injector(*faults, second=second, on_fire=self.fired)
         self.oracle = Oracle(check_stale=check_stale)
@@ -162,8 +163,8 @@ class Harness:
         #: what the engine steps instead of the runner (controls: a runner with a bug)
         self.wrap_runner = wrap_runner
         #: the model whose per-batch snapshot the harness's action hook builds (per_batch)
-        self.snapshot_model: Optional[Any] = None
-        self.baton: Optional[Baton] = Baton(2) if yield_points else None
+        self.snapshot_model: Any | None = None
+        self.baton: Baton | None = Baton(2) if yield_points else None
         if yield_points and isinstance(getattr(self.impl, "_streams", None), list):
             self.impl._streams = _PerThreadStack(self.impl.default_stream)  # type: ignore[assignment]
         self.errors: list[BaseException] = []
@@ -173,7 +174,7 @@ class Harness:
         self._local = threading.local()
         self.launching: list[int] = []  # graphs being replayed (innermost last)
         self.origins: dict[int, int] = {}  # launched graph -> the graph whose capture it replays
-        self._fired_at: Optional[tuple[int, int]] = None  # (errors, warnings) at first fire
+        self._fired_at: tuple[int, int] | None = None  # (errors, warnings) at first fire
         self._install()
         if platform_hook is not None:  # positive controls: a platform that misbehaves
             platform_hook(self, self.impl)
@@ -202,7 +203,7 @@ class Harness:
         impl.replay = launch  # type: ignore[method-assign]
         impl.graph_model = self._graph_model
 
-    def replaying(self) -> Optional[int]:
+    def replaying(self) -> int | None:
         """The graph whose captured body the simulated platform is re-running, if any.
 
         A real graph replays what was captured: the model then repeats the capture's reads
@@ -271,7 +272,7 @@ class Harness:
     def work(self, label: str) -> None:
         self.emit(("work", self.stream_id(), label))
 
-    def write(self, label: str = "write", through: Optional[int] = None) -> None:
+    def write(self, label: str = "write", through: int | None = None) -> None:
         lane = self.lane
         step = self.steps.get(lane, 0) if through is None else through
         self.emit(("write", self.stream_id(), lane, step, label))

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 
@@ -64,8 +65,8 @@ class Fault:
 
     target: str
     mode: str = attrs.field(validator=attrs.validators.in_(ACTION_MODES + CONTROL_MODES))
-    nth: Optional[int] = None
-    phase: Optional[str] = attrs.field(
+    nth: int | None = None
+    phase: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(PHASES))
     )
 
@@ -126,8 +127,8 @@ class Injector:
     def __init__(
         self,
         *faults: Fault,
-        second: Optional[Fault] = None,
-        on_fire: Optional[Callable[[], None]] = None,
+        second: Fault | None = None,
+        on_fire: Callable[[], None] | None = None,
     ) -> None:
         self.faults = faults
         self.second = second
@@ -175,7 +176,7 @@ class Injector:
             self.on_fire()
         return fail(self.faults[due[0]], act)
 
-    def _second_due(self, target: str) -> Optional[Fault]:
+    def _second_due(self, target: str) -> Fault | None:
         """The second fault, when this call is the one it fails (under the lock)."""
         second = self.second
         if second is None or not self.fired or second.target != target:

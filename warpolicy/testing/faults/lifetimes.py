@@ -12,7 +12,8 @@ The oracle judges every reuse write against the reads of the step that freed the
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from warpolicy.registry.vocabulary import ForwardMode
 from warpolicy.runtime.lifetimes import DeferredFrees

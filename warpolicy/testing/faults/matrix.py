@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
@@ -48,11 +49,11 @@ class Case:
 
     scenario: str
     variant: str
-    fault: Optional[Fault] = None
-    trigger: Optional[Fault] = None
+    fault: Fault | None = None
+    trigger: Fault | None = None
     #: the two-fault mode: a fault that arms once ``fault`` fired (`Injector`), e.g. a
     #: KeyboardInterrupt in the fallback the first fault sent the runtime down
-    second: Optional[Fault] = None
+    second: Fault | None = None
 
     @property
     def target(self) -> str:
@@ -88,7 +89,7 @@ class CaseResult:
         return self.outcome.early_writes > 0
 
     @property
-    def early_kind(self) -> Optional[str]:
+    def early_kind(self) -> str | None:
         """How the case's early releases came: ``silent``, ``warned`` or ``error`` (the
         quietest of them: one silent early release makes the case silent)."""
         o = self.outcome
@@ -103,10 +104,10 @@ class CaseResult:
 
 def run_case(
     case: Case,
-    platform_hook: Optional[PlatformHook] = None,
+    platform_hook: PlatformHook | None = None,
     *,
-    runner_options: Optional[dict[str, Any]] = None,
-    wrap_runner: Optional[Callable[[Harness, Any], Any]] = None,
+    runner_options: dict[str, Any] | None = None,
+    wrap_runner: Callable[[Harness, Any], Any] | None = None,
 ) -> CaseResult:
     """Run one case on a fresh harness. The positive controls add a misbehaving platform
     (``platform_hook``), runner options, or a runner with a bug (``wrap_runner``)."""
@@ -126,7 +127,7 @@ def run_case(
 
 
 @functools.cache
-def baseline(scenario: str, variant: str, trigger: Optional[Fault] = None) -> Outcome:
+def baseline(scenario: str, variant: str, trigger: Fault | None = None) -> Outcome:
     """The run of a scenario and variant without a fault (but the ``trigger``, if any), cached:
     it sizes the cases."""
     return run_case(Case(scenario, variant, trigger=trigger)).outcome
@@ -178,8 +179,8 @@ def modes_for(target: str) -> tuple[str, ...]:
 def cases(
     *,
     full: bool = False,
-    scenarios: Optional[Iterable[str]] = None,
-    targets: Optional[Iterable[str]] = None,
+    scenarios: Iterable[str] | None = None,
+    targets: Iterable[str] | None = None,
 ) -> Iterator[Case]:
     """Every case, in a stable order (``scenarios`` / ``targets``: only those)."""
     wanted = set(targets) if targets is not None else None
@@ -227,9 +228,9 @@ TWO_FAULT_SEED = 26
 
 def two_fault_cases(
     *,
-    sample: Optional[int] = TWO_FAULT_SAMPLE,
+    sample: int | None = TWO_FAULT_SAMPLE,
     seed: int = TWO_FAULT_SEED,
-    scenarios: Optional[Iterable[str]] = None,
+    scenarios: Iterable[str] | None = None,
 ) -> list[Case]:
     """Two faults in one run: every raising single-fault case of the matrix (``full=False``),
     followed by each second fault (`SECOND_TARGETS` x `SECOND_MODES`, on the first or second
@@ -250,6 +251,6 @@ def two_fault_cases(
 
 
 def run_cases(
-    selected: Sequence[Case], platform_hook: Optional[PlatformHook] = None
+    selected: Sequence[Case], platform_hook: PlatformHook | None = None
 ) -> list[CaseResult]:
     return [run_case(case, platform_hook) for case in selected]

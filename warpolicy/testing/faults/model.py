@@ -21,7 +21,8 @@ marker self-check run on the truth of each capture.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -41,13 +42,13 @@ class HarnessCalls(Protocol):
 
     injector: Injector
     #: the model whose per-batch snapshot the action hook builds (the per_batch scenario)
-    snapshot_model: Optional[Any]
+    snapshot_model: Any | None
 
     def read(self, label: str) -> None: ...
     def work(self, label: str) -> None: ...
-    def write(self, label: str = "write", through: Optional[int] = None) -> None: ...
+    def write(self, label: str = "write", through: int | None = None) -> None: ...
     def pause(self) -> None: ...
-    def replaying(self) -> Optional[int]: ...
+    def replaying(self) -> int | None: ...
     def replay_stage(self, graph: int, label: str) -> None: ...
 
 
@@ -189,7 +190,7 @@ class HarnessModel:
 
         return self._call("forward", act)
 
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> Optional[CanarySpec]:
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec | None:
         """The WAR canary's spec: every shared buffer, logged (`LoggedSnapshot`)."""
 
         def act() -> CanarySpec:
@@ -310,7 +311,7 @@ class BatchPolicyTable:
         threshold: int = 0,
         *,
         trusting: bool = False,
-        compiled: Optional[CompiledPolicy] = None,
+        compiled: CompiledPolicy | None = None,
     ) -> None:
         self.harness = harness
         self.compiled = compiled if compiled is not None else _per_batch_compiled(threshold)
@@ -340,12 +341,12 @@ class _TrustingRule:
         self.unknown = rule.unknown
         self.earliest = rule.earliest
 
-    def __call__(self, facts: Optional[Mapping[str, object]] = None) -> WarReadDonePolicy:
+    def __call__(self, facts: Mapping[str, object] | None = None) -> WarReadDonePolicy:
         return self.rule({**(facts or {}), **dict.fromkeys(self.actions, True)})
 
 
 def graph_model(
-    captured: Sequence[tuple], planted: set[int], renamed: Optional[Mapping[int, int]] = None
+    captured: Sequence[tuple], planted: set[int], renamed: Mapping[int, int] | None = None
 ) -> Graph:
     """The chain of nodes one capture logged (see the module docstring); ``renamed``: the event
     a node records now for the event the capture recorded (a restored clone's)."""
@@ -376,7 +377,7 @@ class HarnessObservers:
     One instance serves every case of a process (building a plugin manager costs more than a
     case): ``harness`` is the case running now."""
 
-    def __init__(self, harness: Optional[HarnessCalls] = None) -> None:
+    def __init__(self, harness: HarnessCalls | None = None) -> None:
         self.harness = harness
         self.seen: dict[str, int] = {}
 
@@ -389,8 +390,8 @@ class HarnessObservers:
 
     @hookimpl
     def warpolicy_batch_action(
-        self, action: str, runner: str, mode: Any, bucket: Optional[int], batch: object
-    ) -> Optional[bool]:
+        self, action: str, runner: str, mode: Any, bucket: int | None, batch: object
+    ) -> bool | None:
         """Build the snapshot of the harness's `PerBatchModel` and answer True (a fault target:
         ``raise`` / ``interrupt`` / ``base`` before acting, ``none`` / ``false`` / ``nonbool``
         answer without acting, ``act_then_raise`` acts and raises)."""
@@ -399,14 +400,14 @@ class HarnessObservers:
             return None
         model = harness.snapshot_model
 
-        def act() -> Optional[bool]:
+        def act() -> bool | None:
             self.seen["warpolicy_batch_action"] = self.seen.get("warpolicy_batch_action", 0) + 1
             if not isinstance(model, (PerBatchModel, StagedModel)):
                 return None
             model.snapshot()
             return True
 
-        result: Optional[bool] = harness.injector.call("warpolicy_batch_action", act)
+        result: bool | None = harness.injector.call("warpolicy_batch_action", act)
         return result
 
 

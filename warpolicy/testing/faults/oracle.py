@@ -34,14 +34,14 @@ release**; a read not ordered after the last write of its lane before it is a **
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import attrs
 
 Clock = dict[int, int]  # stream id -> ticks of that stream
 
 
-def _merged(into: Clock, other: Optional[Clock]) -> None:
+def _merged(into: Clock, other: Clock | None) -> None:
     if other:
         for key, value in other.items():
             if value > into.get(key, 0):
@@ -73,7 +73,7 @@ class Verdict:
     early_writes: int = 0  # writes not ordered after some read they were released for
     early_pairs: int = 0  # (read, write) pairs out of order
     stale_reads: int = 0
-    first_early: Optional[str] = None  # the first offending pair, described
+    first_early: str | None = None  # the first offending pair, described
 
 
 @attrs.define
@@ -95,13 +95,13 @@ class Oracle:
         self._events: dict[int, Clock] = {}  # event id -> snapshot of its latest record
         self._graph_done: dict[int, Clock] = {}  # graph id -> end of its last launch
         self._launches: list[_Launch] = []
-        self._capturing: Optional[int] = None
+        self._capturing: int | None = None
         self._reads: dict[int, list[Point]] = {}  # lane -> every executed read
         self._last_write: dict[int, Point] = {}
         #: every entry captured into each graph, in order (the harness builds graph models)
         self.captured: dict[int, list[tuple]] = {}
         #: called with each early write (harness bookkeeping: silent or after an error)
-        self.on_early: Optional[Callable[[Point], None]] = None
+        self.on_early: Callable[[Point], None] | None = None
 
     def attach(self, listeners: list[Callable[[tuple], None]]) -> None:
         """Subscribe to a call log (``SimPlatform.log.listeners``)."""

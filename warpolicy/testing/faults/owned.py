@@ -20,7 +20,8 @@ It is a `Runner` as `OverlapLoop` uses one, so the scenario steps it through the
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.graphwalk import BufferRange
@@ -54,7 +55,7 @@ class OwnedCaptureEngine:
         policy: Callable[[ForwardMode, bool, bool], WarReadDonePolicy],
         platform: Platform,
         *,
-        placement: Optional[str] = None,
+        placement: str | None = None,
         observers: Observers = NO_OBSERVERS,
     ) -> None:
         self.name = "owned"
@@ -72,8 +73,8 @@ class OwnedCaptureEngine:
         #: the engine's graphs and what `BucketCapture.finish` decided for each, by bucket
         self.graphs: dict[int, Any] = {}
         self.outcomes: dict[int, BucketOutcome] = {}
-        self.last_step: Optional[StepInfo] = None
-        self._eager: Optional[BucketRelease] = None
+        self.last_step: StepInfo | None = None
+        self._eager: BucketRelease | None = None
 
     @property
     def captured(self) -> Mapping[int, CapturedBucket]:
@@ -83,13 +84,13 @@ class OwnedCaptureEngine:
     def is_captured(self) -> bool:
         return bool(self.graphs)
 
-    def policy_for(self, bucket: Optional[int] = None) -> WarReadDonePolicy:
+    def policy_for(self, bucket: int | None = None) -> WarReadDonePolicy:
         if bucket is None:
             return self._eager_release().policy
         outcome = self.outcomes.get(bucket)
         return outcome.policy if outcome is not None else WarReadDonePolicy.NONE
 
-    def _body(self, bucket: int, mark: Optional[Callable[[], Any]]) -> Any:
+    def _body(self, bucket: int, mark: Callable[[], Any] | None) -> Any:
         self.model.graph_prep(bucket)
         if mark is not None:
             mark()

@@ -15,7 +15,8 @@ exception reached the engine).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -80,7 +81,7 @@ class MatrixResult:
         dirty = set(self.dirty())
         return [r for r in self.results if f"{r.case.scenario}/{r.case.variant}" not in dirty]
 
-    def rows(self, results: Optional[Sequence[CaseResult]] = None) -> list[dict[str, Any]]:
+    def rows(self, results: Sequence[CaseResult] | None = None) -> list[dict[str, Any]]:
         """One row per target, then the total (``results``: default `clean`)."""
         groups: dict[str, list[CaseResult]] = {}
         chosen = self.clean() if results is None else results

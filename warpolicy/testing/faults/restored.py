@@ -18,7 +18,7 @@ when nothing carries the release point across a restore: the clone never records
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.owned_capture import BucketOutcome, ReadDoneCapture
@@ -58,7 +58,7 @@ class RestoredCaptureEngine(OwnedCaptureEngine):
         self.graphs, self.outcomes = graphs, outcomes
 
 
-def _persisted(saved: Optional[SavedAnchors]) -> Optional[SavedAnchors]:
+def _persisted(saved: SavedAnchors | None) -> SavedAnchors | None:
     """What a file round trip gives back."""
     if saved is None:
         return None

@@ -26,7 +26,8 @@ import collections
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import attrs
 
@@ -102,12 +103,12 @@ THREAD_STEPS = 60  # steps per thread
 
 def _runner(
     h: Harness, cls: type[GraphRunner], reads: str, table: Mapping[ForwardMode, Any], **kw: Any
-) -> Optional[GraphRunner]:
+) -> GraphRunner | None:
     model = HarnessModel(h, READ_PLANS[reads], BUCKETS, name=cls.mode.label)
     if cls is VerifyRunner:
         kw.setdefault("draft_tokens", DRAFT_TOKENS)
     kw = {**h.kw, **kw, **h.runner_options}
-    built: Optional[GraphRunner] = h.guard(
+    built: GraphRunner | None = h.guard(
         lambda: cls(model, policy_table(h, table), h.platform, **kw)
     )
     return built
@@ -131,7 +132,7 @@ class _Probe:
         self.harness.pause()
 
 
-def _write_next(h: Harness, through: Optional[int] = None) -> Callable[[], None]:
+def _write_next(h: Harness, through: int | None = None) -> Callable[[], None]:
     def write_next() -> None:
         h.injector.call("write_next", lambda: h.write("scheduler", through))
 
@@ -159,14 +160,14 @@ def overlap(
     sizes: Sequence[int],
     *,
     forward_streams: int = 1,
-    recapture_at: Optional[int] = RECAPTURE_AT,
-    canary: Optional[Canary] = None,
+    recapture_at: int | None = RECAPTURE_AT,
+    canary: Canary | None = None,
 ) -> None:
     """Capture, then step through `OverlapLoop` (re-capturing once after a drain); with
     ``canary``, the loop measures the release lead through it."""
     if h.wrap_runner is not None:
         runner = h.wrap_runner(h, runner)
-    loop: Optional[OverlapLoop] = h.guard(
+    loop: OverlapLoop | None = h.guard(
         lambda: OverlapLoop(platform=h.platform, probe=_Probe(h), canary=canary, **h.kw)
     )
     if loop is None:
@@ -193,7 +194,7 @@ def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag:
     (forward streams round-robin, unordered) and waits on it ``lag`` launches later."""
     forward = _streams(h, streams)
     (schedule,) = _streams(h, 1)
-    barrier: Optional[SchedulerBarrier] = h.guard(lambda: SchedulerBarrier(h.platform, **h.kw))
+    barrier: SchedulerBarrier | None = h.guard(lambda: SchedulerBarrier(h.platform, **h.kw))
     if barrier is None:
         return
     h.phase("capture")
@@ -285,7 +286,7 @@ def _canary_scenario(h: Harness, variant: str) -> None:
 
 
 def _owned(
-    placement: Optional[str], engine_class: type[OwnedCaptureEngine] = OwnedCaptureEngine
+    placement: str | None, engine_class: type[OwnedCaptureEngine] = OwnedCaptureEngine
 ) -> Callable[[Harness, str], None]:
     def run(h: Harness, variant: str) -> None:
         policy, reads = VARIANTS[variant]

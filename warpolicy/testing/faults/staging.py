@@ -17,7 +17,8 @@ live; `warpolicy.testing.faults.controls`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from warpolicy.registry.engine import PolicyEngine
 from warpolicy.registry.vocabulary import ForwardMode
