@@ -44,7 +44,10 @@ def platform():
 def test_widened_zoo_detects_every_buggy_variant_and_passes_every_fixed_one(platform):
     assert max(BUCKETS) <= 8
     report = run_zoo(
-        platform, trials=TRIALS, widener=RaceWidener(WIDEN_US), device=describe_device(platform)
+        platform,
+        trials=TRIALS,
+        widener=RaceWidener.resolve(WIDEN_US),
+        device=describe_device(platform),
     )
     print("\n[zoo cuda widened]\n" + format_zoo(report))
     for row in report.rows:
@@ -59,7 +62,7 @@ def test_widened_zoo_detects_every_buggy_variant_and_passes_every_fixed_one(plat
 
 def test_unwidened_zoo_table_and_no_false_alarm(platform):
     report = run_zoo(
-        platform, trials=TRIALS, widener=RaceWidener(0), device=describe_device(platform)
+        platform, trials=TRIALS, widener=RaceWidener.resolve(0), device=describe_device(platform)
     )
     print("\n[zoo cuda unwidened]\n" + format_zoo(report))
     assert not [r for r in report.rows if not r.buggy and r.detected_by]

@@ -223,7 +223,7 @@ class ReadDoneFence:
         self._step += 1
         self._mailbox = None  # an untaken earlier publish is stale from now on
         self._state = self._open
-        if release.policy is PRE_REPLAY or (release.early and _records_pre_replay(release)):
+        if release.records_pre_replay:
             self._record_pre_replay(stream)
         return self._step
 
@@ -400,10 +400,6 @@ class ReadDoneFence:
             self._mailbox = None
             read_done.slot.taken = True
         return read_done
-
-
-def _records_pre_replay(release: BucketRelease) -> bool:
-    return any(early.policy is PRE_REPLAY for early in release.early)
 
 
 class SchedulerBarrier:

@@ -32,6 +32,7 @@ from warpolicy.registry.vocabulary import (
     IN_GRAPH,
     NONE,
     NOTHING,
+    PRE_REPLAY,
     ForwardMode,
     WarReadDonePolicy,
 )
@@ -164,6 +165,9 @@ class BucketRelease:
     classes: Mapping[str, BucketRelease] = attrs.field(factory=dict, repr=False)
     #: the distinct class releases earlier than ``policy`` (what a step publishes besides it)
     early: tuple[BucketRelease, ...] = attrs.field(init=False, default=(), repr=False)
+    #: whether a step records a ring event before its replay: the bucket's own ``pre_replay``,
+    #: or an earlier class's (decided here once: `ReadDoneFence.before_replay` reads one field)
+    records_pre_replay: bool = attrs.field(init=False, default=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if (self.policy is IN_GRAPH) != (self.event is not None):
@@ -185,6 +189,8 @@ class BucketRelease:
                 )
             early = {id(c): c for c in self.classes.values() if c.policy < self.policy}
             object.__setattr__(self, "early", tuple(early.values()))
+        pre = self.policy is PRE_REPLAY or any(c.policy is PRE_REPLAY for c in self.early)
+        object.__setattr__(self, "records_pre_replay", pre)
 
     @property
     def planted(self) -> bool:

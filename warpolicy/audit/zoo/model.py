@@ -8,8 +8,8 @@ valid entry, so padded tokens read shared state too). The undisturbed step of ev
 the same shape of computation: the metadata prep turns each token into its KV slot
 (`ZooModel.prep`), the forward gathers KV rows there, runs ``layers`` tanh-matmul layers
 (`ZooModel.layer`, where a fixture adds its late read) and writes each token's hidden state
-into ``kv_pool`` at its slot (state the step writes; the audit compares it through
-``extra_outputs``, the canary through its spec).
+into ``kv_pool`` at its slot, a padding token's in a row of its own (state the step writes;
+the audit compares it through ``extra_outputs``, the canary through its spec).
 
 A fixture's buggy and fixed variants compute the same function undisturbed (the zoo's tests
 check it); they differ only in *when* the shared state is read, or in what is declared.
@@ -41,10 +41,14 @@ BUCKETS = (4, 8)
 class Static:
     """A bucket's static inputs, metadata and output (graphs keep these addresses)."""
 
-    def __init__(self, n: int, hidden: int, device: torch.device) -> None:
+    def __init__(self, n: int, hidden: int, device: torch.device, sink: int) -> None:
         z = lambda: torch.zeros(n, dtype=torch.long, device=device)  # noqa: E731
         self.n = n
         self.rows, self.pos, self.flat, self.loc, self.aux = z(), z(), z(), z(), z()
+        #: whether each token is the batch's (not padding), set by the host prep
+        self.valid = torch.zeros(n, dtype=torch.bool, device=device)
+        #: each padding token's own KV row (from ``sink`` on): no two tokens write one row
+        self.sink = torch.arange(sink, sink + n, dtype=torch.long, device=device)
         self.act = torch.zeros(n, hidden, device=device)
         self.out = torch.zeros(n, hidden, device=device)
 
@@ -76,7 +80,8 @@ class ZooModel:
         self.req_to_token = torch.randperm(self.slots, generator=g).view(reqs, ctx).to(device)
         self.shared_buffers: dict[str, torch.Tensor] = {"req_to_token": self.req_to_token}
         self.k_full = torch.randn(self.slots, hidden, generator=g).to(device)
-        self.kv_pool = torch.zeros(self.slots, hidden, device=device)
+        # one KV row per slot, then one per padding position (`Static.sink`)
+        self.kv_pool = torch.zeros(self.slots + max(BUCKETS), hidden, device=device)
         self.written: dict[str, torch.Tensor] = {"kv_pool": self.kv_pool}
         self.weights = [
             (torch.randn(hidden, hidden, generator=g) * hidden**-0.5).to(device)
@@ -115,7 +120,7 @@ class ZooModel:
 
     def prepare_bucket(self, bucket: int) -> None:
         if bucket not in self.static:
-            self.static[bucket] = Static(bucket, self.hidden, self.device)
+            self.static[bucket] = Static(bucket, self.hidden, self.device, self.slots)
 
     def host_prep(self, batch: torch.Tensor, bucket: int) -> None:
         s = self.static[bucket]
@@ -125,6 +130,8 @@ class ZooModel:
         s.pos[:n].copy_(batch[:, 1])
         s.rows[n:].zero_()
         s.pos[n:].zero_()
+        s.valid[:n] = True
+        s.valid[n:] = False
 
     def graph_prep(self, bucket: int) -> None:
         if not self.prep_in_forward():
@@ -158,8 +165,12 @@ class ZooModel:
         return h
 
     def kv_slots(self, s: Static) -> torch.Tensor:
-        """Where the KV write lands."""
-        return s.loc
+        """Where the KV write lands: each token's slot, each padding token's own sink row.
+        Padding tokens share the entry (0, 0), so writing theirs at its slot would make two
+        tokens write one row: on a GPU, which write wins is unspecified, and a fixture whose
+        padding tokens compute different values (a late read per position) would differ from
+        its own reference with no race at all (an H100 flagged two fixed variants so)."""
+        return torch.where(s.valid, s.loc, s.sink)
 
     def post_step(self, mode: ForwardMode, batch: Any, out: torch.Tensor) -> torch.Tensor:
         """Eager work after the replay (only for a fixture with ``post_step=True``)."""

@@ -529,8 +529,8 @@ def set_record_event(node: Any, event: int) -> None:
 class EventRepointer:
     """Re-points event-record nodes of one graph, and of its executable ``exec_`` (0: not
     instantiated), at new events. The driver entry points and the executable's handle are
-    resolved once, and `prepare` wraps each (node, event) pair beforehand, so `repoint` is the
-    driver calls alone: what a rebind costs per executable."""
+    resolved once, and `prepare` wraps each (node, event) pair beforehand, so the ``repoint_*``
+    calls are the driver calls alone."""
 
     def __init__(self, exec_: int = 0) -> None:
         driver = self._driver = driver_module()
@@ -543,16 +543,23 @@ class EventRepointer:
         """The arguments of re-pointing ``node`` (a graph node handle) at ``event``."""
         return node, self._event(int(event))
 
-    def repoint(self, pairs: Sequence[tuple[Any, Any]]) -> None:
-        """Each prepared (node, event): the graph's node (what a self-check walks and an
-        instantiation uses), then the executable's (future launches record the new event; no
-        re-instantiation)."""
+    def repoint_executable(self, pairs: Sequence[tuple[Any, Any]]) -> None:
+        """Each prepared (node, event) in the executable: future launches record the new event
+        (no re-instantiation). Nothing without an executable."""
+        if self._exec is None:
+            return
+        driver = self._driver
+        for node, event in pairs:
+            result = self._exec_set(self._exec, node, event)
+            checked(driver, "cuGraphExecEventRecordNodeSetEvent", result)
+
+    def repoint_graph(self, pairs: Sequence[tuple[Any, Any]]) -> None:
+        """Each prepared (node, event) in the graph: what a self-check walks and a later
+        instantiation copies (left stale, a re-instantiated executable would record the old
+        event again)."""
         driver = self._driver
         for node, event in pairs:
             checked(driver, "cuGraphEventRecordNodeSetEvent", self._graph_set(node, event))
-            if self._exec is not None:
-                result = self._exec_set(self._exec, node, event)
-                checked(driver, "cuGraphExecEventRecordNodeSetEvent", result)
 
 
 def create_private_event() -> int:
