@@ -305,8 +305,8 @@ PYTHONWARNINGS = declare(
 )
 COLUMNS = declare(
     "COLUMNS",
-    "The terminal width `table` and `explain` fit their text to (the shell sets it; without "
-    "it, the terminal's size, else 80). `--wide` ignores it.",
+    "The terminal width `table`, `query`, `explain`, `env`, `diff` and `plugins` fit their text "
+    "to (the shell sets it; without it, the terminal's size, else 80). `--wide` ignores it.",
     default="the terminal's width, else 80",
     read_by="warpolicy.cli.layout",
     owner="external",

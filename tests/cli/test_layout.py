@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
 from warpolicy.cli import layout
 from warpolicy.cli.main import main
+from warpolicy.registry.loader import default_registry_path
 
 
 def run(capsys, *argv):
@@ -87,3 +89,32 @@ def test_output_width(monkeypatch):
         layout.os, "get_terminal_size", lambda fd: __import__("os").terminal_size((123, 40))
     )
     assert layout.output_width() == 123
+
+
+def test_diff_fits_the_terminal_and_keeps_every_changed_cell(capsys, monkeypatch, tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text(  # the packaged registry with every post_replay read end unknown
+        Path(default_registry_path()).read_text(encoding="utf-8").replace("post_replay", "none")
+    )
+    argv = ("diff", str(old), str(default_registry_path()), "--limit", "0")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    wide = main([*argv]), capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "70")
+    fitted = main([*argv]), capsys.readouterr().out
+    assert wide[0] == fitted[0] == 0
+    assert max(len(line) for line in wide[1].splitlines()) > 70
+    assert max(len(line) for line in fitted[1].splitlines()) <= 70
+    cells = json.loads(run(capsys, *argv, "--format", "json"))["cells"]
+    assert cells and len([c for c in cells if c["change"] == "earlier"]) == fitted[1].count(
+        "change: earlier"
+    )
+    monkeypatch.setenv("COLUMNS", "70")
+    assert run(capsys, *argv, "--wide") == wide[1]
+
+
+def test_plugins_fits_the_terminal(capsys, monkeypatch):
+    wide = run(capsys, "plugins", "--wide")
+    monkeypatch.setenv("COLUMNS", "30")
+    fitted = run(capsys, "plugins")
+    assert max(len(line) for line in fitted.splitlines()) <= 30 < max(map(len, wide.splitlines()))
+    assert "hooks: platform" in fitted

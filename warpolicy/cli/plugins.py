@@ -9,6 +9,7 @@ import argparse
 from warpolicy.cli import common
 from warpolicy.cli.common import ExitCode
 from warpolicy.cli.failure import Failure
+from warpolicy.cli.layout import add_wide, output_width
 from warpolicy.errors import PluginError
 from warpolicy.registry.compare import LayerChange, earlier_layers
 from warpolicy.registry.loader import Fragment, fragment_plugin, registry_sources, validate_sources
@@ -19,6 +20,7 @@ from warpolicy.runtime import manager
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plugins", help="list plugins, their source and the hooks they implement")
     common.add_format(p)
+    add_wide(p)
     p.set_defaults(handler=cmd_plugins)
 
 
@@ -45,7 +47,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         if row["name"] in broken:
             row["status"] = "broken"
             row["error"] = broken[row["name"]]
-    common.out(format_plugins(rows, args.format, layers))
+    common.out(format_plugins(rows, args.format, layers, width=output_width(args.wide)))
     for name, message in broken.items():  # with --format json, one JSON error object each
         failure = Failure(
             "plugin",

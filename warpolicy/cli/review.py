@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from warpolicy.cli import common, git
 from warpolicy.cli.common import ExitCode, UsageError
+from warpolicy.cli.layout import add_wide, output_width
 from warpolicy.errors import Problem, RegistryError
 from warpolicy.registry.cells import CellSpace, cell_space
 from warpolicy.registry.compare import Diff, LayerChange, diff_engines, earlier_layers
@@ -137,6 +138,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "where a later point is always safe: earlier and moved cells, and environment names "
         "of a tested flag); implies --exit-code",
     )
+    add_wide(p)
     p.set_defaults(handler=cmd_diff)
 
 
@@ -323,7 +325,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
         diff, space = _compare(old, new, args, fixed, label)
         total = diff if total is None else total + diff
     assert total is not None and space is not None
-    common.out(format_diff(total, space, args.format, plugins, args.limit))
+    width = output_width(args.wide)
+    common.out(format_diff(total, space, args.format, plugins, args.limit, width=width))
     fail_on = args.fail_on or ("any" if args.exit_code else None)
     return ExitCode.CHECK_FAILED if _fails(total, fail_on) else ExitCode.OK
 
@@ -378,7 +381,8 @@ def _diff_ref(args: argparse.Namespace) -> int:
             documents.append({"file": path, "ref": old_version.spec, "status": "compared", **doc})
         else:
             common.out(f"== {path} vs {against}")
-            common.out(format_diff(diff, space, args.format, None, args.limit))
+            width = output_width(args.wide)
+            common.out(format_diff(diff, space, args.format, None, args.limit, width=width))
         if _fails(diff, fail_on):
             what = "need an audit" if fail_on == "earlier" else "changed"
             common.err(

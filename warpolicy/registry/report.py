@@ -463,9 +463,12 @@ def format_diff(
     fmt: str = "text",
     plugins: str | None = None,
     limit: int | None = DEFAULT_LIMIT,
+    *,
+    width: int | None = None,
 ) -> str:
     """Changed cells (``earlier`` first, at most ``limit`` rows; None or 0: all), a summary
-    that counts every change, and what was compared and held fixed."""
+    that counts every change, and what was compared and held fixed. ``width`` (text only):
+    the grid fits a terminal as `render_table` fits it, the summary lines are wrapped."""
     cells = sorted_cells(diff)
     listed = cells if not limit else cells[:limit]
     with_plugins = any(c.plugins for c in cells) or plugins == "both"
@@ -530,8 +533,8 @@ def format_diff(
     if fmt == "markdown":
         body = render_table(header, rows, "markdown") if rows else "No policy changes."
         return body + "\n\n" + "\n".join(f"- {line}" for line in about)
-    body = render_table(header, rows) if rows else "no policy changes"
-    return body + "\n\n" + "\n".join(about)
+    body = render_table(header, rows, width=width) if rows else "no policy changes"
+    return body + "\n\n" + "\n".join(fit_lines(about, width))
 
 
 def layer_warnings(changes: Sequence[LayerChange]) -> list[str]:
@@ -571,9 +574,14 @@ def _strings(value: object) -> list[str]:
 
 
 def format_plugins(
-    plugins: Sequence[Mapping[str, object]], fmt: str = "text", layers: Sequence[LayerChange] = ()
+    plugins: Sequence[Mapping[str, object]],
+    fmt: str = "text",
+    layers: Sequence[LayerChange] = (),
+    *,
+    width: int | None = None,
 ) -> str:
-    """Every plugin, and how many cells its registry fragment makes earlier."""
+    """Every plugin, and how many cells its registry fragment makes earlier (``width``: the
+    text grid fits a terminal, `render_table`)."""
     earlier: dict[str, list[str]] = {}
     for change in layers:
         name = _plugin_of(change.layer)
@@ -595,4 +603,4 @@ def format_plugins(
                 "; ".join(found) if found else "-",
             )
         )
-    return render_table(header, rows, fmt, records)
+    return render_table(header, rows, fmt, records, width=width)
