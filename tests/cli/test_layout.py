@@ -15,6 +15,13 @@ from warpolicy.cli.main import main
 from warpolicy.registry.loader import default_registry_path
 
 
+def widest(text: str) -> int:
+    """The longest line that could be wrapped: a line that is one word after its indentation
+    (a registry path in an origin: its length depends on where the package is installed) stays
+    whole by design (`fit_lines`)."""
+    return max((len(line) for line in text.splitlines() if " " in line.strip()), default=0)
+
+
 def run(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -25,7 +32,7 @@ def run(capsys, *argv):
 def test_table_fits_80_columns_and_keeps_every_row(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     text = run(capsys, "table")
-    assert max(len(line) for line in text.splitlines()) <= 80
+    assert widest(text) <= 80
     rows = json.loads(run(capsys, "table", "--format", "json"))["rows"]
     grid = {tuple(line.split()[:4]) for line in text.splitlines() if not line.startswith(" ")}
     for row in rows:  # every cell is still a row of the grid, its policy marked as before
@@ -52,7 +59,7 @@ def test_explain_and_query_fit_80_columns_and_say_the_same_words(capsys, monkeyp
     monkeypatch.setenv("COLUMNS", "80")
     fitted = run(capsys, *argv)
     assert max(len(line) for line in wide.splitlines()) > 80
-    assert max(len(line) for line in fitted.splitlines()) <= 80
+    assert widest(fitted) <= 80
     assert fitted.split() == wide.split()
     assert fitted.splitlines()[0] == wide.splitlines()[0]  # the policy, alone on the first line
 
@@ -103,7 +110,7 @@ def test_diff_fits_the_terminal_and_keeps_every_changed_cell(capsys, monkeypatch
     fitted = main([*argv]), capsys.readouterr().out
     assert wide[0] == fitted[0] == 0
     assert max(len(line) for line in wide[1].splitlines()) > 70
-    assert max(len(line) for line in fitted[1].splitlines()) <= 70
+    assert widest(fitted[1]) <= 70
     cells = json.loads(run(capsys, *argv, "--format", "json"))["cells"]
     assert cells and len([c for c in cells if c["change"] == "earlier"]) == fitted[1].count(
         "change: earlier"
@@ -116,5 +123,5 @@ def test_plugins_fits_the_terminal(capsys, monkeypatch):
     wide = run(capsys, "plugins", "--wide")
     monkeypatch.setenv("COLUMNS", "30")
     fitted = run(capsys, "plugins")
-    assert max(len(line) for line in fitted.splitlines()) <= 30 < max(map(len, wide.splitlines()))
+    assert widest(fitted) <= 30 < max(map(len, wide.splitlines()))
     assert "hooks: platform" in fitted
