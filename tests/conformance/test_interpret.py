@@ -11,18 +11,18 @@ and run the model in float32.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from interpret_support import why_interpreter_skips  # noqa: E402
+
 from warpolicy.audit.dynamic import audit_mode  # noqa: E402
 from warpolicy.audit.poison import plus_one  # noqa: E402
 from warpolicy.audit.report import Verdict  # noqa: E402
-from warpolicy.conformance import loader, wheels  # noqa: E402
+from warpolicy.conformance import loader  # noqa: E402
 from warpolicy.conformance.adapters import make_adapter  # noqa: E402
 from warpolicy.conformance.factories import subject  # noqa: E402
 from warpolicy.conformance.paged import (  # noqa: E402
@@ -34,31 +34,7 @@ from warpolicy.conformance.paged import (  # noqa: E402
 )
 from warpolicy.testing import sim_platform  # noqa: E402
 
-
-def _why_skip() -> str:
-    if importlib.util.find_spec("triton") is None:
-        return "needs triton (pip install triton==3.6.0; not a project dependency)"
-    reason = wheels.absent_reason()
-    if reason is not None:
-        return reason
-    if torch.cuda.is_available():
-        return "CUDA is available: tests/gpu/test_conformance_cuda.py runs the kernels there"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return (
-            "triton was imported before TRITON_INTERPRET=1 could be set (see this directory's "
-            "conftest); run: TRITON_INTERPRET=1 pytest tests/conformance/test_interpret.py"
-        )
-    numpy = importlib.util.find_spec("numpy")
-    if numpy is None:
-        return "Triton's interpreter needs numpy"
-    import numpy as np
-
-    if int(np.__version__.split(".")[0]) >= 2:
-        return "Triton 3.6's interpreter needs numpy < 2 (it converts 1-element arrays to int)"
-    return ""
-
-
-WHY = _why_skip()
+WHY = why_interpreter_skips("tests/gpu/test_conformance_cuda.py")
 pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 SMALL = PagedConfig(

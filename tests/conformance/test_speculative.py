@@ -8,17 +8,17 @@ interpreter's needs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from interpret_support import why_interpreter_skips  # noqa: E402
+
 from warpolicy.audit.dynamic import audit_mode  # noqa: E402
 from warpolicy.audit.report import SAFE, UNSAFE  # noqa: E402
-from warpolicy.conformance import loader, wheels  # noqa: E402
+from warpolicy.conformance import loader  # noqa: E402
 from warpolicy.conformance.paged import (  # noqa: E402
     VERIFY,
     PagedConfig,
@@ -35,23 +35,7 @@ from warpolicy.conformance.speculative import (  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH, ForwardMode  # noqa: E402
 from warpolicy.testing import sim_platform  # noqa: E402
 
-
-def _why_skip() -> str:
-    if importlib.util.find_spec("triton") is None:
-        return "needs triton (not a project dependency)"
-    reason = wheels.absent_reason()
-    if reason is not None:
-        return reason
-    if torch.cuda.is_available():
-        return "CUDA is available: tests/gpu/test_conformance_spec_cuda.py runs it there"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return "needs TRITON_INTERPRET=1 before triton is imported (this directory's conftest)"
-    if importlib.util.find_spec("numpy") is None:
-        return "Triton's interpreter needs numpy < 2"
-    return ""
-
-
-WHY = _why_skip()
+WHY = why_interpreter_skips("tests/gpu/test_conformance_spec_cuda.py")
 pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 DRAFT_EXTEND = ForwardMode.DRAFT_EXTEND
 
