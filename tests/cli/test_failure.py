@@ -146,18 +146,7 @@ def test_failure_json_carries_every_problem():
         Failure("nonsense", "warpolicy", 2, "x", "x")
 
 
-def test_a_broken_plugin_is_a_located_json_error(capsys, monkeypatch):
-    from warpolicy import hookimpl
-    from warpolicy.runtime import manager
-
-    class Raises:
-        @hookimpl
-        def warpolicy_capabilities(self):
-            raise RuntimeError("no fragment today")
-
-    pm = manager.new_plugin_manager(load_entry_points=False, environ={})
-    pm.register(Raises(), name="raises")
-    monkeypatch.setattr(manager, "get_plugin_manager", lambda: pm)
+def test_a_broken_plugin_is_a_located_json_error(capsys, broken_plugin):
     for argv in (["plugins"], ["query", "--backend", "fa3", "--mode", "decode"]):
         text_code, _, text_err = run(capsys, argv)
         code, out, err = run(capsys, [*argv, "--format", "json"])

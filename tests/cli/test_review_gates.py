@@ -293,18 +293,7 @@ def test_a_plugin_whose_fragment_does_not_load_is_broken_exit_2(capsys, monkeypa
     assert code == ExitCode.USAGE  # as plugins says
 
 
-def test_a_plugin_whose_hook_raises_is_broken_exit_2(capsys, monkeypatch):
-    from warpolicy import hookimpl
-    from warpolicy.runtime import manager
-
-    class Raises:
-        @hookimpl
-        def warpolicy_capabilities(self):
-            raise RuntimeError("no fragment today")
-
-    pm = manager.new_plugin_manager(load_entry_points=False, environ={})
-    pm.register(Raises(), name="raises")
-    monkeypatch.setattr(manager, "get_plugin_manager", lambda: pm)
+def test_a_plugin_whose_hook_raises_is_broken_exit_2(capsys, broken_plugin):
     code, out, err = run_cli(capsys, "plugins")
     assert code == ExitCode.USAGE
     (row,) = [line for line in out.splitlines() if line.startswith("raises ")]
