@@ -69,3 +69,18 @@ def test_a_gpu_that_does_not_come_up_stops_the_run(tmp_path):
     done, log = _run(tmp_path, "never 10 echo ran\n", 100, cuda_up=False)
     assert done.returncode == 3
     assert "did not come up" in done.stdout and log == ""
+
+
+def test_bad_numbers_are_one_line_each(tmp_path):
+    done, log = _run(tmp_path, "typo 1O echo never\nok 10 echo fine\n", 100)
+    assert "SKIP typo (TIMEOUT_S '1O' is not a whole number of seconds)" in done.stdout
+    assert "fine" in log and "never" not in log
+    env = _stand_ins(tmp_path / "bin2", True)
+    bad = subprocess.run(
+        ["bash", str(SCRIPT), "ten"], input="", capture_output=True, text=True, env=env, timeout=60
+    )
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == [
+        "gpu-steps: DEADLINE_S must be a whole number of seconds, not 'ten' (usage: gpu-steps "
+        "DEADLINE_S [OUTDIR] < STEPS)"
+    ]
