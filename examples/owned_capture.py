@@ -179,9 +179,8 @@ class CudaGraphRunner:
         # canary: due = session.step() first; the release is session.release_for(bs, ...)
         release = self.outcomes[bs].release  # decided once, at capture
         # canary: if due, sample = session.begin(bs, step, release, spec, shared, rerun)
-        self.fence.before_replay(release)
-        self.platform.replay(self.graphs[bs])
-        self.fence.after_replay(release)
+        # begin, replay, publish: a replay that raises publishes nothing (the coarse barrier)
+        self.fence.launch(release, self.platform.replay, self.graphs[bs])
         # canary: if sampled, session.observe(sample, self.outputs[bs])
         return self.outputs[bs][:n]
 

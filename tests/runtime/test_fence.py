@@ -718,3 +718,80 @@ def test_a_keyboard_interrupt_in_the_wait_still_orders_the_schedule_stream(platf
         barrier.apply(sched, platform.current_stream(), read_done)
     expected = ("synchronize",) if force_coarse else ("wait_stream", sched.id, 0)
     assert platform.log[-1] == expected
+
+
+# -- launch: the step in one call --------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY, P.NONE]), max_size=12))
+def test_launch_does_what_the_split_calls_do(policies):
+    """The same platform calls in the same order, the same publishes and barriers."""
+    runs = []
+    for one_call in (True, False):
+        platform = sim_platform()
+        fence, graph, event = captured_fence(platform)
+        barrier = SchedulerBarrier(platform)
+        schedule = platform.new_stream()
+        records_on = platform.new_stream()  # not the current one: a dropped stream shows
+        start = len(platform.log)
+        out = []
+        for policy in policies:
+            rel = release(policy, event)
+            if one_call:
+                token = fence.launch(rel, platform.replay, graph, records_on)
+            else:
+                token = fence.before_replay(rel, records_on)
+                platform.replay(graph)
+                fence.after_replay(rel, records_on, step=token)
+            read_done = fence.take(token)
+            kind = barrier.apply(schedule, platform.current_stream(), read_done)
+            out.append((token, fence.published, read_done and read_done.slot.step, kind))
+        runs.append((out, platform.log[start:]))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("error", [RuntimeError("replay failed"), KeyboardInterrupt()])
+@pytest.mark.parametrize("policy", [P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY])
+def test_a_replay_that_raises_in_launch_publishes_nothing(platform, policy, error):
+    fence, graph, event = captured_fence(platform)
+    rel = release(policy, event)
+    fence.launch(rel, platform.replay, graph)  # a good step first: something to go stale
+    assert fence.published is policy
+
+    def broken(graph):
+        platform.replay(graph)  # some of the forward was enqueued
+        raise error
+
+    with pytest.raises(type(error)):
+        fence.launch(rel, broken, graph)
+    assert fence.take() is None and fence.published is P.NONE and fence.step == 2
+    barrier = SchedulerBarrier(platform)
+    assert barrier.apply(platform.new_stream(), platform.current_stream(), None) == "coarse"
+    token = fence.launch(rel, platform.replay, graph)  # the next step publishes again
+    read_done = fence.take(token)
+    assert read_done is not None and read_done.policy is policy and read_done.step == 3
+
+
+def test_launch_checks_the_owner_once_and_before_anything(platform, monkeypatch):
+    import warpolicy.runtime.fence as fence_module
+
+    fence, graph, event = captured_fence(platform)
+    rel = release(P.IN_GRAPH, event)
+    checks = []
+    real = fence_module.get_ident
+    monkeypatch.setattr(fence_module, "get_ident", lambda: checks.append(1) or real())
+    read_done = fence.take(fence.launch(rel, platform.replay, graph))
+    assert read_done is not None and len(checks) == 1
+    replays, errors = [], []
+
+    def other():
+        try:
+            fence.launch(rel, replays.append, graph)
+        except WrongThreadError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and replays == [] and fence.step == 1

@@ -14,6 +14,9 @@ Per step, on the forward stream, with the bucket's `BucketRelease` (the only thi
     fence.after_replay(release, step=step)  # IN_GRAPH hands out the bucket's event,
                                             # POST_REPLAY records
 
+or the three in one call, ``step = fence.launch(release, platform.replay, graph)`` (a replay
+that raises publishes nothing).
+
 Scheduler side, right after the launch::
 
     barrier.apply(schedule_stream, forward_stream, fence.take(step))
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
@@ -47,6 +50,9 @@ from warpolicy.runtime.ownership import ThreadOwner, get_ident
 from warpolicy.runtime.platforms import EventHandle, Platform, StreamHandle
 from warpolicy.runtime.release import BucketRelease, ReadDone
 from warpolicy.runtime.ring import EventRing, RingExhaustedError, RingSlot
+
+#: what `ReadDoneFence.launch` hands its ``replay`` (a graph, or an eager forward's batch)
+_Graph = TypeVar("_Graph")
 
 
 class FenceError(RuntimeError):
@@ -217,15 +223,55 @@ class ReadDoneFence:
 
         This call checks that the calling thread owns the fence; `after_replay` and `take`
         given the token (``step=``) skip that check for the step it began: one owner check per
-        step. Without the token each checks again."""
+        step. Without the token each checks again. `launch` does both in one call."""
         if self._owner.ident != get_ident():
             self._owner.claim()
-        self._step += 1
+        step = self._step = self._step + 1
         self._mailbox = None  # an untaken earlier publish is stale from now on
         self._state = self._open
         if release.records_pre_replay:
             self._record_pre_replay(stream)
-        return self._step
+        return step
+
+    def launch(
+        self,
+        release: BucketRelease,
+        replay: Callable[[_Graph], object],
+        graph: _Graph,
+        stream: StreamHandle | None = None,
+    ) -> int:
+        """One step in one call: `before_replay`, ``replay(graph)`` (which enqueues the step's
+        forward on ``stream``, None = the current stream), then `after_replay` with the step's
+        token; returns the token for `take`. It publishes exactly what those calls publish, at
+        their cost (one owner check per step).
+
+        When ``replay`` raises (any ``BaseException``, ``KeyboardInterrupt`` included) the step
+        publishes nothing (`take` finds nothing: the coarse barrier; `published` is ``NONE``)
+        and the exception propagates. ``replay`` is any callable of one argument: the
+        platform's ``replay`` and a graph, ``torch.cuda.CUDAGraph.replay`` and a graph, an
+        eager forward and its batch. The split calls stay for an engine that does other work
+        between them."""
+        if self._owner.ident != get_ident():
+            self._owner.claim()
+        step = self._step = self._step + 1
+        self._mailbox = None
+        self._state = self._open
+        if release.records_pre_replay:
+            self._record_pre_replay(stream)
+        try:
+            replay(graph)
+        except BaseException:
+            self._abandon()
+            raise
+        self.after_replay(release, stream, step)
+        return step
+
+    def _abandon(self) -> None:
+        """The step's forward raised: it publishes nothing (its mailbox stays empty). Plain
+        stores only: this runs while an interrupt propagates."""
+        self._state = _CLOSED
+        self._mailbox = None
+        self._published = NONE
 
     def _record_pre_replay(self, stream: StreamHandle | None) -> None:
         try:
@@ -262,20 +308,26 @@ class ReadDoneFence:
         read_done = release.read_done  # in_graph: the bucket's own record, built once
         if self._state is _READY:  # the common cases: in_graph, then post_replay
             if read_done is None and release.policy is POST_REPLAY:
-                try:
-                    read_done = self._ring_record(stream).post_replay
-                except Exception as exc:  # noqa: BLE001 - publish nothing this step
-                    self._state = _FAILED
-                    self._record_failed(exc)
+                read_done = self._ring_read_done(stream)
             if read_done is not None:
                 self._state = _CLOSED
-                read_done.slot.step = self._step
+                read_done.slot.step = step = self._step
                 self._mailbox = read_done
                 policy = self._published = read_done.policy
                 if self._observers.on_publish:
-                    self.reporter.publish(self.name, self._step, policy, read_done.event)
+                    self.reporter.publish(self.name, step, policy, read_done.event)
                 return
         self._publish_step(release, stream)
+
+    def _ring_read_done(self, stream: StreamHandle | None) -> ReadDone | None:
+        """A ``POST_REPLAY`` publish's ring record, or None when it failed (the step has
+        failed then: it publishes nothing, reported)."""
+        try:
+            return self._ring_record(stream).post_replay
+        except Exception as exc:  # noqa: BLE001 - publish nothing this step
+            self._state = _FAILED
+            self._record_failed(exc)
+            return None
 
     def _after_replay_classes(self, release: BucketRelease, stream: StreamHandle | None) -> None:
         """`after_replay` of a release with buffer classes: the classes released earlier than

@@ -138,9 +138,7 @@ class OwnedCaptureEngine:
         bucket = min(fits)
         self.model.host_prep(batch, bucket)
         release = self.outcomes[bucket].release
-        self.fence.before_replay(release)
-        self.platform.replay(self.graphs[bucket])
-        self.fence.after_replay(release)
+        self.fence.launch(release, self.platform.replay, self.graphs[bucket])
         self.last_step = StepInfo(self.fence.step, size, bucket, self.fence.published)
         return (self.name, bucket)
 
