@@ -659,8 +659,12 @@ def test_fence_bench_runs_on_the_simulated_platform():
         assert set(rows) == {"post_replay", "in_graph"}
         for row in rows.values():
             assert row["hooks_us_median"] > 0 and row["raw_us_median"] > 0 and row["ratio"] > 0
+    in_graph, post = rows["in_graph"], rows["post_replay"]  # the stand-in's rows
+    vs_post = in_graph["hooks_us_median"] / post["raw_us_median"]
+    assert in_graph["ratio_vs_raw_post_replay"] == pytest.approx(vs_post)
     text = format_fence_bench(result)
     assert "overhead per step (in_graph)" in text and "indicative only" in text
+    assert "in_graph (fence) vs a raw post_replay step" in text
     assert "fence's own cost per step (in_graph, C-builtin stand-in platform)" in text
     assert json.loads(render(result, "json", format_fence_bench))["iters"] == 20
 

@@ -10,7 +10,8 @@ Measured side by side in one process:
   barrier.apply`` (the step token passed: one owner check per step) against the raw calls
   that do the same device work (``event.record(stream)`` + ``stream.wait_event(event)`` on
   torch; the simulated platform's own methods on ``sim``),
-  for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait), with no observer
+  for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait; also against the raw
+  ``post_replay`` step, what an engine without an in-graph event pays), with no observer
   plugin and with one no-op observer registered (called directly, as the runtime calls every
   observer: `warpolicy.runtime.observers`).
 * **stand-in** (every device): the same comparison on a platform whose operations are C
@@ -220,6 +221,12 @@ def _overhead(
             },
         }
     sync()
+    if "in_graph" in result:  # against what an engine without an in-graph event pays per step
+        in_graph, post = result["in_graph"], result["post_replay"]
+        raw_post = post["raw_us_median"]
+        in_graph["ratio_vs_raw_post_replay"] = (
+            in_graph["hooks_us_median"] / raw_post if raw_post else None
+        )
     out = dict(result["in_graph" if "in_graph" in result else "post_replay"])
     out["policy"] = "in_graph" if "in_graph" in result else "post_replay"
     out["per_policy"] = result
@@ -407,6 +414,11 @@ def format_fence_bench(result: dict[str, Any]) -> str:
             f"extra {row['extra_us']:.2f} us; with a no-op observer "
             f"{row['with_observer_us_median']:.2f} us (+{row['observer_extra_us']:.2f} us)"
         )
+        if row.get("ratio_vs_raw_post_replay") is not None:
+            lines.append(
+                f"  in_graph (fence) vs a raw post_replay step (record + wait): ratio "
+                f"{row['ratio_vs_raw_post_replay']:.2f}"
+            )
         for label, plugin in row.get("plugins", {}).items():
             lines.append(
                 f"  with {label}: {plugin['us_median']:.2f} us per step, "
