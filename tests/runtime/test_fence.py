@@ -598,28 +598,6 @@ def test_a_stale_or_foreign_token_is_checked(platform):
     assert len(errors) == 2 and fence.take() is None  # nothing published yet, nothing taken
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from([P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY, P.NONE]), max_size=12))
-def test_with_or_without_the_token_a_step_publishes_the_same(policies):
-    runs = []
-    for use_token in (True, False):
-        platform = sim_platform()
-        fence, graph, event = captured_fence(platform)
-        barrier = SchedulerBarrier(platform)
-        schedule = platform.new_stream()
-        out = []
-        for policy in policies:
-            rel = release(policy, event)
-            token = fence.before_replay(rel)
-            platform.replay(graph)
-            fence.after_replay(rel, step=token if use_token else None)
-            read_done = fence.take(token if use_token else None)
-            kind = barrier.apply(schedule, platform.current_stream(), read_done)
-            out.append((fence.published, None if read_done is None else read_done.slot.step, kind))
-        runs.append(out)
-    assert runs[0] == runs[1]
-
-
 # -- profiler ranges -----------------------------------------------------------------------------------
 
 
@@ -727,32 +705,39 @@ def test_a_keyboard_interrupt_in_the_wait_still_orders_the_schedule_stream(platf
 # -- launch: the step in one call --------------------------------------------------------------------
 
 
+def _stepped(policies, how):
+    """Steps of ``policies`` on a fresh fence, begun and published ``how``: the split calls
+    with the step's token (``"token"``) or without it (``"split"``), or `launch`. Returns
+    (per step: token, published, the taken event's step, the barrier), and the platform's log."""
+    platform = sim_platform()
+    fence, graph, event = captured_fence(platform)
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    records_on = platform.new_stream()  # not the current one: a dropped stream shows
+    start = len(platform.log)
+    out = []
+    for policy in policies:
+        rel = release(policy, event)
+        if how == "launch":
+            token = fence.launch(rel, platform.replay, graph, records_on)
+        else:
+            token = fence.before_replay(rel, records_on)
+            platform.replay(graph)
+            fence.after_replay(rel, records_on, step=token if how == "token" else None)
+        read_done = fence.take(token if how != "split" else None)
+        kind = barrier.apply(schedule, platform.current_stream(), read_done)
+        out.append((token, fence.published, read_done and read_done.slot.step, kind))
+    return out, platform.log[start:]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY, P.NONE]), max_size=12))
-def test_launch_does_what_the_split_calls_do(policies):
-    """The same platform calls in the same order, the same publishes and barriers."""
-    runs = []
-    for one_call in (True, False):
-        platform = sim_platform()
-        fence, graph, event = captured_fence(platform)
-        barrier = SchedulerBarrier(platform)
-        schedule = platform.new_stream()
-        records_on = platform.new_stream()  # not the current one: a dropped stream shows
-        start = len(platform.log)
-        out = []
-        for policy in policies:
-            rel = release(policy, event)
-            if one_call:
-                token = fence.launch(rel, platform.replay, graph, records_on)
-            else:
-                token = fence.before_replay(rel, records_on)
-                platform.replay(graph)
-                fence.after_replay(rel, records_on, step=token)
-            read_done = fence.take(token)
-            kind = barrier.apply(schedule, platform.current_stream(), read_done)
-            out.append((token, fence.published, read_done and read_done.slot.step, kind))
-        runs.append((out, platform.log[start:]))
-    assert runs[0] == runs[1]
+def test_token_split_and_launch_steps_do_the_same(policies):
+    """With or without the token, or in one call: the same platform calls in the same order,
+    the same publishes and barriers."""
+    split = _stepped(policies, "split")
+    assert _stepped(policies, "token") == split
+    assert _stepped(policies, "launch") == split
 
 
 @pytest.mark.parametrize("error", [RuntimeError("replay failed"), KeyboardInterrupt()])
