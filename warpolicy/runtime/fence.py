@@ -308,26 +308,20 @@ class ReadDoneFence:
         read_done = release.read_done  # in_graph: the bucket's own record, built once
         if self._state is _READY:  # the common cases: in_graph, then post_replay
             if read_done is None and release.policy is POST_REPLAY:
-                read_done = self._ring_read_done(stream)
+                try:
+                    read_done = self._ring_record(stream).post_replay
+                except Exception as exc:  # noqa: BLE001 - publish nothing this step
+                    self._state = _FAILED
+                    self._record_failed(exc)
             if read_done is not None:
                 self._state = _CLOSED
-                read_done.slot.step = step = self._step
+                read_done.slot.step = self._step
                 self._mailbox = read_done
                 policy = self._published = read_done.policy
                 if self._observers.on_publish:
-                    self.reporter.publish(self.name, step, policy, read_done.event)
+                    self.reporter.publish(self.name, self._step, policy, read_done.event)
                 return
         self._publish_step(release, stream)
-
-    def _ring_read_done(self, stream: StreamHandle | None) -> ReadDone | None:
-        """A ``POST_REPLAY`` publish's ring record, or None when it failed (the step has
-        failed then: it publishes nothing, reported)."""
-        try:
-            return self._ring_record(stream).post_replay
-        except Exception as exc:  # noqa: BLE001 - publish nothing this step
-            self._state = _FAILED
-            self._record_failed(exc)
-            return None
 
     def _after_replay_classes(self, release: BucketRelease, stream: StreamHandle | None) -> None:
         """`after_replay` of a release with buffer classes: the classes released earlier than
