@@ -1,10 +1,12 @@
 """What the one-bucket decodes that declare per buffer class share (`warpolicy.bench.hybrid`,
 `warpolicy.bench.page_reuse`): the `ModelAdapter` parts of a decode whose one bucket is the
-batch, and the `AuditSubject` whose runner decides the declaration per class.
+batch, the attention and feed-forward layers they both run, and the `AuditSubject` whose
+runner decides the declaration per class.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -13,6 +15,7 @@ import torch
 
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
+from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.release import class_policy_fns
 from warpolicy.runtime.runners import DecodeRunner
@@ -26,21 +29,67 @@ def positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
         raise ValueError(f"{attribute.name} must be positive, got {value}")
 
 
-class BatchSized(Protocol):
-    """A decode's sizes: its one bucket is the batch."""
+class DecodeSizes(Protocol):
+    """A decode's sizes: its one bucket is the batch; each request attends over ``ctx`` KV
+    rows of ``hidden`` values."""
 
     @property
     def batch(self) -> int: ...
+
+    @property
+    def ctx(self) -> int: ...
+
+    @property
+    def hidden(self) -> int: ...
 
 
 class OneBucketDecode:
     """The `ModelAdapter` parts a one-bucket decode shares: its bucket is ``cfg.batch``, the
     host prep stages the batch's request ids into the bucket's static ``req`` (padded with
-    request 0), and its buffer classes are the subclass's `BUFFER_CLASSES`."""
+    request 0), its buffer classes are the subclass's `BUFFER_CLASSES`, every shared buffer is
+    a canary input, and its layers (`attend`, `feed_forward`) use the subclass's weights."""
 
     BUFFER_CLASSES: Mapping[str, str]
-    cfg: BatchSized
+    cfg: DecodeSizes
     _buckets: dict[int, dict[str, torch.Tensor]]
+    # the weights the subclass builds: KV rows, and per layer the mix and feed-forward weights
+    kv: torch.Tensor
+    w_mix: list[torch.Tensor]
+    w_up: list[torch.Tensor]
+    w_down: list[torch.Tensor]
+
+    @property
+    def shared_buffers(self) -> Mapping[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def attend(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        locs: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Layer ``layer``'s attention of ``x`` (one row per request) over the KV rows at
+        ``locs`` (``ctx`` per request, flat), mixed back into ``x``; ``mask`` (per request and
+        position) hides the positions past a request's length."""
+        k = self.kv.index_select(0, locs).view(x.shape[0], self.cfg.ctx, -1)
+        scores = torch.bmm(k, x.unsqueeze(-1)).squeeze(-1) * (1.0 / math.sqrt(self.cfg.hidden))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -1e9)
+        p = torch.softmax(scores, dim=-1)
+        a = torch.bmm(p.unsqueeze(1), k).squeeze(1)
+        return x + torch.tanh(a @ self.w_mix[layer])
+
+    def feed_forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s feed-forward, added to ``x`` (scaled down: many layers stay
+        bounded)."""
+        return x + torch.relu(x @ self.w_up[layer]) @ self.w_down[layer] * 0.1
+
+    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec:
+        """Every shared buffer as the step's inputs (saved before it, put back for the replay,
+        the live contents restored after); only the output is compared (state the step and
+        the scheduler both write would read as a difference after a sound release)."""
+        return CanarySpec(inputs=self.shared_buffers)
 
     @property
     def buffer_classes(self) -> Mapping[str, str]:
@@ -101,4 +150,4 @@ def class_decode_subject(
     )
 
 
-__all__ = ["BatchSized", "OneBucketDecode", "class_decode_subject", "positive"]
+__all__ = ["DecodeSizes", "OneBucketDecode", "class_decode_subject", "positive"]

@@ -34,7 +34,6 @@ import torch
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.bench.class_decode import OneBucketDecode, class_decode_subject, positive
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.release import ReadDone
 
@@ -154,7 +153,6 @@ class HybridDecode(OneBucketDecode):
         slots, locs = s["slots"], s["locs"]
         mask = s["positions"][None, :] < s["lens"][:, None]
         x = self.embed.index_select(0, s["req"] % self.cfg.batch)
-        inv = 1.0 / math.sqrt(self.cfg.hidden)
         for layer in range(self.cfg.layers):
             if layer % 2 == 0:  # linear attention: read, mix and update the recurrent state
                 h = self.state.index_select(0, slots)
@@ -162,21 +160,10 @@ class HybridDecode(OneBucketDecode):
                 self.state.index_copy_(0, slots, 0.5 * h + 0.5 * y)
                 x = y
             else:  # attention over the pages the prep gathered
-                k = self.kv.index_select(0, locs.reshape(-1)).view(bucket, self.cfg.ctx, -1)
-                scores = torch.bmm(k, x.unsqueeze(-1)).squeeze(-1) * inv
-                p = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1)
-                a = torch.bmm(p.unsqueeze(1), k).squeeze(1)
-                x = x + torch.tanh(a @ self.w_mix[layer])
-            x = x + torch.relu(x @ self.w_up[layer]) @ self.w_down[layer] * 0.1
+                x = self.attend(layer, x, locs.reshape(-1), mask)
+            x = self.feed_forward(layer, x)
         s["out"].copy_(x)
         return s["out"]
-
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec:
-        """Every shared buffer as the step's inputs (saved before it, put back for the replay,
-        the live contents restored after): the recurrent state too, which both the step and
-        the scheduler write, so only the output is compared (the scheduler's writes of new
-        requests' slots after a sound release must not read as a difference)."""
-        return CanarySpec(inputs=self.shared_buffers)
 
     # -- the scheduler --------------------------------------------------------------------------
 

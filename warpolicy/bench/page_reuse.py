@@ -35,7 +35,6 @@ import torch
 from warpolicy.audit.subject import AuditSubject
 from warpolicy.bench.class_decode import OneBucketDecode, class_decode_subject, positive
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY, ForwardMode, WarReadDonePolicy
-from warpolicy.runtime.canary import CanarySpec
 from warpolicy.runtime.lifetimes import DeferredFrees, LifetimeStats
 from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.release import ReadDone
@@ -184,18 +183,10 @@ class PageReuseDecode(OneBucketDecode):
         s = self._buckets[bucket]
         x = self.embed.index_select(0, s["req"] % self.cfg.batch)
         locs = s["locs"].reshape(-1)
-        inv = 1.0 / math.sqrt(self.cfg.hidden)
         for layer in range(self.cfg.layers):  # every layer reads the pages
-            k = self.kv.index_select(0, locs).view(bucket, self.cfg.ctx, -1)
-            p = torch.softmax(torch.bmm(k, x.unsqueeze(-1)).squeeze(-1) * inv, dim=-1)
-            a = torch.bmm(p.unsqueeze(1), k).squeeze(1)
-            x = x + torch.tanh(a @ self.w_mix[layer])
-            x = x + torch.relu(x @ self.w_up[layer]) @ self.w_down[layer] * 0.1
+            x = self.feed_forward(layer, self.attend(layer, x, locs))
         s["out"].copy_(x)
         return s["out"]
-
-    def canary_spec(self, mode: ForwardMode, bucket: int, batch: Any) -> CanarySpec:
-        return CanarySpec(inputs=self.shared_buffers)
 
     # -- the scheduler --------------------------------------------------------------------------
 
