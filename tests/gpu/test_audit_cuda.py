@@ -5,25 +5,16 @@ see it (docs/ARCHITECTURE.md, "Audit")."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA
 
 from warpolicy.audit import EXIT_OK, EXIT_UNSAFE, Verdict, format_audit, run_audit
 from warpolicy.audit.synthetic import synthetic_backend, synthetic_names
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 TRIALS = 50
 RUNS = 2  # "in every run": the whole audit is repeated
-HAVE_BINDINGS = (
-    importlib.util.find_spec("cuda") is not None
-    and importlib.util.find_spec("cuda.bindings") is not None
-)
 
 
 @pytest.mark.parametrize("name", synthetic_names())
@@ -50,7 +41,7 @@ def backend_buckets(name, mode):
     return SyntheticConfig().buckets[mode]
 
 
-@pytest.mark.skipif(not HAVE_BINDINGS, reason="static audit needs cuda-bindings")
+@NEEDS_BINDINGS
 @pytest.mark.parametrize("name", synthetic_names())
 def test_static_audit_names_the_late_kernel(name):
     backend = synthetic_backend(name)
@@ -80,7 +71,7 @@ def test_static_audit_names_the_late_kernel(name):
             ), where
 
 
-@pytest.mark.skipif(not HAVE_BINDINGS, reason="static audit needs cuda-bindings")
+@NEEDS_BINDINGS
 def test_static_audit_sees_the_in_graph_prep_readers():
     """Not vacuous: in the safe in-graph backend the walk does find the prep's readers (they
     are ancestors of the planted node, so none offends)."""

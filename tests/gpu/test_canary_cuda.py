@@ -24,11 +24,9 @@ import time
 
 import pytest
 import torch
+from gpu_support import NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 from canary_support import (  # noqa: E402
     UNSAFE_SHAPES,

@@ -20,17 +20,16 @@ Every test prints ``[conformance cuda] ...`` lines with what it measured.
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 
 import pytest
 import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA, NEEDS_SGLANG, NEEDS_TRITON
 
 from warpolicy.audit import run_audit
 from warpolicy.audit.dynamic import audit_mode
 from warpolicy.audit.poison import plus_one
 from warpolicy.audit.report import Verdict
-from warpolicy.conformance import wheels
 from warpolicy.conformance.controls import KINDS, control_subject
 from warpolicy.conformance.factories import SPECS, subject
 from warpolicy.conformance.loader import load_kernels
@@ -38,18 +37,7 @@ from warpolicy.conformance.paged import DECODE, VERIFY, reference_step
 from warpolicy.registry.vocabulary import IN_GRAPH, POST_REPLAY
 from warpolicy.runtime.manager import new_plugin_manager, open_platform
 
-ABSENT = wheels.absent_reason()
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(ABSENT is not None, reason=ABSENT or ""),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("cuda") is None
-        or importlib.util.find_spec("cuda.bindings") is None,
-        reason="needs cuda-bindings (the self-check, derived placement and the static audit)",
-    ),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_SGLANG, NEEDS_TRITON, NEEDS_BINDINGS]
 
 TRIALS = 20  # per audited declaration (the audit's SAFE needs at least 10 on a GPU)
 CONTROL_TRIALS = 30  # the H200 finding was 0/30

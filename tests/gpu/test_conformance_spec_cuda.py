@@ -19,25 +19,10 @@ warpolicy.conformance.speculative:steps``).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA, NEEDS_SGLANG, NEEDS_TRITON
 
-from warpolicy.conformance import wheels
-
-ABSENT = wheels.absent_reason()
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(ABSENT is not None, reason=ABSENT or ""),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("cuda") is None
-        or importlib.util.find_spec("cuda.bindings") is None,
-        reason="needs cuda-bindings (derived placement and the static audit)",
-    ),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_SGLANG, NEEDS_TRITON, NEEDS_BINDINGS]
 
 from warpolicy.audit.dynamic import audit_mode  # noqa: E402
 from warpolicy.audit.report import SAFE, UNSAFE  # noqa: E402

@@ -16,16 +16,9 @@ import pathlib
 
 import pytest
 import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("cuda") is None
-        or importlib.util.find_spec("cuda.bindings") is None,
-        reason="needs cuda-bindings",
-    ),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_BINDINGS]
 
 from warpolicy.runtime.graphwalk import PlacementError, check_marker, derive_and_plant  # noqa: E402
 

@@ -16,11 +16,9 @@ import os
 import attrs
 import pytest
 import torch
+from gpu_support import NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 from warpolicy.bench.hybrid import DECLARED_CLASSES, HybridConfig, HybridDecode  # noqa: E402
 from warpolicy.registry.vocabulary import IN_GRAPH  # noqa: E402

@@ -20,11 +20,9 @@ from collections import deque
 
 import pytest
 import torch
+from gpu_support import NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 from warpolicy.runtime.fence import SchedulerBarrier  # noqa: E402
 from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402

@@ -10,19 +10,10 @@ Run on the GPU box:
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
 import torch
+from gpu_support import NEEDS_CUDA, NEEDS_SGLANG, NEEDS_TRITON
 
-from warpolicy.conformance.wheels import absent_reason
-
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(absent_reason() is not None, reason=str(absent_reason())),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_TRITON, NEEDS_SGLANG]
 
 from warpolicy.bench.llama import LlamaConfig, reference_logits, subject  # noqa: E402
 from warpolicy.bench.overlap_factory import format_factory_overlap, run_factory_overlap  # noqa: E402

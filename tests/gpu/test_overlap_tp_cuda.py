@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_support import NEEDS_CUDA
 
 from warpolicy.bench.overlap_tp import format_overlap_tp, run_overlap_tp
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 
 SMALL = {"layers": 8, "batch": 32, "steps": 60, "repeats": 1}

@@ -15,23 +15,15 @@ Run on the GPU box:
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("cuda") is None
-        or importlib.util.find_spec("cuda.bindings") is None,
-        reason="needs cuda-bindings",
-    ),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_BINDINGS]
 
 from warpolicy.registry.engine import PolicyEngine  # noqa: E402
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402

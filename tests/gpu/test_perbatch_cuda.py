@@ -21,6 +21,7 @@ import time
 
 import pytest
 import torch
+from gpu_support import NEEDS_CUDA
 
 from warpolicy.audit import Verdict, audit_mode
 from warpolicy.audit.synthetic_perbatch import THRESHOLD
@@ -34,10 +35,7 @@ from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import OverlapLoop, PrefillRunner
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 EXTEND = ForwardMode.EXTEND
 P = WarReadDonePolicy

@@ -14,22 +14,13 @@ Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from typing import Any
 
 import pytest
-import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("cuda") is None
-        or importlib.util.find_spec("cuda.bindings") is None,
-        reason="needs cuda-bindings",
-    ),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_BINDINGS]
 
 # the engine API's GPU test module (pytest puts tests/gpu on the path; mypy does not see it)
 from test_owned_capture_cuda import (  # type: ignore[import-not-found]  # noqa: E402

@@ -10,21 +10,13 @@ Run on the GPU box: ``PYTHONPATH=. python -m pytest -q -s -m cuda tests/gpu/test
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 
 import pytest
 import torch
+from gpu_support import NEEDS_BINDINGS, NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("cuda") is None
-        or importlib.util.find_spec("cuda.bindings") is None,
-        reason="needs cuda-bindings",
-    ),
-]
+pytestmark = [*NEEDS_CUDA, NEEDS_BINDINGS]
 
 from warpolicy.audit.synthetic import make_synthetic  # noqa: E402
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402

@@ -8,12 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from gpu_support import NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_engine.py"
 

@@ -19,12 +19,9 @@ import sys
 import textwrap
 
 import pytest
-import torch
+from gpu_support import NEEDS_CUDA
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [*NEEDS_CUDA]
 
 from warpolicy.audit import Verdict, run_audit  # noqa: E402
 from warpolicy.audit.api import describe_device, platform_for  # noqa: E402
