@@ -55,7 +55,8 @@ def test_the_audit_judges_the_staging_copy(platform, lying):
     )
     assert entry.policy is IN_GRAPH  # the staged step really hands verify's in-graph event
     if lying:
-        assert entry.verdict == UNSAFE and d.corrupted == d.trials == TRIALS  # every trial
+        # nearly every trial: the race is timing (an H100 run missed 1 of 20; UNSAFE needs one)
+        assert entry.verdict == UNSAFE and d.trials == TRIALS and d.corrupted >= TRIALS * 0.9
         # the walk of the draft extend's graph finds its live read of the table left out
         assert any(o.name.startswith("draft_extend: ") for o in entry.static.offenders)
     else:
