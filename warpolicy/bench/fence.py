@@ -221,14 +221,14 @@ def _overhead(
             },
         }
     sync()
-    if "in_graph" in result:  # against what an engine without an in-graph event pays per step
-        in_graph, post = result["in_graph"], result["post_replay"]
-        post_raw_us = post["raw_us_median"]
+    policy = "in_graph" if "in_graph" in result else "post_replay"
+    if policy == "in_graph":  # against what an engine without an in-graph event pays per step
+        in_graph, post_raw_us = result["in_graph"], result["post_replay"]["raw_us_median"]
         in_graph["ratio_vs_raw_post_replay"] = (
             in_graph["hooks_us_median"] / post_raw_us if post_raw_us else None
         )
-    out = dict(result["in_graph" if "in_graph" in result else "post_replay"])
-    out["policy"] = "in_graph" if "in_graph" in result else "post_replay"
+    out = dict(result[policy])
+    out["policy"] = policy
     out["per_policy"] = result
     return out
 

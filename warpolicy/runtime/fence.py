@@ -242,8 +242,8 @@ class ReadDoneFence:
     ) -> int:
         """One step in one call: `before_replay`, ``replay(graph)`` (which enqueues the step's
         forward on ``stream``, None = the current stream), then `after_replay` with the step's
-        token; returns the token for `take`. It publishes exactly what those calls publish, at
-        their cost (one owner check per step).
+        token; returns the token for `take`. It publishes exactly what those calls publish,
+        with one owner check per step.
 
         When ``replay`` raises (any ``BaseException``, ``KeyboardInterrupt`` included) the step
         publishes nothing (`take` finds nothing: the coarse barrier; `published` is ``NONE``)
@@ -251,13 +251,7 @@ class ReadDoneFence:
         platform's ``replay`` and a graph, ``torch.cuda.CUDAGraph.replay`` and a graph, an
         eager forward and its batch. The split calls stay for an engine that does other work
         between them."""
-        if self._owner.ident != get_ident():
-            self._owner.claim()
-        step = self._step = self._step + 1
-        self._mailbox = None
-        self._state = self._open
-        if release.records_pre_replay:
-            self._record_pre_replay(stream)
+        step = self.before_replay(release, stream)
         try:
             replay(graph)
         except BaseException:
