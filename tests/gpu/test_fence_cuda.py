@@ -111,11 +111,17 @@ def run_war_trial(g: SharedReadGraph, policy: P, replays: int = REPLAYS) -> int:
             g.shared.copy_(
                 perms[i % PERMS]
             )  # this step's input, written in order on the forward stream
-            g.fence.before_replay(release)
-            p.replay(g.graph)
-            g.fence.after_replay(release)
+            if i % 2:  # the split calls, then take and apply
+                g.fence.before_replay(release)
+                p.replay(g.graph)
+                g.fence.after_replay(release)
+            else:  # the one-call step, then the one-call barrier
+                token = g.fence.launch(release, p.replay, g.graph)
             results[i].copy_(g.out)
-        kind = barrier.apply(sched, fwd, g.fence.take())
+        if i % 2:
+            kind = barrier.apply(sched, fwd, g.fence.take())
+        else:
+            kind = barrier.apply_step(sched, fwd, g.fence, token)
         assert kind == ("coarse" if policy is P.NONE else "event")
         with p.stream(sched):
             g.shared.copy_(garbage)  # the next batch's write, as early as the barrier allows
@@ -155,11 +161,13 @@ def test_fence_bench_reports_release_and_overhead():
 def test_cuda_platform_binds_torchs_own_calls(platform):
     assert platform.record is torch.cuda.Event.record
     assert platform.wait_event is torch.cuda.Stream.wait_event
+    assert platform.event_wait is torch.cuda.Event.wait  # the barrier's: one frame less
     # replay is graph.replay(), so a restored graph torch cannot hold replays the same way
     assert isinstance(platform.replay, operator.methodcaller)
     ev, s = platform.create_event(), platform.new_stream()
     platform.record(ev)  # None: the current stream
     platform.wait_event(s, ev)
+    platform.event_wait(ev, s)
     platform.synchronize()
     assert ev.query()
 

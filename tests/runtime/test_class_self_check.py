@@ -11,9 +11,11 @@ import torch
 
 from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, ForwardMode
 from warpolicy.runtime.graphwalk import Graph, Node, NodeKind
+from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.release import class_policy_fns
 from warpolicy.runtime.runners import DecodeRunner, SelfCheckError
-from warpolicy.testing import sim_impl, sim_platform
+from warpolicy.testing import sim_impl
+from warpolicy.testing.sim import FaultySimPlatform
 
 
 class Hybrid:
@@ -61,8 +63,8 @@ CLASSES = {"table": "metadata", "state": "recurrent_state"}
 HYBRID = {"metadata": IN_GRAPH, "recurrent_state": POST_REPLAY}
 
 
-def runner(model, late=False, self_check="warn", graph_model=True):
-    platform = sim_platform()
+def runner(model, late=False, self_check="warn", graph_model=True, device="sim"):
+    platform = Platform(FaultySimPlatform(device=device))
     if graph_model:
         sim_impl(platform).graph_model = lambda g: graph_of(model, g, table_late=late)
     cell, per = class_policy_fns(HYBRID)
@@ -109,6 +111,18 @@ def test_without_a_walk_the_class_is_kept_as_the_bucket_check_is():
         r.capture()
     assert classes_of(r) == HYBRID
     assert caught == []  # the simulated platform has no raw graph: nothing is lost
+
+
+def test_without_a_walk_a_real_platform_says_the_class_check_was_skipped():
+    """A platform plugin without a graph walk (the simulated implementation claiming another
+    device type) keeps the class as the bucket check does, and says it went unchecked."""
+    r = runner(Hybrid(CLASSES), graph_model=False, device="rocm")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r.capture()
+    assert classes_of(r) == HYBRID
+    messages = [str(w.message) for w in caught]
+    assert any("class self-check cannot run" in m and "class metadata" in m for m in messages)
 
 
 def test_a_failed_walk_probe_makes_the_class_coarse():

@@ -9,7 +9,7 @@ import threading
 import warnings
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from warpolicy.bench.command import render
@@ -640,9 +640,13 @@ def test_fence_bench_runs_on_the_simulated_platform():
     in_graph, post = rows["in_graph"], rows["post_replay"]  # the stand-in's rows
     vs_post = in_graph["hooks_us_median"] / post["raw_us_median"]
     assert in_graph["ratio_vs_raw_post_replay"] == pytest.approx(vs_post)
+    vs_event_first = in_graph["hooks_us_median"] / in_graph["raw_event_first_us_median"]
+    assert in_graph["ratio_vs_raw_event_first"] == pytest.approx(vs_event_first)
+    assert "ratio_vs_raw_event_first" not in post  # one wait form per policy: in_graph only
     text = format_fence_bench(result)
     assert "overhead per step (in_graph)" in text and "indicative only" in text
     assert "in_graph (fence) vs a raw post_replay step" in text
+    assert "in_graph (fence) vs the raw event-first wait" in text
     assert "fence's own cost per step (in_graph, C-builtin stand-in platform)" in text
     assert json.loads(render(result, "json", format_fence_bench))["iters"] == 20
 
@@ -695,7 +699,7 @@ def test_a_keyboard_interrupt_in_the_wait_still_orders_the_schedule_stream(platf
     if force_coarse:
         barrier._wait_stream = interrupted
     else:
-        barrier._wait_event = interrupted
+        barrier._event_wait = interrupted
     with pytest.raises(KeyboardInterrupt):
         barrier.apply(sched, platform.current_stream(), read_done)
     expected = ("synchronize",) if force_coarse else ("wait_stream", sched.id, 0)
@@ -784,3 +788,93 @@ def test_launch_checks_the_owner_once_and_before_anything(platform, monkeypatch)
     thread.start()
     thread.join()
     assert len(errors) == 1 and replays == [] and fence.step == 1
+
+
+# -- apply_step: take and barrier in one call ----------------------------------------------------------
+
+
+def _barriered(steps, how):
+    """Steps on a fresh fence with a recording observer; each step is (policy, force_coarse,
+    token kind, wait fault); a ``"dropped"`` step's read-done is taken and never waited on.
+    The scheduler takes and applies ``how``: ``"apply"`` (``apply(..., take(token))``) or
+    ``"apply_step"``. Returns (per step: the barrier's kind, the published policy, the
+    mailbox after it, the slots' marks), the observer's calls and the platform log."""
+    rt = sim_runtime()
+    recorder = Recorder()
+    rt.pm.register(recorder)
+    rt.observers.refresh()
+    platform = rt.platform
+    fence, graph, event, barrier = observed(rt)
+    schedule, forward = platform.new_stream(), platform.current_stream()
+    releases = {policy: release(policy, event) for policy in P}  # one per bucket, as a runner's
+    start = len(platform.log)
+    out = []
+    with warnings.catch_warnings():  # the fallbacks warn (the observer records them)
+        warnings.simplefilter("ignore")
+        for policy, force_coarse, token_kind, fault in steps:
+            barrier.force_coarse = force_coarse
+            rel = releases[policy]
+            token = fence.launch(rel, platform.replay, graph)
+            if token_kind == "dropped":  # a scheduler that takes and never waits (its bug)
+                fence.take(token)
+                out.append((None, fence.published, None, None))
+                continue
+            given_token = {"token": token, "none": None, "stale": token - 1}[token_kind]
+            if fault:
+                sim_impl(platform).inject("wait_event", fault)
+            if how == "apply":
+                kind = barrier.apply(schedule, forward, fence.take(given_token))
+            else:
+                kind = barrier.apply_step(schedule, forward, fence, given_token)
+            sim_impl(platform).clear_faults()
+            marks = [(slot.step, slot.taken) for slot in fence.ring.slots]
+            if rel.read_done is not None:
+                marks.append((rel.read_done.slot.step, rel.read_done.slot.taken))
+            out.append((kind, fence.published, fence.take(), marks))
+    return out, recorder.calls, platform.log[start:]
+
+
+_BARRIER_STEPS = st.tuples(
+    st.sampled_from([P.IN_GRAPH, P.POST_REPLAY, P.PRE_REPLAY, P.NONE]),
+    st.booleans(),
+    st.sampled_from(["token", "none", "stale", "dropped"]),
+    st.sampled_from([None, "raise", "act_then_raise"]),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_BARRIER_STEPS, max_size=10))
+@example([(P.IN_GRAPH, False, "dropped", None), (P.IN_GRAPH, False, "token", None)])
+@example([(P.POST_REPLAY, False, "dropped", None)] * 4 + [(P.POST_REPLAY, False, "none", None)])
+@example([(P.IN_GRAPH, True, "stale", "raise"), (P.PRE_REPLAY, False, "token", "act_then_raise")])
+def test_apply_step_is_apply_of_take(steps):
+    """The fused call waits, falls back, reports and marks slots exactly as ``apply`` of
+    ``take`` does, for every policy, forced coarse or not, any token, a failing wait."""
+    assert _barriered(steps, "apply_step") == _barriered(steps, "apply")
+
+
+def test_apply_step_waits_on_the_steps_own_event_with_the_event_first(platform):
+    fence, graph, event = captured_fence(platform)
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    token = fence.launch(release(P.IN_GRAPH, event), platform.replay, graph)
+    assert barrier.apply_step(schedule, platform.current_stream(), fence, token) == "event"
+    assert platform.log[-1] == ("wait_event", schedule.id, event.id)
+    assert fence.take(token) is None  # consumed once
+
+
+def test_apply_step_on_an_interrupted_wait_orders_the_schedule_stream(platform):
+    fence, graph, event = captured_fence(platform)
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    rel = release(P.IN_GRAPH, event)
+    token = fence.launch(rel, platform.replay, graph)
+
+    def interrupted(event, stream):
+        raise KeyboardInterrupt
+
+    barrier._event_wait = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        barrier.apply_step(schedule, platform.current_stream(), fence, token)
+    assert platform.log[-1] == ("wait_stream", schedule.id, 0)
+    assert rel.read_done.slot.taken is False

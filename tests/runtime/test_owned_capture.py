@@ -31,10 +31,12 @@ from warpolicy.runtime.owned_capture import (
     cell_policy,
     resolve_cell,
 )
+from warpolicy.runtime.platforms import Platform
 from warpolicy.runtime.platforms.sim import SimGraph, SimPlatform
 from warpolicy.runtime.policy import fixed_policy
 from warpolicy.runtime.runners import DecodeRunner
 from warpolicy.testing import sim_impl, sim_runtime
+from warpolicy.testing.sim import FaultySimPlatform
 
 P = WarReadDonePolicy
 DECODE = ForwardMode.DECODE
@@ -267,6 +269,21 @@ class TestMarker:
         assert messages == [] and seen.demotions == []
         assert {o.policy for o in outcomes.values()} == {P.IN_GRAPH}
         assert not any(o.report.walked for o in outcomes.values())
+
+    @pytest.mark.parametrize("device, said", [("sim", False), ("rocm", True)])
+    def test_without_a_walk_a_real_platform_says_the_check_was_skipped(self, device, said):
+        """A platform plugin without a graph walk (here the simulated implementation claiming
+        another device type) is told once that its markers go unchecked; the simulated
+        platform, whose graphs re-run their Python body, is not."""
+        platform = Platform(FaultySimPlatform(device=device))
+        engine = Engine(platform)
+        cell = cell_policy(fixed_policy(P.IN_GRAPH), DECODE)
+        capture = ReadDoneCapture(platform, cell, ReadDoneFence(platform))
+        outcomes, messages = finish_all(engine, capture)
+        assert {o.policy for o in outcomes.values()} == {P.IN_GRAPH}
+        skipped = [m for m in messages if "marker self-check skipped" in m]
+        assert len(skipped) == (1 if said else 0)
+        assert not said or "no graph model to walk" in skipped[0]
 
     def test_a_marker_never_recorded_is_a_doubt(self):
         _, engine, fence, capture, seen = setup()

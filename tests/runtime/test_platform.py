@@ -16,6 +16,7 @@ from warpolicy.runtime.hookspecs import hookimpl
 from warpolicy.runtime.manager import new_plugin_manager, open_platform
 from warpolicy.runtime.platforms import (
     PLATFORM_OPERATIONS,
+    EventFirstWait,
     Platform,
     PlatformError,
     PlatformImpl,
@@ -219,6 +220,35 @@ def test_external_events_as_a_method_is_refused_not_read_as_true():
     assert any("must be a bool, not method" in p for p in implementation_problems(Method()))
     with pytest.raises(PlatformError, match="external_events_supported must be a bool"):
         Platform(Method())
+
+
+def test_event_wait_is_the_implementations_own_or_its_wait_event_reordered():
+    plain = Platform(SimPlatform())
+    assert not isinstance(plain.impl, EventFirstWait)
+    ev, s = plain.create_event(), plain.new_stream()
+    plain.record(ev)
+    plain.event_wait(ev, s)  # reordered onto the implementation's wait_event
+    assert plain.log[-1] == ("wait_event", s.id, ev.id)
+
+    class EventFirst(SimPlatform):
+        def event_wait(self, event, stream):
+            self.log.emit(("event_wait", stream.id, event.id))
+
+    own = Platform(EventFirst())
+    assert isinstance(own.impl, EventFirstWait)
+    assert own.event_wait == own.impl.event_wait  # bound as is: no wrapper frame
+    ev, s = own.create_event(), own.new_stream()
+    own.event_wait(ev, s)
+    assert own.log[-1] == ("event_wait", s.id, ev.id)
+
+
+def test_an_event_wait_that_is_not_callable_is_refused():
+    class Broken(SimPlatform):
+        event_wait = "yes"
+
+    assert "event_wait is not callable" in implementation_problems(Broken())
+    with pytest.raises(PlatformError, match="event_wait is not callable"):
+        Platform(Broken())
 
 
 def test_a_partial_graph_walker_is_refused():

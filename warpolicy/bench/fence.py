@@ -6,12 +6,13 @@ Measured side by side in one process:
   buffer, the planted read-done node, then ``matmuls`` 4096x4096 bf16 matmuls. Per replay the
   host waits first for the taken in-graph event, then for the whole replay; we report the
   medians and ``ratio = release / whole``.
-* **overhead**: host time per step of ``fence.before_replay + after_replay + take +
-  barrier.apply`` (the step token passed: one owner check per step) against the raw calls
-  that do the same device work (``event.record(stream)`` + ``stream.wait_event(event)`` on
-  torch; the simulated platform's own methods on ``sim``),
+* **overhead**: host time per step of ``fence.before_replay + after_replay`` and
+  ``barrier.apply_step`` (take and barrier in one call; the step token passed: one owner check
+  per step) against the raw calls that do the same device work (``event.record(stream)`` +
+  ``stream.wait_event(event)`` on torch; the simulated platform's own methods on ``sim``),
   for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait; also against the raw
-  ``post_replay`` step, what an engine without an in-graph event pays), with no observer
+  ``post_replay`` step, what an engine without an in-graph event pays, and against the raw
+  event-first wait ``event.wait(stream)``, the torch call the barrier makes), with no observer
   plugin and with one no-op observer registered (called directly, as the runtime calls every
   observer: `warpolicy.runtime.observers`).
 * **stand-in** (every device): the same comparison on a platform whose operations are C
@@ -102,6 +103,7 @@ class _StandIn:
         stream = object()
         self.record = nothing.get  # (event, stream=None): C, no frame
         self.wait_event = nothing.get  # (stream, event)
+        self.event_wait = nothing.get  # (event, stream)
         self.wait_stream = nothing.get  # (stream, other)
         self.replay = nothing.get  # (graph)
         self.is_capturing = bool  # () -> False
@@ -135,15 +137,21 @@ class _StandIn:
         pass
 
 
-def _raw_ops(
-    platform: Platform,
-) -> tuple[
-    Callable[[EventHandle, StreamHandle], None], Callable[[StreamHandle, EventHandle], None]
-]:
-    """(record(event, stream), wait(stream, event)) without fence or facade."""
+_Record = Callable[[EventHandle, StreamHandle], None]
+_Wait = Callable[[StreamHandle, EventHandle], None]
+_EventWait = Callable[[EventHandle, StreamHandle], None]
+
+
+def _raw_ops(platform: Platform) -> tuple[_Record, _Wait, _EventWait]:
+    """(record(event, stream), wait(stream, event), event-first wait(event, stream)) without
+    fence or facade."""
     if platform.name == "cuda":
-        return (lambda ev, s: ev.record(s)), (lambda s, ev: s.wait_event(ev))
-    return platform.record, platform.wait_event
+        return (
+            (lambda ev, s: ev.record(s)),
+            (lambda s, ev: s.wait_event(ev)),
+            (lambda ev, s: ev.wait(s)),
+        )
+    return platform.record, platform.wait_event, platform.event_wait
 
 
 def _overhead(
@@ -157,7 +165,7 @@ def _overhead(
     fwd = platform.current_stream()
     sched = platform.new_stream()
     barrier = SchedulerBarrier(platform, observers=pm.observers)
-    record, wait = _raw_ops(platform)
+    record, wait, event_wait = _raw_ops(platform)
     ring = [platform.create_event() for _ in range(fence.ring_size)]
     sync = platform.synchronize if platform.name == "cuda" else (lambda: None)
     state = {"i": 0}
@@ -167,17 +175,12 @@ def _overhead(
 
     def hooks_step(policy: P) -> Callable[[], None]:
         release = releases[policy]
-        before, after, take, apply = (
-            fence.before_replay,
-            fence.after_replay,
-            fence.take,
-            barrier.apply,
-        )
+        before, after, apply_step = fence.before_replay, fence.after_replay, barrier.apply_step
 
         def run() -> None:  # the forward stream is passed, as the raw path does
             step = before(release, fwd)  # the owner check, once per step
             after(release, fwd, step)
-            apply(sched, fwd, take(step))
+            apply_step(sched, fwd, fence, step)
 
         return run
 
@@ -189,20 +192,30 @@ def _overhead(
     def raw_in_graph() -> None:
         wait(sched, planted)
 
+    def raw_event_first() -> None:
+        event_wait(planted, sched)
+
     result: dict[str, Any] = {}
-    rows = [("post_replay", hooks_step(P.POST_REPLAY), raw_post)]
+    # (name, the fence's step, its raw calls, the other raw forms it is compared with)
+    rows: list[tuple[str, Callable[[], None], Callable[[], None], dict[str, Callable[[], None]]]]
+    rows = [("post_replay", hooks_step(P.POST_REPLAY), raw_post, {})]
     if P.IN_GRAPH in releases:
-        rows.append(("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph))
-    for name, hooked, raw in rows:
-        for fn in (hooked, raw):  # warm both paths (allocations, caches)
+        rows.append(
+            ("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph, {"event_first": raw_event_first})
+        )
+    for name, hooked, raw, others in rows:
+        for fn in (hooked, raw, *others.values()):  # warm every path (allocations, caches)
             for _ in range(BLOCK):
                 fn()
         hooks_s, raw_s, obs_s = [], [], []
+        other_s: dict[str, list[float]] = {label: [] for label in others}
         plugin_s: dict[str, list[float]] = {label: [] for label, _ in observers}
         observer = _NoOpObserver()
         for _ in range(3):  # interleave so drift hits all variants alike
             hooks_s += _per_step_us(hooked, iters // 3, sync)
             raw_s += _per_step_us(raw, iters // 3, sync)
+            for label, other in others.items():
+                other_s[label] += _per_step_us(other, iters // 3, sync)
             obs_s += _observed(pm, observer, hooked, iters // 3, sync)
             for label, plugin in observers:
                 plugin_s[label] += _observed(pm, plugin, hooked, iters // 3, sync)
@@ -220,6 +233,10 @@ def _overhead(
                 for label, xs in plugin_s.items()
             },
         }
+        for label, xs in other_s.items():  # in_graph: the raw event-first wait
+            other_us = _median(xs)
+            result[name][f"raw_{label}_us_median"] = other_us
+            result[name][f"ratio_vs_raw_{label}"] = h / other_us if other_us else None
     sync()
     policy = "in_graph" if "in_graph" in result else "post_replay"
     if policy == "in_graph":  # against what an engine without an in-graph event pays per step
@@ -418,6 +435,12 @@ def format_fence_bench(result: dict[str, Any]) -> str:
             lines.append(
                 f"  in_graph (fence) vs a raw post_replay step (record + wait): ratio "
                 f"{row['ratio_vs_raw_post_replay']:.2f}"
+            )
+        if row.get("ratio_vs_raw_event_first") is not None:
+            lines.append(
+                f"  in_graph (fence) vs the raw event-first wait (event.wait(stream), "
+                f"{row['raw_event_first_us_median']:.2f} us): ratio "
+                f"{row['ratio_vs_raw_event_first']:.2f}"
             )
         for label, plugin in row.get("plugins", {}).items():
             lines.append(

@@ -21,6 +21,9 @@ Scheduler side, right after the launch::
 
     barrier.apply(schedule_stream, forward_stream, fence.take(step))
 
+or the two in one call, ``barrier.apply_step(schedule_stream, forward_stream, fence, step)``
+(the same barrier; the scheduler that does not need the `ReadDone` itself).
+
 Failures never raise out of the fence: the step publishes nothing (the scheduler takes the
 coarse barrier), every failure reaches ``warpolicy_on_fallback``, one warning per place
 (`warpolicy.runtime.observers.Reporter`). Host-recorded events come from an `EventRing` that
@@ -448,7 +451,9 @@ class SchedulerBarrier:
     Either way the taken event is no longer awaited afterwards.
 
     ``apply`` is chosen once, at construction: the barrier itself, or, with profiler ranges
-    on, the same inside a ``warpolicy.barrier`` range.
+    on, the same inside a ``warpolicy.barrier`` range. The event wait is the platform's
+    ``event_wait`` (`warpolicy.runtime.platforms.base.EventFirstWait`): on CUDA torch's own
+    ``Event.wait``.
     """
 
     def __init__(
@@ -464,10 +469,10 @@ class SchedulerBarrier:
         self.name = name
         self.reporter = Reporter(observers, f"barrier {name!r}")
         self._observers = observers
-        self._wait_event = platform.wait_event  # the platform's own bound calls
+        self._event_wait = platform.event_wait  # the platform's own bound calls
         self._wait_stream = platform.wait_stream
-        self.force_coarse = force_coarse
         self._ranges = _profile_ranges(profile_ranges)
+        self.force_coarse = force_coarse
         #: ``apply(schedule_stream, forward_stream, read_done) -> "event" | "coarse"``
         self.apply: Callable[[StreamHandle, StreamHandle, ReadDone | None], str] = (
             self._ranged if self._ranges else self._barrier
@@ -481,6 +486,37 @@ class SchedulerBarrier:
     @force_coarse.setter
     def force_coarse(self, value: bool) -> None:
         self._force_coarse = bool(value)
+        # apply_step's own path: an event wait with nothing around it
+        self._plain = not (self._force_coarse or self._ranges)
+
+    def apply_step(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        fence: ReadDoneFence,
+        step: int | None = None,
+    ) -> str:
+        """``apply(schedule_stream, forward_stream, fence.take(step))`` in one call, right
+        after a step's launch: the same wait, the same fallbacks, reports and result, one call
+        fewer per step. ``step``: the step's token, as `ReadDoneFence.take` takes it (without
+        it, or with another step's, the owner check runs as there)."""
+        read_done = fence._mailbox  # take(step), inlined for the common case
+        if read_done is None or step != fence._step or not self._plain:
+            return self.apply(schedule_stream, forward_stream, fence.take(step))
+        fence._mailbox = None
+        try:  # the event branch of _barrier: its slot needs no awaited mark around the wait
+            self._event_wait(read_done.event, schedule_stream)
+        except Exception as exc:  # noqa: BLE001
+            return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
+        except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
+            self._interrupted(schedule_stream, forward_stream, read_done)
+            raise
+        read_done.slot.taken = False
+        if self._observers.on_barrier:
+            self.reporter.barrier(
+                read_done.source, read_done.slot.step, "event", read_done.policy.label
+            )
+        return "event"
 
     def _barrier(
         self,
@@ -493,7 +529,7 @@ class SchedulerBarrier:
         if read_done is None or self._force_coarse:
             return self._coarse_barrier(schedule_stream, forward_stream, read_done)
         try:
-            self._wait_event(schedule_stream, read_done.event)
+            self._event_wait(read_done.event, schedule_stream)
         except Exception as exc:  # noqa: BLE001
             return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
         except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise

@@ -90,7 +90,13 @@ from warpolicy.runtime.placement import (
     plant_bucket_derived,
     walk_unavailable,
 )
-from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform, StreamHandle
+from warpolicy.runtime.platforms import (
+    EventHandle,
+    GraphHandle,
+    Platform,
+    StreamHandle,
+    is_simulated,
+)
 from warpolicy.runtime.policy import ExplainedPolicy, PlacedPolicy, RunnerPolicy, policy_function
 from warpolicy.runtime.rebind import RELEASE_LABEL, rebind_bucket, save_bucket
 from warpolicy.runtime.release import (
@@ -856,10 +862,11 @@ class BucketCapture:
         return BucketFacts(bucket, doubt=where + outcome.detail), outcome
 
     def _skipped_check(self, reason: str) -> None:
-        """The self-check cannot run here: on CUDA say so once (elsewhere there is no raw
-        graph, so nothing is lost)."""
+        """The self-check cannot run here: say so once, on every real platform (a platform
+        plugin without a graph walker included); the simulated platform's graphs re-run their
+        Python body, so nothing is lost there."""
         c = self.capture
-        if c.platform.name == "cuda":
+        if not is_simulated(c.platform.device):
             c.reporter.warn("self-check-unavailable", f"marker self-check skipped: {reason}")
 
     # -- reporting -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What a platform is: the `PlatformImpl` protocol, the optional `GraphWalker` protocol,
-opaque handle types, the check a claimed implementation must pass, and device-type helpers.
+"""What a platform is: the `PlatformImpl` protocol, the optional `EventFirstWait`, `GraphWalker`
+and `GraphRestorer` protocols, opaque handle types, the check a claimed implementation must
+pass, and device-type helpers.
 
 A platform plugin answers the ``warpolicy_platform(device)`` hook with an object satisfying
 `PlatformImpl` for the devices it handles (and None for the others). The composition root
@@ -97,6 +98,20 @@ class PlatformImpl(Protocol):
 
     def synchronize(self) -> None:
         """Block the host until all work on the device is done."""
+
+
+@runtime_checkable
+class EventFirstWait(Protocol):
+    """Optional `PlatformImpl` capability: `PlatformImpl.wait_event` with the event first, for a
+    platform whose own call takes it first (``torch.cuda.Event.wait(event, stream)``). The
+    scheduler barrier's per-step wait then is that call, with no frame to reorder the
+    arguments; without it the facade reorders (`warpolicy.runtime.platforms.facade`). It must
+    be the same operation as ``wait_event``: everything else (the runners, the coarse
+    fallbacks) calls that one.
+    """
+
+    def event_wait(self, event: EventHandle, stream: StreamHandle) -> None:
+        """``stream`` waits for the latest record of ``event``."""
 
 
 @runtime_checkable
@@ -213,6 +228,8 @@ def implementation_problems(impl: object) -> list[str]:
         )
     if restore and len(walk) != len(GRAPH_WALK_METHODS):
         problems.append("a graph restorer that cannot walk its graphs")
+    if hasattr(impl, "event_wait") and not callable(getattr(impl, "event_wait", None)):
+        problems.append("event_wait is not callable")
     return problems
 
 
@@ -243,6 +260,7 @@ __all__ = [
     "PLATFORM_OPERATIONS",
     "RESTORE_METHODS",
     "SIM_DEVICE_TYPES",
+    "EventFirstWait",
     "EventHandle",
     "GraphHandle",
     "GraphRestorer",

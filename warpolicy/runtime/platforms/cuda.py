@@ -6,8 +6,10 @@ recorded during capture becomes a graph node) are detected from the signature of
 ``stream=None`` uses the *current* stream: during a capture that is the capture stream, which
 is what makes torch emit the node.
 
-The per-step operations (record, wait_event, wait_stream, is_capturing) are torch's own
-functions bound once, so the fence pays no wrapper frame on top of the raw torch call; replay is
+The per-step operations (record, wait_event, wait_stream, is_capturing, and ``event_wait``:
+`warpolicy.runtime.platforms.base.EventFirstWait`, ``torch.cuda.Event.wait``, which
+``torch.cuda.Stream.wait_event`` calls) are torch's own functions bound once, so the fence pays
+no wrapper frame on top of the raw torch call; replay is
 ``operator.methodcaller("replay")`` (C-level: ``graph.replay()``), so a restored graph
 (`warpolicy.runtime.graphwalk.restore.RestoredGraph`, which torch cannot hold) replays the same
 way as a torch ``CUDAGraph``.
@@ -74,6 +76,7 @@ class CudaPlatform:
     # torch's own functions, bound in __init__ (see the module docstring)
     record: Callable[..., None]
     wait_event: Callable[[Any, Any], None]
+    event_wait: Callable[[Any, Any], None]
     wait_stream: Callable[[Any, Any], None]
     replay: Callable[[Any], None]
     is_capturing: Callable[[], bool]
@@ -84,7 +87,8 @@ class CudaPlatform:
         self._index = self.device if self.device.index is not None else None
         self.external_events_supported = external_events_in_signature()
         self.record = torch.cuda.Event.record  # (event, stream=None): None = current stream
-        self.wait_event = torch.cuda.Stream.wait_event  # (stream, event)
+        self.wait_event = torch.cuda.Stream.wait_event  # (stream, event): calls the next one
+        self.event_wait = torch.cuda.Event.wait  # (event, stream): EventFirstWait, one frame less
         self.wait_stream = torch.cuda.Stream.wait_stream  # (stream, other)
         # (graph): ``graph.replay()``, one C-level attribute call: a torch CUDAGraph, or a
         # restored graph (`warpolicy.runtime.graphwalk.restore.RestoredGraph`) torch cannot hold

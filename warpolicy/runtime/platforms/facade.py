@@ -23,6 +23,7 @@ from warpolicy.runtime.graphwalk.anchor import SavedAnchors
 from warpolicy.runtime.graphwalk.plant import SharedBuffers
 from warpolicy.runtime.graphwalk.restore import Rebound
 from warpolicy.runtime.platforms.base import (
+    EventFirstWait,
     EventHandle,
     GraphHandle,
     GraphRestorer,
@@ -44,6 +45,18 @@ class PlatformError(WarpolicyError, RuntimeError):
     contract (e.g. returned None where a handle is due)."""
 
 
+def _event_first(
+    wait_event: Callable[[StreamHandle, EventHandle], None],
+) -> Callable[[EventHandle, StreamHandle], None]:
+    """``wait_event(stream, event)`` as ``(event, stream)``, for an implementation without
+    `EventFirstWait`."""
+
+    def event_wait(event: EventHandle, stream: StreamHandle) -> None:
+        wait_event(stream, event)
+
+    return event_wait
+
+
 def _one_line(text: str) -> str:
     lines = str(text).strip().splitlines()
     return lines[0] if lines else ""
@@ -53,12 +66,15 @@ class Platform:
     """Streams, events and graphs of one device, delegated to the `PlatformImpl` that claimed it.
 
     ``record``, ``wait_event``, ``wait_stream``, ``replay`` and ``is_capturing`` are the
-    implementation's own bound methods. ``walker`` is the implementation when it can walk its
+    implementation's own bound methods; ``event_wait(event, stream)`` is ``wait_event`` with
+    the event first (the implementation's own with `EventFirstWait`, else a reordering
+    wrapper), the scheduler barrier's per-step wait. ``walker`` is the implementation when it can walk its
     graphs (`GraphWalker`), else None.
     """
 
     record: Callable[..., None]
     wait_event: Callable[[StreamHandle, EventHandle], None]
+    event_wait: Callable[[EventHandle, StreamHandle], None]
     wait_stream: Callable[[StreamHandle, StreamHandle], None]
     replay: Callable[[GraphHandle], None]
     is_capturing: Callable[[], bool]
@@ -81,6 +97,9 @@ class Platform:
         # the hot path: bound once, called directly (no dispatch, no wrapper frame)
         self.record = impl.record  # (event, stream=None): None = the current stream
         self.wait_event = impl.wait_event  # (stream, event)
+        self.event_wait = (  # (event, stream): the barrier's per-step wait
+            impl.event_wait if isinstance(impl, EventFirstWait) else _event_first(impl.wait_event)
+        )
         self.wait_stream = impl.wait_stream  # (stream, other): the coarse barrier
         self.replay = impl.replay  # (graph): enqueue on the current stream
         self.is_capturing = impl.is_capturing

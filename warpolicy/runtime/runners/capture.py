@@ -46,7 +46,7 @@ from warpolicy.runtime.owned_capture import (
     notify_decision,
 )
 from warpolicy.runtime.placement import Verdict, check_bucket_marker, walk_unavailable
-from warpolicy.runtime.platforms import Platform, PoolHandle, StreamHandle
+from warpolicy.runtime.platforms import Platform, PoolHandle, StreamHandle, is_simulated
 from warpolicy.runtime.policy import RunnerPolicy
 from warpolicy.runtime.release import (
     BucketFacts,
@@ -185,7 +185,7 @@ class CaptureTransaction:
                 )
                 continue
             if unavailable is not None:
-                if self.platform.name != "cuda":  # no raw graph elsewhere: nothing is lost
+                if is_simulated(self.platform.device):  # its graphs re-run Python: nothing lost
                     continue
                 self.reporter.warn(
                     "class self-check",

@@ -34,6 +34,12 @@ def waits_do_nothing(h: Harness, impl: SimPlatform) -> None:
     impl.wait_stream = lambda stream, other: None  # type: ignore[method-assign]
 
 
+def event_first_wait_does_nothing(h: Harness, impl: SimPlatform) -> None:
+    """The platform's own event-first wait (`EventFirstWait`, the barrier's) returns without
+    waiting; its ``wait_event`` still waits."""
+    impl.event_wait = lambda event, stream: None  # type: ignore[attr-defined]
+
+
 def capture_records_swallowed(h: Harness, impl: SimPlatform) -> None:
     """A record during a capture returns as if it planted a node, and plants nothing."""
     record = impl.record
@@ -267,6 +273,20 @@ POSITIVE_CONTROLS: tuple[Control, ...] = (
         "the platform's waits return without waiting",
         Case("decode", "in_graph"),
         hook=waits_do_nothing,
+    ),
+    Control(
+        "apply_step_does_not_wait",
+        "the platform's waits return without waiting; the scheduler takes and waits in one "
+        "call (SchedulerBarrier.apply_step)",
+        Case("apply_step", "in_graph"),
+        hook=waits_do_nothing,
+    ),
+    Control(
+        "event_first_wait_does_not_wait",
+        "the platform's own event-first wait (EventFirstWait) returns without waiting while "
+        "its wait_event waits",
+        Case("apply_step", "post_replay"),
+        hook=event_first_wait_does_nothing,
     ),
     Control(
         "pre_replay_reads_in_graph",

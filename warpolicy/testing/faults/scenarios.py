@@ -191,7 +191,9 @@ def overlap(
 
 def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag: int) -> None:
     """A scheduler ``lag`` launches behind: it takes each step's event right after the launch
-    (forward streams round-robin, unordered) and waits on it ``lag`` launches later."""
+    (forward streams round-robin, unordered) and waits on it ``lag`` launches later. With
+    ``lag=0`` it takes and waits in one call right after the launch
+    (`SchedulerBarrier.apply_step`, the fence's step as the token)."""
     forward = _streams(h, streams)
     (schedule,) = _streams(h, 1)
     barrier: SchedulerBarrier | None = h.guard(lambda: SchedulerBarrier(h.platform, **h.kw))
@@ -203,7 +205,11 @@ def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag:
 
     def release(step: int, stream: Any, read_done: Any) -> None:
         h.phase("barrier")
-        applied = h.guard(lambda: barrier.apply(schedule, stream, read_done))
+        if lag:
+            applied = h.guard(lambda: barrier.apply(schedule, stream, read_done))
+        else:
+            fence = runner.fence
+            applied = h.guard(lambda: barrier.apply_step(schedule, stream, fence, fence.step))
         if applied is None:
             return  # the barrier raised: the engine does not write
         h.phase("write")
@@ -216,7 +222,7 @@ def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag:
         stream = forward[index % streams]
         with _on(h, stream):
             h.guard(functools.partial(runner.run, [0] * size))
-        in_flight.append((step, stream, h.guard(runner.fence.take)))
+        in_flight.append((step, stream, h.guard(runner.fence.take) if lag else None))
         while len(in_flight) > lag:
             release(*in_flight.popleft())
     while in_flight:
@@ -546,6 +552,14 @@ SCENARIOS: Mapping[str, Scenario] = {
             ("in_graph", "post_replay"),
             _lag(RING // 2),
             "a scheduler 2 launches behind (within the ring), three unordered forward streams",
+            check_stale=False,
+        ),
+        Scenario(
+            "apply_step",
+            ("pre_replay", "in_graph", "post_replay"),
+            _lag(0),
+            "a scheduler that takes and waits in one call right after each launch "
+            "(SchedulerBarrier.apply_step), three unordered forward streams",
             check_stale=False,
         ),
         Scenario(
