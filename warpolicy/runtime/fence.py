@@ -504,7 +504,7 @@ class SchedulerBarrier:
         if read_done is None or step != fence._step or not self._plain:
             return self.apply(schedule_stream, forward_stream, fence.take(step))
         fence._mailbox = None
-        try:  # the event branch of _barrier: its slot needs no awaited mark around the wait
+        try:  # _barrier's event branch; the slot needs no awaited mark around this wait
             self._event_wait(read_done.event, schedule_stream)
         except Exception as exc:  # noqa: BLE001
             return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
@@ -528,6 +528,7 @@ class SchedulerBarrier:
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
         if read_done is None or self._force_coarse:
             return self._coarse_barrier(schedule_stream, forward_stream, read_done)
+        # apply_step repeats this branch inline (a call less per step): change both together
         try:
             self._event_wait(read_done.event, schedule_stream)
         except Exception as exc:  # noqa: BLE001
