@@ -878,3 +878,61 @@ def test_apply_step_on_an_interrupted_wait_orders_the_schedule_stream(platform):
         barrier.apply_step(schedule, platform.current_stream(), fence, token)
     assert platform.log[-1] == ("wait_stream", schedule.id, 0)
     assert rel.read_done.slot.taken is False
+
+
+@pytest.mark.parametrize("how", ["apply", "apply_step"])
+def test_the_taken_slot_is_awaited_while_its_wait_is_enqueued(platform, how):
+    """A launch on the owner thread while the scheduler (another thread, with the token) is
+    inside the wait must not re-record the event being waited on: its slot is marked."""
+    fence, graph, event = captured_fence(platform)
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    token = fence.launch(release(P.POST_REPLAY), platform.replay, graph)
+    marks = []
+    wait = barrier._event_wait
+
+    def watching(event, stream):
+        marks.extend(slot.taken for slot in fence.ring.slots if slot.event is event)
+        wait(event, stream)
+
+    barrier._event_wait = watching
+    if how == "apply":
+        barrier.apply(schedule, platform.current_stream(), fence.take(token))
+    else:
+        barrier.apply_step(schedule, platform.current_stream(), fence, token)
+    assert marks == [True]
+    assert not any(slot.taken for slot in fence.ring.slots)  # and cleared once enqueued
+
+
+class _Mailbox:
+    """A read-done source that is not a fence (a speculative step's mailbox, say)."""
+
+    def __init__(self, read_done=None, error=None):
+        self.read_done, self.error = read_done, error
+
+    def take(self):
+        if self.error is not None:
+            raise self.error
+        read_done, self.read_done = self.read_done, None
+        return read_done
+
+
+def test_apply_step_takes_from_any_mailbox(platform):
+    fence, graph, event = captured_fence(platform)
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    fence.launch(release(P.IN_GRAPH, event), platform.replay, graph)
+    mailbox = _Mailbox(fence.take())
+    assert barrier.apply_step(schedule, platform.current_stream(), mailbox) == "event"
+    assert platform.log[-1] == ("wait_event", schedule.id, event.id)
+    assert barrier.apply_step(schedule, platform.current_stream(), mailbox) == "coarse"
+    assert platform.log[-1] == ("wait_stream", schedule.id, 0)  # nothing left: coarse
+
+
+@pytest.mark.parametrize("error", [WrongThreadError("not yours"), KeyboardInterrupt()])
+def test_apply_step_orders_the_schedule_stream_before_a_failed_take_propagates(platform, error):
+    barrier = SchedulerBarrier(platform)
+    schedule = platform.new_stream()
+    with pytest.raises(type(error)):
+        barrier.apply_step(schedule, platform.current_stream(), _Mailbox(error=error))
+    assert platform.log[-1] == ("wait_stream", schedule.id, 0)

@@ -9,7 +9,8 @@ Measured side by side in one process:
 * **overhead**: host time per step of ``fence.before_replay + after_replay`` and
   ``barrier.apply_step`` (take and barrier in one call; the step token passed: one owner check
   per step) against the raw calls that do the same device work (``event.record(stream)`` +
-  ``stream.wait_event(event)`` on torch; the simulated platform's own methods on ``sim``),
+  ``stream.wait_event(event)`` on torch; the simulated platform's methods through the facade
+  on ``sim``),
   for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait; also against the raw
   ``post_replay`` step, what an engine without an in-graph event pays, and against the raw
   event-first wait ``event.wait(stream)``, the torch call the barrier makes), with no observer

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
@@ -56,6 +56,15 @@ from warpolicy.runtime.ring import EventRing, RingExhaustedError, RingSlot
 
 #: what `ReadDoneFence.launch` hands its ``replay`` (a graph, or an eager forward's batch)
 _Graph = TypeVar("_Graph")
+
+
+class ReadDoneSource(Protocol):
+    """Anything the scheduler takes a step's read-done from once (a fence, a speculative
+    step's mailbox); `SchedulerBarrier.apply_step` takes from it."""
+
+    def take(self) -> ReadDone | None:
+        """This step's read-done once, then None."""
+        ...
 
 
 class FenceError(RuntimeError):
@@ -493,18 +502,23 @@ class SchedulerBarrier:
         self,
         schedule_stream: StreamHandle,
         forward_stream: StreamHandle,
-        fence: ReadDoneFence,
+        fence: ReadDoneFence | ReadDoneSource,
         step: int | None = None,
     ) -> str:
         """``apply(schedule_stream, forward_stream, fence.take(step))`` in one call, right
-        after a step's launch: the same wait, the same fallbacks, reports and result, one call
-        fewer per step. ``step``: the step's token, as `ReadDoneFence.take` takes it (without
-        it, or with another step's, the owner check runs as there)."""
-        read_done = fence._mailbox  # take(step), inlined for the common case
-        if read_done is None or step != fence._step or not self._plain:
-            return self.apply(schedule_stream, forward_stream, fence.take(step))
+        after a step's launch: the same wait, the same fallbacks, reports, slot marks and
+        result, one call fewer per step. ``step``: the step's token, as `ReadDoneFence.take`
+        takes it (without it, or with another step's, the owner check runs as there).
+        ``fence`` may be any `ReadDoneSource` (its ``take()``); when taking raises (a foreign
+        thread without the token), the coarse barrier is applied first, then it propagates."""
+        if not isinstance(fence, ReadDoneFence) or step != fence._step or not self._plain:
+            return self._take_then_apply(schedule_stream, forward_stream, fence, step)
+        read_done = fence._mailbox  # take(step), inlined
+        if read_done is None:
+            return self._coarse_barrier(schedule_stream, forward_stream, None)
         fence._mailbox = None
-        try:  # _barrier's event branch; the slot needs no awaited mark around this wait
+        read_done.slot.taken = True  # awaited (the ring skips it) until the wait is enqueued
+        try:  # _barrier's event branch, inlined
             self._event_wait(read_done.event, schedule_stream)
         except Exception as exc:  # noqa: BLE001
             return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
@@ -517,6 +531,20 @@ class SchedulerBarrier:
                 read_done.source, read_done.slot.step, "event", read_done.policy.label
             )
         return "event"
+
+    def _take_then_apply(
+        self,
+        schedule_stream: StreamHandle,
+        forward_stream: StreamHandle,
+        fence: ReadDoneFence | ReadDoneSource,
+        step: int | None,
+    ) -> str:
+        try:
+            taken = fence.take(step) if isinstance(fence, ReadDoneFence) else fence.take()
+        except BaseException:  # the schedule stream is ordered before anything propagates
+            self._coarse(schedule_stream, forward_stream)
+            raise
+        return self.apply(schedule_stream, forward_stream, taken)
 
     def _barrier(
         self,

@@ -14,6 +14,7 @@ import attrs
 from warpolicy.registry.vocabulary import ForwardMode, WarReadDonePolicy
 from warpolicy.runtime.batch import BucketBatch
 from warpolicy.runtime.canary import Canary, CanarySpec
+from warpolicy.runtime.fence import ReadDoneSource
 from warpolicy.runtime.observers import Observers
 from warpolicy.runtime.platforms import EventHandle, GraphHandle, Platform
 from warpolicy.runtime.release import BucketRelease, ReadDone
@@ -133,16 +134,13 @@ class StepInfo:
     decided: WarReadDonePolicy | None = None
 
 
-class Mailbox(Protocol):
-    """Where the scheduler takes a step's read-done from (a fence, or a speculative step's)."""
+class Mailbox(ReadDoneSource, Protocol):
+    """Where the scheduler takes a step's read-done from (a fence, or a speculative step's):
+    ``take()`` (`ReadDoneSource`) and the latest external event."""
 
     @property
     def event(self) -> EventHandle | None:
         """The latest external read-done event (the static audit's fallback for a bucket)."""
-        ...
-
-    def take(self) -> ReadDone | None:
-        """This step's read-done once, then None."""
         ...
 
 

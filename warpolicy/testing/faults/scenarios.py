@@ -193,7 +193,7 @@ def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag:
     """A scheduler ``lag`` launches behind: it takes each step's event right after the launch
     (forward streams round-robin, unordered) and waits on it ``lag`` launches later. With
     ``lag=0`` it takes and waits in one call right after the launch
-    (`SchedulerBarrier.apply_step`, the fence's step as the token)."""
+    (`SchedulerBarrier.apply_step`, with the fence's step as the token on every other step)."""
     forward = _streams(h, streams)
     (schedule,) = _streams(h, 1)
     barrier: SchedulerBarrier | None = h.guard(lambda: SchedulerBarrier(h.platform, **h.kw))
@@ -207,9 +207,10 @@ def lagging(h: Harness, runner: Any, sizes: Sequence[int], *, streams: int, lag:
         h.phase("barrier")
         if lag:
             applied = h.guard(lambda: barrier.apply(schedule, stream, read_done))
-        else:
+        else:  # the fence's step as the token, every other step none (the owner check)
             fence = runner.fence
-            applied = h.guard(lambda: barrier.apply_step(schedule, stream, fence, fence.step))
+            token = fence.step if step % 2 else None
+            applied = h.guard(lambda: barrier.apply_step(schedule, stream, fence, token))
         if applied is None:
             return  # the barrier raised: the engine does not write
         h.phase("write")
