@@ -27,15 +27,15 @@ or the two in one call, ``barrier.apply_step(schedule_stream, forward_stream, fe
 Failures never raise out of the fence: the step publishes nothing (the scheduler takes the
 coarse barrier), every failure reaches ``warpolicy_on_fallback``, one warning per place
 (`warpolicy.runtime.observers.Reporter`). Host-recorded events come from an `EventRing` that
-never re-records an event a barrier may still wait on (the fence marks a taken read-done's slot,
-the barrier clears it once its wait is enqueued); when every ring event is still awaited, the
+never re-records an event a barrier may still wait on (a take marks the read-done's slot, the
+barrier clears it once its wait is enqueued); when every ring event is still awaited, the
 step publishes nothing.
 
 The per-step path is attribute work and the platform's own bound calls: no plugin dispatch, no
 allocation (each `ReadDone` is built once, per bucket or per ring slot), observers only when
 registered, and one owner-thread check per step (`warpolicy.runtime.ownership`): `before_replay`
-checks and returns the step's token; `after_replay` and `take` given it skip the check (each
-checks when called without it).
+checks and returns the step's token; `after_replay`, `take` and
+`SchedulerBarrier.apply_step` given it skip the check (each checks when called without it).
 """
 
 from __future__ import annotations
