@@ -34,7 +34,7 @@ NEEDS_CUDA = (
 )
 NEEDS_BINDINGS = pytest.mark.skipif(
     not HAVE_BINDINGS,
-    reason="needs cuda-bindings (the graph walk: self-check, derived placement, static audit)",
+    reason="needs cuda-bindings (the graph walk, static audit, the driver wait)",
 )
 NEEDS_TRITON = pytest.mark.skipif(not importable("triton"), reason="needs triton")
 NEEDS_SGLANG = pytest.mark.skipif(SGLANG_ABSENT is not None, reason=SGLANG_ABSENT or "")

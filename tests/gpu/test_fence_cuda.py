@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_support import NEEDS_CUDA
+from gpu_support import HAVE_BINDINGS, NEEDS_CUDA
 
 pytestmark = [*NEEDS_CUDA]
 
@@ -22,6 +22,8 @@ from warpolicy.registry.vocabulary import WarReadDonePolicy as P  # noqa: E402
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier  # noqa: E402
 from warpolicy.runtime.manager import new_plugin_manager, open_platform  # noqa: E402
 from warpolicy.runtime.platforms import Platform  # noqa: E402
+from warpolicy.runtime.platforms.cuda import CudaPlatform  # noqa: E402
+from warpolicy.runtime.platforms.driver_wait import DriverEventWait  # noqa: E402
 from warpolicy.runtime.release import (  # noqa: E402
     BucketFacts,
     BucketRelease,
@@ -36,10 +38,16 @@ REPLAYS = 20
 PERMS = 4
 
 
-@pytest.fixture
-def platform():
-    pm = new_plugin_manager(load_entry_points=False, environ={})
-    p = open_platform(pm, "cuda")
+@pytest.fixture(params=["driver", "torch"])
+def platform(request):
+    """The CUDA platform, its barrier waiting through the driver (cuda-bindings) or torch."""
+    if request.param == "driver" and not HAVE_BINDINGS:
+        pytest.skip("the driver wait needs cuda-bindings")
+    if request.param == "driver":  # the product's route: the platform the hook answers
+        p = open_platform(new_plugin_manager(load_entry_points=False, environ={}), "cuda")
+        assert isinstance(p.event_wait.__self__, DriverEventWait)
+    else:
+        p = Platform(CudaPlatform(driver_wait=False))
     if not p.external_events_supported():
         pytest.skip("this torch has no external events")
     return p
@@ -161,7 +169,10 @@ def test_fence_bench_reports_release_and_overhead():
 def test_cuda_platform_binds_torchs_own_calls(platform):
     assert platform.record is torch.cuda.Event.record
     assert platform.wait_event is torch.cuda.Stream.wait_event
-    assert platform.event_wait is torch.cuda.Event.wait  # the barrier's: one frame less
+    if isinstance(getattr(platform.event_wait, "__self__", None), DriverEventWait):
+        assert HAVE_BINDINGS  # the barrier's wait: one driver call (test_driver_wait_cuda.py)
+    else:
+        assert platform.event_wait is torch.cuda.Event.wait  # torch's: one frame less
     # replay is graph.replay(), so a restored graph torch cannot hold replays the same way
     assert isinstance(platform.replay, operator.methodcaller)
     ev, s = platform.create_event(), platform.new_stream()

@@ -12,8 +12,9 @@ Measured side by side in one process:
   ``stream.wait_event(event)`` on torch; the simulated platform's methods through the facade
   on ``sim``),
   for ``post_replay`` (one record + one wait) and ``in_graph`` (one wait; also against the raw
-  ``post_replay`` step, what an engine without an in-graph event pays, and against the raw
-  event-first wait ``event.wait(stream)``, the torch call the barrier makes), with no observer
+  ``post_replay`` step, what an engine without an in-graph event pays, against the raw
+  event-first wait ``event.wait(stream)``, torch's call, and with cuda-bindings against the
+  raw ``cuStreamWaitEvent``, the driver call the barrier then makes), with no observer
   plugin and with one no-op observer registered (called directly, as the runtime calls every
   observer: `warpolicy.runtime.observers`).
 * **stand-in** (every device): the same comparison on a platform whose operations are C
@@ -154,6 +155,36 @@ def _raw_ops(platform: Platform) -> tuple[_Record, _Wait, _EventWait]:
     return platform.record, platform.wait_event, platform.event_wait
 
 
+def _raw_driver_wait(platform: Platform, stream: Any, event: Any) -> Callable[[], None] | None:
+    """On CUDA with cuda-bindings: ``cuStreamWaitEvent`` on ``stream`` and ``event`` with the
+    handles wrapped beforehand, from cuda-bindings directly (the oracle for the driver route of
+    `warpolicy.runtime.platforms.driver_wait`); else None."""
+    if platform.name != "cuda":
+        return None
+    try:
+        from cuda.bindings import driver  # noqa: PLC0415 - cuda-bindings is optional
+    except ImportError:
+        return None
+    wait = driver.cuStreamWaitEvent
+    cu_stream, cu_event = driver.CUstream(stream.cuda_stream), driver.CUevent(event.cuda_event)
+
+    def raw_driver_wait() -> None:
+        wait(cu_stream, cu_event, 0)
+
+    return raw_driver_wait
+
+
+def _wait_route(platform: Platform) -> str:
+    """Which call the barrier's wait makes: torch's ``Event.wait`` or the driver's."""
+    if platform.name != "cuda":
+        return f"the {platform.name} platform's"
+    import torch  # noqa: PLC0415 - deferred: the CUDA part only
+
+    if platform.event_wait is torch.cuda.Event.wait:
+        return "torch.cuda.Event.wait"
+    return "cuStreamWaitEvent (cuda-bindings)"
+
+
 def _overhead(
     platform: Platform,
     pm: WarpolicyPluginManager,
@@ -200,9 +231,11 @@ def _overhead(
     rows: list[tuple[str, Callable[[], None], Callable[[], None], dict[str, Callable[[], None]]]]
     rows = [("post_replay", hooks_step(P.POST_REPLAY), raw_post, {})]
     if P.IN_GRAPH in releases:
-        rows.append(
-            ("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph, {"event_first": raw_event_first})
-        )
+        in_graph_others = {"event_first": raw_event_first}
+        raw_driver = _raw_driver_wait(platform, sched, planted)
+        if raw_driver is not None:
+            in_graph_others["driver_wait"] = raw_driver
+        rows.append(("in_graph", hooks_step(P.IN_GRAPH), raw_in_graph, in_graph_others))
     for name, hooked, raw, others in rows:
         for fn in (hooked, raw, *others.values()):  # warm every path (allocations, caches)
             for _ in range(BLOCK):
@@ -246,6 +279,7 @@ def _overhead(
         )
     out = dict(result[policy])
     out["policy"] = policy
+    out["wait_route"] = _wait_route(platform)
     out["per_policy"] = result
     return out
 
@@ -424,6 +458,9 @@ def format_fence_bench(result: dict[str, Any]) -> str:
             f"{rel['whole_replay_us_median']:.1f} us after launch: ratio {rel['ratio']:.3f} "
             f"({rel['replays']} replays; {rel['graph']})"
         )
+    route = result["overhead"].get("wait_route")
+    if route:
+        lines.append(f"the barrier's wait: {route}")
     for name, row in result["overhead"]["per_policy"].items():
         lines.append(
             f"overhead per step ({name}): fence+hooks {row['hooks_us_median']:.2f} us, "
@@ -441,6 +478,12 @@ def format_fence_bench(result: dict[str, Any]) -> str:
                 f"  in_graph (fence) vs the raw event-first wait (event.wait(stream), "
                 f"{row['raw_event_first_us_median']:.2f} us): ratio "
                 f"{row['ratio_vs_raw_event_first']:.2f}"
+            )
+        if row.get("ratio_vs_raw_driver_wait") is not None:
+            lines.append(
+                f"  in_graph (fence) vs the raw driver wait (cuStreamWaitEvent, "
+                f"{row['raw_driver_wait_us_median']:.2f} us): ratio "
+                f"{row['ratio_vs_raw_driver_wait']:.2f}"
             )
         for label, plugin in row.get("plugins", {}).items():
             lines.append(

@@ -6,10 +6,12 @@ recorded during capture becomes a graph node) are detected from the signature of
 ``stream=None`` uses the *current* stream: during a capture that is the capture stream, which
 is what makes torch emit the node.
 
-The per-step operations (record, wait_event, wait_stream, is_capturing, and ``event_wait``:
-`warpolicy.runtime.platforms.base.EventFirstWait`, ``torch.cuda.Event.wait``, which
-``torch.cuda.Stream.wait_event`` calls) are torch's own functions bound once, so the fence pays
-no wrapper frame on top of the raw torch call; replay is
+The per-step operations (record, wait_event, wait_stream, is_capturing) are torch's own
+functions bound once, so the fence pays no wrapper frame on top of the raw torch call. The
+scheduler barrier's wait, ``event_wait`` (`warpolicy.runtime.platforms.base.EventFirstWait`),
+is one driver call through cuda-bindings where it is installed
+(`warpolicy.runtime.platforms.driver_wait`), else torch's ``torch.cuda.Event.wait`` (which
+``torch.cuda.Stream.wait_event`` calls). Replay is
 ``operator.methodcaller("replay")`` (C-level: ``graph.replay()``), so a restored graph
 (`warpolicy.runtime.graphwalk.restore.RestoredGraph`, which torch cannot hold) replays the same
 way as a torch ``CUDAGraph``.
@@ -44,6 +46,7 @@ from warpolicy.runtime.graphwalk.restore import (
 )
 from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.platforms.base import cuda_available, device_type
+from warpolicy.runtime.platforms.driver_wait import driver_event_wait
 
 
 def _torch() -> Any:
@@ -81,14 +84,18 @@ class CudaPlatform:
     replay: Callable[[Any], None]
     is_capturing: Callable[[], bool]
 
-    def __init__(self, device: str = "cuda") -> None:
+    def __init__(self, device: str = "cuda", *, driver_wait: bool = True) -> None:
+        """``driver_wait=False``: the barrier waits through torch even with cuda-bindings."""
         torch = _torch()
         self.device = torch.device(device)
         self._index = self.device if self.device.index is not None else None
         self.external_events_supported = external_events_in_signature()
         self.record = torch.cuda.Event.record  # (event, stream=None): None = current stream
         self.wait_event = torch.cuda.Stream.wait_event  # (stream, event): calls the next one
-        self.event_wait = torch.cuda.Event.wait  # (event, stream): EventFirstWait, one frame less
+        # (event, stream): EventFirstWait; the driver's call where cuda-bindings has it
+        torch_wait = torch.cuda.Event.wait
+        driver = driver_event_wait(torch_wait) if driver_wait else None
+        self.event_wait = torch_wait if driver is None else driver
         self.wait_stream = torch.cuda.Stream.wait_stream  # (stream, other)
         # (graph): ``graph.replay()``, one C-level attribute call: a torch CUDAGraph, or a
         # restored graph (`warpolicy.runtime.graphwalk.restore.RestoredGraph`) torch cannot hold
