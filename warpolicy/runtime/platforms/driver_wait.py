@@ -6,7 +6,7 @@ calls a pybind function, which unpacks the stream, selects the stream's device a
 ``cuStreamWaitEvent`` with the stream and event wrapped once (the last stream, and every event
 it has seen, kept), so a step pays one Python frame over the driver call. On one H100 the
 raw driver call took 0.45 us where torch's ``Event.wait`` took 0.72 us, and the fence's
-in_graph step with the barrier went from 1.53-1.58x to 1.28-1.32x the raw torch wait
+in_graph step with the barrier went from 1.53-1.58x to 1.27-1.34x the raw torch wait
 (``warpolicy bench fence``; docs/measurements.md).
 
 It is the same operation, or it fails closed:
