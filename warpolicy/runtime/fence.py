@@ -502,7 +502,7 @@ class SchedulerBarrier:
     @force_coarse.setter
     def force_coarse(self, value: bool) -> None:
         self._force_coarse = bool(value)
-        # apply_step's own path: an event wait with nothing around it
+        # apply_step takes inline only where apply is the plain barrier
         self._plain = not (self._force_coarse or self._ranges)
 
     def apply_step(
@@ -514,30 +514,18 @@ class SchedulerBarrier:
     ) -> str:
         """``apply(schedule_stream, forward_stream, fence.take(step))`` in one call, right
         after a step's launch: the same wait, the same fallbacks, reports, slot marks and
-        result, one call fewer per step. ``step``: the step's token, as `ReadDoneFence.take`
-        takes it (without it, or with another step's, the owner check runs as there).
-        ``fence`` may be any `ReadDoneSource` (its ``take()``); when taking raises (a foreign
-        thread without the token), the coarse barrier is applied first, then it propagates."""
+        result, the take inlined (the wait is `apply`'s own). ``step``: the step's token, as
+        `ReadDoneFence.take` takes it (without it, or with another step's, the owner check
+        runs as there). ``fence`` may be any `ReadDoneSource` (its ``take()``); when taking
+        raises (a foreign thread without the token), the coarse barrier is applied first, then
+        it propagates."""
         if not isinstance(fence, ReadDoneFence) or step != fence._step or not self._plain:
             return self._take_then_apply(schedule_stream, forward_stream, fence, step)
-        read_done = fence._mailbox  # take(step), inlined
-        if read_done is None:
-            return self._coarse_barrier(schedule_stream, forward_stream, None)
-        fence._mailbox = None
-        read_done.slot.taken = True  # awaited (the ring skips it) until the wait is enqueued
-        try:  # _barrier's event branch, inlined
-            self._event_wait(read_done.event, schedule_stream)
-        except Exception as exc:  # noqa: BLE001
-            return self._wait_failed(schedule_stream, forward_stream, read_done, exc)
-        except BaseException:  # KeyboardInterrupt: order the schedule stream, then raise
-            self._interrupted(schedule_stream, forward_stream, read_done)
-            raise
-        read_done.slot.taken = False
-        if self._observers.on_barrier:
-            self.reporter.barrier(
-                read_done.source, read_done.slot.step, "event", read_done.policy.label
-            )
-        return "event"
+        read_done = fence._mailbox  # take(step), inlined: its owner check is the token's
+        if read_done is not None:
+            fence._mailbox = None
+            read_done.slot.taken = True  # awaited (the ring skips it) until the wait is enqueued
+        return self._barrier(schedule_stream, forward_stream, read_done)  # plain: what apply is
 
     def _take_then_apply(
         self,
@@ -563,7 +551,6 @@ class SchedulerBarrier:
         ``"coarse"``. Never raises while a safe barrier can still be applied."""
         if read_done is None or self._force_coarse:
             return self._coarse_barrier(schedule_stream, forward_stream, read_done)
-        # apply_step repeats this branch inline (a call less per step): change both together
         try:
             self._event_wait(read_done.event, schedule_stream)
         except Exception as exc:  # noqa: BLE001
