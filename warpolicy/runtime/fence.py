@@ -46,7 +46,7 @@ from typing import Any, Protocol, TypeVar
 
 from warpolicy import environment
 from warpolicy.registry.inputs import env_switch
-from warpolicy.registry.vocabulary import IN_GRAPH, NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
+from warpolicy.registry.vocabulary import NONE, POST_REPLAY, PRE_REPLAY, WarReadDonePolicy
 from warpolicy.runtime.observers import NO_OBSERVERS, Observers, Reporter
 from warpolicy.runtime.ordering import order_after, synchronize_all
 from warpolicy.runtime.ownership import ThreadOwner, get_ident
@@ -309,31 +309,24 @@ class ReadDoneFence:
         if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
         read_done = release.read_done  # in_graph: the bucket's own record, built once
-        if read_done is not None and self._state is _READY and not release.classes:
-            self._state = _CLOSED  # the commonest step first: in_graph, nothing to record
-            read_done.slot.step = self._step
-            self._mailbox = read_done
-            self._published = IN_GRAPH
-            if self._observers.on_publish:
-                self.reporter.publish(self.name, self._step, IN_GRAPH, read_done.event)
-            return
-        if release.classes:  # per-class read-dones: their own (slower) path
-            self._after_replay_classes(release, stream)
-            return
-        if self._state is _READY and release.policy is POST_REPLAY:  # then post_replay
-            try:
-                read_done = self._ring_record(stream).post_replay
-            except Exception as exc:  # noqa: BLE001 - publish nothing this step
-                self._state = _FAILED
-                self._record_failed(exc)
-            else:
+        if self._state is _READY and not release.classes:  # the common cases: in_graph, then
+            if read_done is None and release.policy is POST_REPLAY:  # post_replay records
+                try:
+                    read_done = self._ring_record(stream).post_replay
+                except Exception as exc:  # noqa: BLE001 - publish nothing this step
+                    self._state = _FAILED
+                    self._record_failed(exc)
+            if read_done is not None:
                 self._state = _CLOSED
                 read_done.slot.step = self._step
                 self._mailbox = read_done
-                self._published = POST_REPLAY
+                policy = self._published = read_done.policy
                 if self._observers.on_publish:
-                    self.reporter.publish(self.name, self._step, POST_REPLAY, read_done.event)
+                    self.reporter.publish(self.name, self._step, policy, read_done.event)
                 return
+        if release.classes:  # per-class read-dones: their own (slower) path
+            self._after_replay_classes(release, stream)
+            return
         self._publish_step(release, stream)
 
     def _after_replay_classes(self, release: BucketRelease, stream: StreamHandle | None) -> None:
