@@ -4,10 +4,10 @@ torch's event-first wait, ``torch.cuda.Event.wait(event, stream)``, is a Python 
 calls a pybind function, which unpacks the stream, selects the stream's device and calls
 ``cudaStreamWaitEvent``. `DriverEventWait` makes the same wait through cuda-bindings'
 ``cuStreamWaitEvent`` with the stream and event wrapped once (the last stream, and every event
-it has seen, kept), so a step pays one Python frame over the driver call. On one H100 the
-raw driver call took 0.45 us where torch's ``Event.wait`` took 0.72 us, and the fence's
-in_graph step with the barrier went from 1.53-1.58x to 1.27-1.34x the raw torch wait
-(``warpolicy bench fence``; docs/measurements.md).
+it has seen, kept), so a step pays one Python frame over the driver call. On an H100 and an
+H200 the raw driver call took 0.44-0.45 us where torch's ``Event.wait`` took 0.71-0.73 us, and
+the fence's in_graph step with the barrier went from about 1.5x to about 1.3x the raw torch
+wait (``warpolicy bench fence``; docs/measurements.md).
 
 It is the same operation, or it fails closed:
 
