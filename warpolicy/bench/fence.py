@@ -42,6 +42,8 @@ from warpolicy.errors import CudaUnavailableError, InputError
 from warpolicy.registry.inputs import positive_int_argument
 from warpolicy.registry.vocabulary import WarReadDonePolicy as P
 from warpolicy.runtime.fence import ReadDoneFence, SchedulerBarrier
+from warpolicy.runtime.graphwalk.cuda import driver_module
+from warpolicy.runtime.graphwalk.errors import BindingsMissingError
 from warpolicy.runtime.manager import WarpolicyPluginManager, new_plugin_manager, open_platform
 from warpolicy.runtime.markers import hookimpl
 from warpolicy.runtime.nvtx import NvtxPlugin
@@ -162,8 +164,8 @@ def _raw_driver_wait(platform: Platform, stream: Any, event: Any) -> Callable[[]
     if platform.name != "cuda":
         return None
     try:
-        from cuda.bindings import driver  # noqa: PLC0415 - cuda-bindings is optional
-    except ImportError:
+        driver = driver_module()
+    except BindingsMissingError:
         return None
     wait = driver.cuStreamWaitEvent
     cu_stream, cu_event = driver.CUstream(stream.cuda_stream), driver.CUevent(event.cuda_event)

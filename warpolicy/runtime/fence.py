@@ -309,8 +309,8 @@ class ReadDoneFence:
         if step != self._step and self._owner.ident != get_ident():
             self._owner.claim()
         read_done = release.read_done  # in_graph: the bucket's own record, built once
-        if self._state is _READY and not release.classes:  # the common cases: in_graph, then
-            if read_done is None and release.policy is POST_REPLAY:  # post_replay records
+        if self._state is _READY and not release.classes:  # the common cases, one tail:
+            if read_done is None and release.policy is POST_REPLAY:  # post_replay records now
                 try:
                     read_done = self._ring_record(stream).post_replay
                 except Exception as exc:  # noqa: BLE001 - publish nothing this step
